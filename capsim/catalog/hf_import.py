@@ -1,0 +1,192 @@
+"""Turn a Hugging Face config.json into a catalog model entry (``capsim models import-hf``).
+
+The mapping reads the keys the major families use (Llama, Qwen2/3, Qwen3-MoE, Qwen3.5 and
+Qwen3-Next hybrids, DeepSeek-V2/V3 MLA, GLM-4.5, gpt-oss, Mistral/Mixtral). Multimodal
+configs are read from their ``text_config``. Anything the config does not say stays at the
+schema default, and the entry's source records the file it came from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from capsim.catalog.loader import format_validation_error
+from capsim.catalog.schemas import Model
+from capsim.errors import CapsimUserError
+
+DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16", "half": "fp16"}
+STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+QWEN2_FAMILY = {"qwen2", "qwen2_moe"}
+ALWAYS_SLIDING = {"mistral", "mixtral"}
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """Read config.json, with a clear error if it is missing or not JSON."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CapsimUserError(f"config file '{path}' does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CapsimUserError(f"'{path}' does not hold a JSON object")
+    return data
+
+
+def compress_pattern(layer_types: list[str]) -> list[str]:
+    """The shortest cycle that repeats to ``layer_types`` (the whole list if none does)."""
+    n = len(layer_types)
+    for size in range(1, n + 1):
+        cycle = layer_types[:size]
+        if all(layer_types[i] == cycle[i % size] for i in range(n)):
+            return cycle
+    return layer_types
+
+
+def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> list[str]:
+    if isinstance(cfg.get("layer_types"), list) and cfg["layer_types"]:
+        return compress_pattern([str(t) for t in cfg["layer_types"]])
+    interval = cfg.get("full_attention_interval")
+    if interval and cfg.get("linear_num_value_heads"):
+        return ["linear_attention"] * (int(interval) - 1) + ["full_attention"]
+    if model_type in ALWAYS_SLIDING and cfg.get("sliding_window"):
+        return ["sliding_attention"]
+    return ["full_attention"]
+
+
+def _moe(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
+    if not experts:
+        return None
+    top_k = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
+    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    moe: dict[str, Any] = {
+        "num_experts": int(experts),
+        "experts_per_token": int(top_k or 1),
+        "moe_intermediate_size": int(width),
+    }
+    shared = cfg.get("n_shared_experts")
+    shared_width = cfg.get("shared_expert_intermediate_size")
+    if shared:
+        moe["num_shared_experts"] = int(shared)
+    elif shared_width:
+        moe["num_shared_experts"] = 1
+    if shared_width:
+        moe["shared_expert_intermediate_size"] = int(shared_width)
+    if cfg.get("first_k_dense_replace"):
+        moe["first_dense_layers"] = int(cfg["first_k_dense_replace"])
+    if cfg.get("model_type") == "gpt_oss":
+        moe["expert_bias"] = True
+    return moe
+
+
+def _weight_dtype(cfg: dict[str, Any], outer: dict[str, Any]) -> str:
+    quant = cfg.get("quantization_config") or outer.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method in {"fp8", "mxfp4", "awq", "gptq"}:
+        return {"awq": "awq-int4", "gptq": "gptq-int4"}.get(method, method)
+    raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or "bf16")
+    return DTYPE_NAMES.get(raw, raw if raw in {"bf16", "fp16"} else "bf16")
+
+
+def model_from_hf_config(
+    config: dict[str, Any], name: str, hf_id: str | None = None, source: str | None = None
+) -> Model:
+    """Build a validated Model from a Hugging Face config.json mapping."""
+    cfg = dict(config.get("text_config") or config)
+    model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
+    try:
+        num_layers = int(cfg["num_hidden_layers"])
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        vocab = int(cfg["vocab_size"])
+    except KeyError as exc:
+        raise CapsimUserError(
+            f"config.json lacks {exc.args[0]!r}, which every decoder config has",
+            hint="pass the model's own config.json (for multimodal models, the file with "
+            "text_config)",
+        ) from None
+    entry: dict[str, Any] = {
+        "name": name,
+        "display_name": name,
+        "hf_id": hf_id or str(config.get("_name_or_path") or name),
+        "architecture": model_type,
+        "num_layers": num_layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "vocab_size": vocab,
+        "tie_word_embeddings": bool(
+            cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", True))
+        ),
+        "attention_bias": bool(cfg.get("attention_bias", model_type in QWEN2_FAMILY)),
+        "attn_output_gate": bool(cfg.get("attn_output_gate", False)),
+        "dtype": _weight_dtype(cfg, config),
+    }
+    if cfg.get("intermediate_size") and model_type != "gpt_oss":
+        entry["intermediate_size"] = int(cfg["intermediate_size"])
+    if cfg.get("kv_lora_rank"):
+        entry["mla"] = {
+            "q_lora_rank": cfg.get("q_lora_rank"),
+            "kv_lora_rank": int(cfg["kv_lora_rank"]),
+            "qk_nope_head_dim": int(cfg["qk_nope_head_dim"]),
+            "qk_rope_head_dim": int(cfg["qk_rope_head_dim"]),
+            "v_head_dim": int(cfg["v_head_dim"]),
+        }
+        entry["head_dim"] = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
+    else:
+        entry["head_dim"] = int(cfg.get("head_dim") or hidden // heads)
+    entry["layer_pattern"] = _layer_pattern(cfg, model_type, num_layers)
+    if "sliding_attention" in entry["layer_pattern"]:
+        entry["sliding_window"] = int(cfg["sliding_window"])
+    if "linear_attention" in entry["layer_pattern"]:
+        entry["linear_attention"] = {
+            "num_key_heads": int(cfg["linear_num_key_heads"]),
+            "num_value_heads": int(cfg["linear_num_value_heads"]),
+            "key_head_dim": int(cfg["linear_key_head_dim"]),
+            "value_head_dim": int(cfg["linear_value_head_dim"]),
+            "conv_kernel_dim": int(cfg.get("linear_conv_kernel_dim", 4)),
+            "state_dtype_bytes": STATE_DTYPE_BYTES.get(
+                str(cfg.get("mamba_ssm_dtype", "float32")), 4
+            ),
+        }
+    moe = _moe(cfg)
+    if moe:
+        entry["moe"] = moe
+    mtp = cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers")
+    if mtp:
+        entry["mtp_layers"] = int(mtp)
+    if cfg.get("max_position_embeddings"):
+        entry["max_position_embeddings"] = int(cfg["max_position_embeddings"])
+    entry["sources"] = [
+        {
+            "title": f"{entry['hf_id']} config.json",
+            "url": f"https://huggingface.co/{entry['hf_id']}/blob/main/config.json"
+            if "/" in entry["hf_id"]
+            else None,
+            "note": f"imported by 'capsim models import-hf' from {source or 'a config.json'}",
+        }
+    ]
+    try:
+        return Model.model_validate(entry)
+    except ValidationError as exc:
+        raise CapsimUserError(
+            format_validation_error(Path(source or "config.json"), exc),
+            hint="the config may use keys capsim does not map yet; edit the written YAML by hand",
+        ) from None
+
+
+def write_model_yaml(model: Model, directory: Path) -> Path:
+    """Write a model entry as ``DIRECTORY/models/NAME.yaml``; return the path."""
+    out_dir = directory / "models"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{model.name}.yaml"
+    data = model.model_dump(mode="json", exclude_defaults=True)
+    data = {"name": model.name, **data}
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path

@@ -1,0 +1,187 @@
+"""Loading the catalog from YAML: the built-in hardware_db plus user overlays.
+
+Layout of a catalog directory (the built-in one and any user one alike)::
+
+    gpus/<name>.yaml           one GPU per file         (schema: GPU)
+    models/<name>.yaml         one model per file       (schema: Model)
+    quant_formats/<name>.yaml  one weight format a file (schema: QuantFormat)
+
+User directories come from ``--db DIR`` and the ``CAPSIM_DB`` environment variable
+(several directories separated by ``os.pathsep``). Their entries are laid over the
+built-in ones: an entry with the same ``name`` replaces the built-in entry.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.errors import CatalogError, UnknownNameError, close_matches, normalise_name
+
+ENV_VAR = "CAPSIM_DB"
+SECTIONS: dict[str, type[BaseModel]] = {
+    "gpus": GPU,
+    "models": Model,
+    "quant_formats": QuantFormat,
+}
+
+T = TypeVar("T", GPU, Model, QuantFormat)
+
+
+def builtin_db_dir() -> Path:
+    """The built-in catalog directory.
+
+    In an installed wheel it is shipped as ``capsim/hardware_db``; in a source checkout
+    (including an editable install) it is the top-level ``hardware_db/``.
+    """
+    package_dir = Path(__file__).resolve().parent.parent
+    shipped = package_dir / "hardware_db"
+    if (shipped / "gpus").is_dir():
+        return shipped
+    checkout = package_dir.parent / "hardware_db"
+    if (checkout / "gpus").is_dir():
+        return checkout
+    raise CatalogError(
+        "the built-in catalog (hardware_db) is missing from this installation",
+        hint="reinstall capsim with 'pip install .' from a checkout that has hardware_db/",
+    )
+
+
+def read_yaml(path: Path) -> dict:
+    """Parse one YAML file into a mapping, with a clear error naming the file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: not valid YAML ({exc})") from None
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot be read ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise CatalogError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def format_validation_error(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{loc}: {err['msg']}")
+    more = "" if len(exc.errors()) <= 5 else f" (and {len(exc.errors()) - 5} more)"
+    return f"{path}: invalid entry: " + "; ".join(lines) + more
+
+
+def load_entry(path: Path, schema: type[T]) -> T:
+    """Validate one YAML file against a schema."""
+    data = read_yaml(path)
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise CatalogError(
+            format_validation_error(path, exc),
+            hint="fix the field named above; see the schema in capsim/catalog/schemas.py",
+        ) from None
+
+
+@dataclass
+class Section(Generic[T]):
+    """One kind of catalog entry, with lookup by name or alias."""
+
+    kind: str
+    entries: dict[str, T] = field(default_factory=dict)
+    origin: dict[str, Path] = field(default_factory=dict)
+
+    def add(self, entry: T, path: Path) -> None:
+        self.entries[entry.name] = entry
+        self.origin[entry.name] = path
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries[n] for n in self.names())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def get(self, name: str) -> T:
+        """Look an entry up by name or alias, ignoring case and separators."""
+        key = normalise_name(name)
+        for entry in self.entries.values():
+            if normalise_name(entry.name) == key:
+                return entry
+        for entry in self.entries.values():
+            if any(normalise_name(a) == key for a in entry.aliases):
+                return entry
+        owner = {n: n for n in self.entries}
+        owner.update({a: e.name for e in self.entries.values() for a in e.aliases})
+        suggestions = list(dict.fromkeys(owner[c] for c in close_matches(name, owner, limit=6)))
+        suggestions = suggestions[:3]
+        singular = self.kind.rstrip("s").replace("_", " ")
+        raise UnknownNameError(
+            f"unknown {singular} '{name}'",
+            hint=f"run 'capsim {self.kind.replace('_', '-')}' to list them, or add a YAML "
+            "file with --db DIR",
+            suggestions=suggestions,
+        )
+
+
+@dataclass
+class Catalog:
+    """All GPUs, models and weight formats known to this run."""
+
+    gpus: Section[GPU]
+    models: Section[Model]
+    quant_formats: Section[QuantFormat]
+    directories: list[Path]
+
+    def gpu(self, name: str) -> GPU:
+        return self.gpus.get(name)
+
+    def model(self, name: str) -> Model:
+        return self.models.get(name)
+
+    def quant(self, name: str) -> QuantFormat:
+        return self.quant_formats.get(name)
+
+
+def user_db_dirs(explicit: list[Path] | None = None) -> list[Path]:
+    """User overlay directories: CAPSIM_DB first, then --db (later ones win)."""
+    dirs: list[Path] = []
+    env = os.environ.get(ENV_VAR, "")
+    dirs += [Path(p) for p in env.split(os.pathsep) if p.strip()]
+    dirs += list(explicit or [])
+    for d in dirs:
+        if not d.is_dir():
+            raise CatalogError(
+                f"catalog directory '{d}' does not exist",
+                hint=f"pass an existing directory to --db or fix {ENV_VAR}",
+            )
+    return dirs
+
+
+def load_catalog(extra_dirs: list[Path] | None = None) -> Catalog:
+    """Load the built-in catalog and lay the user's directories over it."""
+    dirs = [builtin_db_dir(), *user_db_dirs(extra_dirs)]
+    return _load_dirs(tuple(d.resolve() for d in dirs))
+
+
+def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
+    sections: dict[str, Section] = {k: Section(kind=k) for k in SECTIONS}
+    for directory in dirs:
+        for kind, schema in SECTIONS.items():
+            sub = directory / kind
+            if not sub.is_dir():
+                continue
+            for path in sorted(sub.glob("*.yaml")) + sorted(sub.glob("*.yml")):
+                sections[kind].add(load_entry(path, schema), path)
+    return Catalog(
+        gpus=sections["gpus"],
+        models=sections["models"],
+        quant_formats=sections["quant_formats"],
+        directories=list(dirs),
+    )

@@ -1,0 +1,316 @@
+"""Pydantic schemas of the catalog: GPUs, models and weight formats.
+
+Units are part of every field name or description. Every entry carries ``sources``: where
+its figures came from. A figure that no source gives is ``None`` (null in YAML), never a
+guess.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
+"""Tensor-core data types the catalog knows throughput figures for."""
+
+LayerType = Literal["full_attention", "sliding_attention", "linear_attention"]
+
+
+class Strict(BaseModel):
+    """Base: unknown fields are errors, so a typo in a YAML file is caught."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(Strict):
+    """Where a figure came from."""
+
+    title: str = Field(description="Document name, e.g. 'NVIDIA Ampere GA102 GPU Architecture'")
+    url: str | None = Field(default=None, description="Where to read it")
+    quote: str | None = Field(default=None, description="The exact text a figure was taken from")
+    note: str | None = Field(default=None, description="How the figure was read or derived")
+
+
+class Price(Strict):
+    """A price in US dollars on a date."""
+
+    usd: float = Field(gt=0, description="Price in USD")
+    date: dt.date = Field(description="When that price applied")
+    kind: Literal["launch-msrp", "street", "used", "list"] = "launch-msrp"
+    source: Source
+
+
+class Interconnect(Strict):
+    """One way GPUs of this kind talk to each other."""
+
+    kind: Literal["nvlink", "pcie", "infinity-fabric", "xe-link", "none"]
+    generation: float | None = Field(default=None, description="NVLink or PCIe generation")
+    lanes: int | None = Field(default=None, ge=1, description="PCIe lanes")
+    bandwidth_gb_s_per_direction: float | None = Field(
+        default=None,
+        gt=0,
+        description="Peak GPU-to-GPU bandwidth one way, GB/s (1e9 bytes/s)",
+    )
+    latency_us: float | None = Field(
+        default=None, ge=0, description="One-hop latency in microseconds, where a source gives it"
+    )
+    note: str | None = None
+
+
+class TensorThroughput(Strict):
+    """Dense (no structured sparsity) tensor-core peak throughput, TFLOPS or TOPS.
+
+    For fp16/bf16 the figure is with FP32 accumulation where the vendor distinguishes,
+    since that is what inference GEMMs use. ``None`` means no native support or unknown.
+    """
+
+    bf16: float | None = Field(default=None, gt=0)
+    fp16: float | None = Field(default=None, gt=0)
+    fp8: float | None = Field(default=None, gt=0)
+    int8: float | None = Field(default=None, gt=0)
+    int4: float | None = Field(default=None, gt=0)
+    fp4: float | None = Field(default=None, gt=0)
+
+
+class GPU(Strict):
+    """One accelerator model (a GPU or an APU's integrated GPU)."""
+
+    name: str = Field(description="catalog key, lower-case, e.g. 'rtx3090'")
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    vendor: Literal["nvidia", "amd", "intel", "generic"]
+    architecture: str = Field(description="e.g. 'ampere', 'hopper', 'cdna3', 'xe2'")
+    hardware_class: str = Field(
+        description="Group whose default efficiency parameters apply, e.g. 'consumer-ampere'"
+    )
+    memory_gb: float = Field(gt=0, description="Device memory as marketed, GB")
+    memory_type: str | None = None
+    usable_memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory the GPU can use for serving where less than memory_gb "
+        "(e.g. an APU's share of system RAM), GB",
+    )
+    memory_bandwidth_gb_s: float = Field(gt=0, description="Peak DRAM bandwidth, GB/s")
+    l2_cache_mb: float | None = Field(
+        default=None, gt=0, description="L2 or last-level on-chip cache, MB"
+    )
+    tensor_tflops: TensorThroughput = Field(description="Dense peak tensor throughput")
+    native_formats: list[str] = Field(
+        description="Data types the tensor cores execute natively (subset of bf16, fp16, fp8, "
+        "int8, int4, fp4)"
+    )
+    interconnects: list[Interconnect] = Field(default_factory=list)
+    tdp_w: float | None = Field(default=None, gt=0, description="Board power (TDP/TBP), W")
+    price: Price | None = None
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+
+    @field_validator("native_formats")
+    @classmethod
+    def _known_formats(cls, v: list[str]) -> list[str]:
+        unknown = sorted(set(v) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"unknown native format(s) {unknown}; known: {list(DTYPES)}")
+        return v
+
+    @property
+    def serving_memory_gb(self) -> float:
+        """Memory available to a serving engine, GB (usable_memory_gb if set)."""
+        return self.usable_memory_gb if self.usable_memory_gb is not None else self.memory_gb
+
+    @property
+    def memory_bytes(self) -> float:
+        """Serving memory in bytes.
+
+        Convention: vendors' 'GB' for VRAM/HBM are binary (a '24 GB' RTX 3090 reports
+        24,576 MiB), so capacity in bytes = memory_gb x 2**30.
+        """
+        return self.serving_memory_gb * 2**30
+
+    def interconnect(self, kind: str) -> Interconnect | None:
+        """The first interconnect of a kind ('nvlink', 'pcie', ...), or None."""
+        for ic in self.interconnects:
+            if ic.kind == kind:
+                return ic
+        return None
+
+
+class MoESpec(Strict):
+    """Mixture-of-experts dimensions, as in the model's config.json."""
+
+    num_experts: int = Field(ge=1, description="Routed experts per MoE layer")
+    experts_per_token: int = Field(ge=1, description="Routed experts each token uses (top-k)")
+    moe_intermediate_size: int = Field(ge=1, description="FFN width of one routed expert")
+    num_shared_experts: int = Field(default=0, ge=0)
+    shared_expert_intermediate_size: int | None = Field(
+        default=None, description="FFN width of the shared expert(s); default moe width"
+    )
+    first_dense_layers: int = Field(
+        default=0, ge=0, description="Leading layers with a dense FFN (first_k_dense_replace)"
+    )
+    expert_bias: bool = Field(default=False, description="Experts carry biases (gpt-oss)")
+
+    @model_validator(mode="after")
+    def _k_le_e(self) -> MoESpec:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token cannot exceed num_experts")
+        return self
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_expert_intermediate_size or self.moe_intermediate_size
+
+
+class LinearAttentionSpec(Strict):
+    """Gated DeltaNet (linear attention) dimensions: a fixed-size recurrent state."""
+
+    num_key_heads: int = Field(ge=1)
+    num_value_heads: int = Field(ge=1)
+    key_head_dim: int = Field(ge=1)
+    value_head_dim: int = Field(ge=1)
+    conv_kernel_dim: int = Field(ge=1)
+    state_dtype_bytes: int = Field(
+        default=4, description="Bytes per element of the recurrent state (mamba_ssm_dtype)"
+    )
+
+
+class MLASpec(Strict):
+    """Multi-head latent attention (DeepSeek) dimensions."""
+
+    q_lora_rank: int | None = Field(default=None, ge=1)
+    kv_lora_rank: int = Field(ge=1)
+    qk_nope_head_dim: int = Field(ge=1)
+    qk_rope_head_dim: int = Field(ge=1)
+    v_head_dim: int = Field(ge=1)
+
+
+class PublishedParams(Strict):
+    """Parameter counts a model card states, to check the computed ones against."""
+
+    total_b: float = Field(gt=0, description="Total parameters, billions")
+    active_b: float | None = Field(default=None, gt=0, description="Active parameters, billions")
+    active_convention: Literal["all", "excludes_embedding", "excludes_embedding_and_lm_head"] = (
+        Field(
+            default="all",
+            description="What the card's active count leaves out: nothing (DeepSeek, Qwen), the "
+            "input embedding table (OpenAI gpt-oss), or both embedding tables (GLM)",
+        )
+    )
+    includes_mtp: bool = Field(default=False, description="Whether the total includes MTP layers")
+    source: Source
+
+
+class Model(Strict):
+    """One LLM's architecture, in the terms of its Hugging Face config.json."""
+
+    name: str
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    hf_id: str
+    architecture: str = Field(description="config.json model_type, e.g. 'qwen3_moe'")
+    num_layers: int = Field(ge=1, description="num_hidden_layers")
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int | None = Field(
+        default=None, description="Dense FFN width (for MoE: of the leading dense layers)"
+    )
+    num_attention_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1, description="num_key_value_heads")
+    head_dim: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = Field(default=False, description="q/k/v projections carry biases")
+    attn_output_gate: bool = Field(
+        default=False, description="q_proj also produces an output gate (doubles its width)"
+    )
+    layer_pattern: list[LayerType] = Field(
+        default_factory=lambda: ["full_attention"],
+        description="Attention type of each layer, repeated cyclically over num_layers",
+    )
+    sliding_window: int | None = Field(default=None, ge=1, description="Tokens, for sliding layers")
+    linear_attention: LinearAttentionSpec | None = None
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+    mtp_layers: int = Field(default=0, ge=0, description="Multi-token-prediction layers")
+    max_position_embeddings: int | None = None
+    dtype: str = Field(default="bf16", description="Native weight dtype of the release")
+    published: PublishedParams | None = None
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Model:
+        types = set(self.layer_pattern)
+        if "sliding_attention" in types and self.sliding_window is None:
+            raise ValueError("layer_pattern has sliding_attention but sliding_window is not set")
+        if "linear_attention" in types and self.linear_attention is None:
+            raise ValueError("layer_pattern has linear_attention but linear_attention is not set")
+        if self.moe is None and self.intermediate_size is None:
+            raise ValueError("a dense model needs intermediate_size")
+        if self.moe is not None and self.moe.first_dense_layers and not self.intermediate_size:
+            raise ValueError("moe.first_dense_layers needs intermediate_size")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def layer_types(self) -> list[LayerType]:
+        """The attention type of each of the num_layers layers."""
+        p = self.layer_pattern
+        return [p[i % len(p)] for i in range(self.num_layers)]
+
+    def count_layers(self, kind: LayerType) -> int:
+        return sum(1 for t in self.layer_types if t == kind)
+
+
+class QuantFormat(Strict):
+    """A weight format: how many bits a quantised parameter costs and what stays unquantised."""
+
+    name: str
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    weight_bits: float = Field(gt=0, description="Bits of the stored value itself")
+    group_size: int | None = Field(default=None, ge=1, description="Weights sharing one scale")
+    scale_bits: float = Field(default=0, ge=0, description="Bits of each group's scale")
+    zero_bits: float = Field(default=0, ge=0, description="Bits of each group's zero point")
+    bits_per_weight_override: float | None = Field(
+        default=None,
+        gt=0,
+        description="Effective bits/weight where the format mixes block types (GGUF k-quants)",
+    )
+    compute_dtype: Literal["bf16", "fp16", "fp8", "int8", "fp4"] = Field(
+        description="Tensor-core type the GEMM runs in when the GPU supports it natively"
+    )
+    weight_only: bool = Field(
+        description="Activations stay 16-bit; weights are dequantised in the kernel"
+    )
+    quantized_tensors: list[Literal["attention", "linear_attention", "mlp", "experts"]] = Field(
+        description="Weight groups this format quantises"
+    )
+    unquantized_tensors: list[str] = Field(
+        default_factory=lambda: ["embeddings", "lm_head", "router", "norms"],
+        description="Tensors that usually stay in 16-bit",
+    )
+    unquantized_bits: float = Field(default=16, description="Bits of the tensors left unquantised")
+    embedding_bits: float | None = Field(
+        default=None, gt=0, description="Bits/weight of the embedding table if not unquantized_bits"
+    )
+    lm_head_bits: float | None = Field(
+        default=None, gt=0, description="Bits/weight of the output head if not unquantized_bits"
+    )
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Effective storage bits per quantised weight, scales and zeros included."""
+        if self.bits_per_weight_override is not None:
+            return self.bits_per_weight_override
+        overhead = 0.0
+        if self.group_size:
+            overhead = (self.scale_bits + self.zero_bits) / self.group_size
+        return self.weight_bits + overhead

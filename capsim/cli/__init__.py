@@ -1,0 +1,1 @@
+"""CLI layer: the capsim command."""

@@ -1,0 +1,500 @@
+"""The ``capsim`` command: a thin typer layer over the Python API.
+
+Commands parse options, call the API and print; they hold no physics. User errors
+(:class:`capsim.errors.CapsimUserError`) print one line, a hint and did-you-mean
+suggestions on stderr and exit with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
+from capsim.catalog.loader import ENV_VAR, Catalog, load_catalog, user_db_dirs
+from capsim.catalog.schemas import DTYPES, GPU, Model
+from capsim.errors import CapsimUserError
+from capsim.physics.memory import (
+    GB,
+    GIB,
+    fit_hint,
+    kv_layout,
+    memory_fit,
+    require_fit,
+    weight_bytes,
+)
+from capsim.physics.parameters import parameter_breakdown
+
+EXIT_USER_ERROR = 2
+
+console = Console()
+err_console = Console(stderr=True)
+
+app = typer.Typer(
+    name="capsim",
+    help="Predict LLM serving throughput on your GPUs before you buy or reconfigure them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+gpus_app = typer.Typer(help="List GPUs in the catalog, or show one.", add_completion=False)
+models_app = typer.Typer(help="List models in the catalog, show one, import one.")
+app.add_typer(gpus_app, name="gpus")
+app.add_typer(models_app, name="models")
+
+DbOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--db",
+        help=f"Extra catalog directory laid over the built-in one (repeatable; also ${ENV_VAR}).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+
+
+def user_errors(func):
+    """Turn CapsimUserError into a one-line message and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except CapsimUserError as exc:
+            err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            if exc.suggestions:
+                err_console.print(
+                    f"did you mean: {', '.join(exc.suggestions)}?", highlight=False, soft_wrap=True
+                )
+            if exc.hint:
+                err_console.print(f"hint: {exc.hint}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_USER_ERROR) from None
+
+    return wrapper
+
+
+_global_db: list[Path] = []
+
+
+@app.callback()
+def main(db: DbOption = None) -> None:
+    """capsim: capacity simulator for self-hosted LLM serving."""
+    _global_db[:] = list(db or [])
+
+
+def catalog(db: list[Path] | None) -> Catalog:
+    return load_catalog([*_global_db, *(db or [])])
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}{unit}"
+
+
+# ----------------------------------------------------------------------------- gpus
+
+
+@gpus_app.callback(invoke_without_command=True)
+@user_errors
+def gpus_list(ctx: typer.Context, json_out: JsonOption = False, db: DbOption = None) -> None:
+    """List GPUs: memory, bandwidth, cache, tensor throughput, power and price."""
+    if ctx.invoked_subcommand:
+        return
+    cat = catalog(db)
+    if json_out:
+        print_json([g.model_dump(mode="json") for g in cat.gpus])
+        return
+    table = Table(title=f"GPUs ({len(cat.gpus)}); 'capsim gpus show NAME' for details")
+    table.add_column("name", no_wrap=True)
+    for col in ("GB", "GB/s", "L2 MB", "BF16 TF", "FP8 TF", "TDP W", "USD (date)"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for g in cat.gpus:
+        table.add_row(
+            g.name,
+            fmt_num(g.memory_gb, 0),
+            fmt_num(g.memory_bandwidth_gb_s, 0),
+            fmt_num(g.l2_cache_mb, 0),
+            fmt_num(g.tensor_tflops.bf16, 0),
+            fmt_num(g.tensor_tflops.fp8, 0),
+            fmt_num(g.tdp_w, 0),
+            f"{g.price.usd:,.0f} ({g.price.date.year})" if g.price else "—",
+        )
+    console.print(table)
+
+
+def gpu_derived(g: GPU) -> dict[str, Any]:
+    """Figures derived from a GPU's specs (ridge point of the roofline)."""
+    bf16 = g.tensor_tflops.bf16
+    return {
+        "memory_bytes": g.memory_bytes,
+        "ridge_flop_per_byte_bf16": bf16 * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if bf16 else None,
+    }
+
+
+@gpus_app.command("show")
+@user_errors
+def gpus_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> None:
+    """Show one GPU with every field and its sources."""
+    g = catalog(db).gpu(name)
+    derived = gpu_derived(g)
+    if json_out:
+        print_json({**g.model_dump(mode="json"), "derived": derived})
+        return
+    table = Table(title=g.display_name, show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    table.add_row("name (aliases)", f"{g.name} ({', '.join(g.aliases) or '—'})")
+    table.add_row("architecture / class", f"{g.architecture} / {g.hardware_class}")
+    table.add_row("memory", f"{g.memory_gb:g} GB {g.memory_type or ''}")
+    if g.usable_memory_gb:
+        table.add_row("usable by the GPU", f"{g.usable_memory_gb:g} GB")
+    table.add_row("bandwidth", f"{g.memory_bandwidth_gb_s:,.0f} GB/s")
+    table.add_row("L2 / last-level cache", fmt_num(g.l2_cache_mb, 0, " MB"))
+    for dtype in DTYPES:
+        table.add_row(
+            f"dense {dtype} tensor", fmt_num(getattr(g.tensor_tflops, dtype), 1, " TFLOPS")
+        )
+    table.add_row("native formats", ", ".join(g.native_formats))
+    for ic in g.interconnects:
+        desc = f"{ic.kind}"
+        if ic.generation:
+            desc += f" gen {ic.generation:g}"
+        if ic.lanes:
+            desc += f" x{ic.lanes}"
+        table.add_row(
+            "interconnect", f"{desc}: {fmt_num(ic.bandwidth_gb_s_per_direction)} GB/s/dir"
+        )
+    table.add_row("TDP", fmt_num(g.tdp_w, 0, " W"))
+    if g.price:
+        table.add_row("price", f"{g.price.usd:,.0f} USD ({g.price.kind}, {g.price.date})")
+    ridge = derived["ridge_flop_per_byte_bf16"]
+    table.add_row("roofline ridge (bf16)", fmt_num(ridge, 0, " FLOP/byte"))
+    for s in g.sources:
+        table.add_row("source", s.title + (f" <{s.url}>" if s.url else ""))
+    if g.notes:
+        table.add_row("notes", g.notes)
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def model_derived(m: Model, cat: Catalog) -> dict[str, Any]:
+    """Figures derived from a model's dimensions: parameters, weights and KV per token."""
+    p = parameter_breakdown(m)
+    derived: dict[str, Any] = {"parameters": p.as_dict()}
+    weights = {}
+    for q in ("bf16", "fp8", "awq-int4"):
+        fmt = cat.quant(q)
+        weights[q] = sum(weight_bytes(m, fmt).values())
+    if m.dtype not in weights:
+        weights[m.dtype] = sum(weight_bytes(m, cat.quant(m.dtype)).values())
+    derived["weight_bytes"] = weights
+    for kv in ("auto", "fp8"):
+        lay = kv_layout(m, kv)
+        derived[f"kv_{kv}"] = {
+            "bytes_per_token": lay.bytes_per_token,
+            "full_bytes_per_token": lay.full_bytes_per_token,
+            "sliding_bytes_per_token": lay.sliding_bytes_per_token,
+            "state_bytes_per_sequence": lay.state_bytes_per_sequence,
+            "per_layer_type": lay.per_layer_type,
+        }
+    derived["layers"] = {
+        t: m.count_layers(t) for t in ("full_attention", "sliding_attention", "linear_attention")
+    }
+    return derived
+
+
+@models_app.callback(invoke_without_command=True)
+@user_errors
+def models_list(ctx: typer.Context, json_out: JsonOption = False, db: DbOption = None) -> None:
+    """List models with their computed total and active parameters."""
+    if ctx.invoked_subcommand:
+        return
+    cat = catalog(db)
+    if json_out:
+        out = []
+        for m in cat.models:
+            p = parameter_breakdown(m)
+            out.append(
+                {
+                    **m.model_dump(mode="json"),
+                    "total_params": p.total,
+                    "active_params": p.active,
+                }
+            )
+        print_json(out)
+        return
+    table = Table(title=f"Models ({len(cat.models)})")
+    for col in ("name", "HF id", "type", "layers", "total B", "active B", "KV KiB/tok", "ctx"):
+        table.add_column(col, justify="left" if col in ("name", "HF id", "type") else "right")
+    for m in cat.models:
+        p = parameter_breakdown(m)
+        kind = "MoE" if m.is_moe else "dense"
+        if m.mla:
+            kind += "+MLA"
+        if "linear_attention" in m.layer_pattern:
+            kind += "+linear"
+        if "sliding_attention" in m.layer_pattern:
+            kind += "+SWA"
+        table.add_row(
+            m.name,
+            m.hf_id,
+            kind,
+            str(m.num_layers),
+            f"{p.total / 1e9:.1f}",
+            f"{p.active / 1e9:.1f}",
+            f"{kv_layout(m).bytes_per_token / 1024:.0f}",
+            f"{m.max_position_embeddings:,}" if m.max_position_embeddings else "—",
+        )
+    console.print(table)
+
+
+@models_app.command("show")
+@user_errors
+def models_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> None:
+    """Show one model's dimensions and derived figures (parameters, weights, KV per token)."""
+    cat = catalog(db)
+    m = cat.model(name)
+    derived = model_derived(m, cat)
+    if json_out:
+        print_json({**m.model_dump(mode="json"), "derived": derived})
+        return
+    p = parameter_breakdown(m)
+    table = Table(title=f"{m.display_name} ({m.hf_id})", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    table.add_row("architecture", m.architecture)
+    table.add_row(
+        "layers",
+        f"{m.num_layers} ("
+        + ", ".join(f"{v} {k}" for k, v in derived["layers"].items() if v)
+        + ")",
+    )
+    table.add_row(
+        "hidden / heads / KV heads / head dim",
+        f"{m.hidden_size} / {m.num_attention_heads} / {m.num_kv_heads} / {m.head_dim}",
+    )
+    if m.moe:
+        table.add_row(
+            "experts",
+            f"{m.moe.num_experts} routed (top-{m.moe.experts_per_token}, width "
+            f"{m.moe.moe_intermediate_size}), {m.moe.num_shared_experts} shared",
+        )
+    if m.mla:
+        table.add_row("MLA", f"kv_lora_rank {m.mla.kv_lora_rank}, rope {m.mla.qk_rope_head_dim}")
+    if m.mtp_layers:
+        table.add_row("MTP layers", str(m.mtp_layers))
+    table.add_row("total parameters", f"{p.total / 1e9:.2f} B")
+    table.add_row("active parameters", f"{p.active / 1e9:.2f} B")
+    if m.published:
+        table.add_row(
+            "published",
+            f"{m.published.total_b:g} B total"
+            + (f", {m.published.active_b:g} B active" if m.published.active_b else ""),
+        )
+    for q, b in derived["weight_bytes"].items():
+        table.add_row(f"weights at {q}", f"{b / GB:.1f} GB")
+    kv = derived["kv_auto"]
+    table.add_row("KV per token (16-bit)", f"{kv['bytes_per_token']:,.0f} bytes")
+    table.add_row("KV per token (fp8)", f"{derived['kv_fp8']['bytes_per_token']:,.0f} bytes")
+    if kv["state_bytes_per_sequence"]:
+        table.add_row(
+            "linear-attention state", f"{kv['state_bytes_per_sequence'] / 2**20:.1f} MiB/seq"
+        )
+    for s in m.sources:
+        table.add_row("source", s.title + (f" <{s.url}>" if s.url else ""))
+    console.print(table)
+
+
+@models_app.command("import-hf")
+@user_errors
+def models_import_hf(
+    config: Annotated[Path, typer.Argument(help="A Hugging Face config.json")],
+    name: Annotated[str, typer.Option("--name", help="Catalog name for the model")],
+    hf_id: Annotated[str | None, typer.Option("--hf-id", help="Hub id, e.g. org/model")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help=f"Catalog directory to write into (default: first ${ENV_VAR} "
+            "directory, else ./capsim-db)",
+        ),
+    ] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Write a model YAML from a Hugging Face config.json into a user catalog directory."""
+    model = model_from_hf_config(read_config(config), name, hf_id=hf_id, source=str(config))
+    if out is None:
+        env_dirs = user_db_dirs()
+        out = env_dirs[0] if env_dirs else Path("capsim-db")
+    path = write_model_yaml(model, out)
+    p = parameter_breakdown(model)
+    if json_out:
+        print_json(
+            {
+                "path": str(path),
+                "name": model.name,
+                "total_params": p.total,
+                "active_params": p.active,
+            }
+        )
+        return
+    console.print(
+        f"wrote {path} ({p.total / 1e9:.2f} B parameters, {p.active / 1e9:.2f} B active); "
+        f"use it with --db {out}"
+    )
+
+
+# ----------------------------------------------------------------------------- quants
+
+
+@app.command("quants")
+@user_errors
+def quants_list(json_out: JsonOption = False, db: DbOption = None) -> None:
+    """List weight formats: bits per weight and what stays unquantised."""
+    cat = catalog(db)
+    if json_out:
+        print_json(
+            [
+                {**q.model_dump(mode="json"), "bits_per_weight": q.bits_per_weight}
+                for q in cat.quant_formats
+            ]
+        )
+        return
+    table = Table(title="Weight formats")
+    for col in ("name", "format", "bits/weight", "compute", "quantises", "kept 16-bit"):
+        table.add_column(col)
+    for q in cat.quant_formats:
+        table.add_row(
+            q.name,
+            q.display_name,
+            f"{q.bits_per_weight:.3f}",
+            q.compute_dtype,
+            ", ".join(q.quantized_tensors),
+            ", ".join(q.unquantized_tensors),
+        )
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------- fit
+
+
+@app.command("fit")
+@user_errors
+def fit_cmd(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. rtx3090")],
+    model: Annotated[str, typer.Option("--model", help="Model name, e.g. qwen3-coder-30b-a3b")],
+    quant: Annotated[
+        str | None, typer.Option("--quant", help="Weight format (default: the model's release)")
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", help="GPUs in total (default: --tp)")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto, bf16, fp16, fp8")] = "auto",
+    gpu_memory_utilization: Annotated[
+        float, typer.Option("--gpu-memory-utilization", help="vLLM's memory fraction")
+    ] = 0.9,
+    max_model_len: Annotated[
+        int | None, typer.Option("--max-model-len", help="Longest sequence (default: auto)")
+    ] = None,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens")] = 8192,
+    context: Annotated[
+        int | None,
+        typer.Option("--context", help="Sequence length for 'sequences that fit' (tokens)"),
+    ] = None,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs")] = False,
+    mtp: Annotated[
+        bool, typer.Option("--mtp", help="Load the MTP module (MTP speculation)")
+    ] = False,
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Does MODEL fit on GPU? Weights, activations, KV cache capacity per GPU."""
+    cat = catalog(db)
+    g = cat.gpu(gpu)
+    m = cat.model(model)
+    fmt = cat.quant(quant or m.dtype)
+    total_gpus = gpus if gpus is not None else tp
+    if total_gpus < 1 or total_gpus % tp:
+        raise CapsimUserError(
+            f"--gpus {total_gpus} is not a multiple of --tp {tp}",
+            hint="GPUs are used as data-parallel replicas of one TP group each",
+        )
+    replicas = total_gpus // tp
+    options = dict(
+        kv_dtype=kv_dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        context_tokens=context,
+        enforce_eager=enforce_eager,
+        include_mtp=mtp,
+    )
+    result = memory_fit(g, m, fmt, tp=tp, **options)
+    if json_out:
+        print_json({**result.to_dict(), "gpus": total_gpus, "dp_replicas": replicas})
+    else:
+        print_fit(result, g, m, replicas)
+    if not result.fits:
+        require_fit(result, fit_hint(g, m, fmt, list(cat.quant_formats), tp, **options))
+
+
+def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
+    table = Table(
+        title=f"{m.name} ({r.quant}) on {r.tp}x {g.name}"
+        + (f", {replicas} replicas" if replicas > 1 else "")
+        + f": {'FITS' if r.fits else 'DOES NOT FIT'}",
+        show_header=False,
+    )
+    table.add_column("term")
+    table.add_column("per GPU", justify="right")
+    table.add_row("GPU memory", f"{r.memory_bytes / GIB:.2f} GiB")
+    table.add_row(f"usable (x {r.gpu_memory_utilization:g})", f"{r.budget_bytes / GIB:.2f} GiB")
+    table.add_row("weights", f"{r.weight_bytes / GIB:.2f} GiB ({r.weight_bytes / GB:.2f} GB)")
+    table.add_row("activation peak", f"{r.activation_bytes / GIB:.2f} GiB")
+    table.add_row(
+        "runtime reserve (context, NCCL, graphs)", f"{r.runtime_reserve_bytes / GIB:.2f} GiB"
+    )
+    table.add_row("KV cache budget", f"{r.kv_budget_bytes / GIB:.2f} GiB")
+    if r.kv_budget_bytes <= 0:
+        console.print(table)
+        return
+    table.add_row("KV bytes per token", f"{r.kv_bytes_per_token:,.0f}")
+    if r.state_bytes_per_sequence:
+        table.add_row(
+            "linear-attention state per sequence", f"{r.state_bytes_per_sequence / 2**20:.1f} MiB"
+        )
+    if r.sliding_window:
+        table.add_row("sliding-window layers hold at most", f"{r.sliding_window} tokens")
+    table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens")
+    table.add_row("max_model_len", f"{r.max_model_len:,} (limit {r.max_model_len_limit:,})")
+    table.add_row(
+        f"sequences of {r.context_tokens:,} tokens that fit",
+        f"{r.max_sequences:,} (max_num_seqs {r.max_num_seqs})",
+    )
+    console.print(table)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    run()

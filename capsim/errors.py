@@ -1,0 +1,68 @@
+"""User-facing errors.
+
+Anything a user can cause (an unknown name, a malformed catalog file, a model that does
+not fit) raises :class:`CapsimUserError`. The CLI prints it as one line plus an optional
+hint and exits with code 2; it never shows a traceback for these.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+
+
+class CapsimUserError(Exception):
+    """An error caused by the user's input, with a hint on how to fix it.
+
+    Attributes:
+        message: what is wrong, one line.
+        hint: how to fix it (may be empty).
+        suggestions: close matches for a misspelt name (may be empty).
+    """
+
+    def __init__(self, message: str, hint: str = "", suggestions: Iterable[str] = ()):
+        self.message = message
+        self.hint = hint
+        self.suggestions = list(suggestions)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        parts = [self.message]
+        if self.suggestions:
+            parts.append("did you mean: " + ", ".join(self.suggestions) + "?")
+        if self.hint:
+            parts.append(self.hint)
+        return "\n".join(parts)
+
+
+class UnknownNameError(CapsimUserError):
+    """A GPU, model or format name that is not in the catalog."""
+
+
+class CatalogError(CapsimUserError):
+    """A catalog file that cannot be read or does not validate."""
+
+
+class DoesNotFitError(CapsimUserError):
+    """A deployment whose weights or minimum KV cache exceed the GPU memory."""
+
+
+def normalise_name(name: str) -> str:
+    """Lower-case a name and drop separators, so 'RTX 3090', 'rtx-3090' and 'rtx3090' match."""
+    return re.sub(r"[\s_\-./]+", "", name.strip().lower())
+
+
+def close_matches(name: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
+    """Names from ``candidates`` that look like ``name`` (difflib ratio and substring)."""
+    cands = list(candidates)
+    norm = {normalise_name(c): c for c in cands}
+    key = normalise_name(name)
+    found: list[str] = []
+    for match in difflib.get_close_matches(key, list(norm), n=limit, cutoff=0.6):
+        found.append(norm[match])
+    if key:
+        for n, original in norm.items():
+            if (key in n or n in key) and original not in found:
+                found.append(original)
+    return found[:limit]

@@ -1,0 +1,1 @@
+"""Physics layer: pure functions of parameters, memory, (later) step time."""

@@ -1,0 +1,501 @@
+"""Memory fit: weights, KV cache and runtime reserve per GPU, the way vLLM budgets memory.
+
+vLLM (V1 ``gpu_worker.determine_available_memory``) gives the KV cache what is left of
+``total_memory x gpu_memory_utilization`` after the weights, the peak activation memory of
+a profiling forward pass with ``max_num_batched_tokens`` tokens, and memory that torch does
+not own (CUDA context, cuBLAS and NCCL workspaces) and CUDA graphs. capsim follows that
+budget term by term:
+
+    kv_budget = memory x utilization - weights - activations - runtime_reserve - cuda_graphs
+
+All byte counts are per GPU of one tensor-parallel group. Units: bytes unless a name says
+otherwise; ``*_gib`` is 2**30 bytes, ``*_gb`` 1e9 bytes.
+
+KV cache per layer type (per token of context, per GPU):
+
+* full attention: 2 (K and V) x kv_heads_per_gpu x head_dim x kv_dtype_bytes
+* sliding-window attention: the same per token, but a sequence never holds more than
+  ``sliding_window`` tokens of it
+* MLA (DeepSeek): (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes, one latent shared by
+  all heads and replicated on every TP rank (vLLM does not shard the latent cache)
+* linear attention (Gated DeltaNet): no per-token cache; a fixed state per sequence of
+  value_heads_per_gpu x key_head_dim x value_head_dim x state_dtype_bytes plus the
+  convolution window (conv_kernel - 1) x conv_channels_per_gpu x 2 bytes
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.errors import CapsimUserError, DoesNotFitError
+from capsim.physics.parameters import parameter_breakdown
+
+GIB = 2**30
+GB = 1e9
+
+KV_DTYPE_BYTES: dict[str, float | None] = {
+    "auto": None,  # the model's activation dtype (16-bit)
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+"""Bytes per KV element for each ``--kv-cache-dtype`` vLLM accepts."""
+
+ACTIVATION_BYTES = 2
+"""Bytes per activation element (bf16/fp16 activations)."""
+
+BLOCK_SIZE_TOKENS = 16
+"""vLLM's default paged-KV block size, tokens per block."""
+
+
+@dataclass(frozen=True)
+class RuntimeReserve:
+    """Memory outside weights and KV that a serving engine holds, bytes per GPU.
+
+    Attributes:
+        cuda_context_bytes: CUDA context, cuBLAS/cuDNN workspaces and the allocator's
+            fragmentation that vLLM counts as 'non-torch memory'. vLLM's start-up log
+            reports this per GPU; 0.6-1.0 GiB is typical on NVIDIA, so the default is
+            0.75 GiB. A calibration parameter, not a datasheet figure.
+        nccl_bytes: extra non-torch memory of NCCL communicators when TP > 1 (default
+            0.25 GiB, from the same log line; calibration parameter).
+        cuda_graph_bytes: memory of captured CUDA graphs (vLLM logs 'Graph capturing
+            finished ... took X GiB'; default 0.5 GiB, 0 with ``enforce_eager``).
+        sampler_logit_copies: fp32 copies of the [max_num_seqs x vocab] logits the
+            profiling run's sampler holds at its peak (default 2).
+    """
+
+    cuda_context_bytes: float = 0.75 * GIB
+    nccl_bytes: float = 0.25 * GIB
+    cuda_graph_bytes: float = 0.5 * GIB
+    sampler_logit_copies: float = 2.0
+
+
+DEFAULT_RESERVE = RuntimeReserve()
+
+
+def kv_dtype_bytes(kv_dtype: str, model: Model) -> float:
+    """Bytes per KV-cache element for a ``--kv-cache-dtype`` value."""
+    key = kv_dtype.lower()
+    if key not in KV_DTYPE_BYTES:
+        raise CapsimUserError(
+            f"unknown KV cache dtype '{kv_dtype}'",
+            hint="use one of: " + ", ".join(KV_DTYPE_BYTES),
+        )
+    value = KV_DTYPE_BYTES[key]
+    return float(value) if value is not None else float(ACTIVATION_BYTES)
+
+
+def check_tensor_parallel(model: Model, tp: int) -> None:
+    """Reject a TP size vLLM would reject: it must divide the attention (and GDN) heads."""
+    if tp < 1:
+        raise CapsimUserError(f"tensor parallel size must be at least 1, got {tp}")
+    if model.num_attention_heads % tp:
+        raise CapsimUserError(
+            f"tensor parallel size {tp} does not divide {model.name}'s "
+            f"{model.num_attention_heads} attention heads",
+            hint="vLLM requires num_attention_heads % tensor_parallel_size == 0; pick a "
+            "divisor such as "
+            + ", ".join(str(d) for d in (1, 2, 4, 8) if model.num_attention_heads % d == 0),
+        )
+    la = model.linear_attention
+    if la is not None and (la.num_key_heads % tp or la.num_value_heads % tp):
+        raise CapsimUserError(
+            f"tensor parallel size {tp} does not divide {model.name}'s linear-attention heads "
+            f"({la.num_key_heads} key, {la.num_value_heads} value)"
+        )
+
+
+def kv_heads_per_gpu(model: Model, tp: int) -> float:
+    """KV heads each GPU stores: heads are split over TP, and replicated when fewer than TP."""
+    return max(1.0, model.num_kv_heads / tp)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """KV-cache and state cost per GPU, by layer type.
+
+    Attributes:
+        full_bytes_per_token: bytes per context token over full-attention and MLA layers.
+        sliding_bytes_per_token: bytes per token over sliding-window layers (a sequence
+            holds at most ``sliding_window`` tokens of these).
+        sliding_window: tokens, or None.
+        state_bytes_per_sequence: fixed linear-attention state per sequence.
+        per_layer_type: bytes per token (or per sequence for state) of one layer of each type.
+    """
+
+    full_bytes_per_token: float
+    sliding_bytes_per_token: float
+    sliding_window: int | None
+    state_bytes_per_sequence: float
+    per_layer_type: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes per token of the paged pool (full + sliding layers), what vLLM's block holds."""
+        return self.full_bytes_per_token + self.sliding_bytes_per_token
+
+    def sequence_bytes(self, context_tokens: float) -> float:
+        """Memory one sequence of ``context_tokens`` holds, in whole 16-token blocks."""
+        blocks = math.ceil(context_tokens / BLOCK_SIZE_TOKENS)
+        tokens = blocks * BLOCK_SIZE_TOKENS
+        sliding_tokens = tokens
+        if self.sliding_window is not None:
+            window_blocks = math.ceil(self.sliding_window / BLOCK_SIZE_TOKENS) + 1
+            sliding_tokens = min(tokens, window_blocks * BLOCK_SIZE_TOKENS)
+        return (
+            tokens * self.full_bytes_per_token
+            + sliding_tokens * self.sliding_bytes_per_token
+            + self.state_bytes_per_sequence
+        )
+
+
+def kv_layout(model: Model, kv_dtype: str = "auto", tp: int = 1) -> KVLayout:
+    """KV-cache bytes per token and state bytes per sequence, per GPU, by layer type."""
+    elem = kv_dtype_bytes(kv_dtype, model)
+    per_type: dict[str, float] = {}
+    if model.mla is not None:
+        attn_layer = (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * elem
+        per_type["mla"] = attn_layer
+    else:
+        attn_layer = 2 * kv_heads_per_gpu(model, tp) * model.head_dim * elem
+    n_full = model.count_layers("full_attention")
+    n_sliding = model.count_layers("sliding_attention")
+    n_linear = model.count_layers("linear_attention")
+    if n_full and model.mla is None:
+        per_type["full_attention"] = attn_layer
+    if n_sliding:
+        per_type["sliding_attention"] = attn_layer
+    state = 0.0
+    if n_linear:
+        la = model.linear_attention
+        assert la is not None
+        v_heads = la.num_value_heads / tp
+        k_heads = la.num_key_heads / tp
+        recurrent = v_heads * la.key_head_dim * la.value_head_dim * la.state_dtype_bytes
+        conv_channels = 2 * k_heads * la.key_head_dim + v_heads * la.value_head_dim
+        conv = (la.conv_kernel_dim - 1) * conv_channels * ACTIVATION_BYTES
+        per_type["linear_attention_state_per_sequence"] = recurrent + conv
+        state = n_linear * (recurrent + conv)
+    return KVLayout(
+        full_bytes_per_token=n_full * attn_layer,
+        sliding_bytes_per_token=n_sliding * attn_layer,
+        sliding_window=model.sliding_window if n_sliding else None,
+        state_bytes_per_sequence=state,
+        per_layer_type=per_type,
+    )
+
+
+def kv_bytes_per_token(model: Model, kv_dtype: str = "auto", tp: int = 1) -> float:
+    """KV-cache bytes per token of context per GPU, over all attention layers (sliding
+    layers counted per token, as long as the context is within the window)."""
+    return kv_layout(model, kv_dtype, tp).bytes_per_token
+
+
+def _format_bits(fmt: QuantFormat, group: str) -> float:
+    return fmt.bits_per_weight if group in fmt.quantized_tensors else fmt.unquantized_bits
+
+
+def weight_bytes(
+    model: Model, fmt: QuantFormat, tp: int = 1, include_mtp: bool = False
+) -> dict[str, float]:
+    """Weight bytes per GPU by component.
+
+    Linear layers, embeddings and the output head are split over the TP group (vLLM's
+    column/row-parallel and vocab-parallel layers); norms and routers are replicated.
+    Quantised groups cost ``fmt.bits_per_weight`` bits per weight, the rest
+    ``fmt.unquantized_bits`` (embedding and head at their own bits where the format says).
+    """
+    p = parameter_breakdown(model)
+    embedding_bits = fmt.embedding_bits or fmt.unquantized_bits
+    lm_head_bits = fmt.lm_head_bits or fmt.unquantized_bits
+    parts = {
+        "embeddings": p.embeddings * embedding_bits / 8 / tp,
+        "lm_head": p.lm_head * lm_head_bits / 8 / tp,
+        "attention": p.attention * _format_bits(fmt, "attention") / 8 / tp,
+        "linear_attention": (
+            p.linear_attention * _format_bits(fmt, "linear_attention") / 8 / tp
+            + p.linear_attention_small * fmt.unquantized_bits / 8 / tp
+        ),
+        "mlp": p.mlp * _format_bits(fmt, "mlp") / 8 / tp,
+        "experts": (p.routed_experts + p.shared_experts) * _format_bits(fmt, "experts") / 8 / tp,
+        "router": p.router * fmt.unquantized_bits / 8,
+        "norms": p.norms * fmt.unquantized_bits / 8,
+        "mtp": 0.0,
+    }
+    if include_mtp and p.mtp:
+        parts["mtp"] = p.mtp * fmt.bits_per_weight / 8 / tp
+    return parts
+
+
+def activation_peak_bytes(
+    model: Model,
+    tp: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    reserve: RuntimeReserve = DEFAULT_RESERVE,
+) -> float:
+    """Peak activation memory of vLLM's profiling pass, bytes per GPU.
+
+    The profiling pass runs ``max_num_batched_tokens`` tokens through the model; the peak
+    sits in the FFN, where the residual stream (2 x hidden), the gate/up output
+    (2 x ffn width / tp) and the down-projection input (ffn width / tp) coexist. For MoE the
+    fused-MoE kernel holds those per token per routed expert (x top-k). The sampler then
+    holds ``sampler_logit_copies`` fp32 copies of [max_num_seqs x vocab] logits.
+    """
+    h = model.hidden_size
+    if model.moe is not None:
+        width = model.moe.experts_per_token * model.moe.moe_intermediate_size
+        width += model.moe.num_shared_experts * model.moe.shared_width
+    else:
+        assert model.intermediate_size is not None
+        width = model.intermediate_size
+    per_token = (2 * h + 3 * width / tp) * ACTIVATION_BYTES
+    ffn_peak = max_num_batched_tokens * per_token
+    logits = max_num_seqs * model.vocab_size * 4 * reserve.sampler_logit_copies
+    return ffn_peak + logits
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Result of fitting a model on a GPU: the budget term by term, bytes per GPU."""
+
+    gpu: str
+    model: str
+    quant: str
+    kv_dtype: str
+    tp: int
+    gpu_memory_utilization: float
+    memory_bytes: float
+    budget_bytes: float
+    weight_bytes: float
+    weight_breakdown: dict[str, float]
+    activation_bytes: float
+    runtime_reserve_bytes: float
+    kv_budget_bytes: float
+    kv_bytes_per_token: float
+    kv_full_bytes_per_token: float
+    kv_sliding_bytes_per_token: float
+    sliding_window: int | None
+    state_bytes_per_sequence: float
+    kv_per_layer_type: dict[str, float]
+    kv_capacity_tokens: int
+    max_model_len: int
+    max_model_len_limit: int
+    context_tokens: int
+    max_sequences: int
+    max_num_seqs: int
+    fits: bool
+    reason: str
+
+    @property
+    def weight_gib(self) -> float:
+        return self.weight_bytes / GIB
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["units"] = "bytes per GPU unless named otherwise"
+        return d
+
+
+def memory_fit(
+    gpu: GPU,
+    model: Model,
+    fmt: QuantFormat,
+    *,
+    tp: int = 1,
+    kv_dtype: str = "auto",
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    context_tokens: int | None = None,
+    enforce_eager: bool = False,
+    include_mtp: bool = False,
+    reserve: RuntimeReserve = DEFAULT_RESERVE,
+) -> MemoryFit:
+    """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
+
+    Args:
+        tp: tensor-parallel size (GPUs that share one copy of the weights).
+        kv_dtype: ``--kv-cache-dtype`` (auto, bf16, fp16, fp8, ...).
+        gpu_memory_utilization: fraction of GPU memory vLLM may use (0 < u <= 1).
+        max_model_len: longest sequence (prompt + output) in tokens; None means the model's
+            maximum context capped by what one sequence's KV can hold (vLLM's
+            ``--max-model-len auto``).
+        max_num_seqs: most sequences batched at once.
+        max_num_batched_tokens: token budget per step; default max(8192, max_model_len)
+            capped at 8192 when chunked prefill is on, which capsim assumes.
+        context_tokens: sequence length for the 'sequences that fit' figure; default
+            max_model_len.
+        enforce_eager: no CUDA graphs (their memory is not reserved).
+        include_mtp: load the MTP module (speculative decoding with MTP).
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise CapsimUserError(
+            f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
+            hint="vLLM's default is 0.9",
+        )
+    if max_num_seqs < 1:
+        raise CapsimUserError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+    check_tensor_parallel(model, tp)
+    limit = model.max_position_embeddings
+    if max_model_len is not None and limit and max_model_len > limit:
+        raise CapsimUserError(
+            f"max_model_len {max_model_len} is above {model.name}'s maximum context of "
+            f"{limit} tokens",
+            hint="vLLM rejects it too; use a value up to max_position_embeddings",
+        )
+    if max_model_len is not None and max_model_len < 1:
+        raise CapsimUserError(f"max_model_len must be at least 1, got {max_model_len}")
+    batched = max_num_batched_tokens or 8192
+    if batched < 1:
+        raise CapsimUserError(f"max_num_batched_tokens must be at least 1, got {batched}")
+
+    memory = gpu.memory_bytes
+    budget = memory * gpu_memory_utilization
+    parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp)
+    weights = sum(parts.values())
+    activations = activation_peak_bytes(model, tp, batched, max_num_seqs, reserve)
+    runtime = reserve.cuda_context_bytes + (reserve.nccl_bytes if tp > 1 else 0.0)
+    runtime += 0.0 if enforce_eager else reserve.cuda_graph_bytes
+    kv_budget = budget - weights - activations - runtime
+
+    layout = kv_layout(model, kv_dtype, tp)
+    model_limit = model.max_position_embeddings or 10**9
+    per_token = layout.bytes_per_token
+    capacity_tokens = int(max(kv_budget, 0) // per_token) if per_token else 10**12
+    capacity_tokens -= capacity_tokens % BLOCK_SIZE_TOKENS
+
+    # The longest single sequence the KV pool can hold.
+    longest = _longest_sequence(layout, kv_budget, model_limit)
+    fits = True
+    reason = "fits"
+    if weights + runtime > budget:
+        fits = False
+        reason = (
+            f"the weights alone need {weights / GB:.1f} GB ({weights / GIB:.1f} GiB) per GPU; "
+            f"the GPU has {gpu.serving_memory_gb:g} GiB ({memory / GB:.1f} GB), of which "
+            f"{budget / GIB:.1f} GiB is usable at gpu_memory_utilization "
+            f"{gpu_memory_utilization:g}"
+        )
+    elif kv_budget <= 0 or longest < BLOCK_SIZE_TOKENS:
+        fits = False
+        reason = (
+            f"weights ({weights / GIB:.1f} GiB) plus activations and runtime reserve "
+            f"({(activations + runtime) / GIB:.1f} GiB) leave no room for a KV cache in "
+            f"{budget / GIB:.1f} GiB"
+        )
+    resolved_len = max_model_len if max_model_len is not None else longest
+    if fits and max_model_len is not None and max_model_len > longest:
+        fits = False
+        reason = (
+            f"max_model_len {max_model_len} needs "
+            f"{layout.sequence_bytes(max_model_len) / GIB:.2f} GiB of KV cache for one "
+            f"sequence but only {max(kv_budget, 0) / GIB:.2f} GiB is left (at most {longest} "
+            "tokens fit)"
+        )
+    ctx = context_tokens if context_tokens is not None else max(resolved_len, 1)
+    seq_bytes = layout.sequence_bytes(ctx)
+    max_sequences = int(max(kv_budget, 0) // seq_bytes) if seq_bytes else 10**9
+    return MemoryFit(
+        gpu=gpu.name,
+        model=model.name,
+        quant=fmt.name,
+        kv_dtype=kv_dtype,
+        tp=tp,
+        gpu_memory_utilization=gpu_memory_utilization,
+        memory_bytes=memory,
+        budget_bytes=budget,
+        weight_bytes=weights,
+        weight_breakdown=parts,
+        activation_bytes=activations,
+        runtime_reserve_bytes=runtime,
+        kv_budget_bytes=kv_budget,
+        kv_bytes_per_token=per_token,
+        kv_full_bytes_per_token=layout.full_bytes_per_token,
+        kv_sliding_bytes_per_token=layout.sliding_bytes_per_token,
+        sliding_window=layout.sliding_window,
+        state_bytes_per_sequence=layout.state_bytes_per_sequence,
+        kv_per_layer_type=layout.per_layer_type,
+        kv_capacity_tokens=max(capacity_tokens, 0),
+        max_model_len=int(resolved_len),
+        max_model_len_limit=int(min(longest, model_limit)),
+        context_tokens=int(ctx),
+        max_sequences=max_sequences,
+        max_num_seqs=max_num_seqs,
+        fits=fits,
+        reason=reason,
+    )
+
+
+def _longest_sequence(layout: KVLayout, kv_budget: float, model_limit: int) -> int:
+    """Longest sequence (tokens, a multiple of the block size) one KV pool holds."""
+    if kv_budget <= 0:
+        return 0
+    lo, hi = 0, model_limit
+    if layout.sequence_bytes(hi) <= kv_budget:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if layout.sequence_bytes(mid) <= kv_budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo - lo % BLOCK_SIZE_TOKENS
+
+
+TP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def smallest_fitting_tp(gpu: GPU, model: Model, fmt: QuantFormat, **kwargs) -> int | None:
+    """Smallest tensor-parallel size (a divisor of the heads, up to 64) at which it fits."""
+    for tp in TP_CANDIDATES:
+        try:
+            if memory_fit(gpu, model, fmt, tp=tp, **kwargs).fits:
+                return tp
+        except CapsimUserError:
+            continue
+    return None
+
+
+def fit_hint(
+    gpu: GPU, model: Model, fmt: QuantFormat, formats: list[QuantFormat], tp: int, **kwargs
+) -> str:
+    """What would make a deployment fit: more GPUs, or a smaller weight format."""
+    hints = []
+    need_tp = smallest_fitting_tp(gpu, model, fmt, **kwargs)
+    if need_tp and need_tp > tp:
+        hints.append(f"in {fmt.name} it fits with --tp {need_tp} ({need_tp}x {gpu.name})")
+    fitting = []
+    for other in sorted(formats, key=lambda f: -f.bits_per_weight):
+        if other.name == fmt.name:
+            continue
+        try:
+            if memory_fit(gpu, model, other, tp=tp, **kwargs).fits:
+                fitting.append(other.name)
+        except CapsimUserError:
+            continue
+    if fitting:
+        hints.append(f"at TP={tp} these formats fit: {', '.join(fitting[:4])}")
+    elif tp == 1:
+        hints.append("no weight format fits on one GPU")
+    if not hints:
+        hints.append("try --kv-dtype fp8, a shorter --max-model-len or a larger GPU")
+    return "; ".join(hints)
+
+
+def require_fit(fit: MemoryFit, hint: str = "") -> MemoryFit:
+    """Raise DoesNotFitError with the reason if the deployment does not fit."""
+    if not fit.fits:
+        raise DoesNotFitError(
+            f"{fit.model} ({fit.quant}) does not fit on {fit.gpu} with TP={fit.tp}: {fit.reason}",
+            hint=hint
+            or "try a smaller weight format (--quant awq-int4), more GPUs (--tp), "
+            "--kv-dtype fp8 or a shorter --max-model-len",
+        )
+    return fit

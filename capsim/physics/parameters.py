@@ -1,0 +1,230 @@
+"""Parameter counts computed from a model's dimensions (config.json), by component.
+
+Every count is a number of weights (not bytes). The components are the groups a weight
+format quantises differently (attention, MLP, experts) or leaves in 16-bit (embeddings,
+router, norms), and the groups a decode step reads differently (routed experts are read
+only when a token routes to them).
+
+Formulas (gated-SiLU FFNs as in Llama/Qwen/DeepSeek/GLM/gpt-oss; h = hidden size):
+
+* GQA attention: q = h*H*d (x2 with an output gate), k = v = h*K*d, o = H*d*h,
+  plus q/k/v biases when ``attention_bias``.
+* MLA (DeepSeek-V3): q_a = h*r_q, q_b = r_q*H*(d_nope+d_rope), kv_a = h*(r_kv+d_rope),
+  kv_b = r_kv*H*(d_nope+d_v), o = H*d_v*h, plus the two latent norms.
+* Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention): in_proj_qkvz = h*(2*nk*dk + 2*nv*dv),
+  in_proj_ba = h*2*nv, out_proj = nv*dv*h (quantisable projections); conv1d =
+  (2*nk*dk + nv*dv)*kernel, A_log and dt_bias = 2*nv, gated norm = dv (small, kept 16-bit).
+* Dense FFN: 3*h*I.  One expert: 3*h*I_moe (+ 2*I_moe + h biases for gpt-oss).
+  Router: h*E per MoE layer; Qwen-style shared expert gate: h per layer.
+* Norms: 2*h per layer + h final (q/k norms of 2*d per attention layer where present are
+  folded in as negligible).
+* MTP module (DeepSeek-V3 / Qwen3.5 / GLM-4.5): one extra decoder layer with full attention
+  and the model's FFN, plus the 2h*h projection that joins embedding and hidden state and
+  three norms. It shares the embedding and lm_head with the main model and is reported
+  separately, because model cards count it differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capsim.catalog.schemas import Model
+
+
+@dataclass(frozen=True)
+class ParameterBreakdown:
+    """Weights by component, as counts (not bytes)."""
+
+    embeddings: int
+    lm_head: int
+    attention: int
+    linear_attention: int
+    linear_attention_small: int
+    mlp: int
+    shared_experts: int
+    routed_experts: int
+    router: int
+    norms: int
+    mtp: int
+    routed_experts_active: int
+    expert_params_per_expert: int
+    moe_layers: int
+
+    @property
+    def total(self) -> int:
+        """All weights of the main model (MTP excluded)."""
+        return (
+            self.embeddings
+            + self.lm_head
+            + self.attention
+            + self.linear_attention
+            + self.linear_attention_small
+            + self.mlp
+            + self.shared_experts
+            + self.routed_experts
+            + self.router
+            + self.norms
+        )
+
+    @property
+    def active(self) -> int:
+        """Weights one token uses, counting the whole input embedding table (DeepSeek/Qwen
+        model-card convention)."""
+        return self.total - self.routed_experts + self.routed_experts_active
+
+    @property
+    def active_excluding_embedding(self) -> int:
+        """Weights one token uses, without the input embedding table (OpenAI gpt-oss
+        convention; also what a decode step actually reads, since an embedding lookup
+        reads one row, not the table)."""
+        return self.active - self.embeddings
+
+    def active_by_convention(self, convention: str) -> int:
+        """Active weights counted the way a model card does (see PublishedParams)."""
+        if convention == "all":
+            return self.active
+        if convention == "excludes_embedding":
+            return self.active_excluding_embedding
+        if convention == "excludes_embedding_and_lm_head":
+            return self.active_excluding_embedding - self.lm_head
+        raise ValueError(f"unknown active-parameter convention {convention!r}")
+
+    def as_dict(self) -> dict[str, int]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d.update(
+            total=self.total,
+            active=self.active,
+            active_excluding_embedding=self.active_excluding_embedding,
+        )
+        return d
+
+
+def attention_params(model: Model) -> int:
+    """Weights of one softmax-attention layer (full or sliding), MLA included."""
+    h = model.hidden_size
+    heads = model.num_attention_heads
+    if model.mla is not None:
+        m = model.mla
+        qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            q = h * m.q_lora_rank + m.q_lora_rank * heads * qk_dim + m.q_lora_rank
+        else:
+            q = h * heads * qk_dim
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+        kv += m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        o = heads * m.v_head_dim * h
+        return q + kv + o
+    d = model.head_dim
+    q_width = heads * d * (2 if model.attn_output_gate else 1)
+    kv_width = model.num_kv_heads * d
+    params = h * q_width + 2 * h * kv_width + heads * d * h
+    if model.attention_bias:
+        params += q_width + 2 * kv_width
+    return params
+
+
+def linear_attention_params(model: Model) -> tuple[int, int]:
+    """(projection weights, small 16-bit weights) of one Gated DeltaNet layer."""
+    la = model.linear_attention
+    if la is None:
+        return 0, 0
+    h = model.hidden_size
+    key_width = la.num_key_heads * la.key_head_dim
+    value_width = la.num_value_heads * la.value_head_dim
+    proj = h * (2 * key_width + 2 * value_width) + h * 2 * la.num_value_heads + value_width * h
+    small = (2 * key_width + value_width) * la.conv_kernel_dim + 2 * la.num_value_heads
+    small += la.value_head_dim
+    return proj, small
+
+
+def ffn_params(hidden: int, width: int) -> int:
+    """Gated (SwiGLU) FFN: gate, up and down projections."""
+    return 3 * hidden * width
+
+
+def expert_params(model: Model) -> int:
+    """Weights of one routed expert."""
+    assert model.moe is not None
+    p = ffn_params(model.hidden_size, model.moe.moe_intermediate_size)
+    if model.moe.expert_bias:
+        p += 2 * model.moe.moe_intermediate_size + model.hidden_size
+    return p
+
+
+def layer_ffn_params(model: Model, layer: int) -> dict[str, int]:
+    """FFN weights of one layer, split into mlp / shared / routed / router / active."""
+    h = model.hidden_size
+    moe = model.moe
+    if moe is None or layer < moe.first_dense_layers:
+        assert model.intermediate_size is not None
+        return {"mlp": ffn_params(h, model.intermediate_size)}
+    per_expert = expert_params(model)
+    shared = moe.num_shared_experts * ffn_params(h, moe.shared_width)
+    router = h * moe.num_experts + (h if moe.num_shared_experts else 0)
+    return {
+        "shared": shared,
+        "routed": moe.num_experts * per_expert,
+        "routed_active": moe.experts_per_token * per_expert,
+        "router": router,
+    }
+
+
+def parameter_breakdown(model: Model) -> ParameterBreakdown:
+    """Count the model's weights by component from its dimensions."""
+    h = model.hidden_size
+    totals = dict.fromkeys(
+        (
+            "attention",
+            "linear_attention",
+            "linear_attention_small",
+            "mlp",
+            "shared",
+            "routed",
+            "routed_active",
+            "router",
+        ),
+        0,
+    )
+    moe_layers = 0
+    attn = attention_params(model)
+    la_proj, la_small = linear_attention_params(model)
+    for layer, kind in enumerate(model.layer_types):
+        if kind == "linear_attention":
+            totals["linear_attention"] += la_proj
+            totals["linear_attention_small"] += la_small
+        else:
+            totals["attention"] += attn
+        ffn = layer_ffn_params(model, layer)
+        if "routed" in ffn:
+            moe_layers += 1
+        for key, value in ffn.items():
+            totals[key] += value
+    norms = 2 * h * model.num_layers + h
+    embeddings = model.vocab_size * h
+    lm_head = 0 if model.tie_word_embeddings else model.vocab_size * h
+
+    mtp = 0
+    if model.mtp_layers:
+        last = model.num_layers - 1  # an MTP layer uses the FFN kind of the deep layers
+        ffn = layer_ffn_params(model, last)
+        ffn_total = ffn.get("mlp", 0) + ffn.get("shared", 0) + ffn.get("routed", 0)
+        ffn_total += ffn.get("router", 0)
+        mtp = model.mtp_layers * (attn + ffn_total + 2 * h * h + 5 * h)
+
+    per_expert = expert_params(model) if model.moe else 0
+    return ParameterBreakdown(
+        embeddings=embeddings,
+        lm_head=lm_head,
+        attention=totals["attention"],
+        linear_attention=totals["linear_attention"],
+        linear_attention_small=totals["linear_attention_small"],
+        mlp=totals["mlp"],
+        shared_experts=totals["shared"],
+        routed_experts=totals["routed"],
+        router=totals["router"],
+        norms=norms,
+        mtp=mtp,
+        routed_experts_active=totals["routed_active"],
+        expert_params_per_expert=per_expert,
+        moe_layers=moe_layers,
+    )

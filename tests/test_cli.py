@@ -1,0 +1,140 @@
+"""The capsim command: JSON listings, fit, and error paths (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str, env: dict | None = None):
+    return runner.invoke(app, list(args), env=env)
+
+
+def test_gpus_json_lists_at_least_15_with_sources():
+    r = invoke("gpus", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data) >= 15
+    assert all(entry["sources"] for entry in data)
+
+
+def test_models_json_lists_at_least_13_with_sources_and_counts():
+    r = invoke("models", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data) >= 13
+    assert all(entry["sources"] for entry in data)
+    by_name = {m["name"]: m for m in data}
+    assert by_name["qwen3-coder-30b-a3b"]["active_params"] / 1e9 == pytest.approx(3.35, rel=0.01)
+
+
+def test_show_commands():
+    r = invoke("gpus", "show", "rtx3090", "--json")
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    assert data["memory_bandwidth_gb_s"] == 936
+    assert data["derived"]["ridge_flop_per_byte_bf16"] == pytest.approx(71e12 / 936e9)
+    r = invoke("models", "show", "deepseek-v3", "--json")
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    assert data["derived"]["kv_auto"]["bytes_per_token"] == 70272
+    assert invoke("models", "show", "qwen3.5-27b").exit_code == 0
+    assert invoke("gpus", "show", "b70").exit_code == 0
+    assert invoke("quants", "--json").exit_code == 0
+
+
+def test_fit_acceptance_cases():
+    r = invoke(
+        "fit", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--quant", "awq-int4", "--json"
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["fits"] and data["kv_capacity_tokens"] > 0
+    r = invoke("fit", "--gpu", "rtx3090", "--model", "llama-3.3-70b", "--quant", "bf16")
+    assert r.exit_code == 2
+    assert "141.1 GB" in r.stderr and "24 GiB" in r.stderr
+    assert "Traceback" not in r.output + r.stderr
+
+
+def test_fit_with_gpus_and_tp():
+    r = invoke(
+        "fit",
+        "--gpu",
+        "rtx3090",
+        "--model",
+        "qwen3.5-27b",
+        "--quant",
+        "awq-int4",
+        "--gpus",
+        "4",
+        "--tp",
+        "4",
+        "--kv-dtype",
+        "fp8",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tp"] == 4
+    r = invoke("fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--gpus", "3", "--tp", "2")
+    assert r.exit_code == 2 and "multiple" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("fit", "--gpu", "rtx309", "--model", "qwen3-8b"), "did you mean: rtx3090"),
+        (("fit", "--gpu", "rtx3090", "--model", "qwen3-8", "--quant", "awq"), "did you mean"),
+        (("fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--quant", "awq5"), "unknown quant"),
+        (("fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--tp", "3"), "does not divide"),
+        (("fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--kv-dtype", "int2"), "KV cache"),
+        (
+            ("fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--gpu-memory-utilization", "2"),
+            "gpu_memory_utilization",
+        ),
+        (("gpus", "show", "h1000"), "unknown gpu"),
+        (("models", "show", "llama-4"), "unknown model"),
+    ],
+)
+def test_user_errors_exit_2_without_traceback(args, expected):
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert expected in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_db_option_and_env_overlay(tmp_path):
+    gpu = json.loads(invoke("gpus", "show", "rtx3090", "--json").stdout)
+    gpu.pop("derived")
+    gpu.update(name="lab-card", aliases=[], memory_gb=48)
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "lab-card.yaml").write_text(yaml.safe_dump(gpu))
+    r = invoke("--db", str(tmp_path), "fit", "--gpu", "lab-card", "--model", "qwen3-8b", "--json")
+    assert r.exit_code == 0, r.output
+    r = invoke("fit", "--gpu", "lab-card", "--model", "qwen3-8b", "--db", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    r = invoke("gpus", "show", "lab-card", env={"CAPSIM_DB": str(tmp_path)})
+    assert r.exit_code == 0, r.output
+    r = invoke("gpus", "--db", str(tmp_path / "missing"))
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_console_script_runs_as_a_process():
+    out = subprocess.run(
+        [sys.executable, "-m", "capsim.cli.main", "fit", "--gpu", "nope", "--model", "qwen3-8b"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "unknown gpu 'nope'" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,202 @@
+"""Memory fit: KV bytes per token by hand for each attention kind, and budget invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capsim.catalog.loader import load_catalog
+from capsim.errors import CapsimUserError, DoesNotFitError
+from capsim.physics.memory import (
+    BLOCK_SIZE_TOKENS,
+    GIB,
+    kv_bytes_per_token,
+    kv_layout,
+    memory_fit,
+    require_fit,
+    weight_bytes,
+)
+
+CAT = load_catalog()
+
+
+def test_gqa_kv_bytes_by_hand(cat):
+    # Llama-3.1-8B: 32 layers x (K and V) x 8 KV heads x 128 dims x 2 bytes
+    assert kv_bytes_per_token(cat.model("llama-3.1-8b")) == 32 * 2 * 8 * 128 * 2 == 131072
+    assert kv_bytes_per_token(cat.model("llama-3.1-8b"), "fp8") == 65536
+    # TP=2 halves the KV heads per GPU; TP=16 cannot go below one head per GPU
+    assert kv_bytes_per_token(cat.model("llama-3.1-8b"), tp=2) == 65536
+    qwen = cat.model("qwen3-30b-a3b")  # 4 KV heads
+    assert kv_bytes_per_token(qwen, tp=8) == 48 * 2 * 1 * 128 * 2
+
+
+def test_mla_kv_bytes_by_hand(cat):
+    # DeepSeek-V3: 61 layers x (512 latent + 64 rope) x 2 bytes, replicated across TP
+    m = cat.model("deepseek-v3")
+    assert kv_bytes_per_token(m) == 61 * (512 + 64) * 2 == 70272
+    assert kv_bytes_per_token(m, tp=8) == 70272
+    assert kv_bytes_per_token(m, "fp8") == 61 * 576
+
+
+def test_sliding_window_kv_by_hand(cat):
+    # gpt-oss-120b: 18 full + 18 sliding layers, 8 KV heads x 64 dims, window 128
+    m = cat.model("gpt-oss-120b")
+    lay = kv_layout(m)
+    per_layer = 2 * 8 * 64 * 2
+    assert lay.full_bytes_per_token == 18 * per_layer
+    assert lay.sliding_bytes_per_token == 18 * per_layer
+    assert lay.sliding_window == 128
+    # A 10,000-token sequence holds all its tokens in full layers but only the window
+    # (rounded up to blocks, plus one partial block) in sliding layers.
+    window_tokens = (math.ceil(128 / BLOCK_SIZE_TOKENS) + 1) * BLOCK_SIZE_TOKENS
+    assert lay.sequence_bytes(10_000) == 10_000 * 18 * per_layer + window_tokens * 18 * per_layer
+    # Short sequences hold every token in both kinds of layer.
+    assert lay.sequence_bytes(64) == 64 * 36 * per_layer
+
+
+def test_hybrid_linear_attention_by_hand(cat):
+    # Qwen3.5-27B: 16 full-attention layers x 2 x 4 KV heads x 256 dims x 2 bytes per token,
+    # plus per sequence 48 GDN layers x (48 heads x 128 x 128 x 4 bytes recurrent state
+    # + 3 conv steps x (2 x 16 x 128 + 48 x 128) channels x 2 bytes)
+    m = cat.model("qwen3.5-27b")
+    lay = kv_layout(m)
+    assert lay.full_bytes_per_token == 16 * 2 * 4 * 256 * 2 == 65536
+    recurrent = 48 * 128 * 128 * 4
+    conv = 3 * (2 * 16 * 128 + 48 * 128) * 2
+    assert lay.state_bytes_per_sequence == 48 * (recurrent + conv)
+    # fp8 KV halves the attention cache but not the recurrent state
+    lay8 = kv_layout(m, "fp8")
+    assert lay8.full_bytes_per_token == 32768
+    assert lay8.state_bytes_per_sequence == lay.state_bytes_per_sequence
+    # TP=4 splits both
+    assert kv_layout(m, tp=4).state_bytes_per_sequence == pytest.approx(
+        lay.state_bytes_per_sequence / 4
+    )
+
+
+def test_awq_weights_match_seed_002_model_sizes(cat):
+    # Seed 002: "Model size 16.9 GB" (Qwen3-Coder-30B-A3B AWQ) and "19.5 GB" (Qwen2.5-Coder-32B AWQ)
+    awq = cat.quant("awq-int4")
+    moe = sum(weight_bytes(cat.model("qwen3-coder-30b-a3b"), awq).values())
+    dense = sum(weight_bytes(cat.model("qwen2.5-coder-32b"), awq).values())
+    assert moe / 1e9 == pytest.approx(16.9, rel=0.03)
+    assert dense / 1e9 == pytest.approx(19.5, rel=0.03)
+
+
+def test_seed_001_model_size(cat):
+    # Seed 001: "each GPU hosted a full copy of the roughly 29 GB model" (Qwen3.5-27B, FP8)
+    w = sum(weight_bytes(cat.model("qwen3.5-27b"), cat.quant("fp8")).values())
+    assert w / 1e9 == pytest.approx(29, rel=0.05)
+
+
+def test_mxfp4_leaves_attention_in_bf16(cat):
+    m = cat.model("gpt-oss-120b")
+    parts = weight_bytes(m, cat.quant("mxfp4"))
+    bf16 = weight_bytes(m, cat.quant("bf16"))
+    assert parts["attention"] == bf16["attention"]
+    assert parts["experts"] == pytest.approx(bf16["experts"] * 4.25 / 16)
+
+
+def test_fit_qwen3_coder_on_3090(cat):
+    fit = memory_fit(cat.gpu("rtx3090"), cat.model("qwen3-coder-30b-a3b"), cat.quant("awq-int4"))
+    assert fit.fits
+    assert fit.kv_bytes_per_token == 98304
+    budget = 24 * GIB * 0.9
+    assert fit.kv_budget_bytes == pytest.approx(
+        budget - fit.weight_bytes - fit.activation_bytes - fit.runtime_reserve_bytes
+    )
+    assert fit.kv_capacity_tokens == pytest.approx(fit.kv_budget_bytes / 98304, abs=16)
+    assert fit.kv_capacity_tokens % BLOCK_SIZE_TOKENS == 0
+    assert 20_000 < fit.kv_capacity_tokens < 80_000
+
+
+def test_llama_70b_bf16_does_not_fit_on_3090(cat):
+    fit = memory_fit(cat.gpu("rtx3090"), cat.model("llama-3.3-70b"), cat.quant("bf16"))
+    assert not fit.fits
+    assert fit.weight_bytes / 1e9 == pytest.approx(141, rel=0.01)
+    assert "141.1 GB" in fit.reason and "24 GiB" in fit.reason
+    with pytest.raises(DoesNotFitError):
+        require_fit(fit)
+
+
+def test_too_long_max_model_len_does_not_fit(cat):
+    args = (cat.gpu("rtx3090"), cat.model("qwen2.5-coder-32b"), cat.quant("awq-int4"))
+    auto = memory_fit(*args)
+    assert auto.fits and auto.max_model_len == auto.max_model_len_limit
+    too_long = memory_fit(*args, max_model_len=auto.max_model_len_limit + 1000)
+    assert not too_long.fits and "max_model_len" in too_long.reason
+    with pytest.raises(CapsimUserError, match="maximum context"):
+        memory_fit(*args, max_model_len=10**6)
+
+
+def test_tp_must_divide_heads(cat):
+    with pytest.raises(CapsimUserError, match="does not divide"):
+        memory_fit(cat.gpu("rtx3090"), cat.model("qwen3-8b"), cat.quant("bf16"), tp=3)
+
+
+def test_bad_options_are_user_errors(cat):
+    args = (cat.gpu("rtx3090"), cat.model("qwen3-8b"), cat.quant("awq-int4"))
+    with pytest.raises(CapsimUserError, match="gpu_memory_utilization"):
+        memory_fit(*args, gpu_memory_utilization=1.5)
+    with pytest.raises(CapsimUserError, match="KV cache dtype"):
+        memory_fit(*args, kv_dtype="int3")
+
+
+def test_fp8_kv_doubles_capacity(cat):
+    args = (cat.gpu("h100-sxm"), cat.model("llama-3.1-8b"), cat.quant("bf16"))
+    bf16 = memory_fit(*args, kv_dtype="auto")
+    fp8 = memory_fit(*args, kv_dtype="fp8")
+    assert fp8.kv_capacity_tokens == pytest.approx(2 * bf16.kv_capacity_tokens, abs=32)
+
+
+def test_tp_splits_weights(cat):
+    args = (cat.gpu("rtx3090"), cat.model("qwen3-32b"), cat.quant("awq-int4"))
+    one, two = memory_fit(*args, tp=1), memory_fit(*args, tp=2)
+    norms_router = one.weight_breakdown["norms"] + one.weight_breakdown["router"]
+    assert two.weight_bytes == pytest.approx((one.weight_bytes - norms_router) / 2 + norms_router)
+
+
+GPU_NAMES = [g.name for g in CAT.gpus]
+MODEL_NAMES = [m.name for m in CAT.models]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gpu=st.sampled_from(GPU_NAMES),
+    model=st.sampled_from(MODEL_NAMES),
+    quant=st.sampled_from(["bf16", "fp8", "awq-int4", "gguf-q4_k_m"]),
+    util=st.floats(0.5, 0.95),
+    extra=st.floats(0.0, 0.05),
+)
+def test_more_memory_utilization_never_reduces_capacity(gpu, model, quant, util, extra):
+    args = (CAT.gpu(gpu), CAT.model(model), CAT.quant(quant))
+    low = memory_fit(*args, gpu_memory_utilization=util)
+    high = memory_fit(*args, gpu_memory_utilization=util + extra)
+    assert high.kv_capacity_tokens >= low.kv_capacity_tokens
+    assert high.max_sequences >= low.max_sequences
+    assert high.fits or not low.fits
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model=st.sampled_from(MODEL_NAMES),
+    kv=st.sampled_from(["auto", "fp8"]),
+    a=st.integers(1, 300_000),
+    b=st.integers(1, 300_000),
+)
+def test_sequence_bytes_grow_with_context(model, kv, a, b):
+    lay = kv_layout(CAT.model(model), kv)
+    lo, hi = sorted((a, b))
+    assert lay.sequence_bytes(lo) <= lay.sequence_bytes(hi)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(MODEL_NAMES), bits=st.sampled_from(["bf16", "fp8", "awq-int4"]))
+def test_fewer_bits_never_more_weight_bytes(model, bits):
+    m = CAT.model(model)
+    order = ["awq-int4", "fp8", "bf16"]
+    sizes = [sum(weight_bytes(m, CAT.quant(q)).values()) for q in order]
+    assert sizes == sorted(sizes)

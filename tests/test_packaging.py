@@ -1,0 +1,82 @@
+"""A wheel carries the catalog: installed from a wheel, capsim finds hardware_db."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building the wheel failed:\n{proc.stdout}\n{proc.stderr}")
+    (path,) = out.glob("capsim-*.whl")
+    return path
+
+
+def test_wheel_contains_every_catalog_file(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for yaml_file in (ROOT / "hardware_db").rglob("*.yaml"):
+        rel = yaml_file.relative_to(ROOT / "hardware_db")
+        assert f"capsim/hardware_db/{rel.as_posix()}" in names, rel
+
+
+def test_installed_wheel_loads_its_own_catalog(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import capsim, capsim.catalog.loader as l; "
+        "print(l.builtin_db_dir()); print(len(capsim.load_catalog().gpus))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    env.pop("CAPSIM_DB", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    )
+    db_dir, count = out.stdout.split()
+    assert Path(db_dir).is_relative_to(target)
+    assert int(count) >= 15

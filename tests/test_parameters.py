@@ -1,0 +1,80 @@
+"""Parameter counts computed from dimensions match the model cards' published totals."""
+
+from __future__ import annotations
+
+import pytest
+
+from capsim.catalog.loader import load_catalog
+from capsim.physics.parameters import attention_params, linear_attention_params, parameter_breakdown
+
+MODELS = [m.name for m in load_catalog().models if m.published is not None]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_total_matches_published_within_3_percent(cat, name):
+    m = cat.model(name)
+    p = parameter_breakdown(m)
+    total = p.total + (p.mtp if m.published.includes_mtp else 0)
+    assert total / 1e9 == pytest.approx(m.published.total_b, rel=0.03)
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if load_catalog().model(n).published.active_b])
+def test_active_matches_published_within_3_percent(cat, name):
+    m = cat.model(name)
+    p = parameter_breakdown(m)
+    active = p.active_by_convention(m.published.active_convention)
+    assert active / 1e9 == pytest.approx(m.published.active_b, rel=0.03)
+
+
+def test_every_required_model_has_a_published_total(cat):
+    assert len(MODELS) == len(cat.models)
+
+
+def test_llama_8b_by_hand(cat):
+    m = cat.model("llama-3.1-8b")
+    h, kv, ffn, vocab, layers = 4096, 8 * 128, 14336, 128256, 32
+    per_layer = (h * h + 2 * h * kv + h * h) + 3 * h * ffn + 2 * h
+    expected = layers * per_layer + 2 * vocab * h + h
+    assert parameter_breakdown(m).total == expected
+
+
+def test_moe_active_by_hand(cat):
+    m = cat.model("qwen3-30b-a3b")
+    p = parameter_breakdown(m)
+    expert = 3 * 2048 * 768
+    assert p.expert_params_per_expert == expert
+    assert p.routed_experts == 48 * 128 * expert
+    assert p.routed_experts_active == 48 * 8 * expert
+    assert p.total - p.active == 48 * 120 * expert
+
+
+def test_mla_attention_by_hand(cat):
+    m = cat.model("deepseek-v3")
+    h, heads = 7168, 128
+    q = h * 1536 + 1536 * heads * 192 + 1536
+    kv = h * (512 + 64) + 512 + 512 * heads * (128 + 128)
+    o = heads * 128 * h
+    assert attention_params(m) == q + kv + o
+
+
+def test_gated_deltanet_by_hand(cat):
+    m = cat.model("qwen3.5-27b")
+    proj, small = linear_attention_params(m)
+    h, nk, nv, d = 5120, 16, 48, 128
+    assert proj == h * (2 * nk * d + 2 * nv * d) + h * 2 * nv + nv * d * h
+    assert small == (2 * nk * d + nv * d) * 4 + 2 * nv + d
+    assert m.count_layers("linear_attention") == 48
+    assert m.count_layers("full_attention") == 16
+
+
+def test_output_gate_doubles_q_projection(cat):
+    m = cat.model("qwen3.5-27b")
+    plain = m.model_copy(update={"attn_output_gate": False})
+    assert attention_params(m) - attention_params(plain) == 5120 * 24 * 256
+
+
+def test_tied_embeddings_drop_lm_head(cat):
+    m = cat.model("qwen3-8b")
+    tied = m.model_copy(update={"tie_word_embeddings": True})
+    assert parameter_breakdown(tied).lm_head == 0
+    assert parameter_breakdown(m).total - parameter_breakdown(tied).total == 151936 * 4096
