@@ -51,6 +51,10 @@ ACTIVATION_BYTES = 2
 BLOCK_SIZE_TOKENS = 16
 """vLLM's default paged-KV block size, tokens per block."""
 
+DEFAULT_CONTEXT_TOKENS = 4096
+"""Sequence length for the 'sequences that fit' figure when neither a context nor
+max_model_len is given (a typical agent turn: a few thousand tokens of context)."""
+
 
 @dataclass(frozen=True)
 class RuntimeReserve:
@@ -331,7 +335,7 @@ def memory_fit(
         max_num_batched_tokens: token budget per step; default max(8192, max_model_len)
             capped at 8192 when chunked prefill is on, which capsim assumes.
         context_tokens: sequence length for the 'sequences that fit' figure; default
-            max_model_len.
+            max_model_len if given, else 4096 tokens (capped by what fits).
         enforce_eager: no CUDA graphs (their memory is not reserved).
         include_mtp: load the MTP module (speculative decoding with MTP).
     """
@@ -399,7 +403,12 @@ def memory_fit(
             f"sequence but only {max(kv_budget, 0) / GIB:.2f} GiB is left (at most {longest} "
             "tokens fit)"
         )
-    ctx = context_tokens if context_tokens is not None else max(resolved_len, 1)
+    if context_tokens is not None:
+        ctx = context_tokens
+    elif max_model_len is not None:
+        ctx = max_model_len
+    else:
+        ctx = max(min(resolved_len, DEFAULT_CONTEXT_TOKENS), 1)
     seq_bytes = layout.sequence_bytes(ctx)
     max_sequences = int(max(kv_budget, 0) // seq_bytes) if seq_bytes else 10**9
     return MemoryFit(
