@@ -138,3 +138,75 @@ def test_console_script_runs_as_a_process():
     assert out.returncode == 2
     assert "unknown gpu 'nope'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_explain_json_breakdown():
+    r = invoke(
+        "explain",
+        "--gpu",
+        "rtx3090",
+        "--model",
+        "qwen3-coder-30b-a3b",
+        "--quant",
+        "awq-int4",
+        "--batch",
+        "4",
+        "--context",
+        "2048",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    decode, prefill = data["decode"], data["prefill"]
+    assert decode["bound"] == "memory" and prefill["bound"] == "compute"
+    assert decode["experts_touched_per_layer"] == pytest.approx(29.1, abs=0.1)
+    assert decode["t_total"] > 0 and prefill["tokens"] == 2048
+    assert data["ridge_flop_per_byte"] == pytest.approx(71e12 / 936e9)
+    assert invoke("explain", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b").exit_code == 0
+
+
+def test_explain_with_speculation_and_power():
+    r = invoke(
+        "explain",
+        "--gpu",
+        "rtx3090",
+        "--model",
+        "qwen3.5-27b",
+        "--quant",
+        "awq-int4",
+        "--tp",
+        "4",
+        "--kv-dtype",
+        "fp8",
+        "--spec",
+        "mtp:2",
+        "--spec-acceptance",
+        "0.8,0.6",
+        "--power-limit",
+        "250",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["decode"]["tokens_per_sequence"] == pytest.approx(2.4)
+    assert data["decode"]["t_draft"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--spec", "mtp:x"), "cannot read --spec"),
+        (("--spec", "mtp:2", "--spec-acceptance", "high"), "--spec-acceptance"),
+        (("--spec", "mtp:2", "--spec-acceptance", "0.5,0.6,0.7"), "per-position"),
+        (("--interconnect", "nvlink", "--tp", "2", "--gpu", "rtx4090"), "no nvlink"),
+        (("--batch", "0"), "--batch"),
+    ],
+)
+def test_explain_errors(args, expected):
+    base = {"--gpu": "rtx3090", "--model": "qwen3.5-27b", "--quant": "awq-int4"}
+    given = dict(zip(args[::2], args[1::2], strict=True))
+    merged = {**base, **given}
+    flat = [x for kv in merged.items() for x in kv]
+    r = invoke("explain", *flat)
+    assert r.exit_code == 2, r.output
+    assert expected in r.stderr

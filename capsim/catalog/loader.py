@@ -5,6 +5,7 @@ Layout of a catalog directory (the built-in one and any user one alike)::
     gpus/<name>.yaml           one GPU per file         (schema: GPU)
     models/<name>.yaml         one model per file       (schema: Model)
     quant_formats/<name>.yaml  one weight format a file (schema: QuantFormat)
+    efficiency/<class>.yaml    default efficiency parameters of one hardware class
 
 User directories come from ``--db DIR`` and the ``CAPSIM_DB`` environment variable
 (several directories separated by ``os.pathsep``). Their entries are laid over the
@@ -21,7 +22,7 @@ from typing import Generic, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.catalog.schemas import GPU, EfficiencyProfile, Model, QuantFormat
 from capsim.errors import CatalogError, UnknownNameError, close_matches, normalise_name
 
 ENV_VAR = "CAPSIM_DB"
@@ -29,9 +30,10 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "gpus": GPU,
     "models": Model,
     "quant_formats": QuantFormat,
+    "efficiency": EfficiencyProfile,
 }
 
-T = TypeVar("T", GPU, Model, QuantFormat)
+T = TypeVar("T", GPU, Model, QuantFormat, EfficiencyProfile)
 
 
 def builtin_db_dir() -> Path:
@@ -137,6 +139,7 @@ class Catalog:
     gpus: Section[GPU]
     models: Section[Model]
     quant_formats: Section[QuantFormat]
+    efficiency: Section[EfficiencyProfile]
     directories: list[Path]
 
     def gpu(self, name: str) -> GPU:
@@ -183,5 +186,6 @@ def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
         gpus=sections["gpus"],
         models=sections["models"],
         quant_formats=sections["quant_formats"],
+        efficiency=sections["efficiency"],
         directories=list(dirs),
     )

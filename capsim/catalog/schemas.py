@@ -56,6 +56,12 @@ class Interconnect(Strict):
     latency_us: float | None = Field(
         default=None, ge=0, description="One-hop latency in microseconds, where a source gives it"
     )
+    max_gpus: int | None = Field(
+        default=None,
+        ge=2,
+        description="Most GPUs this link joins in one group (a consumer NVLink bridge joins 2; "
+        "an NVSwitch baseboard 8); None for PCIe, which any number share through the host",
+    )
     note: str | None = None
 
 
@@ -314,3 +320,18 @@ class QuantFormat(Strict):
         if self.group_size:
             overhead = (self.scale_bits + self.zero_bits) / self.group_size
         return self.weight_bits + overhead
+
+
+class EfficiencyProfile(Strict):
+    """Default efficiency parameters for one hardware class (hardware_db/efficiency/).
+
+    ``params`` overrides the generic defaults of capsim.physics.efficiency.EfficiencyParams
+    for GPUs whose ``hardware_class`` equals ``name``. These are engineering priors, not
+    measurements; calibration profiles replace them.
+    """
+
+    name: str = Field(description="The hardware_class these defaults apply to")
+    aliases: list[str] = Field(default_factory=list)
+    params: dict[str, float] = Field(default_factory=dict)
+    rationale: str = Field(description="Why these values: what they were read or derived from")
+    sources: list[Source] = Field(min_length=1)

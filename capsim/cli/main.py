@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +32,8 @@ from capsim.physics.memory import (
     weight_bytes,
 )
 from capsim.physics.parameters import parameter_breakdown
+from capsim.physics.speculative import parse_spec
+from capsim.physics.step import Deployment, StepBreakdown, build_step_model
 
 EXIT_USER_ERROR = 2
 
@@ -489,6 +492,158 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
         f"{r.max_sequences:,} (max_num_seqs {r.max_num_seqs})",
     )
     console.print(table)
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+def parse_acceptance(text: str | None) -> float | list[float] | None:
+    """'0.7' or '0.8,0.6' (one rate per drafted position)."""
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise CapsimUserError(
+            f"cannot read --spec-acceptance '{text}'",
+            hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
+        ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> list[tuple[str, str]]:
+    ms = 1e3
+    rows = [
+        ("sequences / tokens", f"{step.sequences} / {step.tokens:,}"),
+        ("weights read (dense part)", f"{step.weight_bytes / GB:.3f} GB"),
+    ]
+    if step.experts_touched_per_layer:
+        rows.append(
+            (
+                "routed experts read",
+                f"{step.expert_bytes / GB:.3f} GB ({step.experts_touched_per_layer:.1f} "
+                "experts/layer)",
+            )
+        )
+    rows += [
+        ("KV read / written", f"{step.kv_read_bytes / GB:.4f} / {step.kv_write_bytes / GB:.4f} GB"),
+    ]
+    if step.state_bytes:
+        rows.append(("linear-attention state traffic", f"{step.state_bytes / GB:.4f} GB"))
+    rows += [
+        (
+            "FLOPs (linear + attention)",
+            f"{step.linear_flops / 1e12:.3f} + {step.attention_flops / 1e12:.3f} TFLOP",
+        ),
+        (
+            "dense weights: memory | compute",
+            f"{step.t_dense_memory * ms:.3f} | {step.t_dense_compute * ms:.3f} ms",
+        ),
+        (
+            "routed experts: memory | compute",
+            f"{step.t_expert_memory * ms:.3f} | {step.t_expert_compute * ms:.3f} ms",
+        ),
+        (
+            "attention: memory | compute",
+            f"{step.t_attention_memory * ms:.3f} | {step.t_attention_compute * ms:.3f} ms",
+        ),
+        ("communication (all-reduce)", f"{step.t_communication * ms:.3f} ms"),
+        ("overhead (step, sequences, layers)", f"{step.t_overhead * ms:.3f} ms"),
+    ]
+    if step.t_draft:
+        rows.append(("speculative drafter", f"{step.t_draft * ms:.3f} ms"))
+    rows += [
+        ("step time", f"{step.t_total * ms:.3f} ms"),
+        ("bound by", step.bound),
+        ("tokens per second", f"{tokens_out / step.t_total:,.1f}"),
+        (
+            "roofline: FLOP/byte (ridge)",
+            f"{step.arithmetic_intensity:,.1f} ({fmt_num(ridge, 0)})",
+        ),
+    ]
+    return rows
+
+
+@app.command("explain")
+@user_errors
+def explain_cmd(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
+    model: Annotated[str, typer.Option("--model", help="Model name")],
+    quant: Annotated[str | None, typer.Option("--quant", help="Weight format")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype")] = "auto",
+    batch: Annotated[int, typer.Option("--batch", help="Sequences in the decode step")] = 1,
+    context: Annotated[int, typer.Option("--context", help="Tokens in each sequence's KV")] = 2048,
+    prefill_chunk: Annotated[
+        int | None, typer.Option("--prefill-chunk", help="Tokens of the prefill chunk")
+    ] = None,
+    spec: Annotated[
+        str | None, typer.Option("--spec", help="Speculative decoding, e.g. mtp:2, ngram:4")
+    ] = None,
+    spec_acceptance: Annotated[
+        str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
+    ] = None,
+    power_limit: Annotated[
+        float | None, typer.Option("--power-limit", help="Board power cap, W")
+    ] = None,
+    interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Break one decode step and one prefill chunk down: bytes, FLOPs, times, what bounds it."""
+    if batch < 1 or context < 0:
+        raise CapsimUserError("--batch must be at least 1 and --context at least 0")
+    cat = catalog(db)
+    spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
+    dep = Deployment(
+        tp=tp,
+        quant=quant,
+        kv_dtype=kv_dtype,
+        power_limit_w=power_limit,
+        interconnect=interconnect,
+        cuda_graphs=not enforce_eager,
+        spec=spec_cfg,
+    )
+    sm = build_step_model(cat, gpu, model, dep)
+    decode, per_seq = sm.decode_step(np.full(batch, context))
+    chunk = prefill_chunk or max(min(context, 8192), 1)
+    prefill = sm.step(np.array([chunk]), np.array([0]))
+    g = sm.gpu
+    peak = getattr(g.tensor_tflops, sm.compute_dtype)
+    ridge = peak * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if peak else None
+    if json_out:
+        print_json(
+            {
+                "gpu": g.name,
+                "model": sm.model.name,
+                "quant": sm.fmt.name,
+                "deployment": dep.model_dump(mode="json"),
+                "compute_dtype": sm.compute_dtype,
+                "native_format": sm.native,
+                "efficiency": sm.params.model_dump(exclude={"groups"}),
+                "ridge_flop_per_byte": ridge,
+                "decode": {
+                    **decode.to_dict(),
+                    "tokens_per_sequence": per_seq,
+                    "output_tok_s": batch * per_seq / decode.t_total,
+                },
+                "prefill": {**prefill.to_dict(), "prefill_tok_s": chunk / prefill.t_total},
+            }
+        )
+        return
+    title = f"{sm.model.name} ({sm.fmt.name}) on {tp}x {g.name}"
+    note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
+    for label, step, out in (
+        (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
+        (f"prefill chunk: {chunk:,} tokens", prefill, chunk),
+    ):
+        table = Table(title=f"{title}: {label}{note}", show_header=False)
+        table.add_column("term")
+        table.add_column("value", justify="right")
+        for row in step_rows(step, out, ridge):
+            table.add_row(*row)
+        console.print(table)
 
 
 def run() -> None:

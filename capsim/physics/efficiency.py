@@ -1,0 +1,172 @@
+"""Efficiency parameters of the step-time model: every fudge factor, named, with units.
+
+These are the knobs calibration fits. Defaults live in data, not code: the field defaults
+below are the generic values, and ``hardware_db/efficiency/<hardware_class>.yaml`` overrides
+them per hardware class (a GPU's ``hardware_class`` picks its file). A calibration profile
+overrides them again.
+
+Groups (``EfficiencyParams.groups``) tell calibration which parameters belong together.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EfficiencyParams(BaseModel):
+    """Named efficiency factors and overheads; units in each description."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- memory bandwidth
+    bandwidth_efficiency: float = Field(
+        0.80,
+        gt=0,
+        le=1,
+        description="Fraction of peak DRAM bandwidth dense GEMV/GEMM weight reads achieve",
+    )
+    moe_bandwidth_efficiency: float = Field(
+        0.55,
+        gt=0,
+        le=1,
+        description="Fraction of peak bandwidth the fused-MoE kernels achieve reading routed "
+        "expert weights (many small matrices per layer, so lower than dense reads)",
+    )
+    kv_bandwidth_efficiency: float = Field(
+        0.70,
+        gt=0,
+        le=1,
+        description="Fraction of peak bandwidth attention kernels achieve reading KV cache",
+    )
+    # --- compute
+    compute_efficiency: float = Field(
+        0.60, gt=0, le=1, description="Fraction of dense tensor peak large GEMMs achieve"
+    )
+    attention_compute_efficiency: float = Field(
+        0.45, gt=0, le=1, description="Fraction of tensor peak prefill attention achieves"
+    )
+    weight_only_compute_factor: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="Compute-rate multiplier for weight-only formats (W4A16, W8A16): "
+        "dequantising in the GEMM costs ALU time when the step is compute-bound",
+    )
+    non_native_bandwidth_factor: float = Field(
+        0.90,
+        gt=0,
+        le=1,
+        description="Bandwidth-efficiency multiplier when a format has no native tensor-core "
+        "path on this GPU and runs weight-only (e.g. FP8 through Marlin on Ampere)",
+    )
+    # --- MoE
+    moe_routing_skew: float = Field(
+        0.0,
+        ge=0,
+        le=3,
+        description="Zipf exponent of expert popularity (0 = uniform routing); skew makes "
+        "a batch touch fewer distinct experts",
+    )
+    l2_reuse_strength: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the L2-resident part of a layer's touched expert bytes that "
+        "is served from L2 instead of DRAM (0 = no L2 reuse; calibration decides)",
+    )
+    # --- overheads
+    step_overhead_us: float = Field(
+        400.0,
+        ge=0,
+        description="Fixed cost per engine step: scheduling, input preparation, sampling "
+        "launch (microseconds)",
+    )
+    per_sequence_overhead_us: float = Field(
+        12.0, ge=0, description="Per scheduled sequence per step: bookkeeping, sampling (us)"
+    )
+    layer_overhead_graph_us: float = Field(
+        20.0,
+        ge=0,
+        description="Per decoder layer per step with CUDA graphs: kernel gaps (us)",
+    )
+    layer_overhead_eager_us: float = Field(
+        80.0,
+        ge=0,
+        description="Per decoder layer per step in eager mode: kernel launches (us)",
+    )
+    moe_layer_overhead_us: float = Field(
+        15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
+    )
+    cuda_graph_max_tokens: int = Field(
+        512, ge=0, description="Steps with more tokens than this run eager (vLLM's capture cap)"
+    )
+    # --- communication
+    allreduce_efficiency: float = Field(
+        0.70, gt=0, le=1, description="Fraction of link bandwidth an all-reduce achieves"
+    )
+    allreduce_latency_us: float = Field(
+        15.0, ge=0, description="Fixed cost of one all-reduce call (NCCL launch, sync) (us)"
+    )
+    hop_latency_nvlink_us: float = Field(2.0, ge=0, description="Per ring hop over NVLink (us)")
+    hop_latency_pcie_us: float = Field(6.0, ge=0, description="Per ring hop over PCIe (us)")
+    # --- power
+    compute_power_exponent: float = Field(
+        0.8,
+        ge=0,
+        description="Compute scales as (power_limit / TDP) ** exponent below TDP",
+    )
+    bandwidth_power_exponent: float = Field(
+        0.2,
+        ge=0,
+        description="Achieved bandwidth scales as (power_limit / TDP) ** exponent below TDP",
+    )
+    # --- speculative decoding
+    drafter_layer_cost: float = Field(
+        1.0,
+        ge=0,
+        description="Cost of one MTP/EAGLE drafting pass in decoder-layer equivalents "
+        "(plus its lm_head)",
+    )
+    ngram_lookup_us: float = Field(
+        20.0, ge=0, description="CPU cost of n-gram drafting per sequence per step (us)"
+    )
+
+    groups: dict[str, list[str]] = Field(
+        default_factory=lambda: {
+            "bandwidth": [
+                "bandwidth_efficiency",
+                "moe_bandwidth_efficiency",
+                "kv_bandwidth_efficiency",
+                "non_native_bandwidth_factor",
+            ],
+            "compute": [
+                "compute_efficiency",
+                "attention_compute_efficiency",
+                "weight_only_compute_factor",
+            ],
+            "moe": ["moe_routing_skew", "l2_reuse_strength"],
+            "overhead": [
+                "step_overhead_us",
+                "per_sequence_overhead_us",
+                "layer_overhead_graph_us",
+                "layer_overhead_eager_us",
+                "moe_layer_overhead_us",
+            ],
+            "communication": [
+                "allreduce_efficiency",
+                "allreduce_latency_us",
+                "hop_latency_nvlink_us",
+                "hop_latency_pcie_us",
+            ],
+            "power": ["compute_power_exponent", "bandwidth_power_exponent"],
+            "speculation": ["drafter_layer_cost", "ngram_lookup_us"],
+        },
+        description="Parameter groups for calibration (not a physical parameter)",
+    )
+
+    def with_overrides(self, overrides: dict[str, float]) -> EfficiencyParams:
+        """A copy with some parameters replaced (validated)."""
+        unknown = sorted(set(overrides) - set(type(self).model_fields) - {"groups"})
+        if unknown:
+            raise ValueError(f"unknown efficiency parameter(s): {unknown}")
+        return type(self).model_validate({**self.model_dump(), **overrides})

@@ -1,0 +1,102 @@
+"""Speculative decoding: expected tokens per step from the acceptance rate.
+
+A drafter proposes k tokens; the target model verifies k + 1 positions in one step and
+keeps the accepted prefix plus one token of its own. With ``acceptance`` given per position
+as the probability that drafted position i is accepted (unconditional, as vLLM's
+``spec_decode_num_accepted_tokens_per_pos / num_drafts`` reports it), the expected tokens
+per step per sequence are
+
+    E = 1 + sum_i p_i
+
+and for a constant conditional acceptance a (p_i = a ** i) this is the geometric sum
+(1 - a ** (k + 1)) / (1 - a) (Leviathan et al., "Fast Inference from Transformers via
+Speculative Decoding", ICML 2023).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from capsim.errors import CapsimUserError
+
+SpecMethod = Literal["mtp", "eagle", "draft", "ngram"]
+
+
+class SpecConfig(BaseModel):
+    """A speculative-decoding configuration.
+
+    Attributes:
+        method: mtp (the model's own MTP layers), eagle (an EAGLE head, one layer),
+            draft (a separate draft model), ngram (prompt lookup on the CPU).
+        num_tokens: k, tokens drafted per step.
+        acceptance: a constant conditional acceptance rate, or one unconditional rate per
+            drafted position (non-increasing).
+        draft_model: catalog name of the draft model (method 'draft').
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: SpecMethod
+    num_tokens: int = Field(ge=1, le=16)
+    acceptance: float | tuple[float, ...] = 0.7
+    draft_model: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SpecConfig:
+        rates = position_acceptance(self.num_tokens, self.acceptance)
+        if np.any(rates < 0) or np.any(rates > 1):
+            raise ValueError("acceptance rates must be within [0, 1]")
+        if np.any(np.diff(rates) > 1e-12):
+            raise ValueError("per-position acceptance must not increase with position")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method 'draft' needs draft_model")
+        return self
+
+    @property
+    def expected_tokens_per_step(self) -> float:
+        return expected_tokens_per_step(self.num_tokens, self.acceptance)
+
+
+def position_acceptance(k: int, acceptance: float | tuple[float, ...] | list[float]) -> np.ndarray:
+    """Unconditional acceptance probability of each drafted position 1..k."""
+    if isinstance(acceptance, int | float):
+        return float(acceptance) ** np.arange(1, k + 1)
+    rates = np.asarray(acceptance, dtype=float)
+    if rates.shape != (k,):
+        raise CapsimUserError(
+            f"got {rates.size} per-position acceptance rates for {k} speculative tokens",
+            hint="give one rate, or exactly one per drafted position",
+        )
+    return rates
+
+
+def expected_tokens_per_step(k: int, acceptance: float | tuple[float, ...] | list[float]) -> float:
+    """Expected tokens a sequence gains per verification step (1 to k + 1)."""
+    return 1.0 + float(position_acceptance(k, acceptance).sum())
+
+
+def parse_spec(text: str, acceptance: float | list[float] | None = None) -> SpecConfig:
+    """Parse ``--spec`` values like 'mtp:2', 'eagle:3', 'ngram:4', 'draft:qwen3-8b:4'."""
+    parts = text.split(":")
+    try:
+        if parts[0] == "draft":
+            if len(parts) != 3:
+                raise ValueError
+            method, draft, k = "draft", parts[1], int(parts[2])
+        else:
+            if len(parts) != 2:
+                raise ValueError
+            method, draft, k = parts[0], None, int(parts[1])
+        values: dict = {"method": method, "num_tokens": k, "draft_model": draft}
+        if acceptance is not None:
+            values["acceptance"] = tuple(acceptance) if isinstance(acceptance, list) else acceptance
+        return SpecConfig(**values)
+    except (ValueError, TypeError) as exc:
+        detail = str(exc).splitlines()[-1] if str(exc) else "malformed"
+        raise CapsimUserError(
+            f"cannot read --spec '{text}' ({detail})",
+            hint="use METHOD:K such as mtp:2, eagle:3, ngram:4, or draft:MODEL:K",
+        ) from None

@@ -1,0 +1,552 @@
+"""Step time: how long one forward step of a serving engine takes for a batch, and why.
+
+A step processes, for each scheduled sequence i, ``new_tokens[i]`` tokens (1 for decode,
+a chunk for prefill, k + 1 for speculative verification) on top of ``context[i]`` tokens
+already in its KV cache. The time is a sum of per-kernel-class rooflines plus terms that
+do not overlap with them:
+
+    t = max(t_mem, t_flop)[dense weights]      attention/GDN projections, dense FFN,
+                                               shared experts, router, lm_head
+      + max(t_mem, t_flop)[routed experts]     only the experts some token routed to
+      + max(t_mem, t_flop)[attention]          KV/state reads and writes vs attention FLOPs
+      + t_comm                                 2 all-reduces per layer when TP > 1
+      + t_overhead                             per step, per sequence, per layer (launches)
+      + t_draft                                the speculative drafter, when enabled
+
+Memory terms divide bytes by peak bandwidth x an efficiency; compute terms divide FLOPs by
+the dense tensor peak of the GEMM's data type x an efficiency; a power limit scales both
+(see power.py). All byte and FLOP counts are per GPU of one tensor-parallel group.
+
+FLOP counts: a GEMM with a (tokens x in) input and (in x out) weight costs 2 x tokens x in x
+out, so the body costs 2 x active weights per token. Causal attention costs 4 x heads x
+head_dim per (query, key) pair (QK^T and PV); a chunk of n new tokens on c cached ones has
+n c + n (n + 1) / 2 pairs per full-attention layer, and a sliding window caps each query's
+keys at the window. MLA in its absorbed form costs 2 x heads x (kv_lora + rope) +
+2 x heads x kv_lora per pair. A Gated DeltaNet layer costs about 6 x value_heads x
+key_dim x value_dim per token (state update and read-out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.catalog.loader import Catalog
+from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.errors import CapsimUserError
+from capsim.physics.communication import (
+    ALLREDUCES_PER_LAYER,
+    choose_interconnect,
+    ring_allreduce_seconds,
+)
+from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
+from capsim.physics.moe import expected_distinct_experts
+from capsim.physics.parameters import attention_params, layer_ffn_params, parameter_breakdown
+from capsim.physics.power import power_scales
+from capsim.physics.speculative import SpecConfig
+
+
+class Deployment(BaseModel):
+    """How a model is served: parallelism, formats, power and engine options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(1, ge=1, description="Tensor-parallel size (GPUs per replica)")
+    quant: str | None = Field(None, description="Weight format; None = the model's release")
+    kv_dtype: str = Field("auto", description="KV cache dtype")
+    power_limit_w: float | None = Field(None, gt=0, description="Board power cap, W")
+    interconnect: str = Field("auto", description="auto, nvlink, pcie or infinity-fabric")
+    cuda_graphs: bool = Field(True, description="False = --enforce-eager")
+    spec: SpecConfig | None = None
+
+
+def default_efficiency(gpu: GPU, catalog: Catalog | None = None) -> EfficiencyParams:
+    """Generic efficiency parameters overlaid with the GPU's hardware-class file."""
+    params = EfficiencyParams()
+    if catalog is not None and gpu.hardware_class in catalog.efficiency.entries:
+        params = params.with_overrides(catalog.efficiency.entries[gpu.hardware_class].params)
+    return params
+
+
+def compute_dtype_for(gpu: GPU, fmt: QuantFormat) -> tuple[str, bool]:
+    """(tensor dtype the GEMMs run in, whether the format runs natively on this GPU).
+
+    A weight-only format (W4A16) computes in 16-bit. A W8A8/FP4 format whose compute type
+    the GPU lacks falls back to weight-only dequantisation into 16-bit (vLLM's Marlin path
+    for FP8 on Ampere), which is 'not native'.
+    """
+    sixteen = "bf16" if gpu.tensor_tflops.bf16 else "fp16"
+    if fmt.weight_only:
+        return sixteen, True
+    wanted = fmt.compute_dtype
+    if wanted in gpu.native_formats and getattr(gpu.tensor_tflops, wanted, None):
+        return wanted, True
+    return sixteen, wanted in ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """One step's costs. Bytes and FLOPs per GPU; times in seconds."""
+
+    sequences: int
+    tokens: int
+    logits_tokens: int
+    weight_bytes: float
+    expert_bytes: float
+    experts_touched_per_layer: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    state_bytes: float
+    linear_flops: float
+    attention_flops: float
+    comm_bytes: float
+    t_dense_memory: float
+    t_dense_compute: float
+    t_expert_memory: float
+    t_expert_compute: float
+    t_attention_memory: float
+    t_attention_compute: float
+    t_memory: float
+    t_compute: float
+    t_communication: float
+    t_overhead: float
+    t_draft: float
+    t_total: float
+    bound: str
+
+    @property
+    def bytes_total(self) -> float:
+        return self.weight_bytes + self.expert_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+    @property
+    def flops_total(self) -> float:
+        return self.linear_flops + self.attention_flops
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved from DRAM (the roofline x-axis)."""
+        return self.flops_total / self.bytes_total if self.bytes_total else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            bytes_total=self.bytes_total,
+            flops_total=self.flops_total,
+            arithmetic_intensity=self.arithmetic_intensity,
+            units="bytes and FLOPs per GPU; times in seconds",
+        )
+        return d
+
+
+def _pairs(context: np.ndarray, new: np.ndarray, window: float | None = None) -> np.ndarray:
+    """Query-key pairs of causal attention for ``new`` queries after ``context`` keys,
+    each query seeing at most ``window`` keys: sum_{p=c+1}^{c+n} min(p, window)."""
+    c = context.astype(float)
+    n = new.astype(float)
+    if window is None:
+        return n * c + n * (n + 1) / 2
+    below = np.clip(window - c, 0, n)  # queries whose position is still <= window
+    return below * c + below * (below + 1) / 2 + (n - below) * window
+
+
+class StepModel:
+    """Step-time model of one replica (a TP group) serving one model.
+
+    Construction precomputes per-deployment constants; ``step`` then costs a few numpy
+    operations per call and holds no simulation state.
+    """
+
+    def __init__(
+        self,
+        gpu: GPU,
+        model: Model,
+        fmt: QuantFormat,
+        deployment: Deployment | None = None,
+        params: EfficiencyParams | None = None,
+        draft: StepModel | None = None,
+    ):
+        self.gpu = gpu
+        self.model = model
+        self.fmt = fmt
+        self.deployment = dep = deployment or Deployment()
+        self.params = p = params or EfficiencyParams()
+        tp = dep.tp
+        check_tensor_parallel(model, tp)
+        if dep.spec is not None and dep.spec.method == "mtp" and not model.mtp_layers:
+            raise CapsimUserError(
+                f"{model.name} has no MTP layers, so --spec mtp cannot be used",
+                hint="use eagle, draft:MODEL:K or ngram instead",
+            )
+        if dep.spec is not None and dep.spec.method == "draft" and draft is None:
+            raise CapsimUserError("speculative method 'draft' needs the draft model's StepModel")
+        self.draft = draft
+
+        # --- weights
+        parts = weight_bytes(model, fmt, tp, include_mtp=False)
+        self.expert_bytes_all = parts["experts"]
+        breakdown = parameter_breakdown(model)
+        self.params_breakdown = breakdown
+        routed_share = 0.0
+        if breakdown.routed_experts:
+            shared_and_routed = breakdown.routed_experts + breakdown.shared_experts
+            routed_share = breakdown.routed_experts / shared_and_routed
+        self.routed_bytes_all = parts["experts"] * routed_share
+        # everything read every step: all but the embedding table and the routed experts
+        self.dense_weight_bytes = sum(parts.values()) - parts["embeddings"] - self.routed_bytes_all
+        self.moe_layers = breakdown.moe_layers
+        self.expert_slice_bytes = (
+            self.routed_bytes_all / (self.moe_layers * model.moe.num_experts)
+            if model.moe and self.moe_layers
+            else 0.0
+        )
+
+        # --- FLOPs per token
+        body_active = breakdown.active_excluding_embedding - breakdown.lm_head
+        routed_active = breakdown.routed_experts_active
+        self.dense_flops_per_token = 2.0 * (body_active - routed_active) / tp
+        self.expert_flops_per_token = 2.0 * routed_active / tp
+        self.lm_head_flops_per_token = 2.0 * model.vocab_size * model.hidden_size / tp
+        heads = model.num_attention_heads / tp
+        if model.mla is not None:
+            m = model.mla
+            per_pair = (
+                2 * heads * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * heads * m.kv_lora_rank
+            )
+        else:
+            per_pair = 4 * heads * model.head_dim
+        self.pair_flops = float(per_pair)
+        self.full_layers = model.count_layers("full_attention")
+        self.sliding_layers = model.count_layers("sliding_attention")
+        self.linear_layers = model.count_layers("linear_attention")
+        la = model.linear_attention
+        self.linear_flops_per_token = (
+            6.0
+            * self.linear_layers
+            * (la.num_value_heads / tp)
+            * la.key_head_dim
+            * la.value_head_dim
+            if la
+            else 0.0
+        )
+
+        # --- KV layout
+        self.kv = kv_layout(model, dep.kv_dtype, tp)
+        per_type = self.kv.per_layer_type
+        self.kv_bytes_per_layer_token = per_type.get(
+            "mla", per_type.get("full_attention", per_type.get("sliding_attention", 0.0))
+        )
+
+        # --- rates
+        compute_scale, bw_scale = power_scales(
+            gpu, dep.power_limit_w, p.compute_power_exponent, p.bandwidth_power_exponent
+        )
+        self.compute_dtype, native = compute_dtype_for(gpu, fmt)
+        peak = getattr(gpu.tensor_tflops, self.compute_dtype)
+        if not peak:
+            raise CapsimUserError(
+                f"{gpu.name} has no {self.compute_dtype} tensor throughput in the catalog",
+                hint="add tensor_tflops to the GPU's YAML (dense figures)",
+            )
+        sixteen = gpu.tensor_tflops.bf16 or gpu.tensor_tflops.fp16 or peak
+        bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * bw_scale
+        format_bw = 1.0 if native else p.non_native_bandwidth_factor
+        weight_only = fmt.weight_only or not native
+        gemm_factor = p.weight_only_compute_factor if weight_only else 1.0
+        self.native = native
+        self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
+        self.expert_bw = bandwidth * p.moe_bandwidth_efficiency * format_bw
+        self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
+        self.gemm_flops = peak * 1e12 * compute_scale * p.compute_efficiency * gemm_factor
+        self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
+
+        # --- communication
+        self.link = choose_interconnect(gpu, tp, dep.interconnect)
+        if self.link is not None:
+            hop = p.hop_latency_nvlink_us if self.link.kind == "nvlink" else p.hop_latency_pcie_us
+            if self.link.latency_us is not None:
+                hop = self.link.latency_us
+            self.hop_latency_us = hop
+        self.allreduces_per_step = ALLREDUCES_PER_LAYER * model.num_layers
+
+        # --- overheads
+        self.layers = model.num_layers
+
+        # --- drafter (MTP / EAGLE: one decoder layer and the lm_head per drafted token)
+        self.draft_layer_bytes = 0.0
+        self.draft_routed_slice = 0.0
+        self.draft_layer_flops_per_token = 0.0
+        if dep.spec is not None and dep.spec.method in ("mtp", "eagle"):
+            last = model.num_layers - 1
+            ffn = layer_ffn_params(model, last)
+            bits = fmt.bits_per_weight / 8
+            dense_ffn = ffn.get("mlp", 0) + ffn.get("shared", 0)
+            self.draft_layer_bytes = (
+                attention_params(model) + dense_ffn + 2 * model.hidden_size**2
+            ) * bits / tp + parts["lm_head"]
+            self.draft_routed_slice = (
+                self.expert_slice_bytes if "routed" in ffn and self.moe_layers else 0.0
+            )
+            self.draft_layer_flops_per_token = (
+                2.0 * (attention_params(model) + dense_ffn + ffn.get("routed_active", 0)) / tp
+                + self.lm_head_flops_per_token
+            )
+
+    # ------------------------------------------------------------------ helpers
+
+    def experts_touched(self, tokens: float | np.ndarray) -> np.ndarray:
+        """Expected distinct routed experts per MoE layer for ``tokens`` tokens."""
+        if not self.model.moe:
+            return np.zeros_like(np.asarray(tokens, dtype=float))
+        moe = self.model.moe
+        return expected_distinct_experts(
+            moe.num_experts, moe.experts_per_token, tokens, self.params.moe_routing_skew
+        )
+
+    def l2_reuse_fraction(self, touched: np.ndarray) -> np.ndarray:
+        """Share of a step's routed-expert bytes served from L2 rather than DRAM.
+
+        The L2 can hold at most ``l2_cache_mb`` of the bytes one MoE layer touches
+        (``touched`` expert slices); ``l2_reuse_strength`` says how much of that resident
+        share is actually reused (0 by default; calibration decides).
+        """
+        if not self.gpu.l2_cache_mb or self.params.l2_reuse_strength == 0:
+            return np.zeros_like(touched)
+        layer_bytes = np.maximum(touched * self.expert_slice_bytes, 1.0)
+        resident = np.minimum(1.0, self.gpu.l2_cache_mb * 1e6 / layer_bytes)
+        return self.params.l2_reuse_strength * resident
+
+    def communication_seconds(self, tokens: float | np.ndarray) -> np.ndarray:
+        """All-reduce time of one step with ``tokens`` tokens (0 when TP = 1)."""
+        t = np.asarray(tokens, dtype=float)
+        if self.link is None:
+            return np.zeros_like(t)
+        nbytes = t * self.model.hidden_size * ACTIVATION_BYTES
+        per_call = ring_allreduce_seconds(
+            nbytes,
+            self.deployment.tp,
+            self.link.bandwidth_gb_s_per_direction,
+            self.params.allreduce_efficiency,
+            self.params.allreduce_latency_us,
+            self.hop_latency_us,
+        )
+        return self.allreduces_per_step * per_call
+
+    def overhead_seconds(self, sequences: float | np.ndarray, tokens: float | np.ndarray):
+        """Fixed per-step, per-sequence and per-layer (launch) costs, seconds."""
+        p = self.params
+        t = np.asarray(tokens, dtype=float)
+        graphed = self.deployment.cuda_graphs & (t <= p.cuda_graph_max_tokens)
+        per_layer = np.where(graphed, p.layer_overhead_graph_us, p.layer_overhead_eager_us)
+        us = (
+            p.step_overhead_us
+            + p.per_sequence_overhead_us * np.asarray(sequences, dtype=float)
+            + self.layers * per_layer
+            + self.moe_layers * p.moe_layer_overhead_us
+        )
+        return us * 1e-6
+
+    def draft_seconds(self, sequences: int, context: np.ndarray) -> float:
+        """Time the drafter spends proposing k tokens for ``sequences`` sequences."""
+        spec = self.deployment.spec
+        if spec is None or sequences == 0:
+            return 0.0
+        p = self.params
+        k = spec.num_tokens
+        if spec.method == "ngram":
+            return sequences * p.ngram_lookup_us * 1e-6
+        if spec.method == "draft":
+            assert self.draft is not None
+            ones = np.ones(sequences, dtype=int)
+            return float(sum(self.draft.step(ones, context + j).t_total for j in range(k)))
+        touched = float(self.experts_touched(sequences)) if self.draft_routed_slice else 0.0
+        bytes_per_pass = self.draft_layer_bytes + touched * self.draft_routed_slice
+        kv_pass = float(np.sum(context + 1)) * self.kv_bytes_per_layer_token
+        t_mem = bytes_per_pass / self.dense_bw + kv_pass / self.kv_bw
+        t_flop = sequences * self.draft_layer_flops_per_token / self.gemm_flops
+        per_pass = max(t_mem, t_flop) * p.drafter_layer_cost
+        per_pass += (
+            p.layer_overhead_graph_us if self.deployment.cuda_graphs else p.layer_overhead_eager_us
+        ) * 1e-6
+        per_pass += float(self.communication_seconds(sequences)) / max(self.layers, 1)
+        return k * per_pass
+
+    # ------------------------------------------------------------------ the step
+
+    def step(
+        self,
+        new_tokens: np.ndarray | list[int],
+        context: np.ndarray | list[int],
+        logits_tokens: int | None = None,
+        drafting_sequences: int = 0,
+    ) -> StepBreakdown:
+        """Cost of one engine step.
+
+        Args:
+            new_tokens: tokens each scheduled sequence processes this step.
+            context: tokens already in each sequence's KV cache before the step.
+            logits_tokens: positions the lm_head runs on (default: one per sequence).
+            drafting_sequences: sequences the speculative drafter proposes for this step.
+        """
+        n = np.asarray(new_tokens, dtype=float)
+        c = np.asarray(context, dtype=float)
+        if n.shape != c.shape or n.ndim != 1:
+            raise ValueError("new_tokens and context must be 1-D arrays of the same length")
+        if np.any(n < 0) or np.any(c < 0):
+            raise ValueError("token counts must be non-negative")
+        seqs = int(np.count_nonzero(n))
+        tokens = float(n.sum())
+        logits = seqs if logits_tokens is None else logits_tokens
+
+        # weights
+        touched = float(self.experts_touched(tokens)) if tokens else 0.0
+        expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
+        expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
+        dense_bytes = self.dense_weight_bytes if tokens else 0.0
+
+        # KV cache and recurrent state
+        active = n > 0
+        total = (c + n)[active]
+        kv = self.kv
+        kv_read = float(total.sum()) * kv.full_bytes_per_token
+        if kv.sliding_window is not None:
+            kv_read += (
+                float(np.minimum(total, kv.sliding_window).sum()) * kv.sliding_bytes_per_token
+            )
+        else:
+            kv_read += float(total.sum()) * kv.sliding_bytes_per_token
+        kv_write = tokens * kv.bytes_per_token
+        state = 2.0 * seqs * kv.state_bytes_per_sequence  # read and write once per step
+
+        # FLOPs
+        linear_flops = (
+            tokens * (self.dense_flops_per_token + self.expert_flops_per_token)
+            + logits * self.lm_head_flops_per_token
+        )
+        attn_flops = (
+            self.pair_flops
+            * (
+                self.full_layers * float(_pairs(c, n).sum())
+                + (
+                    self.sliding_layers * float(_pairs(c, n, kv.sliding_window).sum())
+                    if self.sliding_layers
+                    else 0.0
+                )
+            )
+            + tokens * self.linear_flops_per_token
+        )
+
+        # times
+        t_dense_mem = dense_bytes / self.dense_bw
+        dense_flops = tokens * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
+        t_dense_cmp = dense_flops / self.gemm_flops
+        t_exp_mem = expert_bytes / self.expert_bw
+        t_exp_cmp = tokens * self.expert_flops_per_token / self.gemm_flops
+        t_att_mem = (kv_read + kv_write + state) / self.kv_bw
+        t_att_cmp = attn_flops / self.attention_flops_rate
+        t_comm = float(self.communication_seconds(tokens)) if tokens else 0.0
+        t_over = float(self.overhead_seconds(seqs, tokens)) if seqs else 0.0
+        t_draft = self.draft_seconds(drafting_sequences, c[active][:drafting_sequences])
+
+        mem_parts = (t_dense_mem, t_exp_mem, t_att_mem)
+        cmp_parts = (t_dense_cmp, t_exp_cmp, t_att_cmp)
+        memory_bound = sum(m for m, f in zip(mem_parts, cmp_parts, strict=True) if m >= f)
+        compute_bound = sum(f for m, f in zip(mem_parts, cmp_parts, strict=True) if f > m)
+        total_time = (
+            sum(max(m, f) for m, f in zip(mem_parts, cmp_parts, strict=True))
+            + t_comm
+            + t_over
+            + t_draft
+        )
+        terms = {
+            "memory": memory_bound,
+            "compute": compute_bound,
+            "communication": t_comm,
+            "overhead": t_over,
+            "drafting": t_draft,
+        }
+        bound = max(terms, key=terms.get)
+        return StepBreakdown(
+            sequences=seqs,
+            tokens=int(tokens),
+            logits_tokens=int(logits),
+            weight_bytes=dense_bytes,
+            expert_bytes=expert_bytes,
+            experts_touched_per_layer=touched,
+            kv_read_bytes=kv_read,
+            kv_write_bytes=kv_write,
+            state_bytes=state,
+            linear_flops=linear_flops,
+            attention_flops=attn_flops,
+            comm_bytes=(
+                self.allreduces_per_step * tokens * self.model.hidden_size * ACTIVATION_BYTES
+                if self.link
+                else 0.0
+            ),
+            t_dense_memory=t_dense_mem,
+            t_dense_compute=t_dense_cmp,
+            t_expert_memory=t_exp_mem,
+            t_expert_compute=t_exp_cmp,
+            t_attention_memory=t_att_mem,
+            t_attention_compute=t_att_cmp,
+            t_memory=sum(mem_parts),
+            t_compute=sum(cmp_parts),
+            t_communication=t_comm,
+            t_overhead=t_over,
+            t_draft=t_draft,
+            t_total=total_time,
+            bound=bound,
+        )
+
+    def decode_step(self, context: np.ndarray | list[int]) -> tuple[StepBreakdown, float]:
+        """One decode step for sequences at ``context``; with speculation, verification of
+        k + 1 positions each plus drafting. Returns (breakdown, expected tokens per
+        sequence)."""
+        c = np.asarray(context, dtype=float)
+        spec = self.deployment.spec
+        if spec is None:
+            return self.step(np.ones_like(c), c), 1.0
+        width = spec.num_tokens + 1
+        step = self.step(
+            np.full_like(c, width), c, logits_tokens=width * len(c), drafting_sequences=len(c)
+        )
+        return step, spec.expected_tokens_per_step
+
+    def decode_tokens_per_second(self, batch: int, context: int) -> float:
+        """Aggregate decode output tok/s of ``batch`` sequences at ``context`` tokens."""
+        step, per_seq = self.decode_step(np.full(batch, context))
+        return batch * per_seq / step.t_total
+
+
+def build_step_model(
+    catalog: Catalog,
+    gpu: GPU | str,
+    model: Model | str,
+    deployment: Deployment | None = None,
+    params: EfficiencyParams | None = None,
+) -> StepModel:
+    """A StepModel from catalog names, with the GPU's default efficiency parameters."""
+    g = catalog.gpu(gpu) if isinstance(gpu, str) else gpu
+    m = catalog.model(model) if isinstance(model, str) else model
+    dep = deployment or Deployment()
+    fmt = catalog.quant(dep.quant or m.dtype)
+    p = params or default_efficiency(g, catalog)
+    draft = None
+    if dep.spec is not None and dep.spec.method == "draft":
+        draft_model = catalog.model(dep.spec.draft_model)
+        draft = StepModel(
+            g,
+            draft_model,
+            catalog.quant(dep.quant or draft_model.dtype),
+            Deployment(
+                tp=dep.tp,
+                kv_dtype=dep.kv_dtype,
+                power_limit_w=dep.power_limit_w,
+                interconnect=dep.interconnect,
+                cuda_graphs=dep.cuda_graphs,
+            ),
+            p,
+        )
+    return StepModel(g, m, fmt, dep, p, draft=draft)
