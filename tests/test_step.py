@@ -390,3 +390,36 @@ def test_tp1_has_no_communication(gpu, model, batch):
     n, c = map(np.array, zip(*batch, strict=True))
     step = _build(gpu, model).step(n, c)
     assert step.t_communication == 0 and step.comm_bytes == 0
+
+
+SPECS = [
+    None,
+    SpecConfig(method="mtp", num_tokens=2, acceptance=0.7),
+    SpecConfig(method="ngram", num_tokens=3, acceptance=0.4),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    case=st.sampled_from(
+        [
+            ("rtx3090", "qwen3-coder-30b-a3b", 1),
+            ("h100-sxm", "gpt-oss-120b", 1),
+            ("rtx3090", "qwen3.5-27b", 4),
+            ("h200", "deepseek-v3", 8),
+        ]
+    ),
+    spec_index=st.integers(0, 2),
+    contexts=st.lists(st.integers(0, 20_000), min_size=1, max_size=16),
+    steps=st.integers(1, 40),
+)
+def test_decode_run_equals_step_by_step(case, spec_index, contexts, steps):
+    gpu, model, tp = case
+    spec = SPECS[spec_index]
+    if spec is not None and spec.method == "mtp" and not CAT.model(model).mtp_layers:
+        spec = None
+    sm = build_step_model(CAT, gpu, model, Deployment(tp=tp, spec=spec))
+    c = np.array(contexts, dtype=float)
+    run = sm.decode_run_times(c, steps)
+    single = [sm.decode_step(c + j * sm.decode_advance)[0].t_total for j in range(steps)]
+    assert run == pytest.approx(np.array(single), rel=1e-12)

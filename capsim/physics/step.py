@@ -361,16 +361,26 @@ class StepModel:
             assert self.draft is not None
             ones = np.ones(sequences, dtype=int)
             return float(sum(self.draft.step(ones, context + j).t_total for j in range(k)))
+        return float(self._layer_draft_seconds(sequences, np.sum(context + 1)))
+
+    def _layer_draft_seconds(self, sequences: int, context_sum: float | np.ndarray) -> np.ndarray:
+        """MTP/EAGLE drafting: k passes of one decoder layer plus the lm_head over
+        ``sequences`` tokens, reading that layer's KV for ``context_sum`` tokens."""
+        p = self.params
+        k = self.deployment.spec.num_tokens
         touched = float(self.experts_touched(sequences)) if self.draft_routed_slice else 0.0
         bytes_per_pass = self.draft_layer_bytes + touched * self.draft_routed_slice
-        kv_pass = float(np.sum(context + 1)) * self.kv_bytes_per_layer_token
+        kv_pass = np.asarray(context_sum, dtype=float) * self.kv_bytes_per_layer_token
         t_mem = bytes_per_pass / self.dense_bw + kv_pass / self.kv_bw
         t_flop = sequences * self.draft_layer_flops_per_token / self.gemm_flops
-        per_pass = max(t_mem, t_flop) * p.drafter_layer_cost
-        per_pass += (
-            p.layer_overhead_graph_us if self.deployment.cuda_graphs else p.layer_overhead_eager_us
-        ) * 1e-6
-        per_pass += float(self.communication_seconds(sequences)) / max(self.layers, 1)
+        per_pass = np.maximum(t_mem, t_flop) * p.drafter_layer_cost
+        launch = (
+            p.layer_overhead_graph_us
+            if self.deployment.cuda_graphs
+            else (p.layer_overhead_eager_us)
+        )
+        per_pass = per_pass + launch * 1e-6
+        per_pass = per_pass + float(self.communication_seconds(sequences)) / max(self.layers, 1)
         return k * per_pass
 
     # ------------------------------------------------------------------ the step
@@ -499,6 +509,73 @@ class StepModel:
             t_total=total_time,
             bound=bound,
         )
+
+    @property
+    def decode_width(self) -> int:
+        """Tokens each decoding sequence processes per step (1, or k + 1 when speculating)."""
+        spec = self.deployment.spec
+        return 1 if spec is None else spec.num_tokens + 1
+
+    @property
+    def decode_advance(self) -> float:
+        """Expected tokens a decoding sequence gains per step."""
+        spec = self.deployment.spec
+        return 1.0 if spec is None else spec.expected_tokens_per_step
+
+    def decode_run_times(self, context: np.ndarray, n_steps: int) -> np.ndarray:
+        """Durations of ``n_steps`` consecutive decode steps of the same sequences, seconds.
+
+        Step j sees each sequence's context grown by j x decode_advance. Equal, step by
+        step, to calling decode_step (tested), but evaluated for all steps at once.
+        """
+        c0 = np.asarray(context, dtype=float)
+        seqs = c0.size
+        width = self.decode_width
+        tokens = float(seqs * width)
+        logits = seqs * width if self.deployment.spec is not None else seqs
+        j = np.arange(n_steps, dtype=float)
+        ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
+        kv = self.kv
+        total = ctx + width
+        kv_read = total.sum(axis=1) * kv.full_bytes_per_token
+        if kv.sliding_window is not None:
+            kv_read += np.minimum(total, kv.sliding_window).sum(axis=1) * kv.sliding_bytes_per_token
+        else:
+            kv_read += total.sum(axis=1) * kv.sliding_bytes_per_token
+        kv_write = tokens * kv.bytes_per_token
+        state = 2.0 * seqs * kv.state_bytes_per_sequence
+        n = np.full_like(ctx, width)
+        attn = self.full_layers * _pairs(ctx, n).sum(axis=1)
+        if self.sliding_layers:
+            attn = attn + self.sliding_layers * _pairs(ctx, n, kv.sliding_window).sum(axis=1)
+        attn_flops = self.pair_flops * attn + tokens * self.linear_flops_per_token
+
+        touched = float(self.experts_touched(tokens))
+        expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
+        expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
+        dense_flops = tokens * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
+        fixed = max(self.dense_weight_bytes / self.dense_bw, dense_flops / self.gemm_flops)
+        fixed += max(
+            expert_bytes / self.expert_bw, tokens * self.expert_flops_per_token / self.gemm_flops
+        )
+        fixed += float(self.communication_seconds(tokens))
+        fixed += float(self.overhead_seconds(seqs, tokens))
+        attention = np.maximum(
+            (kv_read + kv_write + state) / self.kv_bw, attn_flops / self.attention_flops_rate
+        )
+        return fixed + attention + self._draft_run(ctx)
+
+    def _draft_run(self, ctx: np.ndarray) -> np.ndarray:
+        """Drafter time for each step of a decode run, seconds (0 without speculation)."""
+        spec = self.deployment.spec
+        steps, seqs = ctx.shape
+        if spec is None:
+            return np.zeros(steps)
+        if spec.method == "ngram":
+            return np.full(steps, seqs * self.params.ngram_lookup_us * 1e-6)
+        if spec.method == "draft":
+            return np.array([self.draft_seconds(seqs, row) for row in ctx])
+        return self._layer_draft_seconds(seqs, (ctx + 1).sum(axis=1))
 
     def decode_step(self, context: np.ndarray | list[int]) -> tuple[StepBreakdown, float]:
         """One decode step for sequences at ``context``; with speculation, verification of

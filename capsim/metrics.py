@@ -1,0 +1,231 @@
+"""Serving metrics, defined once and used by both the simulator and the probe.
+
+Per request (times in seconds from a common clock):
+
+* ``send``: when the client sent the request.
+* TTFT (time to first token) = first_token - send.
+* E2E (end-to-end latency) = finish - send.
+* TPOT (time per output token) = (E2E - TTFT) / (output_tokens - 1); undefined (None) for
+  one-token outputs. It is the mean gap between tokens after the first, per request.
+* ITL (inter-token latency): each gap between consecutive streamed tokens. A chunk that
+  carries several tokens (speculative decoding) counts as several gaps of chunk_gap / n,
+  so the ITL distribution has one entry per token after the first, and its mean over one
+  request equals that request's TPOT.
+* queueing time = first_scheduled - send (from the engine's side; the probe cannot see it
+  and leaves it None).
+* per-request output tok/s = output_tokens / E2E (seed 002's "per-task tok/s").
+
+Per level (a set of requests run under one load):
+
+* wall clock = last finish - first send.
+* output tok/s = total output tokens / wall clock (seed 002's "effective throughput";
+  vLLM bench's "Output token throughput", GuideLLM's output tokens per second).
+* total tok/s = (input + output tokens) / wall clock.
+* prefill tok/s = total input tokens / wall clock (prompt tokens processed per second of
+  the run, prefix-cache hits included, as vLLM bench counts them).
+* request throughput = completed requests / wall clock.
+* Distributions report mean, p50, p90 and p99 (numpy's linear-interpolation percentiles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+PERCENTILES = (50, 90, 99)
+
+
+class RequestRecord(BaseModel):
+    """One request as measured (probe) or simulated (engine)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    send: float
+    first_token: float | None = None
+    finish: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    first_scheduled: float | None = None
+    cached_tokens: int = Field(0, description="Prompt tokens served from the prefix cache")
+    error: str | None = None
+    chunk_times: list[float] | None = Field(
+        None, description="Arrival time of each streamed chunk (probe)"
+    )
+    chunk_tokens: list[int] | None = Field(None, description="Tokens in each streamed chunk")
+    session_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.finish is not None and self.first_token is not None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.send
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finish is None else self.finish - self.send
+
+    @property
+    def tpot(self) -> float | None:
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def queueing(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.send
+
+    @property
+    def output_tok_s(self) -> float | None:
+        if not self.ok or not self.e2e:
+            return None
+        return self.output_tokens / self.e2e
+
+    def itl(self) -> list[float]:
+        """Inter-token gaps from the streamed chunks (one per token after the first)."""
+        if not self.chunk_times or not self.chunk_tokens:
+            return []
+        gaps: list[float] = []
+        for i in range(1, len(self.chunk_times)):
+            n = max(self.chunk_tokens[i], 1)
+            gap = (self.chunk_times[i] - self.chunk_times[i - 1]) / n
+            gaps.extend([gap] * n)
+        return gaps
+
+
+class Distribution(BaseModel):
+    """Mean and percentiles of a set of values."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    count: int = 0
+
+    @classmethod
+    def of(cls, values: Iterable[float | None], weights: Sequence[float] | None = None):
+        """Summarise values (None dropped). With weights, percentiles are weighted."""
+        if weights is not None:
+            pairs = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None]
+            if not pairs:
+                return cls(mean=None, p50=None, p90=None, p99=None, count=0)
+            arr = np.array([p[0] for p in pairs], dtype=float)
+            w = np.array([p[1] for p in pairs], dtype=float)
+            return cls(
+                mean=float(np.average(arr, weights=w)),
+                **{f"p{q}": weighted_percentile(arr, w, q) for q in PERCENTILES},
+                count=round(float(w.sum())),
+            )
+        arr = np.array([v for v in values if v is not None], dtype=float)
+        if arr.size == 0:
+            return cls(mean=None, p50=None, p90=None, p99=None, count=0)
+        pcts = np.percentile(arr, PERCENTILES)
+        return cls(
+            mean=float(arr.mean()),
+            p50=float(pcts[0]),
+            p90=float(pcts[1]),
+            p99=float(pcts[2]),
+            count=int(arr.size),
+        )
+
+    def scaled(self, factor: float) -> Distribution:
+        """The same distribution in other units (e.g. seconds to milliseconds)."""
+
+        def s(v):
+            return None if v is None else v * factor
+
+        return Distribution(
+            mean=s(self.mean),
+            p50=s(self.p50),
+            p90=s(self.p90),
+            p99=s(self.p99),
+            count=self.count,
+        )
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """Percentile ``q`` (0-100) of values with non-negative weights (inverted CDF)."""
+    order = np.argsort(values)
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    if cum[-1] <= 0:
+        return float("nan")
+    idx = int(np.searchsorted(cum, q / 100.0 * cum[-1], side="left"))
+    return float(v[min(idx, len(v) - 1)])
+
+
+class LevelMetrics(BaseModel):
+    """Aggregates of one load level, the same fields for simulated and probed runs."""
+
+    concurrency: int | None = None
+    workload: str | None = None
+    requests: int
+    completed: int
+    failed: int
+    wall_s: float
+    input_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    total_tok_s: float
+    prefill_tok_s: float
+    request_throughput: float
+    per_request_output_tok_s: Distribution
+    ttft_ms: Distribution
+    tpot_ms: Distribution
+    itl_ms: Distribution
+    e2e_s: Distribution
+    queueing_ms: Distribution
+
+
+def level_metrics(
+    records: Sequence[RequestRecord],
+    concurrency: int | None = None,
+    workload: str | None = None,
+    itl_values: Sequence[float] | None = None,
+    itl_weights: Sequence[float] | None = None,
+) -> LevelMetrics:
+    """Aggregate one level's requests. ITL comes from the records' chunks unless given
+    (the simulator passes step durations weighted by the sequences they served)."""
+    done = [r for r in records if r.ok]
+    failed = len(records) - len(done)
+    if done:
+        start = min(r.send for r in records)
+        end = max(r.finish for r in done)
+        wall = max(end - start, 1e-12)
+    else:
+        wall = 0.0
+    inp = sum(r.input_tokens for r in done)
+    out = sum(r.output_tokens for r in done)
+
+    def rate(x: float) -> float:
+        return x / wall if wall > 0 else 0.0
+
+    if itl_values is None:
+        itl_values = [g for r in done for g in r.itl()]
+        itl = Distribution.of(itl_values)
+    else:
+        itl = Distribution.of(itl_values, itl_weights)
+    return LevelMetrics(
+        concurrency=concurrency,
+        workload=workload,
+        requests=len(records),
+        completed=len(done),
+        failed=failed,
+        wall_s=wall,
+        input_tokens=inp,
+        output_tokens=out,
+        output_tok_s=rate(out),
+        total_tok_s=rate(inp + out),
+        prefill_tok_s=rate(inp),
+        request_throughput=rate(len(done)),
+        per_request_output_tok_s=Distribution.of(r.output_tok_s for r in done),
+        ttft_ms=Distribution.of(r.ttft for r in done).scaled(1e3),
+        tpot_ms=Distribution.of(r.tpot for r in done).scaled(1e3),
+        itl_ms=itl.scaled(1e3),
+        e2e_s=Distribution.of(r.e2e for r in done),
+        queueing_ms=Distribution.of(r.queueing for r in done).scaled(1e3),
+    )
