@@ -7,20 +7,28 @@ suggestions on stderr and exit with code 2, without a traceback.
 
 from __future__ import annotations
 
-import functools
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
-from capsim.catalog.loader import ENV_VAR, Catalog, load_catalog, user_db_dirs
+from capsim.catalog.loader import ENV_VAR, Catalog, user_db_dirs
 from capsim.catalog.schemas import DTYPES, GPU, Model
+from capsim.cli.common import (
+    DbOption,
+    JsonOption,
+    catalog,
+    console,
+    fmt_num,
+    global_db,
+    parse_acceptance,
+    print_json,
+    user_errors,
+)
+from capsim.cli.predict import predict_cmd
 from capsim.errors import CapsimUserError
 from capsim.physics.memory import (
     GB,
@@ -35,11 +43,6 @@ from capsim.physics.parameters import parameter_breakdown
 from capsim.physics.speculative import parse_spec
 from capsim.physics.step import Deployment, StepBreakdown, build_step_model
 
-EXIT_USER_ERROR = 2
-
-console = Console()
-err_console = Console(stderr=True)
-
 app = typer.Typer(
     name="capsim",
     help="Predict LLM serving throughput on your GPUs before you buy or reconfigure them.",
@@ -52,58 +55,11 @@ models_app = typer.Typer(help="List models in the catalog, show one, import one.
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
 
-DbOption = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--db",
-        help=f"Extra catalog directory laid over the built-in one (repeatable; also ${ENV_VAR}).",
-        show_default=False,
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
-
-
-def user_errors(func):
-    """Turn CapsimUserError into a one-line message and exit code 2."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except CapsimUserError as exc:
-            err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
-            if exc.suggestions:
-                err_console.print(
-                    f"did you mean: {', '.join(exc.suggestions)}?", highlight=False, soft_wrap=True
-                )
-            if exc.hint:
-                err_console.print(f"hint: {exc.hint}", highlight=False, soft_wrap=True)
-            raise typer.Exit(EXIT_USER_ERROR) from None
-
-    return wrapper
-
-
-_global_db: list[Path] = []
-
 
 @app.callback()
 def main(db: DbOption = None) -> None:
     """capsim: capacity simulator for self-hosted LLM serving."""
-    _global_db[:] = list(db or [])
-
-
-def catalog(db: list[Path] | None) -> Catalog:
-    return load_catalog([*_global_db, *(db or [])])
-
-
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.{digits}f}{unit}"
+    global_db[:] = list(db or [])
 
 
 # ----------------------------------------------------------------------------- gpus
@@ -497,20 +453,6 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
 # ----------------------------------------------------------------------------- explain
 
 
-def parse_acceptance(text: str | None) -> float | list[float] | None:
-    """'0.7' or '0.8,0.6' (one rate per drafted position)."""
-    if text is None:
-        return None
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise CapsimUserError(
-            f"cannot read --spec-acceptance '{text}'",
-            hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
-        ) from None
-    return values[0] if len(values) == 1 else values
-
-
 def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> list[tuple[str, str]]:
     ms = 1e3
     rows = [
@@ -644,6 +586,9 @@ def explain_cmd(
         for row in step_rows(step, out, ridge):
             table.add_row(*row)
         console.print(table)
+
+
+app.command("predict")(user_errors(predict_cmd))
 
 
 def run() -> None:

@@ -498,6 +498,40 @@ def fit_hint(
     return "; ".join(hints)
 
 
+AUTO_FORMAT_ORDER = ("fp8", "awq-int4")
+"""Formats ``--quant auto`` falls back to, in order, when the release format does not fit:
+FP8 where the GPU runs it natively, then AWQ 4-bit (the W4A16 format vLLM serves on every
+NVIDIA GPU since Ampere)."""
+
+
+def auto_format(
+    gpu: GPU, model: Model, formats: dict[str, QuantFormat], tp: int = 1, **kwargs
+) -> tuple[QuantFormat, str]:
+    """Pick a weight format: the model's release format if it fits, else the first of
+    AUTO_FORMAT_ORDER that fits (FP8 only where native). Returns (format, why)."""
+    release = formats[model.dtype]
+    candidates = [release]
+    for name in AUTO_FORMAT_ORDER:
+        fmt = formats.get(name)
+        if fmt is None or fmt.name == release.name:
+            continue
+        if fmt.compute_dtype not in gpu.native_formats and not fmt.weight_only:
+            continue
+        candidates.append(fmt)
+    fits = [(fmt, memory_fit(gpu, model, fmt, tp=tp, **kwargs)) for fmt in candidates]
+    for fmt, fit in fits:
+        if fit.fits:
+            if fmt is release:
+                return fmt, f"{fmt.name}, the release format"
+            return fmt, f"{fmt.name}, because the release format ({release.name}) does not fit"
+    # Nothing fits: report against the first format whose weights fit, so the error names
+    # the constraint that binds (KV cache, max_model_len) rather than the weights.
+    for fmt, fit in fits:
+        if fit.weight_bytes + fit.runtime_reserve_bytes <= fit.budget_bytes:
+            return fmt, f"{fmt.name} (its weights fit, but the deployment does not)"
+    return release, f"{release.name}, the release format (nothing smaller fits either)"
+
+
 def require_fit(fit: MemoryFit, hint: str = "") -> MemoryFit:
     """Raise DoesNotFitError with the reason if the deployment does not fit."""
     if not fit.fits:

@@ -1,0 +1,82 @@
+"""Pieces shared by the CLI modules: consoles, options, error handling, helpers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from capsim.catalog.loader import ENV_VAR, Catalog, load_catalog
+from capsim.errors import CapsimUserError
+
+EXIT_USER_ERROR = 2
+
+console = Console()
+err_console = Console(stderr=True)
+
+DbOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--db",
+        help=f"Extra catalog directory laid over the built-in one (repeatable; also ${ENV_VAR}).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+
+
+def user_errors(func):
+    """Turn CapsimUserError into a one-line message and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except CapsimUserError as exc:
+            err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            if exc.suggestions:
+                err_console.print(
+                    f"did you mean: {', '.join(exc.suggestions)}?", highlight=False, soft_wrap=True
+                )
+            if exc.hint:
+                err_console.print(f"hint: {exc.hint}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_USER_ERROR) from None
+
+    return wrapper
+
+
+global_db: list[Path] = []
+
+
+def catalog(db: list[Path] | None) -> Catalog:
+    """The catalog with the top-level and the command's --db directories laid over it."""
+    return load_catalog([*global_db, *(db or [])])
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def parse_acceptance(text: str | None) -> float | list[float] | None:
+    """'0.7' or '0.8,0.6' (one rate per drafted position)."""
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise CapsimUserError(
+            f"cannot read --spec-acceptance '{text}'",
+            hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
+        ) from None
+    return values[0] if len(values) == 1 else values

@@ -1,0 +1,121 @@
+"""Length (and think-time) distributions for workloads, parsed from short strings.
+
+* ``512``: fixed
+* ``uniform:256,1024``: integers uniform in [256, 1024]
+* ``normal:512,128``: normal with mean 512 and standard deviation 128
+* ``lognormal:512,0.6``: lognormal with median 512 and shape sigma 0.6
+* ``file:lengths.txt``: resampled from an empirical list (one number per line, or a JSON
+  list)
+
+Token lengths are rounded and clipped to at least 1; times are clipped at 0. Normal and
+lognormal draws are truncated at their 99.9th percentile.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from capsim.errors import CapsimUserError
+
+KINDS = ("fixed", "uniform", "normal", "lognormal", "file")
+Z_999 = 3.090232306167813
+"""Standard normal quantile of 0.999: where normal and lognormal draws are truncated."""
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    kind: str
+    a: float = 0.0
+    b: float = 0.0
+    values: tuple[float, ...] = ()
+    text: str = ""
+
+    @property
+    def mean(self) -> float:
+        if self.kind == "fixed":
+            return self.a
+        if self.kind == "uniform":
+            return (self.a + self.b) / 2
+        if self.kind == "normal":
+            return self.a
+        if self.kind == "lognormal":
+            return self.a * float(np.exp(self.b**2 / 2))
+        return float(np.mean(self.values))
+
+    @property
+    def maximum(self) -> float:
+        """The largest value a draw can take: normal and lognormal draws are truncated at
+        their 99.9th percentile (z = 3.09), so validation against max_model_len and the KV
+        cache checks exactly what can be sampled."""
+        if self.kind == "fixed":
+            return self.a
+        if self.kind == "uniform":
+            return self.b
+        if self.kind == "normal":
+            return self.a + Z_999 * self.b
+        if self.kind == "lognormal":
+            return self.a * float(np.exp(Z_999 * self.b))
+        return float(np.max(self.values))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` draws as floats (not rounded), truncated at ``maximum``."""
+        if self.kind == "fixed":
+            return np.full(n, self.a)
+        if self.kind == "uniform":
+            return rng.uniform(self.a, self.b, n)
+        if self.kind == "normal":
+            return np.minimum(rng.normal(self.a, self.b, n), self.maximum)
+        if self.kind == "lognormal":
+            return np.minimum(rng.lognormal(np.log(self.a), self.b, n), self.maximum)
+        return rng.choice(np.asarray(self.values), n)
+
+    def tokens(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` token counts (integers >= 1)."""
+        return np.maximum(np.rint(self.sample(rng, n)), 1).astype(int)
+
+    def seconds(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` durations (>= 0)."""
+        return np.maximum(self.sample(rng, n), 0.0)
+
+
+def parse_length(text: str | int | float, what: str = "length") -> LengthSpec:
+    """Parse a distribution string (see the module docstring)."""
+    if isinstance(text, int | float):
+        text = str(text)
+    raw = text.strip()
+    hint = "use N, uniform:A,B, normal:MEAN,SD, lognormal:MEDIAN,SIGMA or file:PATH"
+    try:
+        if ":" not in raw:
+            value = float(raw)
+            if value < 0:
+                raise ValueError("negative")
+            return LengthSpec("fixed", value, text=raw)
+        kind, _, rest = raw.partition(":")
+        kind = kind.lower()
+        if kind == "file":
+            path = Path(rest)
+            content = path.read_text(encoding="utf-8")
+            try:
+                values = [float(v) for v in json.loads(content)]
+            except json.JSONDecodeError:
+                values = [float(v) for v in content.split()]
+            if not values:
+                raise ValueError("empty file")
+            return LengthSpec("file", values=tuple(values), text=raw)
+        a_text, _, b_text = rest.partition(",")
+        a, b = float(a_text), float(b_text)
+        if kind not in KINDS or kind == "fixed":
+            raise ValueError(f"unknown distribution '{kind}'")
+        if kind == "uniform" and not 0 <= a <= b:
+            raise ValueError("uniform needs 0 <= A <= B")
+        if kind in ("normal", "lognormal") and (a <= 0 or b < 0):
+            raise ValueError("needs a positive centre and a non-negative spread")
+        return LengthSpec(kind, a, b, text=raw)
+    except FileNotFoundError:
+        raise CapsimUserError(f"{what} file '{raw[5:]}' does not exist", hint=hint) from None
+    except ValueError as exc:
+        raise CapsimUserError(f"cannot read {what} '{raw}' ({exc})", hint=hint) from None

@@ -1,0 +1,136 @@
+"""One serving replica (a tensor-parallel group) as a SimPy process.
+
+The replica loops: schedule a step, ask the physics how long it takes, wait that long,
+apply it. When the next steps are identical decode steps (every running request decodes
+and no waiting request could be admitted), it asks the physics for the whole run of
+steps up to the next finish or block shortage at once and waits once; an arrival that
+could change the schedule cuts the run at the step boundary after it, exactly where a
+step-by-step simulation would have admitted it. So simulation events grow with requests,
+not with tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from capsim.engine.kv_cache import KVCache
+from capsim.engine.request import SimRequest
+from capsim.engine.scheduler import Scheduler, SchedulerConfig
+from capsim.physics.step import StepModel
+
+
+class Replica:
+    """A TP group running one engine: scheduler, KV cache and step loop."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        step_model: StepModel,
+        config: SchedulerConfig,
+        num_blocks: int,
+        prefix_caching: bool = True,
+        fast_forward: bool = True,
+    ):
+        self.env = env
+        self.index = index
+        self.step_model = step_model
+        self.scheduler = Scheduler(config, KVCache(num_blocks, config.block_size, prefix_caching))
+        self.fast_forward = fast_forward
+        self._wake: simpy.Event | None = None
+        self._cut_on_arrival = False
+        self.steps = 0
+        self.events = 0
+        self.busy_time = 0.0
+        # decode-step durations (per token) and how many sequences each served, for ITL
+        self.itl_values: list[np.ndarray] = []
+        self.itl_weights: list[np.ndarray] = []
+        self.process = env.process(self.run())
+
+    @property
+    def outstanding(self) -> int:
+        s = self.scheduler
+        return len(s.waiting) + len(s.running)
+
+    def submit(self, req: SimRequest) -> None:
+        req.replica = self.index
+        self.scheduler.submit(req)
+        if self._wake is not None and not self._wake.triggered and self._cut_on_arrival:
+            self._wake.succeed()
+
+    def _record_itl(self, durations: np.ndarray, sequences: int) -> None:
+        if sequences <= 0 or durations.size == 0:
+            return
+        per_token = durations / self.scheduler.config.decode_advance
+        self.itl_values.append(per_token)
+        self.itl_weights.append(np.full(per_token.size, float(sequences)))
+
+    def run(self):
+        env, sched, sm = self.env, self.scheduler, self.step_model
+        while True:
+            if sched.idle:
+                self._wake = env.event()
+                self._cut_on_arrival = True
+                self.events += 1
+                yield self._wake
+                self._wake = None
+                continue
+            if self.fast_forward and sched.steady_decode():
+                m = sched.run_length()
+                if m >= 2:
+                    yield from self._decode_run(m)
+                    continue
+            step = sched.schedule(env.now)
+            if step.empty:
+                # nothing fits (e.g. a prompt larger than the whole KV cache): wait for work
+                self._wake = env.event()
+                self._cut_on_arrival = True
+                self.events += 1
+                yield self._wake
+                self._wake = None
+                continue
+            new = np.asarray(step.new_tokens, dtype=float)
+            ctx = np.asarray(step.context, dtype=float)
+            spec = sm.deployment.spec is not None
+            logits = None
+            if spec:
+                # verification samples every drafted position; a prefill chunk samples one
+                prefilling = len(step.requests) - step.decoding
+                logits = step.decoding * sm.decode_width + prefilling
+            duration = sm.step(
+                new, ctx, logits_tokens=logits, drafting_sequences=step.decoding if spec else 0
+            ).t_total
+            self.events += 1
+            yield env.timeout(duration)
+            self.steps += 1
+            self.busy_time += duration
+            if step.decoding:
+                self._record_itl(np.array([duration]), step.decoding)
+            sched.complete(step, env.now)
+
+    def _decode_run(self, m: int):
+        env, sched = self.env, self.scheduler
+        running = sched.running
+        context = np.array([r.kv_tokens for r in running])
+        times = self.step_model.decode_run_times(context, m)
+        ends = np.cumsum(times)
+        start = env.now
+        self._wake = env.event()
+        self._cut_on_arrival = sched.can_admit_more()
+        self.events += 1
+        timer = env.timeout(float(ends[-1]))
+        yield timer | self._wake
+        done = m
+        if not timer.processed and self._wake.triggered:
+            elapsed = env.now - start
+            j = int(np.searchsorted(ends, elapsed - 1e-15, side="left"))
+            done = min(j + 1, m)
+            remaining = float(ends[done - 1]) - elapsed
+            if remaining > 0:
+                yield env.timeout(remaining)
+        self._wake = None
+        self.steps += done
+        self.busy_time += float(ends[done - 1])
+        self._record_itl(times[:done], len(running))
+        sched.advance_decode(done, env.now)

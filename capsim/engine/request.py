@@ -1,0 +1,83 @@
+"""A request inside the simulated server."""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+
+
+class SimRequest:
+    """One request's state as the scheduler sees it.
+
+    Token bookkeeping: ``prefill_target`` tokens must have KV computed before the request
+    decodes (its prompt, or prompt plus already generated tokens after a preemption);
+    ``computed`` counts those done. In decode, ``kv_tokens`` is the tokens in the KV cache
+    (the last generated token enters it in the next step) and ``generated`` the output
+    tokens produced so far (fractional under speculative decoding, where a step gains the
+    expected accepted tokens).
+    """
+
+    __slots__ = (
+        "blocks",
+        "cached_keys",
+        "cached_tokens",
+        "computed",
+        "content",
+        "done",
+        "finish",
+        "first_scheduled",
+        "first_token",
+        "generated",
+        "kv_tokens",
+        "output_len",
+        "phase",
+        "preemptions",
+        "prefill_target",
+        "prompt_len",
+        "replica",
+        "rid",
+        "send",
+        "session",
+    )
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        rid: int,
+        send: float,
+        prompt_len: int,
+        output_len: int,
+        content: object,
+        session: str | None = None,
+    ):
+        self.rid = rid
+        self.send = send
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.content = content  # identity of the token stream, for prefix-cache keys
+        self.session = session
+        self.prefill_target = prompt_len
+        self.computed = 0
+        self.generated = 0.0
+        self.kv_tokens = 0.0
+        self.blocks = 0  # blocks held privately (not shared through the prefix cache)
+        self.cached_keys: list = []  # prefix-cache keys this request holds a reference to
+        self.cached_tokens = 0
+        self.first_scheduled: float | None = None
+        self.first_token: float | None = None
+        self.finish: float | None = None
+        self.phase = WAITING
+        self.preemptions = 0
+        self.replica = -1
+        self.done = env.event()
+
+    @property
+    def total_blocks(self) -> int:
+        return self.blocks + len(self.cached_keys)
+
+    def blocks_for(self, tokens: float, block_size: int) -> int:
+        """Blocks needed to hold ``tokens`` tokens of KV."""
+        return math.ceil(tokens / block_size)

@@ -1,0 +1,79 @@
+"""Data parallelism: several replicas behind a router.
+
+Policies:
+
+* ``round_robin``: requests go to replicas in turn (Kubernetes ClusterIP-style).
+* ``least_outstanding``: to the replica with the fewest waiting + running requests.
+* ``prefix_aware``: a session's requests stick to the replica that served it before
+  (so its prefix cache hits); new sessions go to the least loaded replica.
+
+A gateway between clients and replicas can add a fixed ``latency_s`` per request and, with
+``capacity_rps``, serve requests one at a time at that rate (a queue forms when it is the
+bottleneck). Seed 001 measured about 35% lower throughput through a KV-aware gateway than
+through round-robin ClusterIP; calibration sets these two parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import simpy
+
+from capsim.engine.replica import Replica
+from capsim.engine.request import SimRequest
+
+RouterPolicy = Literal["round_robin", "least_outstanding", "prefix_aware"]
+
+
+class Router:
+    """Sends each request to one replica."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replicas: list[Replica],
+        policy: RouterPolicy = "round_robin",
+        latency_s: float = 0.0,
+        capacity_rps: float | None = None,
+    ):
+        self.env = env
+        self.replicas = replicas
+        self.policy = policy
+        self.latency_s = latency_s
+        self.capacity_rps = capacity_rps
+        self.gateway = simpy.Resource(env, capacity=1) if capacity_rps else None
+        self._next = 0
+        self._affinity: dict[str, int] = {}
+
+    def choose(self, req: SimRequest) -> Replica:
+        if len(self.replicas) == 1:
+            return self.replicas[0]
+        if self.policy == "round_robin":
+            replica = self.replicas[self._next % len(self.replicas)]
+            self._next += 1
+            return replica
+        if self.policy == "prefix_aware" and req.session is not None:
+            index = self._affinity.get(req.session)
+            if index is None:
+                index = self._least_loaded().index
+                self._affinity[req.session] = index
+            return self.replicas[index]
+        return self._least_loaded()
+
+    def _least_loaded(self) -> Replica:
+        return min(self.replicas, key=lambda r: (r.outstanding, r.index))
+
+    def submit(self, req: SimRequest) -> None:
+        if self.gateway is None and self.latency_s == 0:
+            self.choose(req).submit(req)
+        else:
+            self.env.process(self._through_gateway(req))
+
+    def _through_gateway(self, req: SimRequest):
+        if self.gateway is not None:
+            with self.gateway.request() as slot:
+                yield slot
+                yield self.env.timeout(1.0 / self.capacity_rps)
+        if self.latency_s:
+            yield self.env.timeout(self.latency_s)
+        self.choose(req).submit(req)

@@ -1,0 +1,380 @@
+"""The prediction API: simulate a deployment under a workload at several load levels.
+
+``predict(PredictConfig(...))`` returns typed results; the CLI only parses and prints.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import simpy
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.catalog.loader import Catalog, load_catalog
+from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.engine.lengths import parse_length
+from capsim.engine.replica import Replica
+from capsim.engine.router import Router, RouterPolicy
+from capsim.engine.scheduler import SchedulerConfig
+from capsim.engine.workloads import Driver, Workload, WorkloadKind, read_trace
+from capsim.errors import CapsimUserError
+from capsim.metrics import LevelMetrics, RequestRecord, level_metrics
+from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.memory import (
+    BLOCK_SIZE_TOKENS,
+    MemoryFit,
+    auto_format,
+    check_tensor_parallel,
+    fit_hint,
+    memory_fit,
+    require_fit,
+)
+from capsim.physics.speculative import SpecConfig
+from capsim.physics.step import Deployment, StepModel, build_step_model, default_efficiency
+
+
+class PredictConfig(BaseModel):
+    """Everything one prediction needs; field names follow the CLI flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str
+    model: str
+    quant: str | None = None
+    gpus: int | None = Field(None, ge=1, description="GPUs in total (default tp x dp)")
+    tp: int = Field(1, ge=1)
+    dp: int | None = Field(None, ge=1, description="Replicas (default gpus / tp)")
+    interconnect: str = "auto"
+    kv_dtype: str = "auto"
+    workload: WorkloadKind = "closed"
+    concurrency: list[int] = Field(default_factory=lambda: [1])
+    rates: list[float] = Field(default_factory=list, description="Open-loop arrival rates")
+    requests: int | None = Field(None, ge=1, description="Requests per level")
+    input_tokens: str = "1024"
+    output_tokens: str = "512"
+    turns: int = 4
+    think_time: str = "0"
+    tool_tokens: str = "256"
+    orchestrator: bool = False
+    arrival: Literal["poisson", "gamma"] = "poisson"
+    gamma_cv: float = 1.0
+    trace: str | None = None
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    spec: SpecConfig | None = None
+    prefix_caching: bool = True
+    power_limit_w: float | None = None
+    enforce_eager: bool = False
+    router: RouterPolicy = "round_robin"
+    router_latency_s: float = 0.0
+    router_capacity_rps: float | None = None
+    seed: int = 0
+    fast_forward: bool = True
+    efficiency_overrides: dict[str, float] = Field(default_factory=dict)
+    kv_capacity_tokens: int | None = Field(
+        None, ge=BLOCK_SIZE_TOKENS, description="Pin the KV pool size (e.g. from a probe)"
+    )
+
+    def default_requests(self, level: int) -> int:
+        """Requests per level when --requests is not given."""
+        if self.workload == "batch":
+            return 4 * level
+        return max(8 * level, 32)
+
+
+@dataclass
+class Setup:
+    """A deployment ready to simulate: physics, memory fit and engine limits."""
+
+    config: PredictConfig
+    gpu: GPU
+    model: Model
+    fmt: QuantFormat
+    step_model: StepModel
+    fit: MemoryFit
+    scheduler: SchedulerConfig
+    num_blocks: int
+    dp: int
+    max_model_len: int
+    quant_reason: str = ""
+
+
+def build_setup(config: PredictConfig, catalog: Catalog | None = None) -> Setup:
+    """Resolve names, fit memory and build the step model; reject what vLLM would reject."""
+    cat = catalog or load_catalog()
+    gpu = cat.gpu(config.gpu)
+    model = cat.model(config.model)
+    tp = config.tp
+    if config.gpus is not None:
+        if config.gpus % tp:
+            raise CapsimUserError(
+                f"--gpus {config.gpus} is not a multiple of --tp {tp}",
+                hint="each data-parallel replica is one TP group of --tp GPUs",
+            )
+        dp = config.gpus // tp
+        if config.dp is not None and config.dp != dp:
+            raise CapsimUserError(
+                f"--gpus {config.gpus} with --tp {tp} makes {dp} replicas, not --dp {config.dp}"
+            )
+    else:
+        dp = config.dp or 1
+    spec = config.spec
+    fit_options = dict(
+        kv_dtype=config.kv_dtype,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enforce_eager=config.enforce_eager,
+        include_mtp=spec is not None and spec.method == "mtp",
+    )
+    if config.quant in (None, "auto"):
+        check_tensor_parallel(model, tp)
+        fmt, quant_reason = auto_format(gpu, model, cat.quant_formats.entries, tp, **fit_options)
+    else:
+        fmt, quant_reason = cat.quant(config.quant), "as requested"
+    fit = memory_fit(gpu, model, fmt, tp=tp, **fit_options)
+    if not fit.fits:
+        require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
+    capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
+    num_blocks = capacity // BLOCK_SIZE_TOKENS
+    params = default_efficiency(gpu, cat)
+    if config.efficiency_overrides:
+        params = params.with_overrides(config.efficiency_overrides)
+    dep = Deployment(
+        tp=tp,
+        quant=fmt.name,
+        kv_dtype=config.kv_dtype,
+        power_limit_w=config.power_limit_w,
+        interconnect=config.interconnect,
+        cuda_graphs=not config.enforce_eager,
+        spec=spec,
+    )
+    step_model = build_step_model(cat, gpu, model, dep, params)
+    sched = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        block_size=BLOCK_SIZE_TOKENS,
+        decode_width=step_model.decode_width,
+        decode_advance=step_model.decode_advance,
+    )
+    max_len = config.max_model_len or fit.max_model_len
+    return Setup(
+        config, gpu, model, fmt, step_model, fit, sched, num_blocks, dp, max_len, quant_reason
+    )
+
+
+class LevelResult(BaseModel):
+    """One load level: the shared metrics plus what only the simulator knows."""
+
+    level: float
+    metrics: LevelMetrics
+    peak_kv_usage: float = Field(description="Highest fraction of KV blocks in use")
+    preemptions: int
+    prefix_cache_hit_rate: float | None
+    steps: int
+    events: int
+    sim_seconds: float = Field(description="Wall time the simulation took")
+    contention: float | None = Field(
+        None, description="1 - per-request tok/s at this level / at concurrency 1"
+    )
+    speedup_vs_serial: float | None = Field(
+        None, description="Time to run these requests one at a time / this level's wall clock"
+    )
+    records: list[RequestRecord] | None = None
+
+
+def make_workload(config: PredictConfig, level: float) -> Workload:
+    kind = config.workload
+    trace = read_trace(Path(config.trace)) if kind == "trace" and config.trace else None
+    concurrency = int(level) if kind in ("batch", "closed", "agents") else None
+    requests = config.requests or (
+        config.default_requests(int(level)) if concurrency else max(config.requests or 200, 1)
+    )
+    w = Workload(
+        kind=kind,
+        concurrency=concurrency,
+        requests=requests,
+        input=parse_length(config.input_tokens, "--input-tokens"),
+        output=parse_length(config.output_tokens, "--output-tokens"),
+        rate=float(level) if kind == "open" else None,
+        arrival=config.arrival,
+        gamma_cv=config.gamma_cv,
+        turns=config.turns,
+        think_time=parse_length(config.think_time, "--think-time"),
+        tool_tokens=parse_length(config.tool_tokens, "--tool-tokens"),
+        orchestrator=config.orchestrator,
+        trace=trace,
+    )
+    w.validate()
+    return w
+
+
+def check_lengths(setup: Setup, workload: Workload) -> None:
+    """Reject prompts vLLM would reject: longer than max_model_len, or than the KV pool."""
+    longest = workload.max_prompt_tokens + workload.max_output_tokens
+    limit = setup.max_model_len
+    if workload.max_prompt_tokens >= limit:
+        raise CapsimUserError(
+            f"prompts of up to {workload.max_prompt_tokens:,.0f} tokens do not fit "
+            f"max_model_len {limit:,}",
+            hint="shorten --input-tokens (or --turns for agents), or raise --max-model-len "
+            "if the KV cache allows",
+        )
+    if longest > setup.num_blocks * BLOCK_SIZE_TOKENS:
+        raise CapsimUserError(
+            f"one request of up to {longest:,.0f} tokens needs more KV cache than the "
+            f"{setup.num_blocks * BLOCK_SIZE_TOKENS:,} tokens this deployment holds",
+            hint="use --kv-dtype fp8, more GPUs (--tp) or shorter requests",
+        )
+
+
+def simulate_level(
+    setup: Setup, workload: Workload, seed: int = 0, keep_records: bool = False
+) -> LevelResult:
+    """Run one level to completion and measure it."""
+    started = time.perf_counter()
+    check_lengths(setup, workload)
+    cfg = setup.config
+    env = simpy.Environment()
+    replicas = [
+        Replica(
+            env,
+            i,
+            setup.step_model,
+            setup.scheduler,
+            setup.num_blocks,
+            prefix_caching=cfg.prefix_caching,
+            fast_forward=cfg.fast_forward,
+        )
+        for i in range(setup.dp)
+    ]
+    router = Router(env, replicas, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps)
+    driver = Driver(env, router, workload, seed)
+    driver.start()
+    env.run()
+    records = [
+        RequestRecord(
+            request_id=str(r.rid),
+            send=r.send,
+            first_token=r.first_token,
+            finish=r.finish,
+            input_tokens=r.prompt_len,
+            output_tokens=r.output_len if r.finish is not None else int(r.generated),
+            first_scheduled=r.first_scheduled,
+            cached_tokens=r.cached_tokens,
+            error=None if r.finish is not None else "did not finish",
+            session_id=r.session,
+        )
+        for r in driver.requests
+    ]
+    itl_values = [v for rep in replicas for v in rep.itl_values]
+    itl_weights = [w for rep in replicas for w in rep.itl_weights]
+    values = np.concatenate(itl_values) if itl_values else np.array([])
+    weights = np.concatenate(itl_weights) if itl_weights else np.array([])
+    level = workload.concurrency if workload.concurrency is not None else workload.rate
+    metrics = level_metrics(
+        records,
+        concurrency=workload.concurrency,
+        workload=workload.kind,
+        itl_values=values.tolist() if values.size else None,
+        itl_weights=weights.tolist() if weights.size else None,
+    )
+    queried = sum(rep.scheduler.kv.query_tokens for rep in replicas)
+    hits = sum(rep.scheduler.kv.hit_tokens for rep in replicas)
+    return LevelResult(
+        level=float(level or 0),
+        metrics=metrics,
+        peak_kv_usage=max(
+            rep.scheduler.kv.peak_used / rep.scheduler.kv.num_blocks for rep in replicas
+        ),
+        preemptions=sum(rep.scheduler.preemptions for rep in replicas),
+        prefix_cache_hit_rate=hits / queried if queried else None,
+        steps=sum(rep.steps for rep in replicas),
+        events=sum(rep.events for rep in replicas),
+        sim_seconds=time.perf_counter() - started,
+        records=records if keep_records else None,
+    )
+
+
+class PredictResult(BaseModel):
+    """A sweep of levels for one configuration."""
+
+    config: PredictConfig
+    gpu: str
+    model: str
+    quant: str
+    quant_reason: str
+    replicas: int
+    kv_capacity_tokens: int
+    max_model_len: int
+    levels: list[LevelResult]
+
+
+def predict(
+    config: PredictConfig,
+    catalog: Catalog | None = None,
+    keep_records: bool = False,
+    params: EfficiencyParams | None = None,
+) -> PredictResult:
+    """Simulate every level of a configuration (concurrency levels, or rates for open)."""
+    setup = build_setup(config, catalog)
+    if params is not None:
+        setup.step_model = StepModel(
+            setup.gpu,
+            setup.model,
+            setup.fmt,
+            setup.step_model.deployment,
+            params,
+            draft=setup.step_model.draft,
+        )
+    if config.workload == "open":
+        if not config.rates:
+            raise CapsimUserError("the open workload needs --rate (one or more, comma-separated)")
+        levels: list[float] = list(config.rates)
+    elif config.workload == "trace":
+        levels = [0.0]
+    else:
+        levels = [float(c) for c in config.concurrency]
+    results = []
+    for level in levels:
+        workload = make_workload(config, level)
+        results.append(simulate_level(setup, workload, config.seed, keep_records))
+    add_relative_figures(setup, config, results)
+    return PredictResult(
+        config=config,
+        gpu=setup.gpu.name,
+        model=setup.model.name,
+        quant=setup.fmt.name,
+        quant_reason=setup.quant_reason,
+        replicas=setup.dp,
+        kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
+        max_model_len=setup.max_model_len,
+        levels=results,
+    )
+
+
+def add_relative_figures(setup: Setup, config: PredictConfig, results: list[LevelResult]):
+    """Contention vs concurrency 1 and speedup vs running the same requests serially."""
+    if config.workload not in ("batch", "closed") or not results:
+        return
+    baseline = next((r for r in results if r.level == 1), None)
+    if baseline is None:
+        n = max(config.requests or 0, 8) if config.workload == "closed" else 4
+        base_w = make_workload(config, 1)
+        base_w.requests = min(n, 16)
+        baseline = simulate_level(setup, base_w, config.seed)
+    per_request = baseline.metrics.per_request_output_tok_s.mean
+    serial_e2e = baseline.metrics.e2e_s.mean
+    for r in results:
+        m = r.metrics
+        if per_request and m.per_request_output_tok_s.mean is not None:
+            r.contention = 1.0 - m.per_request_output_tok_s.mean / per_request
+        if serial_e2e and m.wall_s:
+            r.speedup_vs_serial = serial_e2e * m.completed / m.wall_s

@@ -1,0 +1,249 @@
+"""Workloads: how clients send requests to the simulated server.
+
+* ``batch`` (batch rounds): C requests are sent at once; the round ends when the last one
+  finishes; then the next round, until ``requests`` (a multiple of C) are done. This is
+  seed 002's experiment ("four coding tasks simultaneously", wall clock until all return).
+* ``closed`` (closed stream): C requests are always in flight; when one finishes the next
+  starts at once, until ``requests`` are done. The semantics of
+  ``vllm bench serve --max-concurrency C``, GuideLLM's concurrent mode and AIPerf's
+  ``--concurrency``.
+* ``agents``: C agents, each a multi-turn conversation of ``turns`` requests. Turn t's
+  prompt is turn t-1's prompt plus its output plus ``tool_tokens`` of tool results, so the
+  prefix cache can serve everything but the new tokens; agents pause ``think_time``
+  seconds between turns. With ``orchestrator``, one orchestrator request runs first, the
+  agents fan out after it, and a final orchestrator request gathers their results (seed
+  000: one orchestrator plus 49 agents).
+* ``open``: ``requests`` arrivals at ``rate`` per second, Poisson or gamma (burstier with
+  coefficient of variation above 1), whatever the server's state.
+* ``trace``: arrival time, input and output tokens (and optional session) per request from
+  a JSONL file.
+
+A seeded numpy Generator draws every length and time, so the same seed gives the same run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import simpy
+
+from capsim.engine.lengths import LengthSpec, parse_length
+from capsim.engine.request import SimRequest
+from capsim.engine.router import Router
+from capsim.errors import CapsimUserError
+
+WorkloadKind = Literal["batch", "closed", "agents", "open", "trace"]
+WORKLOADS: tuple[str, ...] = ("batch", "closed", "agents", "open", "trace")
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    session: str | None = None
+
+
+def read_trace(path: Path) -> list[TraceEntry]:
+    """Read a JSONL trace: one object per line with arrival_time (s), input_tokens,
+    output_tokens and optionally session_id."""
+    entries = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        raise CapsimUserError(f"trace file '{path}' cannot be read") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            entries.append(
+                TraceEntry(
+                    float(obj["arrival_time"]),
+                    int(obj["input_tokens"]),
+                    int(obj["output_tokens"]),
+                    None if obj.get("session_id") is None else str(obj["session_id"]),
+                )
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CapsimUserError(
+                f"{path}:{number}: not a trace record ({exc.__class__.__name__}: {exc})",
+                hint='each line: {"arrival_time": 0.5, "input_tokens": 900, '
+                '"output_tokens": 200, "session_id": "a1"}',
+            ) from None
+    if not entries:
+        raise CapsimUserError(f"trace file '{path}' has no records")
+    return sorted(entries, key=lambda e: e.arrival)
+
+
+@dataclass
+class Workload:
+    """One load level's workload."""
+
+    kind: WorkloadKind = "closed"
+    concurrency: int | None = 1
+    requests: int = 32
+    input: LengthSpec = field(default_factory=lambda: parse_length("1024"))
+    output: LengthSpec = field(default_factory=lambda: parse_length("512"))
+    rate: float | None = None
+    arrival: Literal["poisson", "gamma"] = "poisson"
+    gamma_cv: float = 1.0
+    turns: int = 4
+    think_time: LengthSpec = field(default_factory=lambda: parse_length("0"))
+    tool_tokens: LengthSpec = field(default_factory=lambda: parse_length("256"))
+    orchestrator: bool = False
+    trace: list[TraceEntry] | None = None
+
+    def validate(self) -> None:
+        if self.kind not in WORKLOADS:
+            raise CapsimUserError(
+                f"unknown workload '{self.kind}'", hint="use one of: " + ", ".join(WORKLOADS)
+            )
+        needs_concurrency = self.kind in ("batch", "closed", "agents")
+        if needs_concurrency and (not self.concurrency or self.concurrency < 1):
+            raise CapsimUserError(f"the {self.kind} workload needs a concurrency >= 1")
+        if self.kind in ("batch", "closed", "open") and self.requests < 1:
+            raise CapsimUserError("--requests must be at least 1")
+        if self.kind == "batch" and self.requests % self.concurrency:
+            raise CapsimUserError(
+                f"--requests {self.requests} is not a multiple of concurrency {self.concurrency}",
+                hint="batch rounds send C requests at a time; use a multiple of each level",
+            )
+        if self.kind == "open" and (self.rate is None or self.rate <= 0):
+            raise CapsimUserError("the open workload needs --rate > 0 (requests per second)")
+        if self.kind == "agents" and self.turns < 1:
+            raise CapsimUserError("--turns must be at least 1")
+        if self.kind == "trace" and not self.trace:
+            raise CapsimUserError("the trace workload needs --trace FILE")
+
+    @property
+    def max_prompt_tokens(self) -> float:
+        """Longest prompt this workload can send (agents grow their context)."""
+        if self.kind == "trace":
+            return max(e.input_tokens for e in self.trace or [])
+        if self.kind == "agents":
+            per_turn = self.output.maximum + self.tool_tokens.maximum
+            return self.input.maximum + (self.turns - 1) * per_turn
+        return self.input.maximum
+
+    @property
+    def max_output_tokens(self) -> float:
+        if self.kind == "trace":
+            return max(e.output_tokens for e in self.trace or [])
+        return self.output.maximum
+
+
+class Driver:
+    """Creates the workload's requests in a SimPy environment and sends them to a router."""
+
+    def __init__(self, env: simpy.Environment, router: Router, workload: Workload, seed: int):
+        self.env = env
+        self.router = router
+        self.w = workload
+        self.rng = np.random.default_rng(seed)
+        self.requests: list[SimRequest] = []
+
+    def _send(self, prompt: int, output: int, content: object, session: str | None = None):
+        req = SimRequest(
+            self.env,
+            len(self.requests),
+            self.env.now,
+            int(prompt),
+            int(output),
+            content,
+            session,
+        )
+        self.requests.append(req)
+        self.router.submit(req)
+        return req
+
+    def start(self) -> None:
+        kind = self.w.kind
+        if kind == "batch":
+            self.env.process(self._batch())
+        elif kind == "closed":
+            n = self.w.requests
+            prompts = self.w.input.tokens(self.rng, n)
+            outputs = self.w.output.tokens(self.rng, n)
+            queue = iter(range(n))
+            for _ in range(min(self.w.concurrency, n)):
+                self.env.process(self._closed_worker(queue, prompts, outputs))
+        elif kind == "agents":
+            self.env.process(self._agents())
+        elif kind == "open":
+            self.env.process(self._open())
+        else:
+            for entry in self.w.trace or []:
+                self.env.process(self._trace_entry(entry))
+
+    def _batch(self):
+        c, n = self.w.concurrency, self.w.requests
+        prompts = self.w.input.tokens(self.rng, n)
+        outputs = self.w.output.tokens(self.rng, n)
+        for start in range(0, n, c):
+            batch = [self._send(prompts[i], outputs[i], ("r", i)) for i in range(start, start + c)]
+            yield self.env.all_of([r.done for r in batch])
+
+    def _closed_worker(self, queue, prompts, outputs):
+        for i in queue:
+            req = self._send(prompts[i], outputs[i], ("r", i))
+            yield req.done
+
+    def _agents(self):
+        w = self.w
+        if w.orchestrator:
+            first = self._send(
+                self.w.input.tokens(self.rng, 1)[0],
+                w.output.tokens(self.rng, 1)[0],
+                ("orchestrator", 0),
+                "orchestrator",
+            )
+            yield first.done
+        agents = [self.env.process(self._agent(a)) for a in range(w.concurrency)]
+        yield self.env.all_of(agents)
+        if w.orchestrator:
+            gathered = sum(r.output_len for r in self.requests[1:])
+            final = self._send(
+                min(gathered, int(w.input.maximum) * 4),
+                w.output.tokens(self.rng, 1)[0],
+                ("orchestrator", 1),
+                "orchestrator",
+            )
+            yield final.done
+
+    def _agent(self, agent: int):
+        w = self.w
+        session = f"agent-{agent}"
+        prompt = int(w.input.tokens(self.rng, 1)[0])
+        for turn in range(w.turns):
+            output = int(w.output.tokens(self.rng, 1)[0])
+            req = self._send(prompt, output, ("s", agent), session)
+            yield req.done
+            if turn + 1 < w.turns:
+                think = float(w.think_time.seconds(self.rng, 1)[0])
+                if think > 0:
+                    yield self.env.timeout(think)
+                prompt = prompt + output + int(w.tool_tokens.tokens(self.rng, 1)[0])
+
+    def _open(self):
+        w = self.w
+        n = w.requests
+        if w.arrival == "gamma":
+            shape = 1.0 / w.gamma_cv**2
+            gaps = self.rng.gamma(shape, 1.0 / (shape * w.rate), n)
+        else:
+            gaps = self.rng.exponential(1.0 / w.rate, n)
+        prompts = w.input.tokens(self.rng, n)
+        outputs = w.output.tokens(self.rng, n)
+        for i in range(n):
+            yield self.env.timeout(float(gaps[i]))
+            self._send(prompts[i], outputs[i], ("r", i))
+
+    def _trace_entry(self, entry: TraceEntry):
+        yield self.env.timeout(entry.arrival)
+        content = ("s", entry.session) if entry.session else ("r", len(self.requests))
+        self._send(entry.input_tokens, entry.output_tokens, content, entry.session)

@@ -1,0 +1,363 @@
+"""The SimPy engine: hand-computed timings and invariants of the simulated server."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capsim.catalog.loader import load_catalog
+from capsim.cli.main import app
+from capsim.cli.predict import parse_levels
+from capsim.engine.simulate import PredictConfig, build_setup, predict
+from capsim.errors import CapsimUserError
+from capsim.physics.speculative import SpecConfig
+
+CAT = load_catalog()
+BASE = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4")
+
+
+def run(**kw):
+    return predict(PredictConfig(**{**BASE, **kw}), CAT, keep_records=True)
+
+
+def test_single_request_timing_by_hand():
+    result = run(concurrency=[1], requests=1, input_tokens="1024", output_tokens="100")
+    sm = build_setup(PredictConfig(**BASE), CAT).step_model
+    prefill = sm.step(np.array([1024]), np.array([0])).t_total
+    decode = sum(sm.step(np.array([1]), np.array([1024 + j])).t_total for j in range(99))
+    (rec,) = result.levels[0].records
+    assert rec.ttft == pytest.approx(prefill, rel=1e-12)
+    assert rec.e2e == pytest.approx(prefill + decode, rel=1e-9)
+    m = result.levels[0].metrics
+    assert m.output_tok_s == pytest.approx(100 / (prefill + decode), rel=1e-9)
+    assert m.tpot_ms.mean == pytest.approx(decode / 99 * 1e3, rel=1e-9)
+
+
+def test_chunked_prefill_takes_budget_sized_steps():
+    result = run(
+        concurrency=[1],
+        requests=1,
+        input_tokens="2048",
+        output_tokens="2",
+        max_num_batched_tokens=512,
+    )
+    sm = build_setup(PredictConfig(**BASE), CAT).step_model
+    chunks = sum(sm.step(np.array([512]), np.array([512 * i])).t_total for i in range(4))
+    assert result.levels[0].records[0].ttft == pytest.approx(chunks, rel=1e-12)
+
+
+def test_tokens_are_conserved_even_with_preemption():
+    result = run(
+        concurrency=[8],
+        requests=24,
+        input_tokens="uniform:200,600",
+        output_tokens="uniform:100,400",
+        kv_capacity_tokens=16 * 120,
+        seed=3,
+    )
+    level = result.levels[0]
+    assert level.preemptions > 0
+    assert level.metrics.completed == 24
+    records = level.records
+    assert all(r.ok for r in records)
+    assert level.metrics.output_tokens == sum(r.output_tokens for r in records)
+    assert level.peak_kv_usage <= 1.0
+
+
+def test_same_seed_same_result_and_seed_matters():
+    kw = dict(concurrency=[4], requests=16, output_tokens="uniform:50,300", seed=7)
+    a, b = run(**kw), run(**kw)
+    assert a.levels[0].metrics == b.levels[0].metrics
+    c = run(**{**kw, "seed": 8})
+    assert c.levels[0].metrics.output_tokens != a.levels[0].metrics.output_tokens
+
+
+def test_batch_tail_shows_in_wall_clock():
+    kw = dict(concurrency=[4], requests=16, output_tokens="uniform:50,600", seed=1)
+    batch = run(workload="batch", **kw).levels[0].metrics
+    closed = run(workload="closed", **kw).levels[0].metrics
+    assert batch.output_tokens == closed.output_tokens
+    assert batch.wall_s > closed.wall_s
+    assert batch.output_tok_s < closed.output_tok_s
+
+
+def test_fixed_lengths_make_batch_and_closed_equal():
+    kw = dict(concurrency=[3], requests=9, output_tokens="200")
+    assert run(workload="batch", **kw).levels[0].metrics.wall_s == pytest.approx(
+        run(workload="closed", **kw).levels[0].metrics.wall_s
+    )
+
+
+def test_max_num_seqs_queues_requests():
+    level = run(concurrency=[4], requests=8, output_tokens="100", max_num_seqs=2).levels[0]
+    assert level.metrics.queueing_ms.p90 > 0
+    assert level.metrics.completed == 8
+
+
+def test_agents_hit_the_prefix_cache():
+    kw = dict(
+        workload="agents",
+        concurrency=[2],
+        turns=3,
+        input_tokens="1000",
+        output_tokens="100",
+        tool_tokens="50",
+    )
+    cached = run(**kw).levels[0]
+    uncached = run(prefix_caching=False, **kw).levels[0]
+    assert cached.prefix_cache_hit_rate > 0.5
+    assert not uncached.prefix_cache_hit_rate
+    assert cached.metrics.ttft_ms.mean < uncached.metrics.ttft_ms.mean
+    assert cached.metrics.requests == 6
+    prompts = sorted(r.input_tokens for r in cached.records)
+    assert prompts == [1000, 1000, 1150, 1150, 1300, 1300]
+
+
+def test_orchestrator_fans_out_and_in():
+    level = run(workload="agents", concurrency=[3], turns=1, orchestrator=True).levels[0]
+    assert level.metrics.requests == 5
+    sessions = [r.session_id for r in level.records]
+    assert sessions[0] == sessions[-1] == "orchestrator"
+
+
+def test_open_loop_rates():
+    slow = run(workload="open", rates=[0.5], requests=20).levels[0].metrics
+    fast = run(workload="open", rates=[20.0], requests=20).levels[0].metrics
+    assert fast.ttft_ms.p90 > slow.ttft_ms.p90
+    assert slow.completed == fast.completed == 20
+
+
+def test_trace_replay(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "\n".join(
+            json.dumps(
+                {"arrival_time": t, "input_tokens": 300, "output_tokens": 40, "session_id": None}
+            )
+            for t in (0.0, 0.1, 5.0)
+        )
+    )
+    level = run(workload="trace", trace=str(trace)).levels[0]
+    sends = sorted(r.send for r in level.records)
+    assert sends == [0.0, 0.1, 5.0]
+    (tmp_path / "bad.jsonl").write_text('{"arrival_time": 1}\n')
+    with pytest.raises(CapsimUserError, match="not a trace record"):
+        run(workload="trace", trace=str(tmp_path / "bad.jsonl"))
+
+
+def test_data_parallel_replicas_share_the_load():
+    one = run(concurrency=[8], requests=32, output_tokens="200").levels[0].metrics
+    two = run(concurrency=[8], requests=32, output_tokens="200", dp=2).levels[0].metrics
+    assert two.output_tok_s > 1.3 * one.output_tok_s
+    for router in ("least_outstanding", "prefix_aware"):
+        alt = run(concurrency=[8], requests=32, output_tokens="200", dp=2, router=router)
+        assert alt.levels[0].metrics.completed == 32
+
+
+def test_router_gateway_capacity_limits_throughput():
+    free = run(concurrency=[16], requests=64, output_tokens="20", dp=2).levels[0].metrics
+    gated = (
+        run(concurrency=[16], requests=64, output_tokens="20", dp=2, router_capacity_rps=5.0)
+        .levels[0]
+        .metrics
+    )
+    assert gated.request_throughput <= 5.0 + 1e-9 < free.request_throughput
+
+
+def test_speculative_decoding_runs_and_conserves_tokens():
+    spec = SpecConfig(method="mtp", num_tokens=2, acceptance=0.7)
+    level = predict(
+        PredictConfig(
+            gpu="rtx3090",
+            model="qwen3.5-27b",
+            quant="awq-int4",
+            tp=4,
+            kv_dtype="fp8",
+            spec=spec,
+            concurrency=[4],
+            requests=8,
+            output_tokens="300",
+        ),
+        CAT,
+    ).levels[0]
+    assert level.metrics.output_tokens == 8 * 300
+    base = predict(
+        PredictConfig(
+            gpu="rtx3090",
+            model="qwen3.5-27b",
+            quant="awq-int4",
+            tp=4,
+            kv_dtype="fp8",
+            concurrency=[4],
+            requests=8,
+            output_tokens="300",
+        ),
+        CAT,
+    ).levels[0]
+    assert level.metrics.tpot_ms.mean < base.metrics.tpot_ms.mean
+
+
+def test_contention_and_speedup():
+    result = run(concurrency=[1, 4], workload="batch", requests=8, output_tokens="300")
+    c1, c4 = result.levels
+    assert c1.contention == pytest.approx(0) and c1.speedup_vs_serial == pytest.approx(1)
+    assert 0 < c4.contention < 1 and c4.speedup_vs_serial > 1
+
+
+workloads = st.sampled_from(["closed", "batch", "open", "agents"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workload=workloads,
+    c=st.integers(1, 6),
+    seed=st.integers(0, 1000),
+    kv_blocks=st.sampled_from([None, 160, 400]),
+    seqs=st.sampled_from([2, 256]),
+    spec=st.booleans(),
+)
+def test_fast_forward_equals_step_by_step(workload, c, seed, kv_blocks, seqs, spec):
+    kw = dict(
+        gpu="rtx3090",
+        model="qwen3.5-27b" if spec else "qwen3-coder-30b-a3b",
+        quant="awq-int4",
+        tp=4 if spec else 1,
+        workload=workload,
+        concurrency=[c],
+        rates=[3.0],
+        requests=2 * c,
+        input_tokens="uniform:50,400",
+        output_tokens="uniform:20,200",
+        turns=2,
+        tool_tokens="30",
+        seed=seed,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=512,
+        kv_capacity_tokens=kv_blocks * 16 if kv_blocks else None,
+        spec=SpecConfig(method="mtp", num_tokens=2, acceptance=0.6) if spec else None,
+    )
+    fast = predict(PredictConfig(**kw), CAT, keep_records=True).levels[0]
+    slow = predict(PredictConfig(**kw, fast_forward=False), CAT, keep_records=True).levels[0]
+    for a, b in zip(fast.records, slow.records, strict=True):
+        assert a.first_token == pytest.approx(b.first_token, rel=1e-9, abs=1e-9)
+        assert a.finish == pytest.approx(b.finish, rel=1e-9, abs=1e-9)
+        assert a.output_tokens == b.output_tokens
+    assert fast.preemptions == slow.preemptions
+    assert fast.steps == slow.steps
+    assert fast.events <= slow.events
+
+
+def test_parse_levels():
+    assert parse_levels("1..8") == list(range(1, 9))
+    assert parse_levels("1,2,4,8") == [1, 2, 4, 8]
+    assert parse_levels("1..64:x2") == [1, 2, 4, 8, 16, 32, 64]
+    assert parse_levels("8..32:8,1") == [1, 8, 16, 24, 32]
+    for bad in ("", "0", "8..1", "1..8:x1", "a", "1..", "1..4:0", "-2"):
+        with pytest.raises(CapsimUserError):
+            parse_levels(bad)
+
+
+runner = CliRunner()
+
+
+def test_predict_cli_json_schema():
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "rtx3090",
+            "--model",
+            "qwen3-coder-30b-a3b",
+            "--concurrency",
+            "1..8",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    (result,) = data["results"]
+    assert result["quant"] == "awq-int4" and "does not fit" in result["quant_reason"]
+    points = result["points"]
+    assert [p["concurrency"] for p in points] == list(range(1, 9))
+    for p in points:
+        for key in ("output_tok_s", "total_tok_s", "per_request_output_tok_s"):
+            assert p[key] > 0
+        for key in ("ttft_ms", "tpot_ms", "e2e_s"):
+            assert set(p[key]) == {"mean", "p50", "p90", "p99"}
+    throughput = [p["output_tok_s"] for p in points]
+    assert throughput == sorted(throughput)
+
+
+def test_predict_cli_table_csv_plot_and_comparison(tmp_path):
+    r = runner.invoke(
+        app,
+        ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--concurrency", "1..8"],
+    )
+    assert r.exit_code == 0 and r.stdout.count("\n") > 8
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "rtx3090",
+            "--model",
+            "qwen3-coder-30b-a3b",
+            "--concurrency",
+            "1,2",
+            "--csv",
+        ],
+    )
+    assert r.exit_code == 0 and r.stdout.startswith("configuration,")
+    assert len(r.stdout.strip().splitlines()) == 3
+    png = tmp_path / "sweep.png"
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "rtx3090",
+            "--model",
+            "qwen3-coder-30b-a3b",
+            "--tp",
+            "1,2",
+            "--concurrency",
+            "1..4",
+            "--plot",
+            str(png),
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["results"]) == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--concurrency", "1..x"], "malformed --concurrency"),
+        (["--model", "llama-3.3-70b", "--quant", "bf16"], "does not fit"),
+        (["--max-model-len", "200000"], "max_model_len 200000 needs"),
+        (["--workload", "batch", "--requests", "7", "--concurrency", "2"], "multiple"),
+        (["--workload", "swarm"], "unknown workload"),
+        (["--input-tokens", "50000"], "do not fit max_model_len"),
+        (["--output-tokens", "normal:abc"], "cannot read --output-tokens"),
+        (["--workload", "open"], "--rate"),
+        (["--gpus", "3", "--tp", "2"], "multiple of --tp"),
+    ],
+)
+def test_predict_cli_errors(args, expected):
+    base = ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b"]
+    merged = base + args
+    if "--model" in args:
+        merged = ["predict", "--gpu", "rtx3090", *args]
+    r = runner.invoke(app, merged)
+    assert r.exit_code == 2, r.output
+    assert expected in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
