@@ -110,14 +110,18 @@ class Distribution(BaseModel):
     def of(cls, values: Iterable[float | None], weights: Sequence[float] | None = None):
         """Summarise values (None dropped). With weights, percentiles are weighted."""
         if weights is not None:
-            pairs = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None]
-            if not pairs:
+            if isinstance(values, np.ndarray) and isinstance(weights, np.ndarray):
+                arr, w = values.astype(float), weights.astype(float)
+            else:
+                pairs = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None]
+                arr = np.array([p[0] for p in pairs], dtype=float)
+                w = np.array([p[1] for p in pairs], dtype=float)
+            if arr.size == 0:
                 return cls(mean=None, p50=None, p90=None, p99=None, count=0)
-            arr = np.array([p[0] for p in pairs], dtype=float)
-            w = np.array([p[1] for p in pairs], dtype=float)
+            order = np.argsort(arr, kind="stable")
             return cls(
                 mean=float(np.average(arr, weights=w)),
-                **{f"p{q}": weighted_percentile(arr, w, q) for q in PERCENTILES},
+                **{f"p{q}": weighted_percentile(arr, w, q, order) for q in PERCENTILES},
                 count=round(float(w.sum())),
             )
         arr = np.array([v for v in values if v is not None], dtype=float)
@@ -147,9 +151,11 @@ class Distribution(BaseModel):
         )
 
 
-def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+def weighted_percentile(
+    values: np.ndarray, weights: np.ndarray, q: float, order: np.ndarray | None = None
+) -> float:
     """Percentile ``q`` (0-100) of values with non-negative weights (inverted CDF)."""
-    order = np.argsort(values)
+    order = np.argsort(values, kind="stable") if order is None else order
     v, w = values[order], weights[order]
     cum = np.cumsum(w)
     if cum[-1] <= 0:
@@ -185,8 +191,8 @@ def level_metrics(
     records: Sequence[RequestRecord],
     concurrency: int | None = None,
     workload: str | None = None,
-    itl_values: Sequence[float] | None = None,
-    itl_weights: Sequence[float] | None = None,
+    itl_values: Sequence[float] | np.ndarray | None = None,
+    itl_weights: Sequence[float] | np.ndarray | None = None,
 ) -> LevelMetrics:
     """Aggregate one level's requests. ITL comes from the records' chunks unless given
     (the simulator passes step durations weighted by the sequences they served)."""

@@ -107,7 +107,8 @@ class Replica:
             self.busy_time += duration
             if step.decoding:
                 self._record_itl(np.array([duration]), step.decoding)
-            sched.complete(step, env.now)
+            if sched.complete(step, env.now):
+                yield from self._let_clients_react()
 
     def _decode_run(self, m: int):
         env, sched = self.env, self.scheduler
@@ -117,7 +118,9 @@ class Replica:
         ends = np.cumsum(times)
         start = env.now
         self._wake = env.event()
-        self._cut_on_arrival = sched.can_admit_more()
+        # an arrival joins the back of the queue: it can change the schedule only if
+        # nobody waits ahead of it and there is room for another sequence
+        self._cut_on_arrival = not sched.waiting and sched.can_admit_more()
         self.events += 1
         timer = env.timeout(float(ends[-1]))
         yield timer | self._wake
@@ -133,4 +136,11 @@ class Replica:
         self.steps += done
         self.busy_time += float(ends[done - 1])
         self._record_itl(times[:done], len(running))
-        sched.advance_decode(done, env.now)
+        if sched.advance_decode(done, env.now):
+            yield from self._let_clients_react()
+
+    def _let_clients_react(self):
+        """After requests finish, let clients that send their next request at the same
+        instant (closed loops) do so before the next step is scheduled."""
+        self.events += 1
+        yield self.env.timeout(0)

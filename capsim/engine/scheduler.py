@@ -81,15 +81,32 @@ class Scheduler:
     def steady_decode(self) -> bool:
         """True when the next steps are identical decode steps until an event: every
         running request decodes, the batch fits the token budget, and no waiting request
-        could be admitted."""
+        can be admitted (none waits, the batch is at max_num_seqs, or the head of the
+        queue does not fit; during a decode run free blocks only shrink, so a head that
+        does not fit now cannot be admitted before a request finishes)."""
         if not self.running:
-            return False
-        if self.waiting and self.can_admit_more():
             return False
         width = self.config.decode_width
         if len(self.running) * width > self.config.max_num_batched_tokens:
             return False
-        return all(r.phase == DECODE for r in self.running)
+        if any(r.phase != DECODE for r in self.running):
+            return False
+        return not self.waiting or not self.can_admit_more() or self.head_blocked()
+
+    def head_blocked(self) -> bool:
+        """Whether the first waiting request could not be admitted in the next step."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens - len(self.running) * cfg.decode_width
+        if budget <= 0:
+            return True
+        req = self.waiting[0]
+        hits = 0
+        if req.computed == 0 and not req.cached_keys:
+            hits = self.kv.cached_prefix(req)
+        computed = max(req.computed, hits * cfg.block_size)
+        n = min(req.prefill_target - computed, budget)
+        need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
+        return need > self.kv.allocatable - self._evictable_among(req, hits)
 
     # ------------------------------------------------------------------ one step
 

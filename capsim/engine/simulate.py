@@ -283,8 +283,8 @@ def simulate_level(
         records,
         concurrency=workload.concurrency,
         workload=workload.kind,
-        itl_values=values.tolist() if values.size else None,
-        itl_weights=weights.tolist() if weights.size else None,
+        itl_values=values if values.size else None,
+        itl_weights=weights if weights.size else None,
     )
     queried = sum(rep.scheduler.kv.query_tokens for rep in replicas)
     hits = sum(rep.scheduler.kv.hit_tokens for rep in replicas)
