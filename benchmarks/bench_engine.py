@@ -19,8 +19,12 @@ from capsim.engine.simulate import PredictConfig, predict
 def sweep() -> None:
     cat = load_catalog()
     config = PredictConfig(
-        gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4",
-        concurrency=list(range(1, 65)), requests=1000, input_tokens="1024",
+        gpu="rtx3090",
+        model="qwen3-coder-30b-a3b",
+        quant="awq-int4",
+        concurrency=list(range(1, 65)),
+        requests=1000,
+        input_tokens="1024",
         output_tokens="512",
     )
     start = time.perf_counter()
@@ -34,9 +38,18 @@ def sweep() -> None:
 def agents() -> None:
     cat = load_catalog()
     config = PredictConfig(
-        gpu="h100-sxm", model="qwen3-coder-30b-a3b", quant="fp8", dp=8, workload="agents",
-        concurrency=[2000], turns=50, input_tokens="1024", output_tokens="uniform:64,256",
-        tool_tokens="uniform:32,128", think_time="uniform:0.5,2", router="prefix_aware",
+        gpu="h100-sxm",
+        model="qwen3-coder-30b-a3b",
+        quant="fp8",
+        dp=8,
+        workload="agents",
+        concurrency=[2000],
+        turns=50,
+        input_tokens="1024",
+        output_tokens="uniform:64,256",
+        tool_tokens="uniform:32,128",
+        think_time="uniform:0.5,2",
+        router="prefix_aware",
         max_model_len=32768,
     )
     start = time.perf_counter()
