@@ -87,7 +87,9 @@ def test_batch_tail_shows_in_wall_clock():
 
 
 def test_fixed_lengths_make_batch_and_closed_equal():
-    kw = dict(concurrency=[3], requests=9, output_tokens="200")
+    # equal only while every prompt of a round prefills in the same step; with a smaller
+    # token budget chunked prefill staggers the closed stream
+    kw = dict(concurrency=[3], requests=9, output_tokens="200", max_num_batched_tokens=8192)
     assert run(workload="batch", **kw).levels[0].metrics.wall_s == pytest.approx(
         run(workload="closed", **kw).levels[0].metrics.wall_s
     )

@@ -423,3 +423,48 @@ def test_decode_run_equals_step_by_step(case, spec_index, contexts, steps):
     run = sm.decode_run_times(c, steps)
     single = [sm.decode_step(c + j * sm.decode_advance)[0].t_total for j in range(steps)]
     assert run == pytest.approx(np.array(single), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gpu=st.sampled_from(GPUS),
+    model=st.sampled_from(MODELS),
+    batch=batches,
+    tp=st.sampled_from([1, 2]),
+)
+def test_step_time_equals_breakdown_total(gpu, model, batch, tp):
+    n, c = map(np.array, zip(*batch, strict=True))
+    g = CAT.gpu(gpu)
+    if tp > 1 and not any(
+        ic.max_gpus is None or ic.max_gpus >= tp
+        for ic in g.interconnects
+        if ic.bandwidth_gb_s_per_direction
+    ):
+        tp = 1
+    m = CAT.model(model)
+    if m.num_attention_heads % tp:
+        tp = 1
+    sm = StepModel(
+        g,
+        m,
+        CAT.quant("awq-int4" if m.dtype == "bf16" else m.dtype),
+        Deployment(tp=tp),
+        default_efficiency(g, CAT),
+    )
+    assert sm.step_time(n, c) == pytest.approx(sm.step(n, c).t_total, rel=1e-12)
+    tokens = float(n.sum())
+    assert sm.communication_scalar(tokens) == pytest.approx(
+        float(sm.communication_seconds(tokens)), rel=1e-12
+    )
+    assert sm.overhead_scalar(len(n), tokens) == pytest.approx(
+        float(sm.overhead_seconds(len(n), tokens)), rel=1e-12
+    )
+    assert sm.experts_touched_scalar(tokens) == pytest.approx(
+        float(sm.experts_touched(tokens)), rel=1e-12
+    )
+
+
+def test_eager_allreduce_launch_by_hand():
+    graphs = model_step(quant="awq-int4", tp=2).step([1], [10]).t_communication
+    eager = model_step(quant="awq-int4", tp=2, cuda_graphs=False).step([1], [10]).t_communication
+    assert eager - graphs == pytest.approx(2 * 48 * 30e-6)

@@ -370,8 +370,13 @@ def fit_cmd(
     max_model_len: Annotated[
         int | None, typer.Option("--max-model-len", help="Longest sequence (default: auto)")
     ] = None,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
-    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens")] = 8192,
+    max_num_seqs: Annotated[
+        int | None, typer.Option("--max-num-seqs", help="Default: vLLM's for the GPU")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option("--max-num-batched-tokens", help="Default: vLLM's for the GPU"),
+    ] = None,
     context: Annotated[
         int | None,
         typer.Option("--context", help="Sequence length for 'sequences that fit' (tokens)"),

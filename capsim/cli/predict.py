@@ -277,6 +277,9 @@ def predict_cmd(
         str, typer.Option("--workload", help="closed, batch, agents, open, trace")
     ] = "closed",
     requests: Annotated[int | None, typer.Option("--requests", help="Requests per level")] = None,
+    rounds: Annotated[
+        int, typer.Option("--rounds", help="Batch workload: rounds per level (default 4)")
+    ] = 4,
     input_tokens: Annotated[
         str, typer.Option("--input-tokens", help="N or uniform:A,B / normal: / lognormal:")
     ] = "1024",
@@ -291,8 +294,13 @@ def predict_cmd(
     tool_tokens: Annotated[str, typer.Option("--tool-tokens")] = "256",
     orchestrator: Annotated[bool, typer.Option("--orchestrator")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", help="JSONL trace")] = None,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
-    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens")] = 8192,
+    max_num_seqs: Annotated[
+        int | None, typer.Option("--max-num-seqs", help="Default: vLLM's for the GPU")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option("--max-num-batched-tokens", help="Default: vLLM's for the GPU"),
+    ] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
     spec: Annotated[str | None, typer.Option("--spec", help="e.g. mtp:2, ngram:4")] = None,
@@ -355,6 +363,7 @@ def predict_cmd(
             concurrency=levels,
             rates=rates,
             requests=requests,
+            batch_rounds=rounds,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             turns=turns,

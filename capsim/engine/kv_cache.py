@@ -67,7 +67,7 @@ class KVCache:
 
     def cached_prefix(self, req: SimRequest) -> int:
         """Leading full blocks of ``req``'s prompt found in the cache (not yet taken)."""
-        if not self.prefix_caching:
+        if not self.prefix_caching or not req.reusable:
             return 0
         full = (req.prompt_len - 1) // self.block_size  # keep >= 1 token to compute
         hits = 0
@@ -87,7 +87,9 @@ class KVCache:
 
     def register(self, req: SimRequest, tokens: int) -> None:
         """Publish ``req``'s full blocks covering its first ``tokens`` tokens to the cache."""
-        if not self.prefix_caching:
+        if not self.prefix_caching or not req.reusable:
+            # A stream no later request shares is never looked up again; its blocks would
+            # sit in the cache as evictable, which for allocation is the same as free.
             return
         full = tokens // self.block_size
         for i in range(len(req.cached_keys), full):

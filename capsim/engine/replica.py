@@ -98,9 +98,9 @@ class Replica:
                 # verification samples every drafted position; a prefill chunk samples one
                 prefilling = len(step.requests) - step.decoding
                 logits = step.decoding * sm.decode_width + prefilling
-            duration = sm.step(
+            duration = sm.step_time(
                 new, ctx, logits_tokens=logits, drafting_sequences=step.decoding if spec else 0
-            ).t_total
+            )
             self.events += 1
             yield env.timeout(duration)
             self.steps += 1

@@ -38,6 +38,7 @@ class SimRequest:
         "prefill_target",
         "prompt_len",
         "replica",
+        "reusable",
         "rid",
         "send",
         "session",
@@ -59,6 +60,9 @@ class SimRequest:
         self.output_len = output_len
         self.content = content  # identity of the token stream, for prefix-cache keys
         self.session = session
+        # whether a later request can share this stream's prefix (agent sessions, traces
+        # with a session id); unique prompts are never looked up again
+        self.reusable = session is not None
         self.prefill_target = prompt_len
         self.computed = 0
         self.generated = 0.0

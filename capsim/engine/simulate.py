@@ -54,6 +54,9 @@ class PredictConfig(BaseModel):
     concurrency: list[int] = Field(default_factory=lambda: [1])
     rates: list[float] = Field(default_factory=list, description="Open-loop arrival rates")
     requests: int | None = Field(None, ge=1, description="Requests per level")
+    batch_rounds: int = Field(
+        4, ge=1, description="Batch workload: rounds per level when --requests is not given"
+    )
     input_tokens: str = "1024"
     output_tokens: str = "512"
     turns: int = 4
@@ -63,8 +66,10 @@ class PredictConfig(BaseModel):
     arrival: Literal["poisson", "gamma"] = "poisson"
     gamma_cv: float = 1.0
     trace: str | None = None
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1, description="Default: vLLM's for the GPU")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Default: vLLM's for the GPU"
+    )
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     spec: SpecConfig | None = None
@@ -84,7 +89,7 @@ class PredictConfig(BaseModel):
     def default_requests(self, level: int) -> int:
         """Requests per level when --requests is not given."""
         if self.workload == "batch":
-            return 4 * level
+            return self.batch_rounds * level
         return max(8 * level, 32)
 
 
@@ -158,8 +163,8 @@ def build_setup(config: PredictConfig, catalog: Catalog | None = None) -> Setup:
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=fit.max_num_seqs,
+        max_num_batched_tokens=fit.max_num_batched_tokens,
         block_size=BLOCK_SIZE_TOKENS,
         decode_width=step_model.decode_width,
         decode_advance=step_model.decode_advance,

@@ -107,6 +107,12 @@ class EfficiencyParams(BaseModel):
     allreduce_latency_us: float = Field(
         15.0, ge=0, description="Fixed cost of one all-reduce call (NCCL launch, sync) (us)"
     )
+    allreduce_eager_launch_us: float = Field(
+        30.0,
+        ge=0,
+        description="Extra CPU cost of each all-reduce in eager mode (PyTorch dispatch and "
+        "NCCL launch; CUDA graphs capture it) (us)",
+    )
     hop_latency_nvlink_us: float = Field(2.0, ge=0, description="Per ring hop over NVLink (us)")
     hop_latency_pcie_us: float = Field(6.0, ge=0, description="Per ring hop over PCIe (us)")
     # --- power
@@ -155,6 +161,7 @@ class EfficiencyParams(BaseModel):
             "communication": [
                 "allreduce_efficiency",
                 "allreduce_latency_us",
+                "allreduce_eager_launch_us",
                 "hop_latency_nvlink_us",
                 "hop_latency_pcie_us",
             ],

@@ -56,6 +56,17 @@ DEFAULT_CONTEXT_TOKENS = 4096
 max_model_len is given (a typical agent turn: a few thousand tokens of context)."""
 
 
+def vllm_default_batch_limits(gpu: GPU) -> tuple[int, int]:
+    """vLLM's defaults for the OpenAI server: (max_num_batched_tokens, max_num_seqs).
+
+    vLLM (``EngineArgs.get_batch_defaults``) gives GPUs with at least 70 GiB that are not
+    A100s a budget of 8192 tokens and 1024 sequences, and every other GPU 2048 and 256
+    ("NOTE(Kuntai): Setting large max_num_batched_tokens for A100 reduces throughput").
+    """
+    big = gpu.memory_gb >= 70 and not gpu.name.startswith("a100")
+    return (8192, 1024) if big else (2048, 256)
+
+
 @dataclass(frozen=True)
 class RuntimeReserve:
     """Memory outside weights and KV that a serving engine holds, bytes per GPU.
@@ -293,6 +304,7 @@ class MemoryFit:
     context_tokens: int
     max_sequences: int
     max_num_seqs: int
+    max_num_batched_tokens: int
     fits: bool
     reason: str
 
@@ -315,7 +327,7 @@ def memory_fit(
     kv_dtype: str = "auto",
     gpu_memory_utilization: float = 0.9,
     max_model_len: int | None = None,
-    max_num_seqs: int = 256,
+    max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     context_tokens: int | None = None,
     enforce_eager: bool = False,
@@ -331,9 +343,9 @@ def memory_fit(
         max_model_len: longest sequence (prompt + output) in tokens; None means the model's
             maximum context capped by what one sequence's KV can hold (vLLM's
             ``--max-model-len auto``).
-        max_num_seqs: most sequences batched at once.
-        max_num_batched_tokens: token budget per step; default max(8192, max_model_len)
-            capped at 8192 when chunked prefill is on, which capsim assumes.
+        max_num_seqs: most sequences batched at once (default: vLLM's for this GPU).
+        max_num_batched_tokens: token budget per step (default: vLLM's for this GPU; see
+            vllm_default_batch_limits).
         context_tokens: sequence length for the 'sequences that fit' figure; default
             max_model_len if given, else 4096 tokens (capped by what fits).
         enforce_eager: no CUDA graphs (their memory is not reserved).
@@ -344,6 +356,8 @@ def memory_fit(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
             hint="vLLM's default is 0.9",
         )
+    default_batched, default_seqs = vllm_default_batch_limits(gpu)
+    max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
     if max_num_seqs < 1:
         raise CapsimUserError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
     check_tensor_parallel(model, tp)
@@ -356,7 +370,7 @@ def memory_fit(
         )
     if max_model_len is not None and max_model_len < 1:
         raise CapsimUserError(f"max_model_len must be at least 1, got {max_model_len}")
-    batched = max_num_batched_tokens or 8192
+    batched = default_batched if max_num_batched_tokens is None else max_num_batched_tokens
     if batched < 1:
         raise CapsimUserError(f"max_num_batched_tokens must be at least 1, got {batched}")
 
@@ -437,6 +451,7 @@ def memory_fit(
         context_tokens=int(ctx),
         max_sequences=max_sequences,
         max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
         fits=fits,
         reason=reason,
     )

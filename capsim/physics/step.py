@@ -305,6 +305,46 @@ class StepModel:
             moe.num_experts, moe.experts_per_token, tokens, self.params.moe_routing_skew
         )
 
+    def experts_touched_scalar(self, tokens: float) -> float:
+        """experts_touched for one token count, without numpy for the uniform case."""
+        moe = self.model.moe
+        if not moe:
+            return 0.0
+        if self.params.moe_routing_skew == 0.0:
+            return moe.num_experts * (
+                1.0 - (1.0 - moe.experts_per_token / moe.num_experts) ** tokens
+            )
+        return float(self.experts_touched(tokens))
+
+    def communication_scalar(self, tokens: float) -> float:
+        """communication_seconds for one token count, seconds."""
+        if self.link is None:
+            return 0.0
+        n = self.deployment.tp
+        nbytes = tokens * self.model.hidden_size * ACTIVATION_BYTES
+        p = self.params
+        fixed = (p.allreduce_latency_us + 2 * (n - 1) * self.hop_latency_us) * 1e-6
+        volume = 2.0 * (n - 1) / n * nbytes
+        per_call = fixed + volume / (
+            self.link.bandwidth_gb_s_per_direction * 1e9 * p.allreduce_efficiency
+        )
+        graphed = self.deployment.cuda_graphs and tokens <= p.cuda_graph_max_tokens
+        launch = 0.0 if graphed else p.allreduce_eager_launch_us * 1e-6
+        return self.allreduces_per_step * (per_call + launch)
+
+    def overhead_scalar(self, sequences: int, tokens: float) -> float:
+        """overhead_seconds for one step, seconds."""
+        p = self.params
+        graphed = self.deployment.cuda_graphs and tokens <= p.cuda_graph_max_tokens
+        per_layer = p.layer_overhead_graph_us if graphed else p.layer_overhead_eager_us
+        us = (
+            p.step_overhead_us
+            + p.per_sequence_overhead_us * sequences
+            + self.layers * per_layer
+            + self.moe_layers * p.moe_layer_overhead_us
+        )
+        return us * 1e-6
+
     def l2_reuse_fraction(self, touched: np.ndarray) -> np.ndarray:
         """Share of a step's routed-expert bytes served from L2 rather than DRAM.
 
@@ -332,7 +372,14 @@ class StepModel:
             self.params.allreduce_latency_us,
             self.hop_latency_us,
         )
-        return self.allreduces_per_step * per_call
+        eager = self._eager_allreduce_seconds(t)
+        return self.allreduces_per_step * per_call + eager
+
+    def _eager_allreduce_seconds(self, tokens):
+        """Launch cost of the step's all-reduces when they run outside CUDA graphs."""
+        p = self.params
+        graphed = self.deployment.cuda_graphs & (np.asarray(tokens) <= p.cuda_graph_max_tokens)
+        return np.where(graphed, 0.0, self.allreduces_per_step * p.allreduce_eager_launch_us * 1e-6)
 
     def overhead_seconds(self, sequences: float | np.ndarray, tokens: float | np.ndarray):
         """Fixed per-step, per-sequence and per-layer (launch) costs, seconds."""
@@ -385,6 +432,113 @@ class StepModel:
 
     # ------------------------------------------------------------------ the step
 
+    def _aggregate(self, new_tokens, context) -> tuple[float, int, float, float, float, float]:
+        """Sums over a step's sequences: (tokens, sequences, context+new, windowed
+        context+new, full-attention pairs, windowed pairs)."""
+        n = np.asarray(new_tokens, dtype=float)
+        c = np.asarray(context, dtype=float)
+        if n.shape != c.shape or n.ndim != 1:
+            raise ValueError("new_tokens and context must be 1-D arrays of the same length")
+        if n.size and (n.min() < 0 or c.min() < 0):
+            raise ValueError("token counts must be non-negative")
+        active = n > 0
+        n, c = n[active], c[active]
+        total = c + n
+        window = self.kv.sliding_window
+        sum_total = float(total.sum())
+        pairs = float((n * c + n * (n + 1) / 2).sum())
+        if window is None:
+            return float(n.sum()), int(n.size), sum_total, sum_total, pairs, pairs
+        windowed = float(np.minimum(total, window).sum())
+        return (
+            float(n.sum()),
+            int(n.size),
+            sum_total,
+            windowed,
+            pairs,
+            float(_pairs(c, n, window).sum()),
+        )
+
+    def _terms(
+        self,
+        tokens: float,
+        seqs: int,
+        sum_total: float,
+        sum_windowed: float,
+        pairs: float,
+        pairs_windowed: float,
+        logits: int,
+        draft_time: float,
+    ) -> dict[str, float]:
+        """Every term of one step from the sequences' sums (scalar arithmetic only)."""
+        kv = self.kv
+        touched = self.experts_touched_scalar(tokens) if tokens else 0.0
+        expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
+        if touched:
+            expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
+        dense_bytes = self.dense_weight_bytes if tokens else 0.0
+        kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
+        kv_write = tokens * kv.bytes_per_token
+        state = 2.0 * seqs * kv.state_bytes_per_sequence  # read and written once per step
+        dense_flops = tokens * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
+        expert_flops = tokens * self.expert_flops_per_token
+        attn_flops = (
+            self.pair_flops * (self.full_layers * pairs + self.sliding_layers * pairs_windowed)
+            + tokens * self.linear_flops_per_token
+        )
+        t_comm = self.communication_scalar(tokens) if tokens else 0.0
+        t_over = self.overhead_scalar(seqs, tokens) if seqs else 0.0
+        return {
+            "touched": touched,
+            "dense_bytes": dense_bytes,
+            "expert_bytes": expert_bytes,
+            "kv_read": kv_read,
+            "kv_write": kv_write,
+            "state": state,
+            "linear_flops": dense_flops + expert_flops,
+            "attn_flops": attn_flops,
+            "t_dense_mem": dense_bytes / self.dense_bw,
+            "t_dense_cmp": dense_flops / self.gemm_flops,
+            "t_exp_mem": expert_bytes / self.expert_bw,
+            "t_exp_cmp": expert_flops / self.gemm_flops,
+            "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
+            "t_att_cmp": attn_flops / self.attention_flops_rate,
+            "t_comm": t_comm,
+            "t_over": t_over,
+            "t_draft": draft_time,
+        }
+
+    @staticmethod
+    def _total(t: dict[str, float]) -> float:
+        return (
+            max(t["t_dense_mem"], t["t_dense_cmp"])
+            + max(t["t_exp_mem"], t["t_exp_cmp"])
+            + max(t["t_att_mem"], t["t_att_cmp"])
+            + t["t_comm"]
+            + t["t_over"]
+            + t["t_draft"]
+        )
+
+    def _draft_for(self, drafting_sequences: int, new_tokens, context) -> float:
+        if not drafting_sequences or self.deployment.spec is None:
+            return 0.0
+        n = np.asarray(new_tokens, dtype=float)
+        c = np.asarray(context, dtype=float)[n > 0][:drafting_sequences]
+        return self.draft_seconds(drafting_sequences, c)
+
+    def step_time(
+        self,
+        new_tokens: np.ndarray | list[int],
+        context: np.ndarray | list[float],
+        logits_tokens: int | None = None,
+        drafting_sequences: int = 0,
+    ) -> float:
+        """Duration of one engine step in seconds (what ``step`` reports as t_total)."""
+        agg = self._aggregate(new_tokens, context)
+        logits = agg[1] if logits_tokens is None else logits_tokens
+        draft = self._draft_for(drafting_sequences, new_tokens, context)
+        return self._total(self._terms(*agg, logits, draft))
+
     def step(
         self,
         new_tokens: np.ndarray | list[int],
@@ -392,7 +546,7 @@ class StepModel:
         logits_tokens: int | None = None,
         drafting_sequences: int = 0,
     ) -> StepBreakdown:
-        """Cost of one engine step.
+        """Cost of one engine step, term by term.
 
         Args:
             new_tokens: tokens each scheduled sequence processes this step.
@@ -400,114 +554,50 @@ class StepModel:
             logits_tokens: positions the lm_head runs on (default: one per sequence).
             drafting_sequences: sequences the speculative drafter proposes for this step.
         """
-        n = np.asarray(new_tokens, dtype=float)
-        c = np.asarray(context, dtype=float)
-        if n.shape != c.shape or n.ndim != 1:
-            raise ValueError("new_tokens and context must be 1-D arrays of the same length")
-        if np.any(n < 0) or np.any(c < 0):
-            raise ValueError("token counts must be non-negative")
-        seqs = int(np.count_nonzero(n))
-        tokens = float(n.sum())
+        agg = self._aggregate(new_tokens, context)
+        tokens, seqs = agg[0], agg[1]
         logits = seqs if logits_tokens is None else logits_tokens
-
-        # weights
-        touched = float(self.experts_touched(tokens)) if tokens else 0.0
-        expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
-        expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
-        dense_bytes = self.dense_weight_bytes if tokens else 0.0
-
-        # KV cache and recurrent state
-        active = n > 0
-        total = (c + n)[active]
-        kv = self.kv
-        kv_read = float(total.sum()) * kv.full_bytes_per_token
-        if kv.sliding_window is not None:
-            kv_read += (
-                float(np.minimum(total, kv.sliding_window).sum()) * kv.sliding_bytes_per_token
-            )
-        else:
-            kv_read += float(total.sum()) * kv.sliding_bytes_per_token
-        kv_write = tokens * kv.bytes_per_token
-        state = 2.0 * seqs * kv.state_bytes_per_sequence  # read and write once per step
-
-        # FLOPs
-        linear_flops = (
-            tokens * (self.dense_flops_per_token + self.expert_flops_per_token)
-            + logits * self.lm_head_flops_per_token
-        )
-        attn_flops = (
-            self.pair_flops
-            * (
-                self.full_layers * float(_pairs(c, n).sum())
-                + (
-                    self.sliding_layers * float(_pairs(c, n, kv.sliding_window).sum())
-                    if self.sliding_layers
-                    else 0.0
-                )
-            )
-            + tokens * self.linear_flops_per_token
-        )
-
-        # times
-        t_dense_mem = dense_bytes / self.dense_bw
-        dense_flops = tokens * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
-        t_dense_cmp = dense_flops / self.gemm_flops
-        t_exp_mem = expert_bytes / self.expert_bw
-        t_exp_cmp = tokens * self.expert_flops_per_token / self.gemm_flops
-        t_att_mem = (kv_read + kv_write + state) / self.kv_bw
-        t_att_cmp = attn_flops / self.attention_flops_rate
-        t_comm = float(self.communication_seconds(tokens)) if tokens else 0.0
-        t_over = float(self.overhead_seconds(seqs, tokens)) if seqs else 0.0
-        t_draft = self.draft_seconds(drafting_sequences, c[active][:drafting_sequences])
-
-        mem_parts = (t_dense_mem, t_exp_mem, t_att_mem)
-        cmp_parts = (t_dense_cmp, t_exp_cmp, t_att_cmp)
-        memory_bound = sum(m for m, f in zip(mem_parts, cmp_parts, strict=True) if m >= f)
-        compute_bound = sum(f for m, f in zip(mem_parts, cmp_parts, strict=True) if f > m)
-        total_time = (
-            sum(max(m, f) for m, f in zip(mem_parts, cmp_parts, strict=True))
-            + t_comm
-            + t_over
-            + t_draft
-        )
+        t = self._terms(*agg, logits, self._draft_for(drafting_sequences, new_tokens, context))
+        mem_parts = (t["t_dense_mem"], t["t_exp_mem"], t["t_att_mem"])
+        cmp_parts = (t["t_dense_cmp"], t["t_exp_cmp"], t["t_att_cmp"])
+        pairs = list(zip(mem_parts, cmp_parts, strict=True))
         terms = {
-            "memory": memory_bound,
-            "compute": compute_bound,
-            "communication": t_comm,
-            "overhead": t_over,
-            "drafting": t_draft,
+            "memory": sum(m for m, f in pairs if m >= f),
+            "compute": sum(f for m, f in pairs if f > m),
+            "communication": t["t_comm"],
+            "overhead": t["t_over"],
+            "drafting": t["t_draft"],
         }
-        bound = max(terms, key=terms.get)
         return StepBreakdown(
             sequences=seqs,
             tokens=int(tokens),
             logits_tokens=int(logits),
-            weight_bytes=dense_bytes,
-            expert_bytes=expert_bytes,
-            experts_touched_per_layer=touched,
-            kv_read_bytes=kv_read,
-            kv_write_bytes=kv_write,
-            state_bytes=state,
-            linear_flops=linear_flops,
-            attention_flops=attn_flops,
+            weight_bytes=t["dense_bytes"],
+            expert_bytes=t["expert_bytes"],
+            experts_touched_per_layer=t["touched"],
+            kv_read_bytes=t["kv_read"],
+            kv_write_bytes=t["kv_write"],
+            state_bytes=t["state"],
+            linear_flops=t["linear_flops"],
+            attention_flops=t["attn_flops"],
             comm_bytes=(
                 self.allreduces_per_step * tokens * self.model.hidden_size * ACTIVATION_BYTES
                 if self.link
                 else 0.0
             ),
-            t_dense_memory=t_dense_mem,
-            t_dense_compute=t_dense_cmp,
-            t_expert_memory=t_exp_mem,
-            t_expert_compute=t_exp_cmp,
-            t_attention_memory=t_att_mem,
-            t_attention_compute=t_att_cmp,
+            t_dense_memory=t["t_dense_mem"],
+            t_dense_compute=t["t_dense_cmp"],
+            t_expert_memory=t["t_exp_mem"],
+            t_expert_compute=t["t_exp_cmp"],
+            t_attention_memory=t["t_att_mem"],
+            t_attention_compute=t["t_att_cmp"],
             t_memory=sum(mem_parts),
             t_compute=sum(cmp_parts),
-            t_communication=t_comm,
-            t_overhead=t_over,
-            t_draft=t_draft,
-            t_total=total_time,
-            bound=bound,
+            t_communication=t["t_comm"],
+            t_overhead=t["t_over"],
+            t_draft=t["t_draft"],
+            t_total=self._total(t),
+            bound=max(terms, key=terms.get),
         )
 
     @property

@@ -1,0 +1,1 @@
+"""Calibration layer: published measurements as data, comparison with predictions."""

@@ -1,0 +1,89 @@
+"""Predicted vs measured for every published point.
+
+Each scenario is simulated with the workload its source measured: the same hardware,
+deployment and engine flags, the same kind of load (batch rounds or a closed stream),
+and for unknowns the assumption the dataset states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from capsim.calibration.published import PublishedDataset, Scenario
+from capsim.catalog.loader import Catalog
+from capsim.engine.simulate import PredictConfig, predict
+from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.speculative import parse_spec
+
+OUTPUT_SPREAD_SIGMA = 0.3
+"""Lognormal shape of natural-stop output lengths where a source gives only a mean."""
+
+
+@dataclass
+class ComparedPoint:
+    dataset: str
+    scenario: str
+    concurrency: int
+    metric: str
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction."""
+        return self.predicted / self.measured - 1.0
+
+
+def scenario_config(ds: PublishedDataset, sc: Scenario, levels: list[int]) -> PredictConfig:
+    """The PredictConfig that reproduces one measured scenario."""
+    w = ds.workload
+    output = w.output_tokens
+    if output is None and sc.output_mean_tokens:
+        # lognormal with the stated mean: median = mean / exp(sigma^2 / 2)
+        median = sc.output_mean_tokens / math.exp(OUTPUT_SPREAD_SIGMA**2 / 2)
+        output = f"lognormal:{median:.0f},{OUTPUT_SPREAD_SIGMA}"
+    flags = sc.flags
+    return PredictConfig(
+        gpu=sc.gpu,
+        model=sc.model,
+        quant=sc.quant,
+        tp=sc.tp,
+        dp=sc.dp,
+        interconnect=sc.interconnect,
+        kv_dtype=sc.kv_dtype,
+        workload=w.kind,
+        concurrency=levels,
+        requests=w.requests_per_level,
+        batch_rounds=w.rounds_per_level or 4,
+        input_tokens=w.input_tokens,
+        output_tokens=output or "512",
+        spec=parse_spec(sc.spec, sc.spec_acceptance) if sc.spec else None,
+        power_limit_w=sc.power_limit_w,
+        max_num_seqs=int(flags["max_num_seqs"]) if "max_num_seqs" in flags else None,
+        gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)),
+        enforce_eager=bool(flags.get("enforce_eager", False)),
+        max_num_batched_tokens=(
+            int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
+        ),
+        seed=0,
+    )
+
+
+def compare_dataset(
+    ds: PublishedDataset, catalog: Catalog, params: EfficiencyParams | None = None
+) -> list[ComparedPoint]:
+    """Simulate every scenario of a dataset and pair predictions with measurements."""
+    out: list[ComparedPoint] = []
+    for sc in ds.scenarios:
+        levels = sorted({p.concurrency for p in sc.points})
+        result = predict(scenario_config(ds, sc, levels), catalog, params=params)
+        by_level = {int(lv.level): lv.metrics for lv in result.levels}
+        for p in sc.points:
+            m = by_level[p.concurrency]
+            value = getattr(m, p.metric)
+            predicted = value.mean if hasattr(value, "mean") else value
+            out.append(
+                ComparedPoint(ds.name, sc.name, p.concurrency, p.metric, p.value, float(predicted))
+            )
+    return out

@@ -1,0 +1,99 @@
+"""Published measurements as data (calibration/published/*.yaml), and their schema.
+
+Each file is one source: its quotes, the workload it measured, what it leaves unknown,
+and scenarios (hardware, deployment, engine flags) with measured points. A point names a
+capsim metric (see capsim.metrics) and quotes the text it was read from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from capsim.catalog.loader import format_validation_error
+from capsim.catalog.schemas import Source
+from capsim.errors import CapsimUserError
+
+POINT_METRICS = ("output_tok_s", "per_request_output_tok_s", "total_tok_s", "ttft_s")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MeasuredPoint(Strict):
+    concurrency: int = Field(ge=1)
+    metric: str
+    value: float = Field(gt=0)
+    quote: str
+
+
+class Scenario(Strict):
+    name: str
+    gpu: str
+    model: str
+    quant: str
+    tp: int = 1
+    dp: int = 1
+    interconnect: str = "auto"
+    kv_dtype: str = "auto"
+    spec: str | None = None
+    spec_acceptance: float | None = None
+    power_limit_w: float | None = None
+    flags: dict[str, float | int | bool] = Field(default_factory=dict)
+    output_mean_tokens: float | None = None
+    output_note: str | None = None
+    points: list[MeasuredPoint]
+
+
+class WorkloadDescription(Strict):
+    kind: str
+    rounds_per_level: int | None = None
+    requests_per_level: int | None = None
+    input_tokens: str
+    output_tokens: str | None = None
+    quotes: list[str] = Field(default_factory=list)
+    unknowns: dict[str, str] = Field(default_factory=dict)
+
+
+class PublishedDataset(Strict):
+    name: str
+    source: Source
+    workload: WorkloadDescription
+    metric_definition: str
+    flags_quote: str | None = None
+    scenarios: list[Scenario]
+
+
+def published_dir() -> Path:
+    """calibration/published/ of the checkout (the data lives beside the package)."""
+    return Path(__file__).resolve().parent.parent.parent / "calibration" / "published"
+
+
+def load_dataset(path: Path) -> PublishedDataset:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise CapsimUserError(f"cannot read dataset '{path}': {exc}") from None
+    try:
+        return PublishedDataset.model_validate(data)
+    except ValidationError as exc:
+        raise CapsimUserError(format_validation_error(path, exc)) from None
+
+
+def load_published(paths: list[Path] | None = None) -> list[PublishedDataset]:
+    """Datasets from the given files or directories (default: calibration/published/)."""
+    targets = paths or [published_dir()]
+    files: list[Path] = []
+    for target in targets:
+        if target.is_dir():
+            files += sorted(target.glob("*.yaml"))
+        elif target.exists():
+            files.append(target)
+        else:
+            raise CapsimUserError(f"dataset '{target}' does not exist")
+    if not files:
+        raise CapsimUserError("no published datasets found", hint="pass a YAML file or folder")
+    return [load_dataset(f) for f in files]
