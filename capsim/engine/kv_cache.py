@@ -2,18 +2,46 @@
 
 Memory is a pool of fixed-size blocks (16 tokens by default). A request holds the blocks
 its tokens occupy. With prefix caching, a *full* block is identified by the content of
-the token stream up to its end; capsim keys it by (stream identity, block index), which is
-exact for append-only streams such as an agent's growing conversation. A new request
-reuses the longest run of cached leading blocks of its stream, and vLLM always recomputes
-at least the last prompt token. Blocks whose last user finished stay cached but
-evictable, and are evicted least recently used first when free blocks run out.
+the token stream up to its end. capsim keys blocks by stream (an agent's growing
+conversation, a trace session) and position, which is exact for append-only streams. A
+new request reuses the longest run of cached leading blocks of its stream, and vLLM always
+recomputes at least the last prompt token. Blocks whose last user finished stay cached but
+evictable, and are evicted when free blocks run out.
+
+Bookkeeping is per stream, not per block: every holder of a stream holds a prefix of it,
+so the reference count falls with position and a stream's evictable blocks always form a
+suffix. Eviction takes tail blocks first from the least recently released stream; vLLM
+evicts the least recently freed block first and frees a request's blocks tail first, which
+is the same order whenever a stream has one holder at a time (every capsim workload but
+traces that share a session between concurrent requests). A prompt no later request can
+share (``reusable`` false) is not published at all: an evictable block is exactly as
+allocatable as a free one.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from capsim.engine.request import SimRequest
+
+
+class Stream:
+    """Cached leading blocks of one token stream and the prefixes requests hold."""
+
+    __slots__ = ("cached", "holders")
+
+    def __init__(self) -> None:
+        self.cached = 0  # leading blocks of the stream present in the cache
+        self.holders: Counter[int] = Counter()  # held prefix length -> requests holding it
+
+    @property
+    def held(self) -> int:
+        """Blocks referenced by at least one request (a prefix of ``cached``)."""
+        return max(self.holders) if self.holders else 0
+
+    @property
+    def evictable(self) -> int:
+        return self.cached - self.held
 
 
 class KVCache:
@@ -26,8 +54,9 @@ class KVCache:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.free = num_blocks  # neither held nor cached
-        self.refs: dict[tuple, int] = {}  # cached block key -> requests holding it
-        self.evictable: OrderedDict[tuple, None] = OrderedDict()  # cached, refcount 0
+        self.streams: dict[object, Stream] = {}
+        self.lru: OrderedDict[object, None] = OrderedDict()  # streams with evictable blocks
+        self.evictable = 0
         self.peak_used = 0
         self.hit_tokens = 0
         self.query_tokens = 0
@@ -35,31 +64,47 @@ class KVCache:
     @property
     def used(self) -> int:
         """Blocks held by requests (private or shared)."""
-        return self.num_blocks - self.free - len(self.evictable)
+        return self.num_blocks - self.free - self.evictable
 
     @property
     def allocatable(self) -> int:
-        return self.free + len(self.evictable)
-
-    def usage(self) -> float:
-        return self.used / self.num_blocks
+        return self.free + self.evictable
 
     def _note_peak(self) -> None:
-        used = self.used
+        used = self.num_blocks - self.free - self.evictable
         if used > self.peak_used:
             self.peak_used = used
+
+    def _set_evictable(self, content: object, stream: Stream, before: int) -> None:
+        """Account for a change in a stream's evictable count (``before`` the change)."""
+        after = stream.evictable
+        self.evictable += after - before
+        if after > 0 and before == 0:
+            self.lru[content] = None
+        elif after == 0 and before > 0:
+            del self.lru[content]
+
+    def _evict(self, n: int) -> None:
+        while n > 0:
+            content = next(iter(self.lru))
+            stream = self.streams[content]
+            take = min(n, stream.evictable)
+            before = stream.evictable
+            stream.cached -= take
+            self.free += take
+            n -= take
+            self._set_evictable(content, stream, before)
+            if stream.cached == 0 and not stream.holders:
+                del self.streams[content]
 
     def allocate(self, req: SimRequest, n: int) -> bool:
         """Give ``req`` ``n`` more private blocks, evicting cached ones if needed."""
         if n <= 0:
             return True
-        if n > self.allocatable:
+        if n > self.free + self.evictable:
             return False
-        short = n - self.free
-        for _ in range(max(short, 0)):
-            key, _ = self.evictable.popitem(last=False)
-            del self.refs[key]
-            self.free += 1
+        if n > self.free:
+            self._evict(n - self.free)
         self.free -= n
         req.blocks += n
         self._note_peak()
@@ -69,43 +114,67 @@ class KVCache:
         """Leading full blocks of ``req``'s prompt found in the cache (not yet taken)."""
         if not self.prefix_caching or not req.reusable:
             return 0
+        stream = self.streams.get(req.content)
+        if stream is None:
+            return 0
         full = (req.prompt_len - 1) // self.block_size  # keep >= 1 token to compute
-        hits = 0
-        while hits < full and (req.content, hits) in self.refs:
-            hits += 1
-        return hits
+        return min(stream.cached, full)
+
+    def evictable_among(self, req: SimRequest, hits: int) -> int:
+        """How many of the first ``hits`` blocks of ``req``'s stream are evictable now."""
+        if hits == 0:
+            return 0
+        return max(0, hits - self.streams[req.content].held)
 
     def take_prefix(self, req: SimRequest, hits: int) -> None:
         """Reference ``hits`` cached leading blocks for ``req``."""
-        for i in range(hits):
-            key = (req.content, i)
-            if self.refs[key] == 0:
-                del self.evictable[key]
-            self.refs[key] += 1
-            req.cached_keys.append(key)
+        if hits == 0:
+            return
+        stream = self.streams[req.content]
+        before = stream.evictable
+        stream.holders[hits] += 1
+        req.cached_len = hits
+        self._set_evictable(req.content, stream, before)
         self._note_peak()
 
-    def register(self, req: SimRequest, tokens: int) -> None:
-        """Publish ``req``'s full blocks covering its first ``tokens`` tokens to the cache."""
+    def register(self, req: SimRequest, tokens: float) -> None:
+        """Publish ``req``'s full blocks covering its first ``tokens`` tokens."""
         if not self.prefix_caching or not req.reusable:
-            # A stream no later request shares is never looked up again; its blocks would
-            # sit in the cache as evictable, which for allocation is the same as free.
             return
-        full = tokens // self.block_size
-        for i in range(len(req.cached_keys), full):
-            key = (req.content, i)
-            if key in self.refs or req.blocks == 0:
-                break  # another request already published it, or nothing private left
-            self.refs[key] = 1
-            req.blocks -= 1
-            req.cached_keys.append(key)
+        full = int(tokens) // self.block_size
+        stream = self.streams.get(req.content)
+        if stream is None:
+            stream = self.streams[req.content] = Stream()
+        have = req.cached_len
+        if stream.cached != have or full <= have:
+            return  # another request extended this stream, or nothing new is full
+        grow = min(full - have, req.blocks)
+        if grow <= 0:
+            return
+        before = stream.evictable
+        if have:
+            stream.holders[have] -= 1
+            if not stream.holders[have]:
+                del stream.holders[have]
+        stream.holders[have + grow] += 1
+        stream.cached += grow
+        req.blocks -= grow
+        req.cached_len = have + grow
+        self._set_evictable(req.content, stream, before)
 
     def release(self, req: SimRequest) -> None:
-        """Free ``req``'s private blocks; its cached blocks become evictable at refcount 0."""
+        """Free ``req``'s private blocks; its cached blocks become evictable when no other
+        request holds them."""
         self.free += req.blocks
         req.blocks = 0
-        for key in reversed(req.cached_keys):
-            self.refs[key] -= 1
-            if self.refs[key] == 0:
-                self.evictable[key] = None
-        req.cached_keys = []
+        held = req.cached_len
+        if held:
+            stream = self.streams[req.content]
+            before = stream.evictable
+            stream.holders[held] -= 1
+            if not stream.holders[held]:
+                del stream.holders[held]
+            req.cached_len = 0
+            self._set_evictable(req.content, stream, before)
+            if stream.evictable:
+                self.lru.move_to_end(req.content)  # most recently released

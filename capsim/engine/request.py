@@ -22,7 +22,7 @@ class SimRequest:
 
     __slots__ = (
         "blocks",
-        "cached_keys",
+        "cached_len",
         "cached_tokens",
         "computed",
         "content",
@@ -68,7 +68,7 @@ class SimRequest:
         self.generated = 0.0
         self.kv_tokens = 0.0
         self.blocks = 0  # blocks held privately (not shared through the prefix cache)
-        self.cached_keys: list = []  # prefix-cache keys this request holds a reference to
+        self.cached_len = 0  # leading blocks of its stream held through the prefix cache
         self.cached_tokens = 0
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
@@ -80,7 +80,7 @@ class SimRequest:
 
     @property
     def total_blocks(self) -> int:
-        return self.blocks + len(self.cached_keys)
+        return self.blocks + self.cached_len
 
     def blocks_for(self, tokens: float, block_size: int) -> int:
         """Blocks needed to hold ``tokens`` tokens of KV."""

@@ -101,12 +101,12 @@ class Scheduler:
             return True
         req = self.waiting[0]
         hits = 0
-        if req.computed == 0 and not req.cached_keys:
+        if req.computed == 0 and not req.cached_len:
             hits = self.kv.cached_prefix(req)
         computed = max(req.computed, hits * cfg.block_size)
         n = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-        return need > self.kv.allocatable - self._evictable_among(req, hits)
+        return need > self.kv.allocatable - self.kv.evictable_among(req, hits)
 
     # ------------------------------------------------------------------ one step
 
@@ -128,47 +128,52 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         step = ScheduledStep()
         preempted = False
+        running = self.running
+        kv = self.kv
+        bs = cfg.block_size
+        width = cfg.decode_width
+        requests, new_tokens, contexts = step.requests, step.new_tokens, step.context
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if req.phase == PREFILL:
-                n = min(req.prefill_target - req.computed, budget)
-                after = req.computed + n
-                context = float(req.computed)
-            else:
-                n = cfg.decode_width
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if req.phase == DECODE:
+                n = width
                 if n > budget:
                     break
-                after = req.kv_tokens + n
                 context = req.kv_tokens
-            need = self._blocks_needed(req, after)
-            while not self.kv.allocate(req, need):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
+                after = context + n
             else:
-                step.requests.append(req)
-                step.new_tokens.append(n)
-                step.context.append(context)
-                if req.phase == DECODE:
-                    step.decoding += 1
-                budget -= n
-                i += 1
-                continue
-            break  # the request itself was preempted: it was the last one running
+                n = min(req.prefill_target - req.computed, budget)
+                context = float(req.computed)
+                after = req.computed + n
+            need = -(-after // bs) - req.blocks - req.cached_len  # ceil division
+            if need > 0 and not kv.allocate(req, int(need)):
+                while True:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req or kv.allocate(req, int(need)):
+                        break
+                if victim is req:
+                    break  # the request itself was preempted: it was the last one running
+            requests.append(req)
+            new_tokens.append(n)
+            contexts.append(context)
+            if req.phase == DECODE:
+                step.decoding += 1
+            budget -= n
+            i += 1
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
                 hits = 0
-                if req.computed == 0 and not req.cached_keys:
+                if req.computed == 0 and not req.cached_len:
                     hits = self.kv.cached_prefix(req)
                     self.kv.query_tokens += req.prompt_len
                 computed = max(req.computed, hits * cfg.block_size)
                 n = min(req.prefill_target - computed, budget)
                 need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-                if need > self.kv.allocatable - self._evictable_among(req, hits):
+                if need > self.kv.allocatable - self.kv.evictable_among(req, hits):
                     break
                 self.kv.take_prefix(req, hits)
                 self.kv.allocate(req, need)
@@ -187,17 +192,15 @@ class Scheduler:
                 budget -= n
         return step
 
-    def _evictable_among(self, req: SimRequest, hits: int) -> int:
-        """How many of the ``hits`` prefix blocks are evictable now (taking them removes
-        them from the evictable pool)."""
-        return sum(1 for i in range(hits) if self.kv.refs.get((req.content, i)) == 0)
-
     def complete(self, step: ScheduledStep, now: float) -> list[SimRequest]:
         """Apply a finished step; return the requests that finished."""
-        cfg = self.config
+        adv = self.config.decode_advance
         finished: list[SimRequest] = []
         for req, n in zip(step.requests, step.new_tokens, strict=True):
-            if req.phase == PREFILL:
+            if req.phase == DECODE:
+                req.kv_tokens += adv
+                req.generated += adv
+            else:
                 req.computed += n
                 if req.computed < req.prefill_target:
                     continue
@@ -207,9 +210,6 @@ class Scheduler:
                 if req.first_token is None:
                     req.first_token = now
                 self.kv.register(req, req.prefill_target)
-            else:
-                req.kv_tokens += cfg.decode_advance
-                req.generated += cfg.decode_advance
             if req.generated >= req.output_len - FINISH_TOLERANCE:
                 finished.append(req)
         for req in finished:
