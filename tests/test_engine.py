@@ -363,3 +363,10 @@ def test_predict_cli_errors(args, expected):
     assert r.exit_code == 2, r.output
     assert expected in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_parallel_levels_give_the_same_results():
+    cfg = PredictConfig(**BASE, concurrency=[1, 3], requests=12, output_tokens="uniform:20,80")
+    serial = predict(cfg, CAT, workers=1)
+    parallel = predict(cfg, CAT, workers=2)
+    assert [lv.metrics for lv in serial.levels] == [lv.metrics for lv in parallel.levels]

@@ -90,13 +90,12 @@ class Replica:
                 yield self._wake
                 self._wake = None
                 continue
-            new = np.asarray(step.new_tokens, dtype=float)
-            ctx = np.asarray(step.context, dtype=float)
+            new, ctx = step.new_tokens, step.context
             spec = sm.deployment.spec is not None
             logits = None
             if spec:
                 # verification samples every drafted position; a prefill chunk samples one
-                prefilling = len(step.requests) - step.decoding
+                prefilling = step.count - step.decoding
                 logits = step.decoding * sm.decode_width + prefilling
             duration = sm.step_time(
                 new, ctx, logits_tokens=logits, drafting_sequences=step.decoding if spec else 0
@@ -113,7 +112,7 @@ class Replica:
     def _decode_run(self, m: int):
         env, sched = self.env, self.scheduler
         running = sched.running
-        context = np.array([r.kv_tokens for r in running])
+        context = sched.decode_contexts()
         times = self.step_model.decode_run_times(context, m)
         ends = np.cumsum(times)
         start = env.now

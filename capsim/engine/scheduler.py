@@ -27,6 +27,10 @@ import numpy as np
 from capsim.engine.kv_cache import KVCache
 from capsim.engine.request import DECODE, DONE, PREFILL, WAITING, SimRequest
 
+SMALL_BATCH = 8
+"""Up to this many running requests, the per-request loop is faster than numpy's fixed
+cost per call; both paths schedule identically (tested)."""
+
 FINISH_TOLERANCE = 1e-9
 """Fractional token progress (speculative decoding) within this of the output length
 counts as finished, so step-by-step and fast-forwarded runs agree despite rounding."""
@@ -45,20 +49,35 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledStep:
-    """What one step runs."""
+    """What one step runs: token counts and contexts in running order, then admissions."""
 
-    requests: list[SimRequest] = field(default_factory=list)
-    new_tokens: list[int] = field(default_factory=list)
-    context: list[float] = field(default_factory=list)
-    decoding: int = 0  # how many of the requests are decoding
+    new_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    context: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    decode_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    prefills: list[tuple[SimRequest, int, int]] = field(default_factory=list)  # req, n, row
+
+    @property
+    def decoding(self) -> int:
+        return int(self.decode_rows.size)
+
+    @property
+    def count(self) -> int:
+        return int(self.new_tokens.size)
 
     @property
     def empty(self) -> bool:
-        return not self.requests
+        return self.count == 0
 
 
 class Scheduler:
-    """Waiting queue, running list and KV cache of one replica."""
+    """Waiting queue, running list and KV cache of one replica.
+
+    Decode state (tokens in KV, tokens generated, output length, blocks held) lives in
+    numpy arrays parallel to ``running``, so a step costs a few vector operations however
+    many sequences run. The request objects' ``kv_tokens`` and ``generated`` are brought
+    up to date when a request leaves the running list (finish, preemption) or before the
+    order-dependent slow path runs.
+    """
 
     def __init__(self, config: SchedulerConfig, kv: KVCache):
         self.config = config
@@ -67,6 +86,60 @@ class Scheduler:
         self.running: list[SimRequest] = []
         self.preemptions = 0
         self.finished: list[SimRequest] = []
+        cap = config.max_num_seqs + 1
+        self._kv = np.zeros(cap)
+        self._gen = np.zeros(cap)
+        self._out = np.zeros(cap)
+        self._blocks = np.zeros(cap)
+        self._dec = np.zeros(cap, dtype=bool)
+        self._computed = np.zeros(cap)
+        self._target = np.zeros(cap)
+
+    # ------------------------------------------------------------------ state sync
+
+    def _load_row(self, i: int, req: SimRequest) -> None:
+        self._kv[i] = req.kv_tokens
+        self._gen[i] = req.generated
+        self._out[i] = req.output_len
+        self._blocks[i] = req.total_blocks
+        self._dec[i] = req.phase == DECODE
+        self._computed[i] = req.computed
+        self._target[i] = req.prefill_target
+
+    def _store_rows(self) -> None:
+        """Copy decode progress back into the request objects."""
+        for i, req in enumerate(self.running):
+            if self._dec[i]:
+                req.kv_tokens = float(self._kv[i])
+                req.generated = float(self._gen[i])
+
+    def _load_rows(self) -> None:
+        for i, req in enumerate(self.running):
+            self._load_row(i, req)
+
+    def _append(self, req: SimRequest) -> int:
+        row = len(self.running)
+        self.running.append(req)
+        self._load_row(row, req)
+        return row
+
+    def _remove(self, row: int) -> None:
+        self.running.pop(row)
+        end = len(self.running)
+        for arr in (
+            self._kv,
+            self._gen,
+            self._out,
+            self._blocks,
+            self._dec,
+            self._computed,
+            self._target,
+        ):
+            arr[row:end] = arr[row + 1 : end + 1]
+
+    def decode_contexts(self) -> np.ndarray:
+        """Tokens in KV of each running request (all decoding), in running order."""
+        return self._kv[: len(self.running)].copy()
 
     # ------------------------------------------------------------------ queries
 
@@ -84,12 +157,12 @@ class Scheduler:
         can be admitted (none waits, the batch is at max_num_seqs, or the head of the
         queue does not fit; during a decode run free blocks only shrink, so a head that
         does not fit now cannot be admitted before a request finishes)."""
-        if not self.running:
+        n = len(self.running)
+        if not n:
             return False
-        width = self.config.decode_width
-        if len(self.running) * width > self.config.max_num_batched_tokens:
+        if n * self.config.decode_width > self.config.max_num_batched_tokens:
             return False
-        if any(r.phase != DECODE for r in self.running):
+        if not self._dec[:n].all():
             return False
         return not self.waiting or not self.can_admit_more() or self.head_blocked()
 
@@ -110,9 +183,6 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
 
-    def _blocks_needed(self, req: SimRequest, tokens_after: float) -> int:
-        return math.ceil(tokens_after / self.config.block_size) - req.total_blocks
-
     def _preempt(self, victim: SimRequest) -> None:
         self.kv.release(victim)
         victim.phase = WAITING
@@ -123,16 +193,36 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(victim)
 
-    def schedule(self, now: float) -> ScheduledStep:
+    def _grant_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens each running request gets this step (vLLM's in-order budget loop, in
+        vector form), the context before them, and the blocks each then needs."""
+        cfg = self.config
+        n = len(self.running)
+        dec = self._dec[:n]
+        width = cfg.decode_width
+        remaining = self._target[:n] - self._computed[:n]
+        want = np.where(dec, width, remaining)
+        before = np.cumsum(want) - want
+        grant = np.clip(cfg.max_num_batched_tokens - before, 0, want)
+        # a decode that cannot get all its tokens stops the loop, as does an empty budget
+        stop = np.flatnonzero((dec & (grant < width)) | (grant <= 0))
+        if stop.size:
+            grant[stop[0] :] = 0
+        context = np.where(dec, self._kv[:n], self._computed[:n])
+        need = np.where(
+            grant > 0, np.ceil((context + grant) / cfg.block_size) - self._blocks[:n], 0
+        )
+        return grant, context, need
+
+    def _schedule_running_slow(self, step_parts: list) -> bool:
+        """vLLM's loop over running requests one by one, preempting the newest request
+        when the KV cache cannot hold a request's tokens. Used for small batches and when
+        the vector path finds the KV cache short. Returns whether it preempted."""
+        self._store_rows()
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        step = ScheduledStep()
+        running, kv, bs, width = self.running, self.kv, cfg.block_size, cfg.decode_width
         preempted = False
-        running = self.running
-        kv = self.kv
-        bs = cfg.block_size
-        width = cfg.decode_width
-        requests, new_tokens, contexts = step.requests, step.new_tokens, step.context
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -141,12 +231,11 @@ class Scheduler:
                 if n > budget:
                     break
                 context = req.kv_tokens
-                after = context + n
             else:
                 n = min(req.prefill_target - req.computed, budget)
                 context = float(req.computed)
-                after = req.computed + n
-            need = -(-after // bs) - req.blocks - req.cached_len  # ceil division
+            need = -(-(context + n) // bs) - req.total_blocks
+            victim = None
             if need > 0 and not kv.allocate(req, int(need)):
                 while True:
                     victim = running.pop()
@@ -155,94 +244,136 @@ class Scheduler:
                     if victim is req or kv.allocate(req, int(need)):
                         break
                 if victim is req:
-                    break  # the request itself was preempted: it was the last one running
-            requests.append(req)
-            new_tokens.append(n)
-            contexts.append(context)
-            if req.phase == DECODE:
-                step.decoding += 1
+                    break
+            step_parts.append((req, n, context, i))
             budget -= n
             i += 1
+        self._load_rows()
+        return preempted
+
+    def schedule(self, now: float) -> ScheduledStep:
+        cfg = self.config
+        kv = self.kv
+        n_running = len(self.running)
+        preempted = False
+        rows = np.zeros(0, dtype=np.int64)
+        grant = context = np.zeros(0)
+        slow_parts: list[tuple[SimRequest, int, float, int]] = []
+        if 0 < n_running <= SMALL_BATCH:
+            preempted = self._schedule_running_slow(slow_parts)
+        elif n_running:
+            grant, context, need = self._grant_running()
+            positive = np.flatnonzero(need > 0)
+            if float(need[positive].sum()) <= kv.allocatable:
+                for row in positive:
+                    k = int(need[row])
+                    kv.allocate(self.running[row], k)
+                    self._blocks[row] += k
+                rows = np.flatnonzero(grant > 0)
+            else:
+                preempted = self._schedule_running_slow(slow_parts)
+        step = ScheduledStep()
+        if slow_parts:
+            rows = np.array([p[3] for p in slow_parts], dtype=np.int64)
+            grant_sel = np.array([p[1] for p in slow_parts], dtype=float)
+            context_sel = np.array([p[2] for p in slow_parts], dtype=float)
+        else:
+            grant_sel = grant[rows]
+            context_sel = context[rows]
+        decoding = self._dec[rows]
+        step.decode_rows = rows[decoding]
+        step.prefills = [
+            (self.running[row], int(n), int(row))
+            for row, n, is_decode in zip(rows, grant_sel, decoding, strict=True)
+            if not is_decode
+        ]
+        budget = cfg.max_num_batched_tokens - int(grant_sel.sum())
+        new_tokens = list(grant_sel)
+        contexts = list(context_sel)
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
                 hits = 0
                 if req.computed == 0 and not req.cached_len:
-                    hits = self.kv.cached_prefix(req)
-                    self.kv.query_tokens += req.prompt_len
+                    hits = kv.cached_prefix(req)
+                    kv.query_tokens += req.prompt_len
                 computed = max(req.computed, hits * cfg.block_size)
                 n = min(req.prefill_target - computed, budget)
                 need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-                if need > self.kv.allocatable - self.kv.evictable_among(req, hits):
+                if need > kv.allocatable - kv.evictable_among(req, hits):
                     break
-                self.kv.take_prefix(req, hits)
-                self.kv.allocate(req, need)
+                kv.take_prefix(req, hits)
+                kv.allocate(req, need)
                 if hits:
                     req.cached_tokens = hits * cfg.block_size
-                    self.kv.hit_tokens += req.cached_tokens
+                    kv.hit_tokens += req.cached_tokens
                 req.computed = computed
                 self.waiting.popleft()
-                self.running.append(req)
                 req.phase = PREFILL
                 if req.first_scheduled is None:
                     req.first_scheduled = now
-                step.requests.append(req)
-                step.new_tokens.append(n)
-                step.context.append(float(computed))
+                row = self._append(req)
+                step.prefills.append((req, n, row))
+                new_tokens.append(n)
+                contexts.append(float(computed))
                 budget -= n
+        step.new_tokens = np.asarray(new_tokens, dtype=float)
+        step.context = np.asarray(contexts, dtype=float)
         return step
 
     def complete(self, step: ScheduledStep, now: float) -> list[SimRequest]:
         """Apply a finished step; return the requests that finished."""
         adv = self.config.decode_advance
-        finished: list[SimRequest] = []
-        for req, n in zip(step.requests, step.new_tokens, strict=True):
-            if req.phase == DECODE:
-                req.kv_tokens += adv
-                req.generated += adv
-            else:
-                req.computed += n
-                if req.computed < req.prefill_target:
-                    continue
-                req.phase = DECODE
-                req.kv_tokens = float(req.prefill_target)
-                req.generated += 1.0
-                if req.first_token is None:
-                    req.first_token = now
-                self.kv.register(req, req.prefill_target)
-            if req.generated >= req.output_len - FINISH_TOLERANCE:
-                finished.append(req)
-        for req in finished:
-            self._finish(req, now)
+        rows = step.decode_rows
+        if rows.size:
+            self._kv[rows] += adv
+            self._gen[rows] += adv
+        for req, n, row in step.prefills:
+            req.computed += n
+            self._computed[row] = req.computed
+            if req.computed < req.prefill_target:
+                continue
+            req.phase = DECODE
+            req.kv_tokens = float(req.prefill_target)
+            req.generated += 1.0
+            if req.first_token is None:
+                req.first_token = now
+            self.kv.register(req, req.prefill_target)
+            self._load_row(row, req)
+        return self._finish_done(now)
+
+    def _finish_done(self, now: float) -> list[SimRequest]:
+        n = len(self.running)
+        done = np.flatnonzero(self._dec[:n] & (self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE))
+        finished = [self.running[row] for row in done]
+        for row in done[::-1]:
+            self._finish(int(row), now)
         return finished
 
     def advance_decode(self, steps: int, now: float) -> list[SimRequest]:
         """Apply ``steps`` identical decode steps to every running request at once."""
         cfg = self.config
+        n = len(self.running)
         gain = steps * cfg.decode_advance
-        finished = []
-        for req in self.running:
-            req.kv_tokens += gain
-            req.generated += gain
-            need = self._blocks_needed(req, req.kv_tokens - cfg.decode_advance + cfg.decode_width)
-            if need > 0:
-                ok = self.kv.allocate(req, need)
-                assert ok, "decode run exceeded the KV blocks it was sized for"
-            if req.generated >= req.output_len - FINISH_TOLERANCE:
-                finished.append(req)
-        for req in finished:
-            self._finish(req, now)
-        return finished
+        self._kv[:n] += gain
+        self._gen[:n] += gain
+        last_step_end = self._kv[:n] - cfg.decode_advance + cfg.decode_width
+        need = np.ceil(last_step_end / cfg.block_size) - self._blocks[:n]
+        for row in np.flatnonzero(need > 0):
+            ok = self.kv.allocate(self.running[row], int(need[row]))
+            assert ok, "decode run exceeded the KV blocks it was sized for"
+            self._blocks[row] += need[row]
+        return self._finish_done(now)
 
     def run_length(self) -> int:
         """Most identical decode steps before a request finishes or blocks run out."""
         cfg = self.config
+        n = len(self.running)
         adv, width, bs = cfg.decode_advance, cfg.decode_width, cfg.block_size
-        remaining = np.array([r.output_len - r.generated for r in self.running])
-        m_finish = int(np.min(np.ceil((remaining - FINISH_TOLERANCE) / adv)))
-        m_finish = max(m_finish, 1)
-        kv_now = np.array([r.kv_tokens for r in self.running])
-        held = np.array([r.total_blocks for r in self.running])
+        remaining = self._out[:n] - self._gen[:n]
+        m_finish = max(int(np.min(np.ceil((remaining - FINISH_TOLERANCE) / adv))), 1)
+        kv_now = self._kv[:n]
+        held = self._blocks[:n]
         free = self.kv.allocatable
 
         def blocks_for(m: int) -> int:
@@ -260,13 +391,15 @@ class Scheduler:
                 hi = mid
         return lo
 
-    def _finish(self, req: SimRequest, now: float) -> None:
+    def _finish(self, row: int, now: float) -> None:
+        req = self.running[row]
+        req.kv_tokens = float(self._kv[row])
         req.generated = float(req.output_len)
         req.finish = now
         req.phase = DONE
         self.kv.register(req, req.prompt_len + req.output_len - 1)
         self.kv.release(req)
-        self.running.remove(req)
+        self._remove(row)
         self.finished.append(req)
         req.done.succeed()
 

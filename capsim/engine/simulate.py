@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -322,13 +324,54 @@ class PredictResult(BaseModel):
     levels: list[LevelResult]
 
 
+PARALLEL_MIN_REQUESTS = 20_000
+"""A sweep with at least this many requests in all runs its levels in parallel processes
+(below it, starting processes costs more than it saves)."""
+
+
+def resolve_workers(workers: int | None, levels: int, total_requests: int) -> int:
+    """How many processes to use: ``workers`` if given, else all cores for big sweeps."""
+    if workers is not None:
+        return max(1, min(workers, levels))
+    if levels < 2 or total_requests < PARALLEL_MIN_REQUESTS:
+        return 1
+    return max(1, min(os.cpu_count() or 1, levels))
+
+
+def catalog_dirs(catalog: Catalog | None) -> list[Path] | None:
+    """The user directories of a catalog (the built-in one is found again in a worker)."""
+    if catalog is None:
+        return None
+    return catalog.directories[1:]
+
+
+def _simulate_in_worker(args) -> LevelResult:
+    config, extra_dirs, params, workload, keep_records = args
+    setup = build_setup(config, load_catalog(extra_dirs))
+    if params is not None:
+        setup.step_model = StepModel(
+            setup.gpu,
+            setup.model,
+            setup.fmt,
+            setup.step_model.deployment,
+            params,
+            draft=setup.step_model.draft,
+        )
+    return simulate_level(setup, workload, config.seed, keep_records)
+
+
 def predict(
     config: PredictConfig,
     catalog: Catalog | None = None,
     keep_records: bool = False,
     params: EfficiencyParams | None = None,
+    workers: int | None = None,
 ) -> PredictResult:
-    """Simulate every level of a configuration (concurrency levels, or rates for open)."""
+    """Simulate every level of a configuration (concurrency levels, or rates for open).
+
+    Levels are independent simulations; big sweeps run them in parallel processes
+    (``workers``: None = automatic, 1 = in this process). Results do not depend on it.
+    """
     setup = build_setup(config, catalog)
     if params is not None:
         setup.step_model = StepModel(
@@ -347,10 +390,23 @@ def predict(
         levels = [0.0]
     else:
         levels = [float(c) for c in config.concurrency]
-    results = []
-    for level in levels:
-        workload = make_workload(config, level)
-        results.append(simulate_level(setup, workload, config.seed, keep_records))
+    workloads = [make_workload(config, level) for level in levels]
+    for w in workloads:
+        check_lengths(setup, w)
+    total_requests = sum(
+        w.requests if w.kind != "agents" else w.concurrency * w.turns for w in workloads
+    )
+    jobs = resolve_workers(workers, len(workloads), total_requests)
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(
+                pool.map(
+                    _simulate_in_worker,
+                    [(config, catalog_dirs(catalog), params, w, keep_records) for w in workloads],
+                )
+            )
+    else:
+        results = [simulate_level(setup, w, config.seed, keep_records) for w in workloads]
     add_relative_figures(setup, config, results)
     return PredictResult(
         config=config,
