@@ -108,7 +108,8 @@ def test_accounting_invariants(ops):
         private = sum(r.blocks for r in live)
         cached = sum(s.cached for s in kv.streams.values())
         assert private + cached + kv.free == kv.num_blocks
-        assert held <= kv.num_blocks
+        # shared prefixes count once in the pool but once per holder in ``held``
+        assert held >= kv.used
     for r in live:
         kv.release(r)
     assert kv.free + kv.evictable == kv.num_blocks
