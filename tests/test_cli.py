@@ -210,3 +210,14 @@ def test_explain_errors(args, expected):
     r = invoke("explain", *flat)
     assert r.exit_code == 2, r.output
     assert expected in r.stderr
+
+
+def test_validate_reports_every_published_point():
+    r = invoke("validate", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data["points"]) >= 24
+    assert all(p["predicted"] > 0 for p in data["points"])
+    assert 0 < data["mape_percent"] < 100
+    r = invoke("validate", "nowhere.yaml")
+    assert r.exit_code == 2 and "does not exist" in r.stderr

@@ -39,11 +39,15 @@ def wheel(tmp_path_factory) -> Path:
     return path
 
 
-def test_wheel_contains_every_catalog_file(wheel):
+def test_wheel_contains_every_catalog_and_calibration_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for yaml_file in (ROOT / "hardware_db").rglob("*.yaml"):
         rel = yaml_file.relative_to(ROOT / "hardware_db")
         assert f"capsim/hardware_db/{rel.as_posix()}" in names, rel
+    for data_file in (ROOT / "calibration").rglob("*.yaml"):
+        rel = data_file.relative_to(ROOT / "calibration")
+        assert f"capsim/calibration_data/{rel.as_posix()}" in names, rel
+    assert "capsim/engine/simulate.py" in names
 
 
 def test_installed_wheel_loads_its_own_catalog(wheel, tmp_path):
@@ -64,8 +68,9 @@ def test_installed_wheel_loads_its_own_catalog(wheel, tmp_path):
         capture_output=True,
     )
     code = (
-        "import capsim, capsim.catalog.loader as l; "
-        "print(l.builtin_db_dir()); print(len(capsim.load_catalog().gpus))"
+        "import capsim, capsim.catalog.loader as l, capsim.calibration.published as p; "
+        "print(l.builtin_db_dir()); print(len(capsim.load_catalog().gpus)); "
+        "print(p.published_dir())"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
     env.pop("CAPSIM_DB", None)
@@ -77,6 +82,7 @@ def test_installed_wheel_loads_its_own_catalog(wheel, tmp_path):
         cwd=tmp_path,
         check=True,
     )
-    db_dir, count = out.stdout.split()
+    db_dir, count, published = out.stdout.split()
     assert Path(db_dir).is_relative_to(target)
     assert int(count) >= 15
+    assert Path(published).is_relative_to(target) and any(Path(published).glob("*.yaml"))

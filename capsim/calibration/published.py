@@ -67,9 +67,18 @@ class PublishedDataset(Strict):
     scenarios: list[Scenario]
 
 
+def calibration_dir() -> Path:
+    """The calibration data: shipped as capsim/calibration_data in a wheel, the top-level
+    calibration/ in a checkout."""
+    package = Path(__file__).resolve().parent.parent
+    shipped = package / "calibration_data"
+    if (shipped / "published").is_dir():
+        return shipped
+    return package.parent / "calibration"
+
+
 def published_dir() -> Path:
-    """calibration/published/ of the checkout (the data lives beside the package)."""
-    return Path(__file__).resolve().parent.parent.parent / "calibration" / "published"
+    return calibration_dir() / "published"
 
 
 def load_dataset(path: Path) -> PublishedDataset:

@@ -29,6 +29,7 @@ from capsim.cli.common import (
     user_errors,
 )
 from capsim.cli.predict import predict_cmd
+from capsim.cli.validate import validate_cmd
 from capsim.errors import CapsimUserError
 from capsim.physics.memory import (
     GB,
@@ -594,6 +595,7 @@ def explain_cmd(
 
 
 app.command("predict")(user_errors(predict_cmd))
+app.command("validate")(user_errors(validate_cmd))
 
 
 def run() -> None:
