@@ -45,6 +45,9 @@ class RequestRecord(BaseModel):
     request_id: str
     send: float
     first_token: float | None = None
+    first_answer_token: float | None = Field(
+        None, description="First non-reasoning token (reasoning models; probe only)"
+    )
     finish: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0

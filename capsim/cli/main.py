@@ -29,6 +29,7 @@ from capsim.cli.common import (
     user_errors,
 )
 from capsim.cli.predict import predict_cmd
+from capsim.cli.probe import probe_app
 from capsim.cli.validate import validate_cmd
 from capsim.errors import CapsimUserError
 from capsim.physics.memory import (
@@ -55,6 +56,7 @@ gpus_app = typer.Typer(help="List GPUs in the catalog, or show one.", add_comple
 models_app = typer.Typer(help="List models in the catalog, show one, import one.")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
+app.add_typer(probe_app, name="probe")
 
 
 @app.callback()

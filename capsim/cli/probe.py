@@ -1,0 +1,166 @@
+"""``capsim probe``: measure a real OpenAI-compatible server; ``capsim probe summarize``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from capsim.cli.common import JsonOption, console, err_console, print_json, user_errors
+from capsim.cli.predict import parse_levels
+from capsim.errors import CapsimUserError
+from capsim.probe.runfile import Deployment, RunSummary, summarize_log
+
+probe_app = typer.Typer(
+    help="Measure a real server (vLLM, SGLang, llama.cpp, any OpenAI-compatible one).",
+    invoke_without_command=True,
+)
+
+
+def print_run(summary: RunSummary, path: Path) -> None:
+    table = Table(
+        title=f"{summary.header.model} at {summary.header.url} ({summary.header.workload}); {path}",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in (
+        "C",
+        "run",
+        "done",
+        "failed",
+        "out tok/s",
+        "per req",
+        "TTFT p50 ms",
+        "TPOT ms",
+        "server gen tokens",
+    ):
+        table.add_column(col, justify="right")
+    for lv in summary.levels:
+        m = lv.metrics
+        table.add_row(
+            str(lv.concurrency),
+            str(lv.run),
+            str(m.completed),
+            str(m.failed),
+            f"{m.output_tok_s:,.1f}",
+            "—"
+            if m.per_request_output_tok_s.mean is None
+            else f"{m.per_request_output_tok_s.mean:,.1f}",
+            "—" if m.ttft_ms.p50 is None else f"{m.ttft_ms.p50:,.0f}",
+            "—" if m.tpot_ms.mean is None else f"{m.tpot_ms.mean:,.2f}",
+            f"{lv.server_deltas.get('vllm:generation_tokens_total', float('nan')):,.0f}",
+        )
+    console.print(table)
+    if not summary.complete:
+        console.print("[yellow]the run did not complete; the file holds what was measured[/]")
+
+
+def parse_flags(values: list[str] | None) -> dict[str, str]:
+    flags = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CapsimUserError(f"malformed --engine-flag '{item}'", hint="use KEY=VALUE")
+        flags[key] = value
+    return flags
+
+
+@probe_app.callback()
+@user_errors
+def probe_cmd(
+    ctx: typer.Context,
+    url: Annotated[str | None, typer.Option("--url", help="Server base URL")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Served model id")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", "-c")] = "1..8",
+    input_tokens: Annotated[int, typer.Option("--input-tokens")] = 1024,
+    output_tokens: Annotated[int, typer.Option("--output-tokens")] = 512,
+    runs: Annotated[int, typer.Option("--runs", help="Measurement runs per level")] = 1,
+    workload: Annotated[str, typer.Option("--workload", help="closed or batch")] = "closed",
+    requests: Annotated[int | None, typer.Option("--requests", help="Requests per level")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", help="Batch rounds per level")] = 2,
+    endpoint: Annotated[str, typer.Option("--endpoint", help="completions or chat")] = (
+        "completions"
+    ),
+    out: Annotated[Path | None, typer.Option("--out", help="Run file (.json + .jsonl)")] = None,
+    api_key_env: Annotated[
+        str, typer.Option("--api-key-env", help="Environment variable holding the API key")
+    ] = "OPENAI_API_KEY",
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--natural-stop")] = True,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup")] = True,
+    timeout: Annotated[float, typer.Option("--timeout", help="Per request, seconds")] = 600.0,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Stated hardware")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus")] = None,
+    tp: Annotated[int | None, typer.Option("--tp")] = None,
+    quant: Annotated[str | None, typer.Option("--quant")] = None,
+    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype")] = None,
+    engine_flag: Annotated[
+        list[str] | None, typer.Option("--engine-flag", help="KEY=VALUE, repeatable")
+    ] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Probe a server at several concurrency levels and write a run file."""
+    if ctx.invoked_subcommand:
+        return
+    from capsim.probe.runner import ProbeConfig, run_probe
+
+    if not url or not model:
+        raise CapsimUserError(
+            "capsim probe needs --url and --model",
+            hint="e.g. capsim probe --url http://127.0.0.1:8000 --model NAME",
+        )
+    if workload not in ("closed", "batch"):
+        raise CapsimUserError(f"unknown workload '{workload}'", hint="use closed or batch")
+    if endpoint not in ("completions", "chat"):
+        raise CapsimUserError(f"unknown endpoint '{endpoint}'", hint="use completions or chat")
+    config = ProbeConfig(
+        url=url,
+        model=model,
+        endpoint=endpoint,
+        workload=workload,
+        concurrency=parse_levels(concurrency),
+        requests=requests,
+        rounds=rounds,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        runs=runs,
+        ignore_eos=ignore_eos,
+        warmup=warmup,
+        api_key_env=api_key_env,
+        timeout_s=timeout,
+        deployment=Deployment(
+            gpu=gpu,
+            gpus=gpus,
+            tp=tp,
+            quant=quant,
+            kv_dtype=kv_dtype,
+            engine_flags=parse_flags(engine_flag),
+        ),
+    )
+    path = out or Path("calibration/runs") / f"{model.replace('/', '_')}.json"
+    try:
+        summary = run_probe(config, path)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: what was measured is in {path.with_suffix('.jsonl')}")
+        raise typer.Exit(130) from None
+    if json_out:
+        print_json(summary.model_dump(mode="json"))
+    else:
+        print_run(summary, path)
+    if not summary.complete:
+        raise typer.Exit(1)
+
+
+@probe_app.command("summarize")
+@user_errors
+def summarize_cmd(
+    run: Annotated[Path, typer.Argument(help="A run's .jsonl (or .json) file")],
+    json_out: JsonOption = False,
+) -> None:
+    """Rebuild a run's summary from its JSONL log (e.g. after an interrupted run)."""
+    summary = summarize_log(run)
+    if json_out:
+        print_json(summary.model_dump(mode="json"))
+    else:
+        print_run(summary, run)

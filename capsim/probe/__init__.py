@@ -1,0 +1,1 @@
+"""Probe layer: load generation against real OpenAI-compatible servers, and run files."""

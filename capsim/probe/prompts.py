@@ -1,0 +1,125 @@
+"""Prompts of an exact token length that no prefix cache can help with.
+
+Every prompt starts with its own identity (run, level, request) and a random word list
+seeded by it, so two prompts share no 16-token block (seed 002's method: different prompts
+at every level to defeat the prefix cache). When the server has vLLM's ``/tokenize``, the
+text is tokenised there and cut to exactly the wanted number of token ids, which
+``/v1/completions`` accepts as the prompt. Without it, a text of about the right length is
+sent and the words-per-token ratio is corrected from each response's usage.
+"""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+
+WORDS = [
+    "river",
+    "stone",
+    "lantern",
+    "copper",
+    "meadow",
+    "signal",
+    "harbor",
+    "pepper",
+    "violet",
+    "canyon",
+    "ember",
+    "walnut",
+    "glacier",
+    "orbit",
+    "pencil",
+    "thunder",
+    "saddle",
+    "marble",
+    "quartz",
+    "falcon",
+    "ribbon",
+    "compass",
+    "cedar",
+    "tundra",
+    "velvet",
+    "anchor",
+    "prism",
+    "meadowlark",
+    "cobalt",
+    "juniper",
+    "basalt",
+    "sonnet",
+    "harvest",
+    "lattice",
+    "monsoon",
+    "beacon",
+    "cinder",
+    "fjord",
+    "garnet",
+    "hazel",
+    "indigo",
+    "jasper",
+    "kestrel",
+    "lagoon",
+    "mosaic",
+    "nectar",
+    "obsidian",
+]
+
+
+def unique_text(key: str, words: int) -> str:
+    rng = random.Random(key)
+    body = " ".join(rng.choice(WORDS) for _ in range(max(words, 1)))
+    return f"[{key}] {body}"
+
+
+class PromptFactory:
+    """Builds prompts of a target token length for one server."""
+
+    def __init__(self, url: str, model: str, endpoint: str):
+        self.url = url
+        self.model = model
+        self.endpoint = endpoint
+        self.exact = False
+        self.tokens_per_word = 1.3  # corrected from usage when /tokenize is missing
+
+    async def setup(self, client: httpx.AsyncClient) -> bool:
+        """Check whether the server tokenises for us (vLLM's /tokenize)."""
+        try:
+            r = await client.post(
+                self.url + "/tokenize", json={"model": self.model, "prompt": "hello world"}
+            )
+            self.exact = r.status_code == 200 and "tokens" in r.json()
+        except (httpx.HTTPError, ValueError):
+            self.exact = False
+        return self.exact
+
+    async def prompt(self, client: httpx.AsyncClient, key: str, tokens: int) -> str | list[int]:
+        if self.exact and self.endpoint == "completions":
+            words = int(tokens / 0.7) + 8  # generous: cut below
+            r = await client.post(
+                self.url + "/tokenize",
+                json={
+                    "model": self.model,
+                    "prompt": unique_text(key, words),
+                    "add_special_tokens": False,
+                },
+            )
+            ids = r.json()["tokens"]
+            while len(ids) < tokens:
+                words *= 2
+                r = await client.post(
+                    self.url + "/tokenize",
+                    json={
+                        "model": self.model,
+                        "prompt": unique_text(key, words),
+                        "add_special_tokens": False,
+                    },
+                )
+                ids = r.json()["tokens"]
+            return ids[:tokens]
+        return unique_text(key, round(tokens / self.tokens_per_word))
+
+    def observe(self, sent_words: int, prompt_tokens: int) -> None:
+        """Correct the words-per-token ratio from a response's usage."""
+        if sent_words > 0 and prompt_tokens > 0:
+            ratio = prompt_tokens / sent_words
+            self.tokens_per_word = 0.7 * self.tokens_per_word + 0.3 * ratio

@@ -1,0 +1,196 @@
+"""Run files: what a probe measured, written as it arrives so nothing is lost.
+
+A run is two files with the same stem:
+
+* ``NAME.jsonl``: one JSON object per line, appended and flushed as events arrive:
+  ``{"type": "header", ...}`` first, then ``request`` records (one per finished or failed
+  request, with its raw chunk timestamps), ``metrics`` samples scraped from the server,
+  and ``level`` markers. An interrupted run keeps every line written before it stopped.
+* ``NAME.json``: the summary: the header plus each completed level's aggregates (computed
+  by capsim.metrics, the same code the simulator uses). It is rewritten atomically after
+  every level, and ``capsim probe summarize NAME.jsonl`` rebuilds it from the JSONL alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.errors import CapsimUserError
+from capsim.metrics import LevelMetrics, RequestRecord, level_metrics
+
+RUN_FORMAT = "capsim-run/1"
+
+
+class Deployment(BaseModel):
+    """What the user states about the server (the probe cannot see the hardware)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str | None = None
+    gpus: int | None = None
+    tp: int | None = None
+    quant: str | None = None
+    kv_dtype: str | None = None
+    engine_flags: dict[str, str] = Field(default_factory=dict)
+
+
+class RunHeader(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = RUN_FORMAT
+    started: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+    capsim_version: str = ""
+    url: str
+    model: str
+    endpoint: str = "completions"
+    workload: str = "closed"
+    concurrency: list[int] = Field(default_factory=list)
+    requests_per_level: int | None = None
+    runs: int = 1
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    ignore_eos: bool = True
+    deployment: Deployment = Field(default_factory=Deployment)
+    server: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the server revealed: /v1/models, /props or /get_server_info, "
+        "cache config from /metrics",
+    )
+    source: str = Field("probe", description="probe, or the tool an import came from")
+
+
+class LevelSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int
+    run: int
+    metrics: LevelMetrics
+    server_deltas: dict[str, float] = Field(
+        default_factory=dict, description="Counter increases over the level (from /metrics)"
+    )
+    server_peaks: dict[str, float] = Field(
+        default_factory=dict, description="Largest gauge values sampled during the level"
+    )
+    errors: dict[str, int] = Field(default_factory=dict, description="Failed requests by reason")
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    header: RunHeader
+    levels: list[LevelSummary] = Field(default_factory=list)
+    complete: bool = False
+
+
+class RunWriter:
+    """Appends events to NAME.jsonl as they arrive and keeps NAME.json current."""
+
+    def __init__(self, out: Path, header: RunHeader):
+        if out.suffix not in (".json", ".jsonl"):
+            out = out.with_suffix(".json")
+        self.summary_path = out.with_suffix(".json")
+        self.log_path = out.with_suffix(".jsonl")
+        self.summary_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("w", encoding="utf-8")
+        self.summary = RunSummary(header=header)
+        self.event({"type": "header", **header.model_dump(mode="json")})
+        self.write_summary()
+
+    def event(self, obj: dict[str, Any]) -> None:
+        self._log.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._log.flush()
+        os.fsync(self._log.fileno())
+
+    def request(self, record: RequestRecord, concurrency: int, run: int) -> None:
+        self.event(
+            {
+                "type": "request",
+                "concurrency": concurrency,
+                "run": run,
+                **record.model_dump(mode="json"),
+            }
+        )
+
+    def add_level(self, level: LevelSummary) -> None:
+        self.summary.levels.append(level)
+        self.event({"type": "level", **level.model_dump(mode="json")})
+        self.write_summary()
+
+    def write_summary(self) -> None:
+        tmp = self.summary_path.with_suffix(".json.tmp")
+        tmp.write_text(self.summary.model_dump_json(indent=2), encoding="utf-8")
+        os.replace(tmp, self.summary_path)
+
+    def close(self, complete: bool) -> None:
+        self.summary.complete = complete
+        self.write_summary()
+        self._log.close()
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a run's JSONL (a torn last line from a crash is skipped)."""
+    events = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise CapsimUserError(f"cannot read run log '{path}': {exc.strerror}") from None
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def summarize_log(path: Path) -> RunSummary:
+    """Rebuild a run's summary from its JSONL: every level that has request records."""
+    events = read_events(path.with_suffix(".jsonl"))
+    headers = [e for e in events if e.get("type") == "header"]
+    if not headers:
+        raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
+    header = RunHeader.model_validate({k: v for k, v in headers[0].items() if k != "type"})
+    groups: dict[tuple[int, int], list[RequestRecord]] = {}
+    for e in events:
+        if e.get("type") != "request":
+            continue
+        key = (int(e["concurrency"]), int(e.get("run", 0)))
+        record = {k: v for k, v in e.items() if k not in ("type", "concurrency", "run")}
+        groups.setdefault(key, []).append(RequestRecord.model_validate(record))
+    levels = []
+    for (c, run), records in sorted(groups.items()):
+        errors: dict[str, int] = {}
+        for r in records:
+            if r.error:
+                errors[r.error.split(":")[0]] = errors.get(r.error.split(":")[0], 0) + 1
+        levels.append(
+            LevelSummary(
+                concurrency=c,
+                run=run,
+                errors=errors,
+                metrics=level_metrics(records, c, header.workload),
+            )
+        )
+    return RunSummary(header=header, levels=levels, complete=False)
+
+
+def load_run(path: Path) -> tuple[RunSummary, list[dict[str, Any]]]:
+    """A run's summary (rebuilt from the log if the summary is missing) and its events."""
+    summary_path = path.with_suffix(".json")
+    log_path = path.with_suffix(".jsonl")
+    if summary_path.exists():
+        try:
+            summary = RunSummary.model_validate_json(summary_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise CapsimUserError(f"'{summary_path}' is not a capsim run summary: {exc}") from None
+    elif log_path.exists():
+        summary = summarize_log(log_path)
+    else:
+        raise CapsimUserError(f"run '{path}' not found (looked for .json and .jsonl)")
+    events = read_events(log_path) if log_path.exists() else []
+    return summary, events

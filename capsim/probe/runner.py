@@ -1,0 +1,264 @@
+"""Drive a real server through concurrency levels and record everything.
+
+Workloads mean what they mean in the simulator (capsim.engine.workloads):
+
+* ``closed``: C requests always in flight until ``requests`` are done.
+* ``batch``: C requests at once; the round ends when the last finishes; ``requests`` (a
+  multiple of C) per level.
+
+Per level the server's ``/metrics`` is scraped before, every ``metrics_interval_s`` during,
+and after, so the run records counter increases (tokens, preemptions, prefix-cache hits,
+speculative acceptance per position) and gauge peaks (running, waiting, KV usage). Records
+are written the moment each request ends; on Ctrl-C the requests still in flight are
+written as failed with reason ``interrupted``, and a dead server ends the run with what it
+had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.errors import CapsimUserError
+from capsim.metrics import RequestRecord, level_metrics
+from capsim.probe.client import Clock, RequestSpec, stream_one
+from capsim.probe.prometheus import counter_deltas, gauge_peaks, parse_metrics
+from capsim.probe.prompts import PromptFactory
+from capsim.probe.runfile import Deployment, LevelSummary, RunHeader, RunSummary, RunWriter
+
+
+class ProbeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    model: str
+    endpoint: Literal["completions", "chat"] = "completions"
+    workload: Literal["closed", "batch"] = "closed"
+    concurrency: list[int]
+    requests: int | None = Field(None, ge=1, description="Requests per level")
+    rounds: int = Field(2, ge=1, description="Batch rounds per level without --requests")
+    input_tokens: int = Field(1024, ge=1)
+    output_tokens: int = Field(512, ge=1)
+    runs: int = Field(1, ge=1)
+    ignore_eos: bool = True
+    warmup: bool = True
+    api_key_env: str | None = "OPENAI_API_KEY"
+    timeout_s: float = Field(600.0, gt=0)
+    metrics_interval_s: float = Field(1.0, gt=0)
+    deployment: Deployment = Field(default_factory=Deployment)
+
+    def requests_for(self, c: int) -> int:
+        if self.requests is not None:
+            return self.requests
+        return c * self.rounds if self.workload == "batch" else max(4 * c, 16)
+
+
+class ServerGone(Exception):
+    """The server stopped answering."""
+
+
+class Prober:
+    def __init__(self, config: ProbeConfig, writer_factory):
+        self.cfg = config
+        self.url = config.url.rstrip("/")
+        self.writer_factory = writer_factory
+        self.clock = Clock()
+        key = os.environ.get(config.api_key_env or "", "") if config.api_key_env else ""
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.prompts = PromptFactory(self.url, config.model, config.endpoint)
+        self.in_flight: dict[str, tuple[RequestRecord, int, int]] = {}
+
+    async def scrape(self, client: httpx.AsyncClient) -> dict:
+        try:
+            r = await client.get(self.url + "/metrics", headers=self.headers, timeout=10)
+            return parse_metrics(r.text) if r.status_code == 200 else {}
+        except httpx.HTTPError:
+            return {}
+
+    async def discover(self, client: httpx.AsyncClient) -> dict:
+        """What the server says about itself."""
+        info: dict = {}
+        try:
+            r = await client.get(self.url + "/v1/models", headers=self.headers, timeout=30)
+        except httpx.HTTPError as exc:
+            raise CapsimUserError(
+                f"cannot reach {self.url}: {exc.__class__.__name__}",
+                hint="check --url and that the server is running",
+            ) from None
+        if r.status_code != 200:
+            raise CapsimUserError(f"{self.url}/v1/models answered HTTP {r.status_code}")
+        models = r.json().get("data", [])
+        ids = [m.get("id") for m in models]
+        if self.cfg.model not in ids:
+            raise CapsimUserError(
+                f"the server does not serve model '{self.cfg.model}'",
+                suggestions=ids[:5],
+                hint="pass --model with one of the served ids",
+            )
+        entry = next(m for m in models if m.get("id") == self.cfg.model)
+        info["models"] = models
+        info["owned_by"] = entry.get("owned_by")
+        info["max_model_len"] = entry.get("max_model_len")
+        for path in ("/props", "/get_server_info", "/version"):
+            try:
+                rr = await client.get(self.url + path, headers=self.headers, timeout=10)
+                if rr.status_code == 200:
+                    info[path.strip("/")] = rr.json()
+            except (httpx.HTTPError, ValueError):
+                continue
+        metrics = await self.scrape(client)
+        if "cache_config" in metrics:
+            info["cache_config"] = metrics["cache_config"]
+        info["exact_prompt_tokens"] = await self.prompts.setup(client)
+        return info
+
+    async def one(
+        self, client, writer: RunWriter, key: str, c: int, run: int, max_tokens: int
+    ) -> RequestRecord:
+        prompt = await self.prompts.prompt(client, key, self.cfg.input_tokens)
+        spec = RequestSpec(key, prompt, max_tokens, self.cfg.ignore_eos)
+        placeholder = RequestRecord(request_id=key, send=self.clock())
+        self.in_flight[key] = (placeholder, c, run)
+        record = await stream_one(
+            client, self.url, self.cfg.model, self.cfg.endpoint, spec, self.clock, self.headers
+        )
+        self.in_flight.pop(key, None)
+        if isinstance(prompt, str) and record.input_tokens:
+            self.prompts.observe(len(prompt.split()), record.input_tokens)
+        writer.request(record, c, run)
+        return record
+
+    async def level(self, client, writer: RunWriter, c: int, run: int) -> list[RequestRecord]:
+        n = self.cfg.requests_for(c)
+        if self.cfg.workload == "batch" and n % c:
+            raise CapsimUserError(f"--requests {n} is not a multiple of concurrency {c}")
+        records: list[RequestRecord] = []
+        keys = [f"r{run}-c{c}-{i}" for i in range(n)]
+        if self.cfg.workload == "batch":
+            for start in range(0, n, c):
+                batch = keys[start : start + c]
+                records += await asyncio.gather(
+                    *(self.one(client, writer, k, c, run, self.cfg.output_tokens) for k in batch)
+                )
+                self._check_alive(records)
+        else:
+            queue = iter(keys)
+
+            async def worker():
+                for key in queue:
+                    records.append(
+                        await self.one(client, writer, key, c, run, self.cfg.output_tokens)
+                    )
+                    self._check_alive(records)
+
+            await asyncio.gather(*(worker() for _ in range(min(c, n))))
+        return records
+
+    @staticmethod
+    def _check_alive(records: list[RequestRecord]) -> None:
+        recent = records[-4:]
+        if len(recent) >= 2 and all((r.error or "").startswith("connection") for r in recent):
+            raise ServerGone(recent[-1].error)
+
+    async def warmup(self, client: httpx.AsyncClient, n: int) -> None:
+        """A few short requests so the first level does not pay for cold caches."""
+
+        async def one(i: int) -> None:
+            prompt = await self.prompts.prompt(
+                client, f"warmup-{i}", min(self.cfg.input_tokens, 64)
+            )
+            spec = RequestSpec(f"warmup-{i}", prompt, 8, self.cfg.ignore_eos)
+            await stream_one(
+                client, self.url, self.cfg.model, self.cfg.endpoint, spec, self.clock, self.headers
+            )
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+    async def sample_metrics(self, client, samples: list[dict], stop: asyncio.Event):
+        while not stop.is_set():
+            samples.append(await self.scrape(client))
+            try:
+                await asyncio.wait_for(stop.wait(), self.cfg.metrics_interval_s)
+            except TimeoutError:
+                continue
+
+    async def run(self) -> RunSummary:
+        cfg = self.cfg
+        limits = httpx.Limits(
+            max_connections=max(cfg.concurrency) + 16,
+            max_keepalive_connections=max(cfg.concurrency) + 16,
+        )
+        timeout = httpx.Timeout(cfg.timeout_s, connect=30.0)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            server = await self.discover(client)
+            header = RunHeader(
+                url=self.url,
+                model=cfg.model,
+                endpoint=cfg.endpoint,
+                workload=cfg.workload,
+                concurrency=cfg.concurrency,
+                requests_per_level=cfg.requests,
+                runs=cfg.runs,
+                input_tokens=cfg.input_tokens,
+                output_tokens=cfg.output_tokens,
+                ignore_eos=cfg.ignore_eos,
+                deployment=cfg.deployment,
+                server=server,
+                capsim_version=_version(),
+            )
+            writer = self.writer_factory(header)
+            complete = False
+            try:
+                if cfg.warmup:
+                    await self.warmup(client, min(max(cfg.concurrency), 4))
+                for run in range(cfg.runs):
+                    for c in cfg.concurrency:
+                        before = await self.scrape(client)
+                        samples: list[dict] = []
+                        stop = asyncio.Event()
+                        sampler = asyncio.create_task(self.sample_metrics(client, samples, stop))
+                        try:
+                            records = await self.level(client, writer, c, run)
+                        finally:
+                            stop.set()
+                            await sampler
+                        after = await self.scrape(client)
+                        errors = Counter((r.error or "").split(":")[0] for r in records if r.error)
+                        writer.add_level(
+                            LevelSummary(
+                                concurrency=c,
+                                run=run,
+                                errors=dict(errors),
+                                metrics=level_metrics(records, c, cfg.workload),
+                                server_deltas=counter_deltas(before, after),
+                                server_peaks=gauge_peaks([before, *samples, after]),
+                            )
+                        )
+                complete = True
+            except (ServerGone, asyncio.CancelledError, KeyboardInterrupt):
+                pass
+            finally:
+                for placeholder, c, run in list(self.in_flight.values()):
+                    placeholder.error = "interrupted: the run stopped before it finished"
+                    placeholder.finish = self.clock()
+                    writer.request(placeholder, c, run)
+                self.in_flight.clear()
+                writer.close(complete)
+            return writer.summary
+
+
+def _version() -> str:
+    from capsim import __version__
+
+    return __version__
+
+
+def run_probe(config: ProbeConfig, out) -> RunSummary:
+    """Run a probe and write ``out`` (.json summary and .jsonl log)."""
+    prober = Prober(config, lambda header: RunWriter(out, header))
+    return asyncio.run(prober.run())

@@ -1,0 +1,95 @@
+"""Build two tiny models that vLLM's CPU build can serve: Qwen3 (dense) and Qwen3-MoE.
+
+No weights can be downloaded here, so the models are made locally: a byte-level BPE
+tokenizer trained on local text (Python's own source and docs), configs with a few small
+layers, random weights, ``save_pretrained``. Runs in the vLLM virtual environment:
+
+    VENV/bin/python tests/live/build_tiny_models.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from pathlib import Path
+
+
+def corpus() -> list[str]:
+    """Local text to train the tokenizer on: the standard library's source files."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    texts = []
+    for path in sorted(lib.glob("*.py"))[:200]:
+        try:
+            texts.append(path.read_text(encoding="utf-8", errors="ignore"))
+        except OSError:
+            continue
+    return texts
+
+
+def build_tokenizer(out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n"
+    )
+    fast.save_pretrained(out)
+    return fast
+
+
+def build(out_dir: Path) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=4096,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        eos_token_id=0,
+        bos_token_id=0,
+    )
+    dense_dir = out_dir / "tiny-qwen3"
+    moe_dir = out_dir / "tiny-qwen3-moe"
+    for path in (dense_dir, moe_dir):
+        path.mkdir(parents=True, exist_ok=True)
+        build_tokenizer(path)
+    dense = Qwen3ForCausalLM(Qwen3Config(intermediate_size=768, **common)).to(torch.bfloat16)
+    dense.save_pretrained(dense_dir)
+    moe_config = Qwen3MoeConfig(
+        intermediate_size=768,
+        moe_intermediate_size=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        **common,
+    )
+    Qwen3MoeForCausalLM(moe_config).to(torch.bfloat16).save_pretrained(moe_dir)
+    print(f"built {dense_dir} and {moe_dir}")
+
+
+if __name__ == "__main__":
+    build(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models"))

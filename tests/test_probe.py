@@ -1,0 +1,186 @@
+"""The probe against a local mock OpenAI-compatible server (no GPU, no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+from capsim.probe.prometheus import acceptance_per_position, counter_deltas, parse_metrics
+from capsim.probe.runfile import load_run, summarize_log
+from capsim.probe.runner import ProbeConfig, run_probe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_mock(port: int, delay: float = 0.002) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "capsim.probe.mock_server",
+            "--port",
+            str(port),
+            "--token-delay",
+            str(delay),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("mock server did not start")
+
+
+@pytest.fixture(scope="module")
+def mock_url():
+    port = free_port()
+    proc = start_mock(port)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("workload", ["closed", "batch"])
+def test_probe_levels_and_token_accounting(mock_url, tmp_path, workload, monkeypatch):
+    monkeypatch.setenv("CAPSIM_TEST_KEY", "secret-key-do-not-store")
+    cfg = ProbeConfig(
+        url=mock_url,
+        model="mock-model",
+        concurrency=[1, 2, 4],
+        workload=workload,
+        requests=8,
+        input_tokens=40,
+        output_tokens=20,
+        api_key_env="CAPSIM_TEST_KEY",
+    )
+    summary = run_probe(cfg, tmp_path / "run.json")
+    assert summary.complete
+    assert [lv.concurrency for lv in summary.levels] == [1, 2, 4]
+    for lv in summary.levels:
+        m = lv.metrics
+        assert m.completed == 8 and m.failed == 0
+        assert m.input_tokens == 8 * 40  # exact lengths through /tokenize
+        assert m.output_tokens == 8 * 20
+        assert lv.server_deltas["vllm:generation_tokens_total"] == 8 * 20
+        assert m.itl_ms.count == 8 * 19
+    throughput = [lv.metrics.output_tok_s for lv in summary.levels]
+    assert throughput == sorted(throughput)
+    text = (tmp_path / "run.json").read_text() + (tmp_path / "run.jsonl").read_text()
+    assert "secret-key-do-not-store" not in text
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    assert sum(json.loads(line)["type"] == "request" for line in lines) == 24
+    loaded, events = load_run(tmp_path / "run.json")
+    assert loaded.header.workload == workload and len(events) == len(lines)
+
+
+def test_killed_server_leaves_a_valid_partial_run(tmp_path):
+    port = free_port()
+    proc = start_mock(port, delay=0.02)
+    cfg = ProbeConfig(
+        url=f"http://127.0.0.1:{port}",
+        model="mock-model",
+        concurrency=[2, 4],
+        requests=40,
+        input_tokens=20,
+        output_tokens=30,
+        warmup=False,
+        timeout_s=10,
+    )
+    out = tmp_path / "partial.json"
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, json; from pathlib import Path; "
+            "from capsim.probe.runner import ProbeConfig, run_probe; "
+            f"run_probe(ProbeConfig.model_validate_json({cfg.model_dump_json()!r}), "
+            f"Path({str(out)!r}))",
+        ],
+    )
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if (
+            out.with_suffix(".jsonl").exists()
+            and out.with_suffix(".jsonl").read_text().count('"type":"request"') >= 5
+        ):
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    runner.wait(timeout=60)
+    summary, events = load_run(out)
+    assert not summary.complete
+    requests = [e for e in events if e["type"] == "request"]
+    assert len(requests) >= 5
+    failed = [e for e in requests if e.get("error")]
+    assert failed, "requests cut off by the dead server must be recorded with a reason"
+    rebuilt = summarize_log(out.with_suffix(".jsonl"))
+    assert sum(lv.metrics.requests for lv in rebuilt.levels) == len(requests)
+
+
+def test_torn_last_line_is_skipped(tmp_path, mock_url):
+    cfg = ProbeConfig(
+        url=mock_url,
+        model="mock-model",
+        concurrency=[1],
+        requests=2,
+        input_tokens=10,
+        output_tokens=5,
+    )
+    run_probe(cfg, tmp_path / "r.json")
+    log = tmp_path / "r.jsonl"
+    log.write_text(log.read_text() + '{"type": "request", "truncat')
+    summary = summarize_log(log)
+    assert summary.levels[0].metrics.completed == 2
+
+
+def test_prometheus_parsing_and_deltas():
+    before = parse_metrics(
+        'vllm:generation_tokens_total{model_name="m"} 10\n'
+        'vllm:spec_decode_num_drafts_total{model_name="m"} 100\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 80\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 50\n'
+        '# HELP x\nvllm:num_requests_running{engine="0"} 3\n'
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1\n'
+    )
+    after = parse_metrics(
+        'vllm:generation_tokens_total{model_name="m"} 110\n'
+        'vllm:spec_decode_num_drafts_total{model_name="m"} 200\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 160\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 90\n'
+    )
+    assert before["cache_config"]["num_gpu_blocks"] == "100"
+    assert before["vllm:num_requests_running"] == 3
+    deltas = counter_deltas(before, after)
+    assert deltas["vllm:generation_tokens_total"] == 100
+    assert acceptance_per_position(deltas) == pytest.approx([0.8, 0.4])
+
+
+def test_probe_cli_errors(mock_url):
+    runner = CliRunner()
+    r = runner.invoke(
+        app, ["probe", "--url", mock_url, "--model", "mock-modl", "--concurrency", "1"]
+    )
+    assert r.exit_code == 2 and "did you mean: mock-model" in r.stderr
+    r = runner.invoke(app, ["probe", "--url", "http://127.0.0.1:9", "--model", "x"])
+    assert r.exit_code == 2 and "cannot reach" in r.stderr
+    r = runner.invoke(
+        app, ["probe", "--url", mock_url, "--model", "mock-model", "--engine-flag", "oops"]
+    )
+    assert r.exit_code == 2 and "KEY=VALUE" in r.stderr
