@@ -28,6 +28,7 @@ from capsim.cli.common import (
     print_json,
     user_errors,
 )
+from capsim.cli.importers import import_app
 from capsim.cli.predict import predict_cmd
 from capsim.cli.probe import probe_app
 from capsim.cli.validate import validate_cmd
@@ -57,6 +58,7 @@ models_app = typer.Typer(help="List models in the catalog, show one, import one.
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
 app.add_typer(probe_app, name="probe")
+app.add_typer(import_app, name="import")
 
 
 @app.callback()

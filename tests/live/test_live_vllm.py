@@ -1,0 +1,99 @@
+"""Probe a real vLLM server (CPU build, tiny models) the way a user probes a GPU server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from capsim.probe.runfile import load_run, summarize_log
+from capsim.probe.runner import ProbeConfig, run_probe
+from tests.live.conftest import live_server
+
+pytestmark = pytest.mark.live
+
+MODELS = {"dense": "tiny-qwen3", "moe": "tiny-qwen3-moe"}
+
+
+def sweep(kind: str, out: Path):
+    cfg = ProbeConfig(
+        url=live_server(kind),
+        model=MODELS[kind],
+        concurrency=[1, 2, 4, 8],
+        input_tokens=256,
+        output_tokens=64,
+        requests=16,
+    )
+    return run_probe(cfg, out)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_probe_sweep_against_vllm(kind, tmp_path):
+    if not os.environ.get(f"CAPSIM_LIVE_{kind.upper()}_URL"):
+        live_server(kind)
+    summary = sweep(kind, tmp_path / "run.json")
+    assert summary.complete
+    assert summary.header.server["owned_by"] == "vllm"
+    assert summary.header.server["exact_prompt_tokens"] is True
+    assert int(summary.header.server["cache_config"]["num_gpu_blocks"]) > 0
+    best = 0.0
+    for lv in summary.levels:
+        m = lv.metrics
+        assert m.failed == 0, lv.errors
+        assert m.input_tokens == 16 * 256
+        # the tokens we counted from the stream are the tokens the server says it generated
+        assert m.output_tokens == lv.server_deltas["vllm:generation_tokens_total"] == 16 * 64
+        assert lv.server_deltas["vllm:prompt_tokens_total"] == 16 * 256
+        assert "vllm:num_requests_running" in lv.server_peaks
+        # aggregate throughput rises with concurrency until the CPU saturates
+        assert m.output_tok_s >= 0.85 * best
+        best = max(best, m.output_tok_s)
+    levels = summary.levels
+    assert levels[2].metrics.output_tok_s > 1.5 * levels[0].metrics.output_tok_s
+
+
+def test_killing_the_server_keeps_a_valid_partial_run(tmp_path):
+    """Run last: it kills the MoE server that run_live.sh started."""
+    url = live_server("moe")
+    pid = int(os.environ["CAPSIM_LIVE_MOE_PID"])
+    out = tmp_path / "killed.json"
+    cfg = ProbeConfig(
+        url=url,
+        model=MODELS["moe"],
+        concurrency=[4],
+        requests=200,
+        input_tokens=128,
+        output_tokens=256,
+        warmup=False,
+        timeout_s=30,
+    )
+    probe = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from pathlib import Path; from capsim.probe.runner import ProbeConfig, run_probe; "
+            f"run_probe(ProbeConfig.model_validate_json({cfg.model_dump_json()!r}), "
+            f"Path({str(out)!r}))",
+        ],
+    )
+    log = out.with_suffix(".jsonl")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if log.exists() and log.read_text().count('"type":"request"') >= 4:
+            break
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    probe.wait(timeout=120)
+    summary, events = load_run(out)
+    assert not summary.complete
+    records = [e for e in events if e["type"] == "request"]
+    assert len(records) >= 4
+    assert any(r.get("error") for r in records), "cut-off requests are recorded with a reason"
+    assert all(r.get("error") or r["output_tokens"] == 256 for r in records)
+    rebuilt = summarize_log(log)
+    assert sum(lv.metrics.requests for lv in rebuilt.levels) == len(records)
