@@ -184,3 +184,33 @@ def test_probe_cli_errors(mock_url):
         app, ["probe", "--url", mock_url, "--model", "mock-model", "--engine-flag", "oops"]
     )
     assert r.exit_code == 2 and "KEY=VALUE" in r.stderr
+
+
+def test_probe_cli_writes_run_and_json(mock_url, tmp_path):
+    out = tmp_path / "cli.json"
+    r = CliRunner().invoke(
+        app,
+        [
+            "probe",
+            "--url",
+            mock_url,
+            "--model",
+            "mock-model",
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "4",
+            "--input-tokens",
+            "10",
+            "--output-tokens",
+            "5",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["complete"] and [lv["concurrency"] for lv in data["levels"]] == [1, 2]
+    r = CliRunner().invoke(app, ["probe", "summarize", str(out.with_suffix(".jsonl")), "--json"])
+    assert r.exit_code == 0 and len(json.loads(r.stdout)["levels"]) == 2

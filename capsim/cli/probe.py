@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from capsim.cli.common import JsonOption, console, err_console, print_json, user_errors
@@ -139,8 +140,32 @@ def probe_cmd(
         ),
     )
     path = out or Path("calibration/runs") / f"{model.replace('/', '_')}.json"
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+        disable=json_out,
+    )
+    state: dict = {}
+
+    def on_event(event: str, **info) -> None:
+        if event == "level":
+            state["task"] = progress.add_task(
+                f"C={info['concurrency']} run {info['run']}", total=info["total"], failed=0
+            )
+            state["failed"] = 0
+        elif event == "request" and "task" in state:
+            if info["record"].error:
+                state["failed"] += 1
+            progress.update(state["task"], advance=1, failed=state["failed"])
+
     try:
-        summary = run_probe(config, path)
+        with progress:
+            summary = run_probe(config, path, on_event)
     except KeyboardInterrupt:
         err_console.print(f"interrupted: what was measured is in {path.with_suffix('.jsonl')}")
         raise typer.Exit(130) from None

@@ -63,7 +63,7 @@ class ServerGone(Exception):
 
 
 class Prober:
-    def __init__(self, config: ProbeConfig, writer_factory):
+    def __init__(self, config: ProbeConfig, writer_factory, progress=None):
         self.cfg = config
         self.url = config.url.rstrip("/")
         self.writer_factory = writer_factory
@@ -72,6 +72,9 @@ class Prober:
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.prompts = PromptFactory(self.url, config.model, config.endpoint)
         self.in_flight: dict[str, tuple[RequestRecord, int, int]] = {}
+        # progress(event, **info): "level" when a level starts (total requests), "request"
+        # when one ends (its record); the CLI draws a rich progress bar from these
+        self.progress = progress or (lambda event, **info: None)
 
     async def scrape(self, client: httpx.AsyncClient) -> dict:
         try:
@@ -131,6 +134,7 @@ class Prober:
         if isinstance(prompt, str) and record.input_tokens:
             self.prompts.observe(len(prompt.split()), record.input_tokens)
         writer.request(record, c, run)
+        self.progress("request", record=record)
         return record
 
     async def level(self, client, writer: RunWriter, c: int, run: int) -> list[RequestRecord]:
@@ -139,6 +143,7 @@ class Prober:
             raise CapsimUserError(f"--requests {n} is not a multiple of concurrency {c}")
         records: list[RequestRecord] = []
         keys = [f"r{run}-c{c}-{i}" for i in range(n)]
+        self.progress("level", concurrency=c, run=run, total=n)
         if self.cfg.workload == "batch":
             for start in range(0, n, c):
                 batch = keys[start : start + c]
@@ -258,7 +263,7 @@ def _version() -> str:
     return __version__
 
 
-def run_probe(config: ProbeConfig, out) -> RunSummary:
+def run_probe(config: ProbeConfig, out, progress=None) -> RunSummary:
     """Run a probe and write ``out`` (.json summary and .jsonl log)."""
-    prober = Prober(config, lambda header: RunWriter(out, header))
+    prober = Prober(config, lambda header: RunWriter(out, header), progress)
     return asyncio.run(prober.run())
