@@ -214,3 +214,67 @@ def test_probe_cli_writes_run_and_json(mock_url, tmp_path):
     assert data["complete"] and [lv["concurrency"] for lv in data["levels"]] == [1, 2]
     r = CliRunner().invoke(app, ["probe", "summarize", str(out.with_suffix(".jsonl")), "--json"])
     assert r.exit_code == 0 and len(json.loads(r.stdout)["levels"]) == 2
+
+
+def test_simulator_on_probed_step_times_reproduces_batch_vs_closed(tmp_path):
+    """Issue 8's loop on the mock server: probe closed levels, build a step-time table,
+    then probe and simulate C=6 in both workloads with the same length draws."""
+    from capsim.calibration.step_table import step_table_from_run
+    from capsim.engine.lengths import parse_length
+    from capsim.engine.simulate import measured_setup, simulate_level
+    from capsim.engine.workloads import Workload
+
+    port = free_port()
+    proc = start_mock(port, delay=0.004)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        sweep = run_probe(
+            ProbeConfig(
+                url=url,
+                model="mock-model",
+                concurrency=[1, 2, 4, 6],
+                requests=12,
+                input_tokens=32,
+                output_tokens=60,
+            ),
+            tmp_path / "sweep.json",
+        )
+        table = step_table_from_run(sweep)
+        measured = {}
+        for kind in ("closed", "batch"):
+            run = run_probe(
+                ProbeConfig(
+                    url=url,
+                    model="mock-model",
+                    concurrency=[6],
+                    workload=kind,
+                    requests=24,
+                    input_tokens=32,
+                    output_tokens="uniform:10,120",
+                    seed=5,
+                ),
+                tmp_path / f"{kind}.json",
+            )
+            measured[kind] = run.levels[0].metrics
+    finally:
+        proc.kill()
+    setup = measured_setup(table, kv_capacity_tokens=1 << 20, max_model_len=4096)
+    simulated = {
+        kind: simulate_level(
+            setup,
+            Workload(
+                kind=kind,
+                concurrency=6,
+                requests=24,
+                input=parse_length("32"),
+                output=parse_length("uniform:10,120"),
+            ),
+            seed=5,
+        ).metrics
+        for kind in ("closed", "batch")
+    }
+    assert measured["batch"].output_tokens == simulated["batch"].output_tokens
+    measured_ratio = measured["batch"].output_tok_s / measured["closed"].output_tok_s
+    simulated_ratio = simulated["batch"].output_tok_s / simulated["closed"].output_tok_s
+    assert measured_ratio < 0.95 and simulated_ratio < 0.95  # the batch tail costs throughput
+    assert simulated_ratio == pytest.approx(measured_ratio, abs=0.12)

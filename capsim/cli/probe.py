@@ -76,7 +76,10 @@ def probe_cmd(
     model: Annotated[str | None, typer.Option("--model", help="Served model id")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", "-c")] = "1..8",
     input_tokens: Annotated[int, typer.Option("--input-tokens")] = 1024,
-    output_tokens: Annotated[int, typer.Option("--output-tokens")] = 512,
+    output_tokens: Annotated[
+        str, typer.Option("--output-tokens", help="N or a distribution (uniform:A,B, ...)")
+    ] = "512",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the output-length draws")] = 0,
     runs: Annotated[int, typer.Option("--runs", help="Measurement runs per level")] = 1,
     workload: Annotated[str, typer.Option("--workload", help="closed or batch")] = "closed",
     requests: Annotated[int | None, typer.Option("--requests", help="Requests per level")] = None,

@@ -177,6 +177,39 @@ def build_setup(config: PredictConfig, catalog: Catalog | None = None) -> Setup:
     )
 
 
+def measured_setup(
+    step_model,
+    kv_capacity_tokens: int,
+    max_model_len: int,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 2048,
+    config: PredictConfig | None = None,
+) -> Setup:
+    """A deployment whose step times come from measurement (see
+    capsim.calibration.step_table) rather than from the catalog's physics."""
+    cfg = config or PredictConfig(gpu="(measured)", model="(measured)")
+    sched = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=BLOCK_SIZE_TOKENS,
+        decode_width=step_model.decode_width,
+        decode_advance=step_model.decode_advance,
+    )
+    return Setup(
+        cfg,
+        None,
+        None,
+        None,
+        step_model,
+        None,
+        sched,
+        kv_capacity_tokens // BLOCK_SIZE_TOKENS,
+        1,
+        max_model_len,
+        "measured step times",
+    )
+
+
 class LevelResult(BaseModel):
     """One load level: the shared metrics plus what only the simulator knows."""
 

@@ -54,7 +54,7 @@ class RunHeader(BaseModel):
     requests_per_level: int | None = None
     runs: int = 1
     input_tokens: int | None = None
-    output_tokens: int | None = None
+    output_tokens: int | str | None = None
     ignore_eos: bool = True
     deployment: Deployment = Field(default_factory=Deployment)
     server: dict[str, Any] = Field(

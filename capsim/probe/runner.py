@@ -22,8 +22,10 @@ from collections import Counter
 from typing import Literal
 
 import httpx
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capsim.engine.lengths import parse_length
 from capsim.errors import CapsimUserError
 from capsim.metrics import RequestRecord, level_metrics
 from capsim.probe.client import Clock, RequestSpec, stream_one
@@ -43,7 +45,10 @@ class ProbeConfig(BaseModel):
     requests: int | None = Field(None, ge=1, description="Requests per level")
     rounds: int = Field(2, ge=1, description="Batch rounds per level without --requests")
     input_tokens: int = Field(1024, ge=1)
-    output_tokens: int = Field(512, ge=1)
+    output_tokens: int | str = Field(
+        512, description="N, or a distribution as in capsim predict (uniform:A,B, ...)"
+    )
+    seed: int = Field(0, description="Draws output lengths as the simulator does")
     runs: int = Field(1, ge=1)
     ignore_eos: bool = True
     warmup: bool = True
@@ -143,12 +148,17 @@ class Prober:
             raise CapsimUserError(f"--requests {n} is not a multiple of concurrency {c}")
         records: list[RequestRecord] = []
         keys = [f"r{run}-c{c}-{i}" for i in range(n)]
+        # the same generator, order and draws as capsim.engine.workloads.Driver
+        rng = np.random.default_rng(self.cfg.seed)
+        parse_length(str(self.cfg.input_tokens), "--input-tokens").tokens(rng, n)
+        outputs = parse_length(str(self.cfg.output_tokens), "--output-tokens").tokens(rng, n)
+        length = dict(zip(keys, (int(o) for o in outputs), strict=True))
         self.progress("level", concurrency=c, run=run, total=n)
         if self.cfg.workload == "batch":
             for start in range(0, n, c):
                 batch = keys[start : start + c]
                 records += await asyncio.gather(
-                    *(self.one(client, writer, k, c, run, self.cfg.output_tokens) for k in batch)
+                    *(self.one(client, writer, k, c, run, length[k]) for k in batch)
                 )
                 self._check_alive(records)
         else:
@@ -156,9 +166,7 @@ class Prober:
 
             async def worker():
                 for key in queue:
-                    records.append(
-                        await self.one(client, writer, key, c, run, self.cfg.output_tokens)
-                    )
+                    records.append(await self.one(client, writer, key, c, run, length[key]))
                     self._check_alive(records)
 
             await asyncio.gather(*(worker() for _ in range(min(c, n))))

@@ -57,6 +57,69 @@ def test_probe_sweep_against_vllm(kind, tmp_path):
     assert levels[2].metrics.output_tok_s > 1.5 * levels[0].metrics.output_tok_s
 
 
+def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
+    """Issue 8: probe both workloads at C=8 with the same length draws; the simulator, run
+    on this server's own step times, reproduces how much the batch tail costs."""
+    from capsim.calibration.step_table import step_table_from_run
+    from capsim.engine.lengths import parse_length
+    from capsim.engine.simulate import measured_setup, simulate_level
+    from capsim.engine.workloads import Workload
+
+    url = live_server("dense")
+    sweep = run_probe(
+        ProbeConfig(
+            url=url,
+            model=MODELS["dense"],
+            concurrency=[1, 2, 4, 8],
+            input_tokens=256,
+            output_tokens=64,
+            requests=16,
+        ),
+        tmp_path / "sweep.json",
+    )
+    table = step_table_from_run(sweep)
+    cache = sweep.header.server["cache_config"]
+    capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+    setup = measured_setup(
+        table, capacity, int(sweep.header.server["max_model_len"]), max_num_batched_tokens=2048
+    )
+    measured, simulated = {}, {}
+    for kind in ("closed", "batch"):
+        run = run_probe(
+            ProbeConfig(
+                url=url,
+                model=MODELS["dense"],
+                concurrency=[8],
+                workload=kind,
+                requests=32,
+                input_tokens=256,
+                output_tokens="uniform:16,160",
+                seed=3,
+            ),
+            tmp_path / f"{kind}.json",
+        )
+        measured[kind] = run.levels[0].metrics
+        workload = Workload(
+            kind=kind,
+            concurrency=8,
+            requests=32,
+            input=parse_length("256"),
+            output=parse_length("uniform:16,160"),
+        )
+        simulated[kind] = simulate_level(setup, workload, seed=3).metrics
+        assert measured[kind].failed == 0
+        assert measured[kind].output_tokens == simulated[kind].output_tokens
+    m_ratio = measured["batch"].output_tok_s / measured["closed"].output_tok_s
+    s_ratio = simulated["batch"].output_tok_s / simulated["closed"].output_tok_s
+    print(
+        f"batch/closed output tok/s: measured {m_ratio:.3f}, simulated {s_ratio:.3f}; "
+        f"closed measured {measured['closed'].output_tok_s:.0f}, simulated "
+        f"{simulated['closed'].output_tok_s:.0f} tok/s"
+    )
+    assert m_ratio < 0.97 and s_ratio < 0.97
+    assert s_ratio == pytest.approx(m_ratio, abs=0.12)
+
+
 def test_killing_the_server_keeps_a_valid_partial_run(tmp_path):
     """Run last: it kills the MoE server that run_live.sh started."""
     url = live_server("moe")
