@@ -11,42 +11,19 @@ the client adds. Also reports the client's CPU time per streamed chunk.
 from __future__ import annotations
 
 import resource
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from capsim.probe.mock_server import free_port, spawn
 from capsim.probe.runner import ProbeConfig, run_probe
 
 TOKEN_DELAY_S = 0.01
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "capsim.probe.mock_server",
-            "--port",
-            str(port),
-            "--token-delay",
-            str(TOKEN_DELAY_S),
-            "--per-stream-delay",
-            "0",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(1.0)
+    server = spawn(port, token_delay_s=TOKEN_DELAY_S, per_stream_delay_s=0.0)
     try:
         for c in (1, 256):
             cfg = ProbeConfig(

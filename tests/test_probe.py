@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -12,39 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from capsim.cli.main import app
+from capsim.probe.mock_server import free_port, spawn
 from capsim.probe.prometheus import acceptance_per_position, counter_deltas, parse_metrics
 from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_mock(port: int, delay: float = 0.002) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "capsim.probe.mock_server",
-            "--port",
-            str(port),
-            "--token-delay",
-            str(delay),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("mock server did not start")
+    return spawn(port, token_delay_s=delay)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,18 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+MaxNumSeqsOption = Annotated[
+    int | None, typer.Option("--max-num-seqs", help="Default: vLLM's for the GPU")
+]
+MaxNumBatchedTokensOption = Annotated[
+    int | None, typer.Option("--max-num-batched-tokens", help="Default: vLLM's for the GPU")
+]
+MaxModelLenOption = Annotated[
+    int | None, typer.Option("--max-model-len", help="Longest sequence (default: auto)")
+]
+GpuMemoryUtilizationOption = Annotated[
+    float, typer.Option("--gpu-memory-utilization", help="vLLM's memory fraction")
+]
 
 
 def user_errors(func):

@@ -19,7 +19,11 @@ from capsim.catalog.loader import ENV_VAR, Catalog, user_db_dirs
 from capsim.catalog.schemas import DTYPES, GPU, Model
 from capsim.cli.common import (
     DbOption,
+    GpuMemoryUtilizationOption,
     JsonOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
     catalog,
     console,
     fmt_num,
@@ -369,19 +373,10 @@ def fit_cmd(
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto, bf16, fp16, fp8")] = "auto",
-    gpu_memory_utilization: Annotated[
-        float, typer.Option("--gpu-memory-utilization", help="vLLM's memory fraction")
-    ] = 0.9,
-    max_model_len: Annotated[
-        int | None, typer.Option("--max-model-len", help="Longest sequence (default: auto)")
-    ] = None,
-    max_num_seqs: Annotated[
-        int | None, typer.Option("--max-num-seqs", help="Default: vLLM's for the GPU")
-    ] = None,
-    max_num_batched_tokens: Annotated[
-        int | None,
-        typer.Option("--max-num-batched-tokens", help="Default: vLLM's for the GPU"),
-    ] = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
+    max_model_len: MaxModelLenOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     context: Annotated[
         int | None,
         typer.Option("--context", help="Sequence length for 'sequences that fit' (tokens)"),

@@ -15,7 +15,17 @@ import typer
 from rich import box
 from rich.table import Table
 
-from capsim.cli.common import DbOption, JsonOption, catalog, console, parse_acceptance
+from capsim.cli.common import (
+    DbOption,
+    GpuMemoryUtilizationOption,
+    JsonOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    catalog,
+    console,
+    parse_acceptance,
+)
 from capsim.engine.simulate import PredictConfig, PredictResult, predict
 from capsim.errors import CapsimUserError
 from capsim.physics.speculative import parse_spec
@@ -294,15 +304,10 @@ def predict_cmd(
     tool_tokens: Annotated[str, typer.Option("--tool-tokens")] = "256",
     orchestrator: Annotated[bool, typer.Option("--orchestrator")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", help="JSONL trace")] = None,
-    max_num_seqs: Annotated[
-        int | None, typer.Option("--max-num-seqs", help="Default: vLLM's for the GPU")
-    ] = None,
-    max_num_batched_tokens: Annotated[
-        int | None,
-        typer.Option("--max-num-batched-tokens", help="Default: vLLM's for the GPU"),
-    ] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
+    max_model_len: MaxModelLenOption = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
     spec: Annotated[str | None, typer.Option("--spec", help="e.g. mtp:2, ngram:4")] = None,
     spec_acceptance: Annotated[
         str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")

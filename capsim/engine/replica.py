@@ -70,11 +70,7 @@ class Replica:
         env, sched, sm = self.env, self.scheduler, self.step_model
         while True:
             if sched.idle:
-                self._wake = env.event()
-                self._cut_on_arrival = True
-                self.events += 1
-                yield self._wake
-                self._wake = None
+                yield from self._wait_for_work()
                 continue
             if self.fast_forward and sched.steady_decode():
                 m = sched.run_length()
@@ -84,11 +80,7 @@ class Replica:
             step = sched.schedule(env.now)
             if step.empty:
                 # nothing fits (e.g. a prompt larger than the whole KV cache): wait for work
-                self._wake = env.event()
-                self._cut_on_arrival = True
-                self.events += 1
-                yield self._wake
-                self._wake = None
+                yield from self._wait_for_work()
                 continue
             new, ctx = step.new_tokens, step.context
             spec = sm.deployment.spec is not None
@@ -108,6 +100,14 @@ class Replica:
                 self._record_itl(np.array([duration]), step.decoding)
             if sched.complete(step, env.now):
                 yield from self._let_clients_react()
+
+    def _wait_for_work(self):
+        """Sleep until a request arrives."""
+        self._wake = self.env.event()
+        self._cut_on_arrival = True
+        self.events += 1
+        yield self._wake
+        self._wake = None
 
     def _decode_run(self, m: int):
         env, sched = self.env, self.scheduler

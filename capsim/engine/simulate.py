@@ -112,8 +112,15 @@ class Setup:
     quant_reason: str = ""
 
 
-def build_setup(config: PredictConfig, catalog: Catalog | None = None) -> Setup:
-    """Resolve names, fit memory and build the step model; reject what vLLM would reject."""
+def build_setup(
+    config: PredictConfig,
+    catalog: Catalog | None = None,
+    params: EfficiencyParams | None = None,
+) -> Setup:
+    """Resolve names, fit memory and build the step model; reject what vLLM would reject.
+
+    ``params`` replaces the GPU's default efficiency parameters (e.g. a fitted profile);
+    ``config.efficiency_overrides`` then apply on top."""
     cat = catalog or load_catalog()
     gpu = cat.gpu(config.gpu)
     model = cat.model(config.model)
@@ -151,7 +158,7 @@ def build_setup(config: PredictConfig, catalog: Catalog | None = None) -> Setup:
         require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     num_blocks = capacity // BLOCK_SIZE_TOKENS
-    params = default_efficiency(gpu, cat)
+    params = params or default_efficiency(gpu, cat)
     if config.efficiency_overrides:
         params = params.with_overrides(config.efficiency_overrides)
     dep = Deployment(
@@ -380,16 +387,7 @@ def catalog_dirs(catalog: Catalog | None) -> list[Path] | None:
 
 def _simulate_in_worker(args) -> LevelResult:
     config, extra_dirs, params, workload, keep_records = args
-    setup = build_setup(config, load_catalog(extra_dirs))
-    if params is not None:
-        setup.step_model = StepModel(
-            setup.gpu,
-            setup.model,
-            setup.fmt,
-            setup.step_model.deployment,
-            params,
-            draft=setup.step_model.draft,
-        )
+    setup = build_setup(config, load_catalog(extra_dirs), params)
     return simulate_level(setup, workload, config.seed, keep_records)
 
 
@@ -405,16 +403,7 @@ def predict(
     Levels are independent simulations; big sweeps run them in parallel processes
     (``workers``: None = automatic, 1 = in this process). Results do not depend on it.
     """
-    setup = build_setup(config, catalog)
-    if params is not None:
-        setup.step_model = StepModel(
-            setup.gpu,
-            setup.model,
-            setup.fmt,
-            setup.step_model.deployment,
-            params,
-            draft=setup.step_model.draft,
-        )
+    setup = build_setup(config, catalog, params)
     if config.workload == "open":
         if not config.rates:
             raise CapsimUserError("the open workload needs --rate (one or more, comma-separated)")

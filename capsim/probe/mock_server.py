@@ -15,6 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 
 
@@ -175,6 +179,40 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sta
 
 async def serve(host: str, port: int, state: MockState) -> asyncio.base_events.Server:
     return await asyncio.start_server(lambda r, w: handle(r, w, state), host, port)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(port: int, token_delay_s: float = 0.002, per_stream_delay_s: float = 0.0005):
+    """Start the mock server in a subprocess and wait until it accepts connections."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "capsim.probe.mock_server",
+            "--port",
+            str(port),
+            "--token-delay",
+            str(token_delay_s),
+            "--per-stream-delay",
+            str(per_stream_delay_s),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the mock server did not start")
 
 
 def main() -> None:

@@ -92,29 +92,20 @@ class PromptFactory:
             self.exact = False
         return self.exact
 
+    async def _token_ids(self, client: httpx.AsyncClient, text: str) -> list[int]:
+        r = await client.post(
+            self.url + "/tokenize",
+            json={"model": self.model, "prompt": text, "add_special_tokens": False},
+        )
+        return r.json()["tokens"]
+
     async def prompt(self, client: httpx.AsyncClient, key: str, tokens: int) -> str | list[int]:
         if self.exact and self.endpoint == "completions":
             words = int(tokens / 0.7) + 8  # generous: cut below
-            r = await client.post(
-                self.url + "/tokenize",
-                json={
-                    "model": self.model,
-                    "prompt": unique_text(key, words),
-                    "add_special_tokens": False,
-                },
-            )
-            ids = r.json()["tokens"]
+            ids = await self._token_ids(client, unique_text(key, words))
             while len(ids) < tokens:
                 words *= 2
-                r = await client.post(
-                    self.url + "/tokenize",
-                    json={
-                        "model": self.model,
-                        "prompt": unique_text(key, words),
-                        "add_special_tokens": False,
-                    },
-                )
-                ids = r.json()["tokens"]
+                ids = await self._token_ids(client, unique_text(key, words))
             return ids[:tokens]
         return unique_text(key, round(tokens / self.tokens_per_word))
 
