@@ -125,10 +125,27 @@ class Prober:
         info["exact_prompt_tokens"] = await self.prompts.setup(client)
         return info
 
+    async def build_prompts(self, client, keys: list[str]) -> dict[str, str | list[int]]:
+        """Every prompt of a level, made before its clock starts (tokenising through the
+        server inside the measured window would delay each next request)."""
+        limit = asyncio.Semaphore(8)
+
+        async def build(key: str):
+            async with limit:
+                return key, await self.prompts.prompt(client, key, self.cfg.input_tokens)
+
+        return dict(await asyncio.gather(*(build(k) for k in keys)))
+
     async def one(
-        self, client, writer: RunWriter, key: str, c: int, run: int, max_tokens: int
+        self,
+        client,
+        writer: RunWriter,
+        key: str,
+        c: int,
+        run: int,
+        max_tokens: int,
+        prompt: str | list[int],
     ) -> RequestRecord:
-        prompt = await self.prompts.prompt(client, key, self.cfg.input_tokens)
         spec = RequestSpec(key, prompt, max_tokens, self.cfg.ignore_eos)
         placeholder = RequestRecord(request_id=key, send=self.clock())
         self.in_flight[key] = (placeholder, c, run)
@@ -153,12 +170,14 @@ class Prober:
         parse_length(str(self.cfg.input_tokens), "--input-tokens").tokens(rng, n)
         outputs = parse_length(str(self.cfg.output_tokens), "--output-tokens").tokens(rng, n)
         length = dict(zip(keys, (int(o) for o in outputs), strict=True))
+        prompts = await self.build_prompts(client, keys)
         self.progress("level", concurrency=c, run=run, total=n)
+
         if self.cfg.workload == "batch":
             for start in range(0, n, c):
                 batch = keys[start : start + c]
                 records += await asyncio.gather(
-                    *(self.one(client, writer, k, c, run, length[k]) for k in batch)
+                    *(self.one(client, writer, k, c, run, length[k], prompts[k]) for k in batch)
                 )
                 self._check_alive(records)
         else:
@@ -166,7 +185,9 @@ class Prober:
 
             async def worker():
                 for key in queue:
-                    records.append(await self.one(client, writer, key, c, run, length[key]))
+                    records.append(
+                        await self.one(client, writer, key, c, run, length[key], prompts[key])
+                    )
                     self._check_alive(records)
 
             await asyncio.gather(*(worker() for _ in range(min(c, n))))
