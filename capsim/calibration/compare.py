@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from capsim.calibration.published import PublishedDataset, Scenario
 from capsim.catalog.loader import Catalog
 from capsim.engine.simulate import PredictConfig, predict
+from capsim.metrics import LevelMetrics
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.speculative import parse_spec
 
@@ -66,8 +67,22 @@ def scenario_config(ds: PublishedDataset, sc: Scenario, levels: list[int]) -> Pr
         max_num_batched_tokens=(
             int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
         ),
+        max_model_len=int(flags["max_model_len"]) if "max_model_len" in flags else None,
         seed=0,
+        profile="none",
     )
+
+
+def point_value(m: LevelMetrics, metric: str) -> float:
+    """A published point's metric from a simulated level (see POINT_METRICS)."""
+    if metric == "ttft_s":
+        return m.ttft_ms.mean / 1e3
+    if metric == "decode_tok_s":
+        return 1e3 / m.tpot_ms.mean
+    if metric == "prompt_tok_s":
+        return m.input_tokens / max(m.completed, 1) / (m.ttft_ms.mean / 1e3)
+    value = getattr(m, metric)
+    return float(value.mean if hasattr(value, "mean") else value)
 
 
 def compare_dataset(
@@ -80,9 +95,7 @@ def compare_dataset(
         result = predict(scenario_config(ds, sc, levels), catalog, params=params)
         by_level = {int(lv.level): lv.metrics for lv in result.levels}
         for p in sc.points:
-            m = by_level[p.concurrency]
-            value = getattr(m, p.metric)
-            predicted = value.mean if hasattr(value, "mean") else value
+            predicted = point_value(by_level[p.concurrency], p.metric)
             out.append(
                 ComparedPoint(ds.name, sc.name, p.concurrency, p.metric, p.value, float(predicted))
             )

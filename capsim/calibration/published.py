@@ -10,13 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from capsim.catalog.loader import format_validation_error
 from capsim.catalog.schemas import Source
 from capsim.errors import CapsimUserError
 
-POINT_METRICS = ("output_tok_s", "per_request_output_tok_s", "total_tok_s", "ttft_s")
+POINT_METRICS = (
+    "output_tok_s",
+    "per_request_output_tok_s",
+    "total_tok_s",
+    "ttft_s",
+    "decode_tok_s",
+    "prompt_tok_s",
+)
+"""What a published point can measure: capsim level metrics, plus TTFT in seconds, a
+request's decode rate (1 / TPOT) and its prompt rate (input tokens / TTFT)."""
 
 
 class Strict(BaseModel):
@@ -28,6 +37,14 @@ class MeasuredPoint(Strict):
     metric: str
     value: float = Field(gt=0)
     quote: str
+    note: str | None = None
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in POINT_METRICS:
+            raise ValueError(f"unknown metric '{v}'; known: {', '.join(POINT_METRICS)}")
+        return v
 
 
 class Scenario(Strict):
@@ -64,6 +81,8 @@ class PublishedDataset(Strict):
     workload: WorkloadDescription
     metric_definition: str
     flags_quote: str | None = None
+    power_table: dict | None = None
+    claims: list[dict] = Field(default_factory=list)
     scenarios: list[Scenario]
 
 

@@ -102,6 +102,7 @@ def point_dict(result: PredictResult, level) -> dict[str, Any]:
         "prefix_cache_hit_rate": level.prefix_cache_hit_rate,
         "contention": level.contention,
         "speedup_vs_serial": level.speedup_vs_serial,
+        "band_80": level.band_80,
     }
 
 
@@ -112,6 +113,7 @@ def result_dict(result: PredictResult) -> dict[str, Any]:
         "model": result.model,
         "quant": result.quant,
         "quant_reason": result.quant_reason,
+        "profile": result.profile,
         "tp": result.config.tp,
         "replicas": result.replicas,
         "kv_dtype": result.config.kv_dtype,
@@ -146,6 +148,8 @@ def print_table(console, results: list[PredictResult]) -> None:
     title = f"capsim predict: {first.config.workload} workload"
     if not many:
         title += f"\n{label(first)}, KV cache {first.kv_capacity_tokens:,} tokens"
+        title += f", profile {first.profile}" if first.profile else ", uncalibrated"
+    banded = any(r.profile for r in results)
     table = Table(
         title=title,
         box=box.SIMPLE_HEAD,
@@ -167,6 +171,8 @@ def print_table(console, results: list[PredictResult]) -> None:
         "KV\npeak",
         "pre-\nempt",
     ]
+    if banded:
+        headers.insert(2, "80%\nband")
     if closed_like:
         headers += ["cont-\nention", "vs\nserial"]
     for col in headers:
@@ -178,6 +184,15 @@ def print_table(console, results: list[PredictResult]) -> None:
             row += [
                 fmt(lv.level, 2 if first.config.workload == "open" else 0),
                 fmt(m.output_tok_s, 0),
+                *(
+                    [
+                        f"{lv.band_80['output_tok_s'][0]:,.0f}-{lv.band_80['output_tok_s'][1]:,.0f}"
+                        if lv.band_80
+                        else "—"
+                    ]
+                    if banded
+                    else []
+                ),
                 fmt(m.per_request_output_tok_s.mean, 1),
                 fmt(m.ttft_ms.p50, 0),
                 fmt(m.ttft_ms.p90, 0),
@@ -319,6 +334,9 @@ def predict_cmd(
         str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
     ] = "round_robin",
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
+    ] = "auto",
     json_out: JsonOption = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout")] = False,
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG chart")] = None,
@@ -388,6 +406,7 @@ def predict_cmd(
             enforce_eager=enforce_eager,
             router=router,
             seed=seed,
+            profile=profile,
         )
         results.append(predict(config, cat))
     if json_out:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -16,6 +17,7 @@ import numpy as np
 import simpy
 from pydantic import BaseModel, ConfigDict, Field
 
+from capsim.calibration.profiles import find_profile
 from capsim.catalog.loader import Catalog, load_catalog
 from capsim.catalog.schemas import GPU, Model, QuantFormat
 from capsim.engine.lengths import parse_length
@@ -87,6 +89,10 @@ class PredictConfig(BaseModel):
     kv_capacity_tokens: int | None = Field(
         None, ge=BLOCK_SIZE_TOKENS, description="Pin the KV pool size (e.g. from a probe)"
     )
+    profile: str = Field(
+        "auto",
+        description="Calibration profile: auto (the GPU class's, if any), none, a name or a path",
+    )
 
     def default_requests(self, level: int) -> int:
         """Requests per level when --requests is not given."""
@@ -110,6 +116,7 @@ class Setup:
     dp: int
     max_model_len: int
     quant_reason: str = ""
+    profile: object = None  # the calibration Profile applied, if any
 
 
 def build_setup(
@@ -158,6 +165,9 @@ def build_setup(
         require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     num_blocks = capacity // BLOCK_SIZE_TOKENS
+    profile = None if params is not None else find_profile(config.profile, gpu.hardware_class)
+    if profile is not None:
+        params = profile.params(cat, gpu.name)
     params = params or default_efficiency(gpu, cat)
     if config.efficiency_overrides:
         params = params.with_overrides(config.efficiency_overrides)
@@ -180,7 +190,18 @@ def build_setup(
     )
     max_len = config.max_model_len or fit.max_model_len
     return Setup(
-        config, gpu, model, fmt, step_model, fit, sched, num_blocks, dp, max_len, quant_reason
+        config,
+        gpu,
+        model,
+        fmt,
+        step_model,
+        fit,
+        sched,
+        num_blocks,
+        dp,
+        max_len,
+        quant_reason,
+        profile,
     )
 
 
@@ -233,6 +254,9 @@ class LevelResult(BaseModel):
     )
     speedup_vs_serial: float | None = Field(
         None, description="Time to run these requests one at a time / this level's wall clock"
+    )
+    band_80: dict[str, tuple[float, float]] | None = Field(
+        None, description="80% prediction band per throughput figure (with a profile)"
     )
     records: list[RequestRecord] | None = None
 
@@ -358,6 +382,7 @@ class PredictResult(BaseModel):
     model: str
     quant: str
     quant_reason: str
+    profile: str | None = None
     replicas: int
     kv_capacity_tokens: int
     max_model_len: int
@@ -430,17 +455,37 @@ def predict(
     else:
         results = [simulate_level(setup, w, config.seed, keep_records) for w in workloads]
     add_relative_figures(setup, config, results)
+    if setup.profile is not None:
+        add_bands(results, setup.profile.band_sd)
     return PredictResult(
         config=config,
         gpu=setup.gpu.name,
         model=setup.model.name,
         quant=setup.fmt.name,
         quant_reason=setup.quant_reason,
+        profile=setup.profile.name if setup.profile is not None else None,
         replicas=setup.dp,
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,
         levels=results,
     )
+
+
+BAND_Z = 1.2815515655446004
+"""Standard normal quantile of 0.9: an 80% two-sided band."""
+
+
+def add_bands(results: list[LevelResult], log_sd: float) -> None:
+    """80% bands from the profile's log-residual spread: figure x exp(+-1.2816 sd)."""
+    factor = math.exp(BAND_Z * log_sd)
+    for r in results:
+        m = r.metrics
+        values = {
+            "output_tok_s": m.output_tok_s,
+            "total_tok_s": m.total_tok_s,
+            "per_request_output_tok_s": m.per_request_output_tok_s.mean,
+        }
+        r.band_80 = {k: (v / factor, v * factor) for k, v in values.items() if v is not None}
 
 
 def add_relative_figures(setup: Setup, config: PredictConfig, results: list[LevelResult]):

@@ -1,0 +1,112 @@
+"""Calibration profiles: fitted efficiency parameters for one hardware class and engine.
+
+Profiles live in calibration/profiles/*.yaml (written by ``capsim calibrate``) and are
+matched to predictions by hardware class (``--profile auto``, the default), or chosen by
+name or path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.calibration.published import calibration_dir
+from capsim.catalog.loader import Catalog
+from capsim.errors import CapsimUserError
+from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.step import default_efficiency
+
+
+class FittedParameter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: float
+    prior: float
+    std: float | None = Field(None, description="Standard error from the Jacobian")
+    identifiable: bool
+    bounds: tuple[float, float]
+
+
+class PointResidual(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str
+    scenario: str
+    concurrency: int
+    metric: str
+    measured: float
+    predicted: float
+    error: float
+
+
+class Profile(BaseModel):
+    """Fitted parameters for one hardware class and engine (calibration/profiles/*.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    hardware_class: str
+    engine: str = "vllm"
+    created: str = Field(default_factory=lambda: dt.date.today().isoformat())
+    fitted_from: list[str]
+    parameters: dict[str, FittedParameter]
+    log_residual_sd: float = Field(description="Spread of log(predicted/measured), for bands")
+    cv_log_residual_sd: float | None = Field(
+        None, description="The same, leaving one concurrency level out (cross-validated)"
+    )
+    points: int
+    residuals: list[PointResidual]
+    note: str = ""
+
+    @property
+    def band_sd(self) -> float:
+        """Log-spread used for prediction bands: the larger of in-sample and CV."""
+        return max(self.log_residual_sd, self.cv_log_residual_sd or 0.0)
+
+    def params(self, catalog: Catalog, gpu_name: str) -> EfficiencyParams:
+        """The GPU's default parameters with this profile's fitted values laid over."""
+        base = default_efficiency(catalog.gpu(gpu_name), catalog)
+        return base.with_overrides({k: p.value for k, p in self.parameters.items()})
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+        return path
+
+
+def load_profile(path: Path) -> Profile:
+    try:
+        return Profile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        raise CapsimUserError(f"cannot read profile '{path}': {exc}") from None
+
+
+def profiles_dir() -> Path:
+    return calibration_dir() / "profiles"
+
+
+def find_profile(spec: str | None, hardware_class: str) -> Profile | None:
+    """Resolve ``--profile``: a path, a name in calibration/profiles, ``auto`` (the profile
+    of the GPU's hardware class, if one exists) or ``none``."""
+    if spec in (None, "none"):
+        return None
+    if spec == "auto":
+        path = profiles_dir() / f"{hardware_class}-vllm.yaml"
+        return load_profile(path) if path.exists() else None
+    path = Path(spec)
+    if not path.exists():
+        path = profiles_dir() / f"{spec}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+        raise CapsimUserError(f"unknown profile '{spec}'", hint="known: " + ", ".join(names))
+    profile = load_profile(path)
+    if profile.hardware_class != hardware_class:
+        raise CapsimUserError(
+            f"profile '{profile.name}' was fitted on {profile.hardware_class} hardware, not "
+            f"{hardware_class}",
+            hint="use a profile of the same hardware class, or --profile none",
+        )
+    return profile

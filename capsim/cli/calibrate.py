@@ -1,0 +1,75 @@
+"""``capsim calibrate``: fit efficiency parameters to measurements; write profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich import box
+from rich.table import Table
+
+from capsim.calibration.fit import DEFAULT_FIT, cross_validate, fit_profile, group_by_class
+from capsim.calibration.published import load_published
+from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
+from capsim.errors import CapsimUserError
+
+
+def calibrate_cmd(
+    datasets: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Dataset YAML files or folders (default: calibration/published)"),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="Profile file, or folder when several classes")
+    ] = Path("calibration/profiles"),
+    name: Annotated[str | None, typer.Option("--name", help="Profile name")] = None,
+    fit: Annotated[str, typer.Option("--fit", help="Comma-separated parameters to fit")] = ",".join(
+        DEFAULT_FIT
+    ),
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Fit efficiency parameters per hardware class with scipy least_squares."""
+    cat = catalog(db)
+    names = tuple(v.strip() for v in fit.split(",") if v.strip())
+    groups = group_by_class(load_published(datasets), cat)
+    if out.suffix == ".yaml" and len(groups) > 1:
+        raise CapsimUserError(
+            f"the datasets span {len(groups)} hardware classes ({', '.join(groups)})",
+            hint="pass a folder to --out, or datasets of one class",
+        )
+    profiles = []
+    for hw_class, group in groups.items():
+        profile = fit_profile(group, cat, name or f"{hw_class}-vllm", names)
+        cv = cross_validate(group, cat, names)
+        if cv:
+            errors = np.log([p.predicted / p.measured for p in cv])
+            profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))
+        path = out if out.suffix == ".yaml" else out / f"{profile.name}.yaml"
+        profile.save(path)
+        profiles.append((profile, path))
+    if json_out:
+        print_json([{"path": str(p), **prof.model_dump(mode="json")} for prof, p in profiles])
+        return
+    for profile, path in profiles:
+        table = Table(
+            title=f"{profile.name} ({profile.points} points) -> {path}", box=box.SIMPLE_HEAD
+        )
+        for col in ("parameter", "prior", "fitted", "std", "identifiable"):
+            table.add_column(col, justify="left" if col == "parameter" else "right")
+        for key, p in profile.parameters.items():
+            table.add_row(
+                key,
+                f"{p.prior:.4g}",
+                f"{p.value:.4g}",
+                "—" if p.std is None else f"{p.std:.3g}",
+                "yes" if p.identifiable else "no",
+            )
+        console.print(table)
+        cv = "—" if profile.cv_log_residual_sd is None else f"{profile.cv_log_residual_sd:.3f}"
+        console.print(
+            f"log-residual sd {profile.log_residual_sd:.3f} in-sample, {cv} cross-validated; "
+            f"{profile.note}"
+        )

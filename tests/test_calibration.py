@@ -1,0 +1,98 @@
+"""Calibration: the fit recovers known parameters; profiles round-trip; CV runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capsim.calibration.compare import compare_dataset
+from capsim.calibration.fit import cross_validate, fit_profile
+from capsim.calibration.profiles import load_profile
+from capsim.calibration.published import MeasuredPoint, PublishedDataset, load_published
+from capsim.catalog.loader import load_catalog
+from capsim.physics.step import default_efficiency
+
+CAT = load_catalog()
+
+
+def synthetic(truth: dict[str, float]) -> PublishedDataset:
+    """A seed-002-shaped dataset whose 'measurements' are simulations with ``truth``."""
+    base = {
+        "name": "synthetic",
+        "source": {"title": "synthetic: simulated with known parameters"},
+        "workload": {
+            "kind": "batch",
+            "rounds_per_level": 1,
+            "input_tokens": "512",
+            "output_tokens": "200",
+        },
+        "metric_definition": "output_tok_s of batch rounds",
+        "scenarios": [
+            {
+                "name": name,
+                "gpu": "rtx3090",
+                "model": model,
+                "quant": "awq-int4",
+                "tp": 1,
+                "flags": {"max_num_seqs": 4},
+                "points": [
+                    {"concurrency": c, "metric": "output_tok_s", "value": 1.0, "quote": "synthetic"}
+                    for c in (1, 2, 3, 4)
+                ],
+            }
+            for name, model in (("moe", "qwen3-coder-30b-a3b"), ("dense", "qwen2.5-coder-32b"))
+        ],
+    }
+    ds = PublishedDataset.model_validate(base)
+    params = default_efficiency(CAT.gpu("rtx3090"), CAT).with_overrides(truth)
+    predicted = {(p.scenario, p.concurrency): p.predicted for p in compare_dataset(ds, CAT, params)}
+    scenarios = []
+    for sc in ds.scenarios:
+        points = [
+            MeasuredPoint(
+                concurrency=p.concurrency,
+                metric=p.metric,
+                value=predicted[(sc.name, p.concurrency)],
+                quote="synthetic",
+            )
+            for p in sc.points
+        ]
+        scenarios.append(sc.model_copy(update={"points": points}))
+    return ds.model_copy(update={"scenarios": scenarios})
+
+
+def test_fit_recovers_known_parameters(tmp_path):
+    truth = {"bandwidth_efficiency": 0.65, "step_overhead_us": 1500.0}
+    ds = synthetic(truth)
+    profile = fit_profile([ds], CAT, "synthetic", tuple(truth))
+    for name, value in truth.items():
+        assert profile.parameters[name].value == pytest.approx(value, rel=0.05), name
+        assert profile.parameters[name].identifiable
+    assert profile.log_residual_sd < 0.02
+    assert max(abs(r.error) for r in profile.residuals) < 0.02
+    path = profile.save(tmp_path / "p.yaml")
+    again = load_profile(path)
+    assert again.parameters == profile.parameters
+    assert again.params(CAT, "rtx3090").step_overhead_us == pytest.approx(1500, rel=0.05)
+
+
+def test_cross_validation_predicts_left_out_levels():
+    ds = synthetic({"step_overhead_us": 1200.0})
+    cv = cross_validate([ds], CAT, ("step_overhead_us",), max_evaluations=20)
+    assert {p.concurrency for p in cv} == {1, 2, 3, 4}
+    assert np.mean([abs(p.error) for p in cv]) < 0.05
+
+
+def test_every_published_dataset_loads_and_is_sourced():
+    datasets = load_published()
+    names = {ds.name.split("-")[0] for ds in datasets}
+    assert {"seed000", "seed001", "seed002", "seed004"} <= names
+    for ds in datasets:
+        for sc in ds.scenarios:
+            for p in sc.points:
+                assert p.quote.strip()
+    seed004 = next(ds for ds in datasets if ds.name.startswith("seed004"))
+    for sc in seed004.scenarios:
+        for p in sc.points:  # each parsed row cross-checks: per-request = avg / C
+            per_request = int(p.note.split("per-request ")[1].split()[0])
+            assert abs(per_request - p.value / p.concurrency) <= 0.51
