@@ -96,3 +96,26 @@ def test_every_published_dataset_loads_and_is_sourced():
         for p in sc.points:  # each parsed row cross-checks: per-request = avg / C
             per_request = int(p.note.split("per-request ")[1].split()[0])
             assert abs(per_request - p.value / p.concurrency) <= 0.51
+
+
+def test_probe_run_files_become_datasets(tmp_path):
+    from pathlib import Path
+
+    from capsim.calibration.published import dataset_from_run
+    from capsim.errors import CapsimUserError
+
+    ds = dataset_from_run(Path("calibration/runs/cpu-vllm-tiny-qwen3.json"))
+    (scenario,) = ds.scenarios
+    assert scenario.gpu == "cpu-host" and scenario.model == "tiny-qwen3"
+    assert scenario.kv_capacity_tokens == 4096 * 128  # from vllm:cache_config_info
+    assert len(scenario.points) == 8  # 4 levels x 2 runs
+    assert ds.workload.kind == "closed" and ds.workload.input_tokens == "512"
+    points = compare_dataset(ds, CAT)
+    assert all(p.predicted > 0 for p in points)
+    (tmp_path / "nogpu.json").write_text(
+        Path("calibration/runs/cpu-vllm-tiny-qwen3.json")
+        .read_text()
+        .replace('"gpu": "cpu-host"', '"gpu": null')
+    )
+    with pytest.raises(CapsimUserError, match="--gpu"):
+        dataset_from_run(tmp_path / "nogpu.json")

@@ -68,6 +68,7 @@ def scenario_config(ds: PublishedDataset, sc: Scenario, levels: list[int]) -> Pr
             int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
         ),
         max_model_len=int(flags["max_model_len"]) if "max_model_len" in flags else None,
+        kv_capacity_tokens=sc.kv_capacity_tokens,
         seed=0,
         profile="none",
     )

@@ -61,6 +61,9 @@ class Scenario(Strict):
     power_limit_w: float | None = None
     flags: dict[str, float | int | bool] = Field(default_factory=dict)
     output_mean_tokens: float | None = None
+    kv_capacity_tokens: int | None = Field(
+        None, description="The server's KV cache size when known (e.g. from a probe)"
+    )
     output_note: str | None = None
     points: list[MeasuredPoint]
 
@@ -111,8 +114,74 @@ def load_dataset(path: Path) -> PublishedDataset:
         raise CapsimUserError(format_validation_error(path, exc)) from None
 
 
+def dataset_from_run(path: Path) -> PublishedDataset:
+    """A probe run file as a dataset: one point per level and run (output tok/s), with
+    the deployment the user stated and the KV capacity the server reported."""
+    from capsim.probe.runfile import load_run
+
+    summary, _ = load_run(path)
+    h = summary.header
+    dep = h.deployment
+    if not dep.gpu:
+        raise CapsimUserError(
+            f"run '{path}' does not say which hardware it measured",
+            hint="probe with --gpu NAME (a catalog GPU) so the run can be simulated",
+        )
+    flags: dict = {}
+    for key, value in dep.engine_flags.items():
+        name = key.replace("-", "_")
+        if name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            flags[name] = int(value)
+    cache = h.server.get("cache_config") or {}
+    capacity = None
+    if cache.get("num_gpu_blocks") and cache.get("block_size"):
+        capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+    if "max_model_len" not in flags and h.server.get("max_model_len"):
+        flags["max_model_len"] = int(h.server["max_model_len"])
+    points = [
+        MeasuredPoint(
+            concurrency=lv.concurrency,
+            metric="output_tok_s",
+            value=lv.metrics.output_tok_s,
+            quote=f"capsim probe, run {lv.run}: {lv.metrics.output_tok_s:.1f} output tok/s "
+            f"({lv.metrics.completed} requests)",
+        )
+        for lv in summary.levels
+        if lv.metrics.completed and lv.metrics.output_tok_s > 0
+    ]
+    if not points:
+        raise CapsimUserError(f"run '{path}' has no completed level to calibrate on")
+    return PublishedDataset(
+        name=path.stem,
+        source=Source(
+            title=f"capsim probe run {path.name}", url=h.url, note=f"started {h.started}"
+        ),
+        workload=WorkloadDescription(
+            kind=h.workload,
+            requests_per_level=h.requests_per_level,
+            input_tokens=str(h.input_tokens or 1024),
+            output_tokens=str(h.output_tokens or 512),
+        ),
+        metric_definition="capsim's output_tok_s (shared with the simulator)",
+        scenarios=[
+            Scenario(
+                name=h.model,
+                gpu=dep.gpu,
+                model=h.model,
+                quant=dep.quant or "auto",
+                tp=dep.tp or 1,
+                kv_dtype=dep.kv_dtype or "auto",
+                flags=flags,
+                kv_capacity_tokens=capacity,
+                points=points,
+            )
+        ],
+    )
+
+
 def load_published(paths: list[Path] | None = None) -> list[PublishedDataset]:
-    """Datasets from the given files or directories (default: calibration/published/)."""
+    """Datasets from the given files or directories (default: calibration/published/);
+    probe run files (.json with a .jsonl beside them) are read as datasets too."""
     targets = paths or [published_dir()]
     files: list[Path] = []
     for target in targets:
@@ -124,4 +193,6 @@ def load_published(paths: list[Path] | None = None) -> list[PublishedDataset]:
             raise CapsimUserError(f"dataset '{target}' does not exist")
     if not files:
         raise CapsimUserError("no published datasets found", hint="pass a YAML file or folder")
-    return [load_dataset(f) for f in files]
+    return [
+        dataset_from_run(f) if f.suffix in (".json", ".jsonl") else load_dataset(f) for f in files
+    ]

@@ -123,6 +123,53 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     assert s_ratio == pytest.approx(m_ratio, abs=0.12)
 
 
+def test_dense_calibration_loop_predicts_unseen_levels(tmp_path):
+    """Issue 6's loop: probe C=1,2,4, calibrate a cpu-host profile on that run, predict C=8
+    and C=16, probe them, and compare (the machine is shared and noisy: 35% allowed)."""
+    from capsim.calibration.compare import compare_dataset
+    from capsim.calibration.fit import fit_profile
+    from capsim.calibration.published import dataset_from_run
+    from capsim.catalog.loader import load_catalog
+    from capsim.probe.runfile import Deployment
+
+    url = live_server("dense")
+    cat = load_catalog()
+
+    def probe(levels, name):
+        cfg = ProbeConfig(
+            url=url,
+            model=MODELS["dense"],
+            concurrency=levels,
+            requests=32,
+            input_tokens=256,
+            output_tokens=64,
+            deployment=Deployment(gpu="cpu-host", quant="bf16"),
+        )
+        out = tmp_path / f"{name}.json"
+        run_probe(cfg, out)
+        return dataset_from_run(out)
+
+    train = probe([1, 2, 4], "train")
+    fit = (
+        "step_overhead_us",
+        "per_sequence_overhead_us",
+        "bandwidth_efficiency",
+        "compute_efficiency",
+    )
+    profile = fit_profile([train], cat, "cpu-host-loop", fit)
+    test = probe([8, 16], "test")
+    predicted = compare_dataset(test, cat, profile.params(cat, "cpu-host"))
+    for p in predicted:
+        print(
+            f"C={p.concurrency}: measured {p.measured:.0f}, predicted {p.predicted:.0f} "
+            f"output tok/s ({100 * p.error:+.1f}%)"
+        )
+    print({k: round(v.value, 3) for k, v in profile.parameters.items()})
+    assert {p.concurrency for p in predicted} == {8, 16}
+    for p in predicted:
+        assert abs(p.error) <= 0.35
+
+
 def test_killing_the_server_keeps_a_valid_partial_run(tmp_path):
     """Run last: it kills the MoE server that run_live.sh started."""
     url = live_server("moe")
