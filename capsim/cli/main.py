@@ -34,6 +34,7 @@ from capsim.cli.common import (
     user_errors,
 )
 from capsim.cli.importers import import_app
+from capsim.cli.plan import plan_cmd
 from capsim.cli.predict import predict_cmd
 from capsim.cli.probe import probe_app
 from capsim.cli.validate import validate_cmd
@@ -597,6 +598,7 @@ def explain_cmd(
 app.command("predict")(user_errors(predict_cmd))
 app.command("validate")(user_errors(validate_cmd))
 app.command("calibrate")(user_errors(calibrate_cmd))
+app.command("plan")(user_errors(plan_cmd))
 
 
 def run() -> None:

@@ -1,0 +1,205 @@
+"""``capsim plan``: which box, format and flags meet a workload's SLOs, at what cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
+from capsim.cli.predict import split_list
+from capsim.errors import CapsimUserError
+from capsim.planner.costs import CostModel
+from capsim.planner.search import (
+    PlanRequest,
+    enumerate_candidates,
+    evaluate,
+    frontier_cost,
+    frontier_throughput,
+    vllm_serve_command,
+)
+
+
+def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    ok = [e for e in items if e.meets_slo]
+    bad = [e for e in items if not e.meets_slo]
+    for axis, xs, ys in ((left, "output_tok_s", "per_agent_tok_s"),):
+        axis.scatter(
+            [getattr(e, xs) for e in bad],
+            [getattr(e, ys) for e in bad],
+            c="lightgray",
+            label="misses an SLO",
+        )
+        axis.scatter(
+            [getattr(e, xs) for e in ok],
+            [getattr(e, ys) for e in ok],
+            c="tab:blue",
+            label="meets the SLOs",
+        )
+        front = sorted((items[i] for i in front_tp), key=lambda e: e.output_tok_s)
+        axis.plot(
+            [e.output_tok_s for e in front],
+            [e.per_agent_tok_s for e in front],
+            "r-",
+            label="Pareto frontier",
+        )
+    left.set_xlabel("aggregate output tok/s")
+    left.set_ylabel("per-agent output tok/s")
+    left.legend(fontsize=8)
+    priced = [e for e in items if e.cost.total_usd is not None]
+    right.scatter(
+        [e.cost.total_usd for e in priced],
+        [e.output_tok_s for e in priced],
+        c=["tab:blue" if e.meets_slo else "lightgray" for e in priced],
+    )
+    front = sorted((items[i] for i in front_cost), key=lambda e: e.cost.total_usd)
+    right.plot([e.cost.total_usd for e in front], [e.output_tok_s for e in front], "r-")
+    right.set_xlabel("total cost over the horizon (USD)")
+    right.set_ylabel("aggregate output tok/s")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+    fig.suptitle("capsim plan: configurations and Pareto frontiers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plan_cmd(
+    model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
+    agents: Annotated[int, typer.Option("--agents", help="Concurrent agents (clients)")],
+    input_tokens: Annotated[str, typer.Option("--input-tokens")] = "1024",
+    output_tokens: Annotated[str, typer.Option("--output-tokens")] = "512",
+    min_agent_tok_s: Annotated[float | None, typer.Option("--min-agent-tok-s")] = None,
+    max_ttft_p90: Annotated[float | None, typer.Option("--max-ttft-p90", help="Seconds")] = None,
+    budget: Annotated[float | None, typer.Option("--budget", help="USD")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="Candidate GPUs (default all)")] = None,
+    counts: Annotated[str, typer.Option("--counts", help="GPUs per box to try")] = "1,2,4,8",
+    years: Annotated[float, typer.Option("--years")] = 3.0,
+    kwh_price: Annotated[float, typer.Option("--kwh-price", help="USD per kWh")] = 0.15,
+    cloud_hourly: Annotated[
+        float | None, typer.Option("--cloud-hourly", help="USD per GPU-hour instead of buying")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", help="Rows to show")] = 10,
+    plot_path: Annotated[Path | None, typer.Option("--plot", help="Write frontier plots")] = None,
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Search GPUs, counts, TP x DP, formats, KV dtype and speculation for a workload."""
+    cat = catalog(db)
+    if agents < 1:
+        raise CapsimUserError("--agents must be at least 1")
+    try:
+        gpu_counts = tuple(int(v) for v in split_list(counts))
+    except ValueError:
+        raise CapsimUserError(f"malformed --counts '{counts}'", hint="e.g. 1,2,4,8") from None
+    req = PlanRequest(
+        models=tuple(cat.model(m).name for m in split_list(model)),
+        agents=agents,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        min_agent_tok_s=min_agent_tok_s,
+        max_ttft_p90_s=max_ttft_p90,
+        budget_usd=budget,
+        gpus=tuple(cat.gpu(g).name for g in split_list(gpus)) if gpus else None,
+        gpu_counts=gpu_counts,
+        cost=CostModel(years=years, kwh_price_usd=kwh_price, cloud_usd_per_gpu_hour=cloud_hourly),
+    )
+    candidates, pruned = enumerate_candidates(req, cat)
+    if not candidates:
+        raise CapsimUserError(
+            "no configuration fits in memory",
+            hint="allow more GPUs (--counts) or other GPUs (--gpus)",
+        )
+    items = evaluate(candidates, req, cat)
+    items.sort(
+        key=lambda e: (
+            not e.meets_slo,
+            e.cost.total_usd if e.cost.total_usd is not None else float("inf"),
+            -e.output_tok_s,
+        )
+    )
+    front_tp, front_cost = frontier_throughput(items), frontier_cost(items)
+    winners = [e for e in items if e.meets_slo]
+    if json_out:
+        print_json(
+            {
+                "simulated": len(items),
+                "pruned_for_memory": pruned,
+                "configurations": [
+                    {
+                        "label": e.candidate.label(),
+                        "gpu": e.candidate.gpu,
+                        "count": e.candidate.count,
+                        "tp": e.candidate.tp,
+                        "dp": e.candidate.dp,
+                        "model": e.candidate.model,
+                        "quant": e.candidate.quant,
+                        "kv_dtype": e.candidate.kv_dtype,
+                        "spec": e.candidate.spec.model_dump() if e.candidate.spec else None,
+                        "output_tok_s": e.output_tok_s,
+                        "per_agent_tok_s": e.per_agent_tok_s,
+                        "ttft_p90_s": e.ttft_p90_s,
+                        "meets_slo": e.meets_slo,
+                        "misses": e.reasons,
+                        "cost_usd": e.cost.total_usd,
+                        "purchase_usd": e.cost.purchase_usd,
+                        "energy_usd": e.cost.energy_usd,
+                        "usd_per_million_output_tokens": e.cost.usd_per_million_output_tokens,
+                        "on_throughput_frontier": i in front_tp,
+                        "on_cost_frontier": i in front_cost,
+                    }
+                    for i, e in enumerate(items)
+                ],
+            }
+        )
+    else:
+        table = Table(
+            title=f"capsim plan: {agents} agents, {len(items)} configurations "
+            f"simulated, {pruned} pruned for memory",
+            box=box.SIMPLE_HEAD,
+        )
+        for col in ("configuration", "tok/s", "per agent", "TTFT p90", "cost USD", "$/Mtok", "SLO"):
+            table.add_column(col, justify="left" if col == "configuration" else "right")
+        for e in items[:top]:
+            table.add_row(
+                e.candidate.label(),
+                f"{e.output_tok_s:,.0f}",
+                f"{e.per_agent_tok_s:.1f}",
+                f"{e.ttft_p90_s:.1f}s",
+                "—" if e.cost.total_usd is None else f"{e.cost.total_usd:,.0f}",
+                "—"
+                if e.cost.usd_per_million_output_tokens is None
+                else f"{e.cost.usd_per_million_output_tokens:.2f}",
+                "yes" if e.meets_slo else "; ".join(e.reasons),
+            )
+        console.print(table)
+        if winners:
+            best = winners[0]
+            max_seqs = max(agents // best.candidate.dp, 1)
+            console.print(
+                "winner: "
+                + vllm_serve_command(
+                    best.candidate, cat.model(best.candidate.model).hf_id, max_seqs
+                ),
+                highlight=False,
+                soft_wrap=True,
+            )
+        else:
+            closest = min(items, key=lambda e: len(e.reasons))
+            console.print(
+                f"nothing meets these SLOs; the closest is {closest.candidate.label()} "
+                f"({'; '.join(closest.reasons)})",
+                highlight=False,
+                soft_wrap=True,
+            )
+    if plot_path is not None:
+        plot_frontiers(items, front_tp, front_cost, plot_path)

@@ -1,0 +1,1 @@
+"""Planner layer: search hardware and serving configurations with the engine, rank them."""

@@ -1,0 +1,223 @@
+"""Search configurations for a workload and SLOs; simulate each with the engine.
+
+The search space: candidate GPUs, GPU counts per box, TP x DP splits of each count (TP must
+divide the attention heads and the chosen interconnect must join TP GPUs), weight formats
+(the release format, FP8 where the GPU runs it natively, AWQ 4-bit), KV dtype (auto, and
+FP8 where native) and speculative decoding (off, or MTP with 1 and 2 tokens for models with
+MTP layers). Configurations whose weights and one sequence's KV do not fit are pruned
+before any simulation; the rest are simulated in parallel processes with the same engine
+and the same code path as ``capsim predict``, so a plan's figures are ``predict``'s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from capsim.catalog.loader import Catalog, load_catalog
+from capsim.engine.simulate import PredictConfig, predict
+from capsim.errors import CapsimUserError
+from capsim.physics.communication import choose_interconnect
+from capsim.physics.memory import memory_fit
+from capsim.physics.speculative import SpecConfig
+from capsim.planner.costs import Cost, CostModel, cost_of
+from capsim.planner.pareto import pareto_front
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A workload, SLOs and constraints."""
+
+    models: tuple[str, ...]
+    agents: int
+    input_tokens: str = "1024"
+    output_tokens: str = "512"
+    min_agent_tok_s: float | None = None
+    max_ttft_p90_s: float | None = None
+    budget_usd: float | None = None
+    gpus: tuple[str, ...] | None = None
+    gpu_counts: tuple[int, ...] = (1, 2, 4, 8)
+    requests: int | None = None
+    spec_acceptance: float = 0.7
+    cost: CostModel = field(default_factory=CostModel)
+    profile: str = "auto"
+
+
+@dataclass
+class Candidate:
+    gpu: str
+    count: int
+    tp: int
+    model: str
+    quant: str
+    kv_dtype: str
+    spec: SpecConfig | None = None
+
+    @property
+    def dp(self) -> int:
+        return self.count // self.tp
+
+    def config(self, req: PlanRequest) -> PredictConfig:
+        return PredictConfig(
+            gpu=self.gpu,
+            model=self.model,
+            quant=self.quant,
+            tp=self.tp,
+            dp=self.dp,
+            kv_dtype=self.kv_dtype,
+            spec=self.spec,
+            workload="closed",
+            concurrency=[req.agents],
+            requests=req.requests or max(2 * req.agents, 16),
+            input_tokens=req.input_tokens,
+            output_tokens=req.output_tokens,
+            router="least_outstanding",
+            profile=req.profile,
+        )
+
+    def label(self) -> str:
+        text = f"{self.count}x {self.gpu} TP{self.tp}xDP{self.dp} {self.model} {self.quant}"
+        if self.kv_dtype != "auto":
+            text += f" kv={self.kv_dtype}"
+        if self.spec:
+            text += f" {self.spec.method}:{self.spec.num_tokens}"
+        return text
+
+
+@dataclass
+class Evaluated:
+    candidate: Candidate
+    output_tok_s: float
+    per_agent_tok_s: float
+    ttft_p90_s: float
+    cost: Cost
+    meets_slo: bool
+    reasons: list[str]
+
+
+def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate], int]:
+    """Every configuration in the space, and how many were pruned for memory."""
+    gpus = [cat.gpu(g) for g in req.gpus] if req.gpus else list(cat.gpus)
+    out: list[Candidate] = []
+    pruned = 0
+    for model_name in req.models:
+        model = cat.model(model_name)
+        for gpu in gpus:
+            formats = [model.dtype]
+            if "fp8" in gpu.native_formats and "fp8" not in formats:
+                formats.append("fp8")
+            if "awq-int4" not in formats:
+                formats.append("awq-int4")
+            kv_options = ["auto"] + (["fp8"] if "fp8" in gpu.native_formats else [])
+            specs: list[SpecConfig | None] = [None]
+            if model.mtp_layers:
+                specs += [
+                    SpecConfig(method="mtp", num_tokens=k, acceptance=req.spec_acceptance)
+                    for k in (1, 2)
+                ]
+            for count in req.gpu_counts:
+                for tp in (t for t in (1, 2, 4, 8) if t <= count and count % t == 0):
+                    if model.num_attention_heads % tp:
+                        continue
+                    try:
+                        choose_interconnect(gpu, tp)
+                    except CapsimUserError:
+                        continue
+                    for quant, kv, spec in itertools.product(formats, kv_options, specs):
+                        fit = memory_fit(
+                            gpu,
+                            model,
+                            cat.quant(quant),
+                            tp=tp,
+                            kv_dtype=kv,
+                            include_mtp=spec is not None,
+                        )
+                        if not fit.fits:
+                            pruned += 1
+                            continue
+                        out.append(Candidate(gpu.name, count, tp, model.name, quant, kv, spec))
+    return out, pruned
+
+
+def _evaluate(args) -> tuple[float, float, float] | str:
+    candidate, req, extra_dirs = args
+    cat = load_catalog(extra_dirs)
+    try:
+        level = predict(candidate.config(req), cat, workers=1).levels[0]
+    except CapsimUserError as exc:
+        return exc.message
+    m = level.metrics
+    return (m.output_tok_s, m.per_request_output_tok_s.mean or 0.0, (m.ttft_ms.p90 or 0.0) / 1e3)
+
+
+def evaluate(
+    candidates: list[Candidate], req: PlanRequest, cat: Catalog, workers: int | None = None
+) -> list[Evaluated]:
+    """Simulate every candidate (in parallel processes) and apply costs and SLOs."""
+    jobs = workers or min(os.cpu_count() or 1, max(len(candidates), 1))
+    args = [(c, req, cat.directories[1:]) for c in candidates]
+    if jobs > 1 and len(candidates) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_evaluate, args, chunksize=max(1, len(args) // (4 * jobs))))
+    else:
+        results = [_evaluate(a) for a in args]
+    evaluated = []
+    for c, r in zip(candidates, results, strict=True):
+        if isinstance(r, str):
+            continue  # rejected by the engine (e.g. prompts longer than max_model_len)
+        out_tok_s, per_agent, ttft90 = r
+        gpu = cat.gpu(c.gpu)
+        cost = cost_of(gpu, c.count, out_tok_s, req.cost)
+        reasons = []
+        if req.min_agent_tok_s is not None and per_agent < req.min_agent_tok_s:
+            reasons.append(f"per-agent {per_agent:.1f} < {req.min_agent_tok_s:g} tok/s")
+        if req.max_ttft_p90_s is not None and ttft90 > req.max_ttft_p90_s:
+            reasons.append(f"TTFT p90 {ttft90:.1f} > {req.max_ttft_p90_s:g} s")
+        if req.budget_usd is not None:
+            spend = cost.purchase_usd if req.cost.cloud_usd_per_gpu_hour is None else cost.total_usd
+            if spend is None:
+                reasons.append("no price in the catalog")
+            elif spend > req.budget_usd:
+                reasons.append(f"cost {spend:,.0f} > budget {req.budget_usd:,.0f} USD")
+        evaluated.append(Evaluated(c, out_tok_s, per_agent, ttft90, cost, not reasons, reasons))
+    return evaluated
+
+
+def frontier_throughput(items: list[Evaluated]) -> list[int]:
+    """Pareto frontier of aggregate vs per-agent throughput (both higher is better)."""
+    return pareto_front([(e.output_tok_s, e.per_agent_tok_s) for e in items], [True, True])
+
+
+def frontier_cost(items: list[Evaluated]) -> list[int]:
+    """Pareto frontier of total cost (lower) vs aggregate throughput (higher), priced only."""
+    priced = [i for i, e in enumerate(items) if e.cost.total_usd is not None]
+    front = pareto_front(
+        [(items[i].cost.total_usd, items[i].output_tok_s) for i in priced], [False, True]
+    )
+    return [priced[i] for i in front]
+
+
+def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
+    """The ``vllm serve`` line for a configuration (one per DP replica)."""
+    parts = [
+        f"vllm serve {hf_id}",
+        f"--tensor-parallel-size {c.tp}",
+        f"--max-num-seqs {max_num_seqs}",
+    ]
+    if c.quant in ("fp8",) and not hf_id.lower().endswith("fp8"):
+        parts.append("--quantization fp8")
+    if c.kv_dtype != "auto":
+        parts.append(f"--kv-cache-dtype {c.kv_dtype}")
+    if c.spec is not None:
+        parts.append(
+            '--speculative-config \'{"method": "mtp", "num_speculative_tokens": '
+            f"{c.spec.num_tokens}}}'"
+        )
+    command = " ".join(parts)
+    if c.dp > 1:
+        command += (
+            f"   # x{c.dp} replicas (--data-parallel-size {c.dp}, or one server per GPU group)"
+        )
+    return command

@@ -1,0 +1,149 @@
+"""Planner: pruning, costs, SLO filter, Pareto frontiers and seed 001's DP-vs-TP ranking."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capsim.catalog.loader import load_catalog
+from capsim.cli.main import app
+from capsim.engine.simulate import predict
+from capsim.physics.memory import memory_fit
+from capsim.planner.costs import HOURS_PER_YEAR, CostModel, cost_of
+from capsim.planner.pareto import pareto_front
+from capsim.planner.search import Candidate, PlanRequest, enumerate_candidates, evaluate
+
+CAT = load_catalog()
+
+
+def test_pruning_drops_what_does_not_fit():
+    req = PlanRequest(models=("llama-3.3-70b",), agents=4, gpus=("rtx3090",), gpu_counts=(1, 2))
+    candidates, pruned = enumerate_candidates(req, CAT)
+    assert pruned > 0
+    for c in candidates:
+        fit = memory_fit(
+            CAT.gpu(c.gpu), CAT.model(c.model), CAT.quant(c.quant), tp=c.tp, kv_dtype=c.kv_dtype
+        )
+        assert fit.fits
+    assert all(c.quant != "bf16" for c in candidates)  # 141 GB never fits 2 x 24 GiB
+
+
+def test_cost_arithmetic_by_hand():
+    gpu = CAT.gpu("rtx3090")  # 800 USD used, 350 W
+    cost = cost_of(gpu, 2, output_tok_s=100.0, model=CostModel(years=1, kwh_price_usd=0.2))
+    energy = 0.35 * 2 * HOURS_PER_YEAR * 0.2
+    assert cost.purchase_usd == 1600
+    assert cost.energy_usd == pytest.approx(energy)
+    assert cost.usd_per_million_output_tokens == pytest.approx(
+        (1600 + energy) / (100 * HOURS_PER_YEAR * 3600) * 1e6
+    )
+    cloud = cost_of(gpu, 2, 100.0, CostModel(years=1, cloud_usd_per_gpu_hour=0.5))
+    assert cloud.total_usd == pytest.approx(0.5 * 2 * HOURS_PER_YEAR)
+    unpriced = cost_of(CAT.gpu("h100-sxm"), 1, 100.0, CostModel())
+    assert unpriced.total_usd is None
+
+
+def test_slo_filter_and_figures_match_predict():
+    req = PlanRequest(
+        models=("qwen3-coder-30b-a3b",),
+        agents=8,
+        gpus=("rtx3090",),
+        gpu_counts=(1,),
+        min_agent_tok_s=1e6,
+        requests=16,
+    )
+    candidates, _ = enumerate_candidates(req, CAT)
+    items = evaluate(candidates, req, CAT, workers=1)
+    assert items and not any(e.meets_slo for e in items)
+    assert all("per-agent" in e.reasons[0] for e in items)
+    first = items[0]
+    level = predict(first.candidate.config(req), CAT).levels[0]
+    assert first.output_tok_s == pytest.approx(level.metrics.output_tok_s)
+    relaxed = PlanRequest(**{**req.__dict__, "min_agent_tok_s": 1.0})
+    assert all(e.meets_slo for e in evaluate(candidates, relaxed, CAT, workers=1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 100)), min_size=1, max_size=30))
+def test_no_frontier_point_is_dominated(points):
+    front = pareto_front(points, [True, True])
+    assert front
+    for i in front:
+        a = points[i]
+        for b in points:
+            assert not (b[0] >= a[0] and b[1] >= a[1] and (b[0] > a[0] or b[1] > a[1]))
+    for j in set(range(len(points))) - set(front):
+        assert any(
+            points[i][0] >= points[j][0] and points[i][1] >= points[j][1]
+            for i in range(len(points))
+            if i != j
+        )
+
+
+def test_seed001_data_parallel_ranks_above_tensor_parallel_on_b200():
+    req = PlanRequest(
+        models=("qwen3.5-27b",),
+        agents=256,
+        requests=512,
+        input_tokens="1024",
+        output_tokens="256",
+        profile="none",
+    )
+    tp8 = Candidate("b200", 8, 8, "qwen3.5-27b", "fp8", "auto")
+    dp8 = Candidate("b200", 8, 1, "qwen3.5-27b", "fp8", "auto")
+    a, b = evaluate([tp8, dp8], req, CAT, workers=1)
+    assert b.output_tok_s > a.output_tok_s  # seed 001: DP=8 74,848 vs TP=8 22,300 tok/s
+    ranked = sorted([a, b], key=lambda e: -e.output_tok_s)
+    assert ranked[0].candidate.tp == 1
+
+
+def test_plan_cli(tmp_path):
+    png = tmp_path / "plan.png"
+    r = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "qwen3-coder-30b-a3b",
+            "--agents",
+            "8",
+            "--gpus",
+            "rtx3090,rtx4090",
+            "--counts",
+            "1",
+            "--min-agent-tok-s",
+            "5",
+            "--budget",
+            "10000",
+            "--json",
+            "--plot",
+            str(png),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["configurations"] and data["configurations"][0]["meets_slo"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    r = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "qwen3-coder-30b-a3b",
+            "--agents",
+            "8",
+            "--gpus",
+            "rtx3090",
+            "--counts",
+            "1",
+            "--min-agent-tok-s",
+            "100000",
+        ],
+    )
+    assert r.exit_code == 0 and "nothing meets these SLOs; the closest is" in r.stdout
+    r = CliRunner().invoke(app, ["plan", "--model", "llama-9", "--agents", "8"])
+    assert r.exit_code == 2 and "unknown model" in r.stderr
