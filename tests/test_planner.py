@@ -147,3 +147,48 @@ def test_plan_cli(tmp_path):
     assert r.exit_code == 0 and "nothing meets these SLOs; the closest is" in r.stdout
     r = CliRunner().invoke(app, ["plan", "--model", "llama-9", "--agents", "8"])
     assert r.exit_code == 2 and "unknown model" in r.stderr
+
+
+def test_serve_command_carries_the_configuration():
+    from capsim.planner.search import vllm_serve_command
+
+    c = Candidate(gpu="rtx3090", count=4, tp=2, model="m", quant="awq-int4", kv_dtype="fp8")
+    line = vllm_serve_command(c, "Org/Model", max_num_seqs=32)
+    assert line.startswith("vllm serve Org/Model --tensor-parallel-size 2 --max-num-seqs 32")
+    assert "--kv-cache-dtype fp8" in line
+    assert "awq-int4 checkpoint" in line and "x2 replicas" in line
+    plain = vllm_serve_command(
+        Candidate(gpu="h100-sxm", count=1, tp=1, model="m", quant="bf16", kv_dtype="auto"),
+        "Org/Model",
+        max_num_seqs=8,
+    )
+    assert "#" not in plain and "--kv-cache-dtype" not in plain
+
+
+def test_dask_cluster_gives_the_same_results_as_local_processes():
+    distributed = pytest.importorskip("distributed")
+    req = PlanRequest(
+        models=("qwen3-coder-30b-a3b",), agents=4, gpus=("rtx3090",), gpu_counts=(1, 2)
+    )
+    candidates, _ = enumerate_candidates(req, CAT)
+    candidates = candidates[:4]
+    local = evaluate(candidates, req, CAT, workers=1)
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        remote = evaluate(candidates, req, CAT, dask_scheduler=cluster.scheduler_address)
+    assert [e.candidate for e in remote] == [e.candidate for e in local]
+    assert [e.output_tok_s for e in remote] == [e.output_tok_s for e in local]
+
+
+def test_unreachable_dask_scheduler_is_a_user_error(monkeypatch):
+    pytest.importorskip("distributed")
+    from capsim.errors import CapsimUserError
+    from capsim.planner import search
+
+    monkeypatch.setattr(search, "DASK_CONNECT_TIMEOUT_S", 1.0)
+
+    req = PlanRequest(models=("qwen3-coder-30b-a3b",), agents=2, gpus=("rtx3090",), gpu_counts=(1,))
+    candidates, _ = enumerate_candidates(req, CAT)
+    with pytest.raises(CapsimUserError, match="Dask scheduler"):
+        evaluate(candidates[:1], req, CAT, dask_scheduler="tcp://127.0.0.1:9")

@@ -90,6 +90,14 @@ def plan_cmd(
     ] = None,
     top: Annotated[int, typer.Option("--top", help="Rows to show")] = 10,
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write frontier plots")] = None,
+    dask_scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--dask-scheduler",
+            help="Run the simulations on this Dask scheduler (tcp://host:8786); "
+            "needs pip install 'capsim[dask]'",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -119,7 +127,7 @@ def plan_cmd(
             "no configuration fits in memory",
             hint="allow more GPUs (--counts) or other GPUs (--gpus)",
         )
-    items = evaluate(candidates, req, cat)
+    items = evaluate(candidates, req, cat, dask_scheduler=dask_scheduler)
     items.sort(
         key=lambda e: (
             not e.meets_slo,

@@ -152,13 +152,53 @@ def _evaluate(args) -> tuple[float, float, float] | str:
     return (m.output_tok_s, m.per_request_output_tok_s.mean or 0.0, (m.ttft_ms.p90 or 0.0) / 1e3)
 
 
+DASK_CONNECT_TIMEOUT_S = 10.0
+"""How long to wait for a Dask scheduler before giving up, seconds."""
+
+
+def _evaluate_on_dask(args: list, scheduler: str) -> list:
+    """Run the simulations on a Dask cluster (``pip install 'capsim[dask]'``).
+
+    ``scheduler`` is a scheduler address (``tcp://host:8786``) or a
+    ``distributed.Client`` already connected. Workers need capsim installed and, for
+    ``--db`` overlays, the same paths readable.
+    """
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise CapsimUserError(
+            "--dask-scheduler needs Dask's distributed scheduler, which is not installed",
+            hint="pip install 'capsim[dask]'",
+        ) from exc
+    own = not isinstance(scheduler, Client)
+    try:
+        client = Client(scheduler, timeout=f"{DASK_CONNECT_TIMEOUT_S}s") if own else scheduler
+    except OSError as exc:
+        raise CapsimUserError(
+            f"cannot reach the Dask scheduler at {scheduler}: {exc}",
+            hint="check the address (tcp://host:8786) and that the scheduler is running",
+        ) from exc
+    try:
+        return client.gather(client.map(_evaluate, args, pure=False))
+    finally:
+        if own:
+            client.close()
+
+
 def evaluate(
-    candidates: list[Candidate], req: PlanRequest, cat: Catalog, workers: int | None = None
+    candidates: list[Candidate],
+    req: PlanRequest,
+    cat: Catalog,
+    workers: int | None = None,
+    dask_scheduler=None,
 ) -> list[Evaluated]:
-    """Simulate every candidate (in parallel processes) and apply costs and SLOs."""
+    """Simulate every candidate (in local processes, or on a Dask cluster) and apply
+    costs and SLOs."""
     jobs = workers or min(os.cpu_count() or 1, max(len(candidates), 1))
     args = [(c, req, cat.directories[1:]) for c in candidates]
-    if jobs > 1 and len(candidates) > 1:
+    if dask_scheduler is not None:
+        results = _evaluate_on_dask(args, dask_scheduler)
+    elif jobs > 1 and len(candidates) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(_evaluate, args, chunksize=max(1, len(args) // (4 * jobs))))
     else:
@@ -216,6 +256,8 @@ def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
             f"{c.spec.num_tokens}}}'"
         )
     command = " ".join(parts)
+    if c.quant not in ("bf16", "fp16", "fp8"):
+        command += f"   # needs a {c.quant} checkpoint of this model"
     if c.dp > 1:
         command += (
             f"   # x{c.dp} replicas (--data-parallel-size {c.dp}, or one server per GPU group)"
