@@ -192,3 +192,13 @@ def test_unreachable_dask_scheduler_is_a_user_error(monkeypatch):
     candidates, _ = enumerate_candidates(req, CAT)
     with pytest.raises(CapsimUserError, match="Dask scheduler"):
         evaluate(candidates[:1], req, CAT, dask_scheduler="tcp://127.0.0.1:9")
+
+
+def test_band_only_where_a_profile_covers_the_gpu():
+    req = PlanRequest(models=("qwen3-coder-30b-a3b",), agents=4, gpu_counts=(1,))
+    a = Candidate("rtx3090", 1, 1, "qwen3-coder-30b-a3b", "awq-int4", "auto")
+    b = Candidate("rtx4090", 1, 1, "qwen3-coder-30b-a3b", "awq-int4", "auto")
+    on_3090, on_4090 = evaluate([a, b], req, CAT, workers=1)
+    lo, hi = on_3090.output_band_80
+    assert lo < on_3090.output_tok_s < hi  # consumer-ampere profile (fit on seed 002)
+    assert on_4090.output_band_80 is None

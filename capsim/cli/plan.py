@@ -14,6 +14,7 @@ from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 from capsim.planner.costs import CostModel
 from capsim.planner.search import (
+    Evaluated,
     PlanRequest,
     enumerate_candidates,
     evaluate,
@@ -71,6 +72,18 @@ def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def short_misses(e: Evaluated, req: PlanRequest) -> str:
+    """A table-sized account of which SLOs a configuration misses (full text in --json)."""
+    out = []
+    if req.min_agent_tok_s is not None and e.per_agent_tok_s < req.min_agent_tok_s:
+        out.append("tok/s")
+    if req.max_ttft_p90_s is not None and e.ttft_p90_s > req.max_ttft_p90_s:
+        out.append("TTFT")
+    if any("budget" in r or "price" in r for r in e.reasons):
+        out.append("$")
+    return "no: " + "+".join(out)
 
 
 def plan_cmd(
@@ -154,6 +167,7 @@ def plan_cmd(
                         "kv_dtype": e.candidate.kv_dtype,
                         "spec": e.candidate.spec.model_dump() if e.candidate.spec else None,
                         "output_tok_s": e.output_tok_s,
+                        "output_tok_s_band_80": e.output_band_80,
                         "per_agent_tok_s": e.per_agent_tok_s,
                         "ttft_p90_s": e.ttft_p90_s,
                         "meets_slo": e.meets_slo,
@@ -174,20 +188,45 @@ def plan_cmd(
             title=f"capsim plan: {agents} agents, {len(items)} configurations "
             f"simulated, {pruned} pruned for memory",
             box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            collapse_padding=True,
+            pad_edge=False,
         )
-        for col in ("configuration", "tok/s", "per agent", "TTFT p90", "cost USD", "$/Mtok", "SLO"):
-            table.add_column(col, justify="left" if col == "configuration" else "right")
+        banded = any(e.output_band_80 for e in items[:top])
+        columns = [
+            "configuration",
+            "tok/s",
+            "per\nagent",
+            "TTFT\np90",
+            "cost\nUSD",
+            "$/Mtok",
+            "SLO",
+        ]
+        if banded:
+            columns.insert(2, "80%\nband")
+        for col in columns:
+            if col == "configuration":
+                table.add_column(col, min_width=20)
+            elif col == "SLO":
+                table.add_column(col, min_width=17, no_wrap=True)
+            else:
+                table.add_column(col, justify="right", no_wrap=True)
         for e in items[:top]:
+            band = []
+            if banded:
+                lo_hi = e.output_band_80
+                band = [f"{lo_hi[0]:,.0f}-{lo_hi[1]:,.0f}" if lo_hi else "—"]
             table.add_row(
                 e.candidate.label(),
                 f"{e.output_tok_s:,.0f}",
+                *band,
                 f"{e.per_agent_tok_s:.1f}",
                 f"{e.ttft_p90_s:.1f}s",
                 "—" if e.cost.total_usd is None else f"{e.cost.total_usd:,.0f}",
                 "—"
                 if e.cost.usd_per_million_output_tokens is None
                 else f"{e.cost.usd_per_million_output_tokens:.2f}",
-                "yes" if e.meets_slo else "; ".join(e.reasons),
+                "yes" if e.meets_slo else short_misses(e, req),
             )
         console.print(table)
         if winners:

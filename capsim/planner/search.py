@@ -95,6 +95,8 @@ class Evaluated:
     cost: Cost
     meets_slo: bool
     reasons: list[str]
+    output_band_80: tuple[float, float] | None = None
+    """80% prediction band of output tok/s where a calibration profile applies."""
 
 
 def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate], int]:
@@ -141,7 +143,7 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
     return out, pruned
 
 
-def _evaluate(args) -> tuple[float, float, float] | str:
+def _evaluate(args) -> tuple[float, float, float, tuple[float, float] | None] | str:
     candidate, req, extra_dirs = args
     cat = load_catalog(extra_dirs)
     try:
@@ -149,7 +151,13 @@ def _evaluate(args) -> tuple[float, float, float] | str:
     except CapsimUserError as exc:
         return exc.message
     m = level.metrics
-    return (m.output_tok_s, m.per_request_output_tok_s.mean or 0.0, (m.ttft_ms.p90 or 0.0) / 1e3)
+    band = level.band_80.get("output_tok_s") if level.band_80 else None
+    return (
+        m.output_tok_s,
+        m.per_request_output_tok_s.mean or 0.0,
+        (m.ttft_ms.p90 or 0.0) / 1e3,
+        band,
+    )
 
 
 DASK_CONNECT_TIMEOUT_S = 10.0
@@ -207,7 +215,7 @@ def evaluate(
     for c, r in zip(candidates, results, strict=True):
         if isinstance(r, str):
             continue  # rejected by the engine (e.g. prompts longer than max_model_len)
-        out_tok_s, per_agent, ttft90 = r
+        out_tok_s, per_agent, ttft90, band = r
         gpu = cat.gpu(c.gpu)
         cost = cost_of(gpu, c.count, out_tok_s, req.cost)
         reasons = []
@@ -221,7 +229,9 @@ def evaluate(
                 reasons.append("no price in the catalog")
             elif spend > req.budget_usd:
                 reasons.append(f"cost {spend:,.0f} > budget {req.budget_usd:,.0f} USD")
-        evaluated.append(Evaluated(c, out_tok_s, per_agent, ttft90, cost, not reasons, reasons))
+        evaluated.append(
+            Evaluated(c, out_tok_s, per_agent, ttft90, cost, not reasons, reasons, band)
+        )
     return evaluated
 
 
