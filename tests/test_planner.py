@@ -202,3 +202,23 @@ def test_band_only_where_a_profile_covers_the_gpu():
     lo, hi = on_3090.output_band_80
     assert lo < on_3090.output_tok_s < hi  # consumer-ampere profile (fit on seed 002)
     assert on_4090.output_band_80 is None
+
+
+def test_interconnects_and_power_limits_are_search_dimensions():
+    req = PlanRequest(
+        models=("qwen3-coder-30b-a3b",),
+        agents=4,
+        gpus=("rtx3090",),
+        gpu_counts=(2, 4),
+        power_fractions=(1.0, 0.7),
+    )
+    candidates, _ = enumerate_candidates(req, CAT)
+    links = {(c.tp, c.interconnect) for c in candidates}
+    assert (2, "nvlink") in links and (2, "pcie") in links  # the bridge joins two 3090s
+    assert (4, "pcie") in links and (4, "nvlink") not in links
+    assert {c.power_limit_w for c in candidates} == {None, 245}  # 0.7 x 350 W
+    limited = next(c for c in candidates if c.power_limit_w and c.tp == 1)
+    full = Candidate(**{**limited.__dict__, "power_limit_w": None})
+    slow, fast = evaluate([limited, full], req, CAT, workers=1)
+    assert slow.output_tok_s <= fast.output_tok_s
+    assert slow.cost.energy_usd == pytest.approx(0.7 * fast.cost.energy_usd)

@@ -96,6 +96,13 @@ def plan_cmd(
     budget: Annotated[float | None, typer.Option("--budget", help="USD")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Candidate GPUs (default all)")] = None,
     counts: Annotated[str, typer.Option("--counts", help="GPUs per box to try")] = "1,2,4,8",
+    power_limits: Annotated[
+        str,
+        typer.Option(
+            "--power-limits",
+            help="Power limits to try as fractions of TDP, e.g. 1,0.8,0.7 (1 = no limit)",
+        ),
+    ] = "1",
     years: Annotated[float, typer.Option("--years")] = 3.0,
     kwh_price: Annotated[float, typer.Option("--kwh-price", help="USD per kWh")] = 0.15,
     cloud_hourly: Annotated[
@@ -122,6 +129,17 @@ def plan_cmd(
         gpu_counts = tuple(int(v) for v in split_list(counts))
     except ValueError:
         raise CapsimUserError(f"malformed --counts '{counts}'", hint="e.g. 1,2,4,8") from None
+    try:
+        power_fractions = tuple(float(v) for v in split_list(power_limits))
+    except ValueError:
+        raise CapsimUserError(
+            f"malformed --power-limits '{power_limits}'", hint="fractions of TDP, e.g. 1,0.8"
+        ) from None
+    if not power_fractions or any(not 0.2 <= f <= 1 for f in power_fractions):
+        raise CapsimUserError(
+            f"--power-limits '{power_limits}' must be fractions of TDP between 0.2 and 1",
+            hint="e.g. --power-limits 1,0.8,0.7",
+        )
     req = PlanRequest(
         models=tuple(cat.model(m).name for m in split_list(model)),
         agents=agents,
@@ -132,6 +150,7 @@ def plan_cmd(
         budget_usd=budget,
         gpus=tuple(cat.gpu(g).name for g in split_list(gpus)) if gpus else None,
         gpu_counts=gpu_counts,
+        power_fractions=power_fractions,
         cost=CostModel(years=years, kwh_price_usd=kwh_price, cloud_usd_per_gpu_hour=cloud_hourly),
     )
     candidates, pruned = enumerate_candidates(req, cat)
@@ -166,6 +185,8 @@ def plan_cmd(
                         "quant": e.candidate.quant,
                         "kv_dtype": e.candidate.kv_dtype,
                         "spec": e.candidate.spec.model_dump() if e.candidate.spec else None,
+                        "interconnect": e.candidate.interconnect,
+                        "power_limit_w": e.candidate.power_limit_w,
                         "output_tok_s": e.output_tok_s,
                         "output_tok_s_band_80": e.output_band_80,
                         "per_agent_tok_s": e.per_agent_tok_s,

@@ -1,7 +1,9 @@
 """Search configurations for a workload and SLOs; simulate each with the engine.
 
 The search space: candidate GPUs, GPU counts per box, TP x DP splits of each count (TP must
-divide the attention heads and the chosen interconnect must join TP GPUs), weight formats
+divide the attention heads; every interconnect the GPU lists that can join TP GPUs is tried,
+so an NVLink bridge is weighed against plain PCIe), power limits as fractions of TDP
+(``power_fractions``; 1 = no limit), weight formats
 (the release format, FP8 where the GPU runs it natively, AWQ 4-bit), KV dtype (auto, and
 FP8 where native) and speculative decoding (off, or MTP with 1 and 2 tokens for models with
 MTP layers). Configurations whose weights and one sequence's KV do not fit are pruned
@@ -43,6 +45,8 @@ class PlanRequest:
     spec_acceptance: float = 0.7
     cost: CostModel = field(default_factory=CostModel)
     profile: str = "auto"
+    power_fractions: tuple[float, ...] = (1.0,)
+    """Power limits to try, as fractions of each GPU's TDP (1.0 = no limit)."""
 
 
 @dataclass
@@ -54,6 +58,8 @@ class Candidate:
     quant: str
     kv_dtype: str
     spec: SpecConfig | None = None
+    interconnect: str = "auto"
+    power_limit_w: float | None = None
 
     @property
     def dp(self) -> int:
@@ -68,6 +74,8 @@ class Candidate:
             dp=self.dp,
             kv_dtype=self.kv_dtype,
             spec=self.spec,
+            interconnect=self.interconnect,
+            power_limit_w=self.power_limit_w,
             workload="closed",
             concurrency=[req.agents],
             requests=req.requests or max(2 * req.agents, 16),
@@ -83,6 +91,10 @@ class Candidate:
             text += f" kv={self.kv_dtype}"
         if self.spec:
             text += f" {self.spec.method}:{self.spec.num_tokens}"
+        if self.tp > 1 and self.interconnect != "auto":
+            text += f" over {self.interconnect}"
+        if self.power_limit_w is not None:
+            text += f" @{self.power_limit_w:.0f}W"
         return text
 
 
@@ -119,15 +131,19 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                     SpecConfig(method="mtp", num_tokens=k, acceptance=req.spec_acceptance)
                     for k in (1, 2)
                 ]
+            power_limits: list[float | None] = [None]
+            if gpu.tdp_w is not None:
+                power_limits += [round(gpu.tdp_w * f) for f in req.power_fractions if 0 < f < 1]
             for count in req.gpu_counts:
                 for tp in (t for t in (1, 2, 4, 8) if t <= count and count % t == 0):
                     if model.num_attention_heads % tp:
                         continue
-                    try:
-                        choose_interconnect(gpu, tp)
-                    except CapsimUserError:
+                    links = usable_interconnects(gpu, tp)
+                    if not links:
                         continue
-                    for quant, kv, spec in itertools.product(formats, kv_options, specs):
+                    for quant, kv, spec, link, watts in itertools.product(
+                        formats, kv_options, specs, links, power_limits
+                    ):
                         fit = memory_fit(
                             gpu,
                             model,
@@ -139,8 +155,24 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                         if not fit.fits:
                             pruned += 1
                             continue
-                        out.append(Candidate(gpu.name, count, tp, model.name, quant, kv, spec))
+                        out.append(
+                            Candidate(gpu.name, count, tp, model.name, quant, kv, spec, link, watts)
+                        )
     return out, pruned
+
+
+def usable_interconnects(gpu, tp: int) -> list[str]:
+    """Interconnect kinds that can join ``tp`` of this GPU (["auto"] when tp == 1)."""
+    if tp == 1:
+        return ["auto"]
+    kinds = []
+    for ic in gpu.interconnects:
+        try:
+            choose_interconnect(gpu, tp, ic.kind)
+        except CapsimUserError:
+            continue
+        kinds.append(ic.kind)
+    return kinds
 
 
 def _evaluate(args) -> tuple[float, float, float, tuple[float, float] | None] | str:
@@ -217,7 +249,7 @@ def evaluate(
             continue  # rejected by the engine (e.g. prompts longer than max_model_len)
         out_tok_s, per_agent, ttft90, band = r
         gpu = cat.gpu(c.gpu)
-        cost = cost_of(gpu, c.count, out_tok_s, req.cost)
+        cost = cost_of(gpu, c.count, out_tok_s, req.cost, power_limit_w=c.power_limit_w)
         reasons = []
         if req.min_agent_tok_s is not None and per_agent < req.min_agent_tok_s:
             reasons.append(f"per-agent {per_agent:.1f} < {req.min_agent_tok_s:g} tok/s")
@@ -266,10 +298,15 @@ def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
             f"{c.spec.num_tokens}}}'"
         )
     command = " ".join(parts)
+    notes = []
+    if c.tp > 1 and c.interconnect != "auto":
+        notes.append(f"TP over {c.interconnect}")
+    if c.power_limit_w is not None:
+        notes.append(f"nvidia-smi -pl {c.power_limit_w:.0f} on each GPU")
     if c.quant not in ("bf16", "fp16", "fp8"):
-        command += f"   # needs a {c.quant} checkpoint of this model"
+        notes.append(f"needs a {c.quant} checkpoint of this model")
     if c.dp > 1:
-        command += (
-            f"   # x{c.dp} replicas (--data-parallel-size {c.dp}, or one server per GPU group)"
-        )
+        notes.append(f"x{c.dp} replicas (--data-parallel-size {c.dp}, or one server per GPU group)")
+    if notes:
+        command += "   # " + "; ".join(notes)
     return command
