@@ -101,50 +101,22 @@ def test_seed001_data_parallel_ranks_above_tensor_parallel_on_b200():
     assert ranked[0].candidate.tp == 1
 
 
+def run_plan(*extra: str, gpus: str = "rtx3090,rtx4090"):
+    base = ["plan", "--model", "qwen3-coder-30b-a3b", "--agents", "8", "--gpus", gpus]
+    return CliRunner().invoke(app, [*base, "--counts", "1", *extra])
+
+
 def test_plan_cli(tmp_path):
     png = tmp_path / "plan.png"
-    r = CliRunner().invoke(
-        app,
-        [
-            "plan",
-            "--model",
-            "qwen3-coder-30b-a3b",
-            "--agents",
-            "8",
-            "--gpus",
-            "rtx3090,rtx4090",
-            "--counts",
-            "1",
-            "--min-agent-tok-s",
-            "5",
-            "--budget",
-            "10000",
-            "--json",
-            "--plot",
-            str(png),
-        ],
-    )
+    r = run_plan("--min-agent-tok-s", "5", "--budget", "10000", "--json", "--plot", str(png))
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["configurations"] and data["configurations"][0]["meets_slo"]
     assert png.read_bytes()[:4] == b"\x89PNG"
-    r = CliRunner().invoke(
-        app,
-        [
-            "plan",
-            "--model",
-            "qwen3-coder-30b-a3b",
-            "--agents",
-            "8",
-            "--gpus",
-            "rtx3090",
-            "--counts",
-            "1",
-            "--min-agent-tok-s",
-            "100000",
-        ],
-    )
+    r = run_plan("--min-agent-tok-s", "100000", gpus="rtx3090")
     assert r.exit_code == 0 and "nothing meets these SLOs; the closest is" in r.stdout
+    r = run_plan("--power-limits", "1.5")
+    assert r.exit_code == 2 and "fractions of TDP" in r.stderr
     r = CliRunner().invoke(app, ["plan", "--model", "llama-9", "--agents", "8"])
     assert r.exit_code == 2 and "unknown model" in r.stderr
 
