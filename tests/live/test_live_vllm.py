@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from capsim.probe.runfile import load_run, summarize_log
@@ -73,7 +74,7 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
             concurrency=[1, 2, 4, 8],
             input_tokens=256,
             output_tokens=64,
-            requests=16,
+            requests=32,
         ),
         tmp_path / "sweep.json",
     )
@@ -83,10 +84,12 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     setup = measured_setup(
         table, capacity, int(sweep.header.server["max_model_len"]), max_num_batched_tokens=2048
     )
-    measured, simulated = {}, {}
-    # the machine is shared: measure each mode twice, alternating, and keep the faster run
-    # (interference only ever slows a run down)
-    for attempt in range(2):
+    measured, simulated, ratios = {}, {}, []
+    # The machine is shared: measure the two modes back to back three times and take the
+    # median of the paired ratios (with the faster of two runs per mode, one disturbed run
+    # moved the measured ratio between 0.75 and 0.89).
+    for attempt in range(3):
+        pair = {}
         for kind in ("closed", "batch"):
             cfg = ProbeConfig(
                 url=url,
@@ -100,8 +103,9 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
             )
             m = run_probe(cfg, tmp_path / f"{kind}-{attempt}.json").levels[0].metrics
             assert m.failed == 0
-            if kind not in measured or m.output_tok_s > measured[kind].output_tok_s:
-                measured[kind] = m
+            pair[kind] = m
+            measured.setdefault(kind, m)
+        ratios.append(pair["batch"].output_tok_s / pair["closed"].output_tok_s)
     for kind in ("closed", "batch"):
         workload = Workload(
             kind=kind,
@@ -112,10 +116,11 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
         )
         simulated[kind] = simulate_level(setup, workload, seed=3).metrics
         assert measured[kind].output_tokens == simulated[kind].output_tokens
-    m_ratio = measured["batch"].output_tok_s / measured["closed"].output_tok_s
+    m_ratio = float(np.median(ratios))
     s_ratio = simulated["batch"].output_tok_s / simulated["closed"].output_tok_s
     print(
-        f"batch/closed output tok/s: measured {m_ratio:.3f}, simulated {s_ratio:.3f}; "
+        f"batch/closed output tok/s: measured {m_ratio:.3f} (runs {np.round(ratios, 3)}), "
+        f"simulated {s_ratio:.3f}; "
         f"closed measured {measured['closed'].output_tok_s:.0f}, simulated "
         f"{simulated['closed'].output_tok_s:.0f} tok/s"
     )
