@@ -8,6 +8,7 @@ name or path.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from pathlib import Path
 
 import yaml
@@ -78,10 +79,18 @@ class Profile(BaseModel):
 
 
 def load_profile(path: Path) -> Profile:
+    """Read and validate a profile YAML. Parsed once per file version (path, size and
+    modification time): the planner resolves the same profile for every configuration."""
     try:
-        return Profile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        stat = path.stat()
+        return _load_profile_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     except (OSError, yaml.YAMLError, ValueError) as exc:
         raise CapsimUserError(f"cannot read profile '{path}': {exc}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
+    return Profile.model_validate(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
 
 
 def profiles_dir() -> Path:
