@@ -265,22 +265,16 @@ def test_parse_levels():
 
 
 runner = CliRunner()
+PREDICT = ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b"]
+
+
+def run_predict(*extra: str):
+    """``capsim predict`` on one RTX 3090 with Qwen3-Coder-30B-A3B, plus ``extra`` flags."""
+    return runner.invoke(app, [*PREDICT, *extra])
 
 
 def test_predict_cli_json_schema():
-    r = runner.invoke(
-        app,
-        [
-            "predict",
-            "--gpu",
-            "rtx3090",
-            "--model",
-            "qwen3-coder-30b-a3b",
-            "--concurrency",
-            "1..8",
-            "--json",
-        ],
-    )
+    r = run_predict("--concurrency", "1..8", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     (result,) = data["results"]
@@ -297,44 +291,13 @@ def test_predict_cli_json_schema():
 
 
 def test_predict_cli_table_csv_plot_and_comparison(tmp_path):
-    r = runner.invoke(
-        app,
-        ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--concurrency", "1..8"],
-    )
+    r = run_predict("--concurrency", "1..8")
     assert r.exit_code == 0 and r.stdout.count("\n") > 8
-    r = runner.invoke(
-        app,
-        [
-            "predict",
-            "--gpu",
-            "rtx3090",
-            "--model",
-            "qwen3-coder-30b-a3b",
-            "--concurrency",
-            "1,2",
-            "--csv",
-        ],
-    )
+    r = run_predict("--concurrency", "1,2", "--csv")
     assert r.exit_code == 0 and r.stdout.startswith("configuration,")
     assert len(r.stdout.strip().splitlines()) == 3
     png = tmp_path / "sweep.png"
-    r = runner.invoke(
-        app,
-        [
-            "predict",
-            "--gpu",
-            "rtx3090",
-            "--model",
-            "qwen3-coder-30b-a3b",
-            "--tp",
-            "1,2",
-            "--concurrency",
-            "1..4",
-            "--plot",
-            str(png),
-            "--json",
-        ],
-    )
+    r = run_predict("--tp", "1,2", "--concurrency", "1..4", "--plot", str(png), "--json")
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["results"]) == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -355,8 +318,7 @@ def test_predict_cli_table_csv_plot_and_comparison(tmp_path):
     ],
 )
 def test_predict_cli_errors(args, expected):
-    base = ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b"]
-    merged = base + args
+    merged = PREDICT + args
     if "--model" in args:
         merged = ["predict", "--gpu", "rtx3090", *args]
     r = runner.invoke(app, merged)
