@@ -173,6 +173,19 @@ def load_catalog(extra_dirs: list[Path] | None = None) -> Catalog:
     return _load_dirs(tuple(d.resolve() for d in dirs))
 
 
+_PROCESS_CATALOGS: dict[tuple[Path, ...], Catalog] = {}
+
+
+def process_catalog(extra_dirs: list[Path] | None = None) -> Catalog:
+    """``load_catalog`` read once per process and overlay set: for worker processes that
+    simulate many configurations or levels (reading the YAML takes about 80 ms, as long as
+    one simulation). Callers must not modify the returned catalog."""
+    key = tuple(d.resolve() for d in [builtin_db_dir(), *user_db_dirs(extra_dirs)])
+    if key not in _PROCESS_CATALOGS:
+        _PROCESS_CATALOGS[key] = _load_dirs(key)
+    return _PROCESS_CATALOGS[key]
+
+
 def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
     sections: dict[str, Section] = {k: Section(kind=k) for k in SECTIONS}
     for directory in dirs:

@@ -18,7 +18,7 @@ import simpy
 from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.calibration.profiles import find_profile
-from capsim.catalog.loader import Catalog, load_catalog
+from capsim.catalog.loader import Catalog, load_catalog, process_catalog
 from capsim.catalog.schemas import GPU, Model, QuantFormat
 from capsim.engine.lengths import parse_length
 from capsim.engine.replica import Replica
@@ -412,7 +412,7 @@ def catalog_dirs(catalog: Catalog | None) -> list[Path] | None:
 
 def _simulate_in_worker(args) -> LevelResult:
     config, extra_dirs, params, workload, keep_records = args
-    setup = build_setup(config, load_catalog(extra_dirs), params)
+    setup = build_setup(config, process_catalog(extra_dirs), params)
     return simulate_level(setup, workload, config.seed, keep_records)
 
 

@@ -18,7 +18,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from capsim.catalog.loader import Catalog, load_catalog
+from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.simulate import PredictConfig, predict
 from capsim.errors import CapsimUserError
 from capsim.physics.communication import choose_interconnect
@@ -175,21 +175,9 @@ def usable_interconnects(gpu, tp: int) -> list[str]:
     return kinds
 
 
-_WORKER_CATALOGS: dict[tuple, Catalog] = {}
-"""Catalogs already read in this process, by overlay directories: reading the YAML takes
-about 80 ms, as long as simulating one configuration, so each worker reads it once."""
-
-
-def _worker_catalog(extra_dirs: list) -> Catalog:
-    key = tuple(extra_dirs)
-    if key not in _WORKER_CATALOGS:
-        _WORKER_CATALOGS[key] = load_catalog(list(extra_dirs))
-    return _WORKER_CATALOGS[key]
-
-
 def _evaluate(args) -> tuple[float, float, float, tuple[float, float] | None] | str:
     candidate, req, extra_dirs = args
-    cat = _worker_catalog(extra_dirs)
+    cat = process_catalog(extra_dirs)
     try:
         level = predict(candidate.config(req), cat, workers=1).levels[0]
     except CapsimUserError as exc:
