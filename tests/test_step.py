@@ -256,7 +256,8 @@ def test_eager_costs_more_than_graphs():
 
 
 def test_hardware_class_defaults_come_from_data():
-    assert default_efficiency(CAT.gpu("h100-sxm"), CAT).bandwidth_efficiency == 0.85
+    assert default_efficiency(CAT.gpu("h100-sxm"), CAT).bandwidth_efficiency == 0.82
+    assert default_efficiency(CAT.gpu("b200"), CAT).bandwidth_efficiency == 0.85
     assert default_efficiency(CAT.gpu("rtx3090"), CAT).bandwidth_efficiency == 0.80
     assert all(g.hardware_class in CAT.efficiency.entries for g in CAT.gpus)
 

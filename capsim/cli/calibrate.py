@@ -10,7 +10,14 @@ import typer
 from rich import box
 from rich.table import Table
 
-from capsim.calibration.fit import DEFAULT_FIT, cross_validate, fit_profile, group_by_class
+from capsim.calibration.fit import (
+    DEFAULT_FIT,
+    FIT_BOUNDS,
+    cross_validate,
+    fit_profile,
+    group_by_class,
+)
+from capsim.calibration.kernels import KERNEL_FIT, fit_kernel_params, load_kernel_dataset
 from capsim.calibration.published import load_published
 from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
 from capsim.errors import CapsimUserError
@@ -73,3 +80,51 @@ def calibrate_cmd(
             f"log-residual sd {profile.log_residual_sd:.3f} in-sample, {cv} cross-validated; "
             f"{profile.note}"
         )
+
+
+def calibrate_kernels_cmd(
+    dataset: Annotated[
+        Path, typer.Argument(help="Kernel dataset JSON (calibration/kernels/*.json)")
+    ],
+    weights: Annotated[
+        str | None, typer.Option("--weights", help="Only these formats, e.g. bf16")
+    ] = None,
+    fit: Annotated[str, typer.Option("--fit", help="Comma-separated parameters to fit")] = ",".join(
+        KERNEL_FIT
+    ),
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Fit the step model's GPU terms to decode-layer measurements from one real GPU."""
+    cat = catalog(db)
+    ds = load_kernel_dataset(dataset)
+    names = tuple(v.strip() for v in fit.split(",") if v.strip())
+    unknown = [n for n in names if n not in FIT_BOUNDS]
+    if unknown:
+        raise CapsimUserError(f"cannot fit {unknown}", hint="fittable: " + ", ".join(FIT_BOUNDS))
+    formats = tuple(w.strip() for w in weights.split(",")) if weights else None
+    result = fit_kernel_params(ds, cat, names, formats)
+    if json_out:
+        print_json(
+            {
+                "dataset": ds.name,
+                "gpu": ds.gpu,
+                "rows_used": len(result.points),
+                "mape_class_defaults": result.mape_prior,
+                "mape_fitted": result.mape_fitted,
+                "parameters": {
+                    n: {"prior": result.prior[n], "fitted": v, "std": result.std[n]}
+                    for n, v in result.values.items()
+                },
+            }
+        )
+        return
+    table = Table(title=f"{ds.name} on {ds.gpu}: {len(result.points)} rows", box=box.SIMPLE_HEAD)
+    for col in ("parameter", "class default", "fitted", "std"):
+        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for n, v in result.values.items():
+        table.add_row(n, f"{result.prior[n]:.4g}", f"{v:.4g}", f"{result.std[n]:.3g}")
+    console.print(table)
+    console.print(
+        f"MAPE {result.mape_prior:.1f}% with the class defaults, {result.mape_fitted:.1f}% fitted"
+    )

@@ -17,7 +17,7 @@ from rich.table import Table
 from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
 from capsim.catalog.loader import ENV_VAR, Catalog, user_db_dirs
 from capsim.catalog.schemas import DTYPES, GPU, Model
-from capsim.cli.calibrate import calibrate_cmd
+from capsim.cli.calibrate import calibrate_cmd, calibrate_kernels_cmd
 from capsim.cli.common import (
     DbOption,
     GpuMemoryUtilizationOption,
@@ -598,6 +598,7 @@ def explain_cmd(
 app.command("predict")(user_errors(predict_cmd))
 app.command("validate")(user_errors(validate_cmd))
 app.command("calibrate")(user_errors(calibrate_cmd))
+app.command("calibrate-kernels")(user_errors(calibrate_kernels_cmd))
 app.command("plan")(user_errors(plan_cmd))
 
 

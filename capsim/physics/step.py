@@ -526,6 +526,25 @@ class StepModel:
         c = np.asarray(context, dtype=float)[n > 0][:drafting_sequences]
         return self.draft_seconds(drafting_sequences, c)
 
+    def kernel_seconds(self, new_tokens: np.ndarray | list[int], context) -> float:
+        """GPU time of one step's kernels, seconds: weights, routed experts and attention
+        (each the larger of its memory and compute time) plus the per-layer kernel floor
+        (``layer_overhead_graph_us`` with CUDA graphs). Leaves out host-side overheads
+        (per step and per sequence), communication and drafting, which is what a
+        single-GPU kernel measurement (``capsim.calibration.kernels``) times."""
+        agg = self._aggregate(new_tokens, context)
+        t = self._terms(*agg, agg[1], 0.0)
+        p = self.params
+        graphed = self.deployment.cuda_graphs and agg[0] <= p.cuda_graph_max_tokens
+        per_layer = p.layer_overhead_graph_us if graphed else p.layer_overhead_eager_us
+        floor_us = self.layers * per_layer + self.moe_layers * p.moe_layer_overhead_us
+        return (
+            max(t["t_dense_mem"], t["t_dense_cmp"])
+            + max(t["t_exp_mem"], t["t_exp_cmp"])
+            + max(t["t_att_mem"], t["t_att_cmp"])
+            + floor_us * 1e-6
+        )
+
     def step_time(
         self,
         new_tokens: np.ndarray | list[int],

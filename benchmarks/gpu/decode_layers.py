@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Measure the GPU time of dense decoder layers in a decode step, per tensor-parallel shard.
+
+Runs on a machine with an NVIDIA GPU and PyTorch (not part of the tests or CI). For each
+catalog model shape, tensor-parallel shard (heads, KV heads and FFN width divided by TP the
+way vLLM shards them, KV heads replicated below one per GPU), batch size and context length,
+it builds ``n`` decoder layers with random bf16 weights and a KV cache, captures one decode
+step (one new token per sequence) in a CUDA graph, and times graph replays with CUDA events.
+There is no all-reduce: one GPU measures what each rank computes between all-reduces.
+
+What each layer runs, in order: RMSNorm, fused QKV GEMM, KV-cache write at the new position,
+attention over the cache (flash-decoding layout: each KV head's query group as a short query
+block), output GEMM and residual add, RMSNorm, fused gate/up GEMM, SiLU-and-multiply, down
+GEMM and residual add. Rotary embedding and sampling are left out. It also times the lm_head
+(vocab-parallel) GEMM, a device-to-device copy and a large bf16 GEMM for the peaks.
+
+Rows are written to a JSONL file as they are measured (one per configuration) so an
+interrupted run keeps what it had.
+
+Units: times in microseconds (``*_us``), bytes in bytes, bandwidth in GB/s (1e9 B/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BF16 = 2  # bytes per element
+
+
+def load_shape(name: str) -> dict:
+    """Dimensions of a dense catalog model (hardware_db/models/NAME.yaml)."""
+    doc = yaml.safe_load((ROOT / "hardware_db" / "models" / f"{name}.yaml").read_text())
+    keys = (
+        "num_layers",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_kv_heads",
+        "head_dim",
+        "vocab_size",
+    )
+    return {k: doc[k] for k in keys}
+
+
+def shard(shape: dict, tp: int) -> dict:
+    """Per-GPU sizes under tensor parallelism (vLLM's column/row-parallel split)."""
+    return {
+        "heads": shape["num_attention_heads"] // tp,
+        "kv_heads": max(1, shape["num_kv_heads"] // tp),
+        "ffn": shape["intermediate_size"] // tp,
+        "vocab": math.ceil(shape["vocab_size"] / tp),
+    }
+
+
+def timed_graph(fn, replays: int = 20, repeats: int = 5) -> float:
+    """Median microseconds of one replay of ``fn`` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / replays)
+    del graph
+    return statistics.median(samples)
+
+
+class Layers:
+    """``n`` decoder layers of one TP shard with a KV cache for ``batch`` x ``context``."""
+
+    def __init__(self, shape: dict, tp: int, n: int, batch: int, context: int, fmt: str = "bf16"):
+        s = shard(shape, tp)
+        self.fmt = fmt
+        d, hd = shape["hidden_size"], shape["head_dim"]
+        self.h, self.kvh, self.hd, self.ffn = s["heads"], s["kv_heads"], hd, s["ffn"]
+        self.batch, self.context = batch, context
+        dev, dt = "cuda", torch.bfloat16
+        qkv_out = (self.h + 2 * self.kvh) * hd
+
+        def w(*size):
+            return torch.randn(*size, device=dev, dtype=dt) * 0.02
+
+        def lin(*size):
+            weight = w(*size)
+            return weight.to(torch.float8_e4m3fn) if fmt == "fp8" else weight
+
+        self.layers = [
+            {
+                "norm1": torch.ones(d, device=dev, dtype=dt),
+                "qkv": lin(qkv_out, d),
+                "o": lin(d, self.h * hd),
+                "norm2": torch.ones(d, device=dev, dtype=dt),
+                "gate_up": lin(2 * self.ffn, d),
+                "down": lin(d, self.ffn),
+                "k_cache": w(batch, self.kvh, context + 1, hd),
+                "v_cache": w(batch, self.kvh, context + 1, hd),
+            }
+            for _ in range(n)
+        ]
+        self.x = torch.randn(batch, d, device=dev, dtype=dt)
+        self.out = torch.empty_like(self.x)
+        self.one = torch.ones((), device=dev, dtype=torch.float32)
+        weight_elem = 1 if fmt == "fp8" else BF16
+        self.weight_bytes_per_layer = weight_elem * (
+            qkv_out * d + d * self.h * hd + 3 * self.ffn * d
+        )
+        self.kv_bytes_per_layer = BF16 * 2 * batch * self.kvh * (context + 1) * hd
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x @ weight.T in bf16, or as an FP8 GEMM with per-tensor scales (activation
+        quantised to FP8 first, as vLLM's FP8 linear method does)."""
+        if self.fmt != "fp8":
+            return F.linear(x, weight)
+        xq = x.to(torch.float8_e4m3fn)
+        return torch._scaled_mm(
+            xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
+        )
+
+    def step(self) -> None:
+        x = self.x
+        b, g = self.batch, self.h // self.kvh
+        for p in self.layers:
+            hn = F.rms_norm(x, (x.shape[-1],), p["norm1"], 1e-6)
+            qkv = self.linear(hn, p["qkv"])
+            q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], -1)
+            p["k_cache"][:, :, self.context] = k.view(b, self.kvh, self.hd)
+            p["v_cache"][:, :, self.context] = v.view(b, self.kvh, self.hd)
+            att = F.scaled_dot_product_attention(
+                q.view(b, self.kvh, g, self.hd), p["k_cache"], p["v_cache"]
+            )
+            x = x + self.linear(att.reshape(b, self.h * self.hd), p["o"])
+            hn = F.rms_norm(x, (x.shape[-1],), p["norm2"], 1e-6)
+            gu = self.linear(hn, p["gate_up"])
+            x = x + self.linear(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :], p["down"])
+        self.out.copy_(x)
+
+
+def layer_count(shape: dict, tp: int, batch: int, context: int, budget_gb: float) -> int:
+    """Layers to build: up to 8, as many as fit the memory budget, at least 4 (so the
+    weights far exceed L2 and replays cannot be served from cache)."""
+    s = shard(shape, tp)
+    d, hd = shape["hidden_size"], shape["head_dim"]
+    weights = BF16 * ((s["heads"] + 2 * s["kv_heads"]) * hd * d + d * s["heads"] * hd)
+    weights += BF16 * 3 * s["ffn"] * d
+    kv = BF16 * 2 * batch * s["kv_heads"] * (context + 1) * hd
+    return min(8, int(budget_gb * 1e9 // (weights + kv)))
+
+
+def peaks() -> dict:
+    """Device-to-device copy bandwidth and an 8192^3 bf16 GEMM rate."""
+    a = torch.empty(int(2e9), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    copy_us = timed_graph(lambda a=a, b=b: b.copy_(a), replays=10)
+    a = b = None
+    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    n = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(m)
+    gemm_us = timed_graph(lambda: torch.mm(m, n, out=out), replays=10)
+    return {
+        "copy_gb_s_read_plus_write": 2 * 2e9 / (copy_us * 1e-6) / 1e9,
+        "bf16_gemm_8192_tflops": 2 * 8192**3 / (gemm_us * 1e-6) / 1e12,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="llama-3.1-8b,qwen3-32b,llama-3.3-70b")
+    ap.add_argument("--tp", default="1,2,4,8")
+    ap.add_argument("--batches", default="1,8,32,64,128,256,512")
+    ap.add_argument("--contexts", default="16,2048")
+    ap.add_argument("--formats", default="bf16", help="bf16 and/or fp8 weights")
+    ap.add_argument("--budget-gb", type=float, default=55.0)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    props = torch.cuda.get_device_properties(0)
+    meta = {
+        "kind": "meta",
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "memory_gib": props.total_memory / 2**30,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **peaks(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("a") as f:
+        f.write(json.dumps(meta) + "\n")
+        f.flush()
+        print(json.dumps(meta), flush=True)
+        for name in args.models.split(","):
+            shape = load_shape(name)
+            for tp in (int(t) for t in args.tp.split(",")):
+                s = shard(shape, tp)
+                lm_w = torch.randn(
+                    s["vocab"], shape["hidden_size"], device="cuda", dtype=torch.bfloat16
+                )
+                for batch in (int(b) for b in args.batches.split(",")):
+                    xb = torch.randn(
+                        batch, shape["hidden_size"], device="cuda", dtype=torch.bfloat16
+                    )
+                    lm_out = torch.empty(batch, s["vocab"], device="cuda", dtype=torch.bfloat16)
+                    lm_us = timed_graph(lambda xb=xb, w=lm_w, o=lm_out: torch.mm(xb, w.t(), out=o))
+                    for fmt in args.formats.split(","):
+                        for context in (int(c) for c in args.contexts.split(",")):
+                            n = layer_count(shape, tp, batch, context, args.budget_gb)
+                            if n < 4:
+                                continue
+                            try:
+                                layers = Layers(shape, tp, n, batch, context, fmt)
+                                us = timed_graph(layers.step)
+                            except RuntimeError as exc:  # e.g. a shape a kernel rejects
+                                print(f"skip {name} tp{tp} b{batch} {fmt}: {exc}", flush=True)
+                                layers = None
+                                torch.cuda.empty_cache()
+                                continue
+                            row = {
+                                "kind": "decode_layers",
+                                "model": name,
+                                "weights": fmt,
+                                "tp_shard": tp,
+                                "batch": batch,
+                                "context": context,
+                                "layers_built": n,
+                                "us_per_layer": us / n,
+                                "lm_head_us": lm_us,
+                                "weight_bytes_per_layer": layers.weight_bytes_per_layer,
+                                "kv_bytes_per_layer": layers.kv_bytes_per_layer,
+                                "achieved_gb_s": (
+                                    layers.weight_bytes_per_layer + layers.kv_bytes_per_layer
+                                )
+                                / (us / n * 1e-6)
+                                / 1e9,
+                            }
+                            f.write(json.dumps(row) + "\n")
+                            f.flush()
+                            print(json.dumps(row), flush=True)
+                            del layers
+                            torch.cuda.empty_cache()
+                lm_w = None
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
