@@ -15,7 +15,14 @@ from capsim.engine.simulate import predict
 from capsim.physics.memory import memory_fit
 from capsim.planner.costs import HOURS_PER_YEAR, CostModel, cost_of
 from capsim.planner.pareto import pareto_front
-from capsim.planner.search import Candidate, PlanRequest, enumerate_candidates, evaluate
+from capsim.planner.search import (
+    Candidate,
+    PlanRequest,
+    effective_max_num_seqs,
+    enumerate_candidates,
+    evaluate,
+    vllm_serve_command,
+)
 
 CAT = load_catalog()
 
@@ -194,3 +201,58 @@ def test_interconnects_and_power_limits_are_search_dimensions():
     slow, fast = evaluate([limited, full], req, CAT, workers=1)
     assert slow.output_tok_s <= fast.output_tok_s
     assert slow.cost.energy_usd == pytest.approx(0.7 * fast.cost.energy_usd)
+
+
+def small_request(**kw) -> PlanRequest:
+    base = dict(
+        models=("qwen3-coder-30b-a3b",),
+        agents=32,
+        requests=64,
+        input_tokens="512",
+        output_tokens="128",
+        profile="none",
+    )
+    return PlanRequest(**{**base, **kw})
+
+
+def awq_3090(**kw) -> Candidate:
+    return Candidate("rtx3090", 1, 1, "qwen3-coder-30b-a3b", "awq-int4", "auto", **kw)
+
+
+def test_nodes_multiply_replicas_cost_and_throughput():
+    one, two = evaluate(
+        [awq_3090(), awq_3090(nodes=2)], small_request(agents=32, requests=128), CAT, workers=1
+    )
+    assert (two.candidate.dp, two.candidate.total_gpus) == (2, 2)
+    assert two.cost.purchase_usd == 2 * one.cost.purchase_usd
+    # twice the replicas behind a least-outstanding router share 32 agents: more aggregate
+    # throughput, never more than twice
+    assert one.output_tok_s < two.output_tok_s <= 2 * one.output_tok_s * 1.001
+    assert "2 nodes" in two.candidate.label()
+    assert "behind a router" in vllm_serve_command(two.candidate, "x/y", 256)
+
+
+def test_a_slow_gateway_costs_throughput():
+    c = awq_3090(nodes=2)
+    (free,) = evaluate([c], small_request(), CAT, workers=1)
+    (gated,) = evaluate([c], small_request(router_capacity_rps=0.5), CAT, workers=1)
+    assert gated.output_tok_s < 0.8 * free.output_tok_s
+
+
+def test_max_num_seqs_is_a_search_dimension_and_reaches_the_serve_line():
+    req = small_request(gpus=("rtx3090",), gpu_counts=(1,), max_num_seqs=(4, 32))
+    candidates, _ = enumerate_candidates(req, CAT)
+    assert {c.max_num_seqs for c in candidates} == {4, 32}
+    four, many = evaluate([awq_3090(max_num_seqs=4), awq_3090(max_num_seqs=32)], req, CAT, 1)
+    assert four.output_tok_s < many.output_tok_s  # 32 agents queue behind 4 slots
+    assert "--max-num-seqs 4" in vllm_serve_command(four.candidate, "x/y", 4)
+    assert effective_max_num_seqs(awq_3090(), CAT) == 256  # vLLM's default below 70 GiB
+
+
+def test_plan_cli_rejects_bad_nodes_and_router():
+    r = run_plan("--nodes", "0")
+    assert r.exit_code == 2 and "--nodes" in r.stderr
+    r = run_plan("--router", "random")
+    assert r.exit_code == 2 and "round_robin" in r.stderr
+    r = run_plan("--max-num-seqs", "8,x")
+    assert r.exit_code == 2 and "malformed --max-num-seqs" in r.stderr

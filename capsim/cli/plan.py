@@ -16,6 +16,7 @@ from capsim.planner.costs import CostModel
 from capsim.planner.search import (
     Evaluated,
     PlanRequest,
+    effective_max_num_seqs,
     enumerate_candidates,
     evaluate,
     frontier_cost,
@@ -74,6 +75,20 @@ def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
     plt.close(fig)
 
 
+ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
+
+
+def positive_ints(text: str, flag: str, example: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers, or a clear error."""
+    try:
+        values = tuple(int(v) for v in split_list(text))
+    except ValueError:
+        raise CapsimUserError(f"malformed {flag} '{text}'", hint=example) from None
+    if not values or min(values) < 1:
+        raise CapsimUserError(f"{flag} '{text}' needs positive integers", hint=example)
+    return values
+
+
 def short_misses(e: Evaluated, req: PlanRequest) -> str:
     """A table-sized account of which SLOs a configuration misses (full text in --json)."""
     out = []
@@ -96,6 +111,23 @@ def plan_cmd(
     budget: Annotated[float | None, typer.Option("--budget", help="USD")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Candidate GPUs (default all)")] = None,
     counts: Annotated[str, typer.Option("--counts", help="GPUs per box to try")] = "1,2,4,8",
+    nodes: Annotated[
+        str, typer.Option("--nodes", help="Node counts to try (DP over nodes behind a router)")
+    ] = "1",
+    max_num_seqs: Annotated[
+        str | None,
+        typer.Option("--max-num-seqs", help="vLLM --max-num-seqs values to try (default: vLLM's)"),
+    ] = None,
+    router: Annotated[
+        str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
+    ] = "least_outstanding",
+    router_latency_ms: Annotated[
+        float, typer.Option("--router-latency-ms", help="Latency the router adds per request")
+    ] = 0.0,
+    router_capacity_rps: Annotated[
+        float | None,
+        typer.Option("--router-capacity-rps", help="Requests/s the router can pass"),
+    ] = None,
     power_limits: Annotated[
         str,
         typer.Option(
@@ -125,10 +157,7 @@ def plan_cmd(
     cat = catalog(db)
     if agents < 1:
         raise CapsimUserError("--agents must be at least 1")
-    try:
-        gpu_counts = tuple(int(v) for v in split_list(counts))
-    except ValueError:
-        raise CapsimUserError(f"malformed --counts '{counts}'", hint="e.g. 1,2,4,8") from None
+    gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8")
     try:
         power_fractions = tuple(float(v) for v in split_list(power_limits))
     except ValueError:
@@ -139,6 +168,17 @@ def plan_cmd(
         raise CapsimUserError(
             f"--power-limits '{power_limits}' must be fractions of TDP between 0.2 and 1",
             hint="e.g. --power-limits 1,0.8,0.7",
+        )
+    node_counts = positive_ints(nodes, "--nodes", "e.g. 1,2,4")
+    seqs: tuple[int | None, ...] = (None,)
+    if max_num_seqs:
+        seqs = positive_ints(max_num_seqs, "--max-num-seqs", "e.g. 64,128,256")
+    if router not in ROUTERS:
+        raise CapsimUserError(f"unknown --router '{router}'", hint="one of " + ", ".join(ROUTERS))
+    if router_latency_ms < 0 or (router_capacity_rps is not None and router_capacity_rps <= 0):
+        raise CapsimUserError(
+            "--router-latency-ms must be >= 0 and --router-capacity-rps > 0",
+            hint="e.g. --router-latency-ms 2 --router-capacity-rps 500",
         )
     req = PlanRequest(
         models=tuple(cat.model(m).name for m in split_list(model)),
@@ -151,6 +191,11 @@ def plan_cmd(
         gpus=tuple(cat.gpu(g).name for g in split_list(gpus)) if gpus else None,
         gpu_counts=gpu_counts,
         power_fractions=power_fractions,
+        nodes=node_counts,
+        max_num_seqs=seqs,
+        router=router,
+        router_latency_s=router_latency_ms / 1e3,
+        router_capacity_rps=router_capacity_rps,
         cost=CostModel(years=years, kwh_price_usd=kwh_price, cloud_usd_per_gpu_hour=cloud_hourly),
     )
     candidates, pruned = enumerate_candidates(req, cat)
@@ -179,6 +224,8 @@ def plan_cmd(
                         "label": e.candidate.label(),
                         "gpu": e.candidate.gpu,
                         "count": e.candidate.count,
+                        "nodes": e.candidate.nodes,
+                        "max_num_seqs": effective_max_num_seqs(e.candidate, cat),
                         "tp": e.candidate.tp,
                         "dp": e.candidate.dp,
                         "model": e.candidate.model,
@@ -252,7 +299,7 @@ def plan_cmd(
         console.print(table)
         if winners:
             best = winners[0]
-            max_seqs = max(agents // best.candidate.dp, 1)
+            max_seqs = effective_max_num_seqs(best.candidate, cat)
             console.print(
                 "winner: "
                 + vllm_serve_command(

@@ -1,6 +1,8 @@
 """Search configurations for a workload and SLOs; simulate each with the engine.
 
-The search space: candidate GPUs, GPU counts per box, TP x DP splits of each count (TP must
+The search space: candidate GPUs, GPU counts per box (node), node counts (DP over nodes
+behind a router, with the router's latency and capacity), ``max_num_seqs`` values, TP x DP
+splits of each count (TP must
 divide the attention heads; every interconnect the GPU lists that can join TP GPUs is tried,
 so an NVLink bridge is weighed against plain PCIe), power limits as fractions of TDP
 (``power_fractions``; 1 = no limit), weight formats
@@ -19,10 +21,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from capsim.catalog.loader import Catalog, process_catalog
+from capsim.engine.router import RouterPolicy
 from capsim.engine.simulate import PredictConfig, predict
 from capsim.errors import CapsimUserError
 from capsim.physics.communication import choose_interconnect
-from capsim.physics.memory import memory_fit
+from capsim.physics.memory import memory_fit, vllm_default_batch_limits
 from capsim.physics.speculative import SpecConfig
 from capsim.planner.costs import Cost, CostModel, cost_of
 from capsim.planner.pareto import pareto_front
@@ -47,6 +50,15 @@ class PlanRequest:
     profile: str = "auto"
     power_fractions: tuple[float, ...] = (1.0,)
     """Power limits to try, as fractions of each GPU's TDP (1.0 = no limit)."""
+    nodes: tuple[int, ...] = (1,)
+    """Node counts to try: each node holds ``count`` GPUs; DP replicas span the nodes."""
+    max_num_seqs: tuple[int | None, ...] = (None,)
+    """vLLM --max-num-seqs values to try per replica (None = vLLM's default for the GPU)."""
+    router: RouterPolicy = "least_outstanding"
+    router_latency_s: float = 0.0
+    """Fixed latency the router or gateway adds to each request, seconds."""
+    router_capacity_rps: float | None = None
+    """Requests per second the router or gateway can pass (None = unlimited)."""
 
 
 @dataclass
@@ -60,10 +72,17 @@ class Candidate:
     spec: SpecConfig | None = None
     interconnect: str = "auto"
     power_limit_w: float | None = None
+    nodes: int = 1
+    max_num_seqs: int | None = None
 
     @property
     def dp(self) -> int:
-        return self.count // self.tp
+        """Replicas over all nodes."""
+        return self.nodes * (self.count // self.tp)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.count
 
     def config(self, req: PlanRequest) -> PredictConfig:
         return PredictConfig(
@@ -76,17 +95,23 @@ class Candidate:
             spec=self.spec,
             interconnect=self.interconnect,
             power_limit_w=self.power_limit_w,
+            max_num_seqs=self.max_num_seqs,
             workload="closed",
             concurrency=[req.agents],
             requests=req.requests or max(2 * req.agents, 16),
             input_tokens=req.input_tokens,
             output_tokens=req.output_tokens,
-            router="least_outstanding",
+            router=req.router if self.dp > 1 else "round_robin",
+            router_latency_s=req.router_latency_s if self.dp > 1 else 0.0,
+            router_capacity_rps=req.router_capacity_rps if self.dp > 1 else None,
             profile=req.profile,
         )
 
     def label(self) -> str:
-        text = f"{self.count}x {self.gpu} TP{self.tp}xDP{self.dp} {self.model} {self.quant}"
+        box_text = f"{self.count}x {self.gpu}"
+        if self.nodes > 1:
+            box_text = f"{self.nodes} nodes x {box_text}"
+        text = f"{box_text} TP{self.tp}xDP{self.dp} {self.model} {self.quant}"
         if self.kv_dtype != "auto":
             text += f" kv={self.kv_dtype}"
         if self.spec:
@@ -95,6 +120,8 @@ class Candidate:
             text += f" over {self.interconnect}"
         if self.power_limit_w is not None:
             text += f" @{self.power_limit_w:.0f}W"
+        if self.max_num_seqs is not None:
+            text += f" seqs={self.max_num_seqs}"
         return text
 
 
@@ -141,8 +168,8 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                     links = usable_interconnects(gpu, tp)
                     if not links:
                         continue
-                    for quant, kv, spec, link, watts in itertools.product(
-                        formats, kv_options, specs, links, power_limits
+                    for quant, kv, spec, link, watts, nodes, seqs in itertools.product(
+                        formats, kv_options, specs, links, power_limits, req.nodes, req.max_num_seqs
                     ):
                         fit = memory_fit(
                             gpu,
@@ -156,7 +183,19 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                             pruned += 1
                             continue
                         out.append(
-                            Candidate(gpu.name, count, tp, model.name, quant, kv, spec, link, watts)
+                            Candidate(
+                                gpu.name,
+                                count,
+                                tp,
+                                model.name,
+                                quant,
+                                kv,
+                                spec,
+                                link,
+                                watts,
+                                nodes,
+                                seqs,
+                            )
                         )
     return out, pruned
 
@@ -249,7 +288,7 @@ def evaluate(
             continue  # rejected by the engine (e.g. prompts longer than max_model_len)
         out_tok_s, per_agent, ttft90, band = r
         gpu = cat.gpu(c.gpu)
-        cost = cost_of(gpu, c.count, out_tok_s, req.cost, power_limit_w=c.power_limit_w)
+        cost = cost_of(gpu, c.total_gpus, out_tok_s, req.cost, power_limit_w=c.power_limit_w)
         reasons = []
         if req.min_agent_tok_s is not None and per_agent < req.min_agent_tok_s:
             reasons.append(f"per-agent {per_agent:.1f} < {req.min_agent_tok_s:g} tok/s")
@@ -281,6 +320,11 @@ def frontier_cost(items: list[Evaluated]) -> list[int]:
     return [priced[i] for i in front]
 
 
+def effective_max_num_seqs(c: Candidate, cat: Catalog) -> int:
+    """The max_num_seqs the engine simulated for a candidate (vLLM's default if unset)."""
+    return c.max_num_seqs or vllm_default_batch_limits(cat.gpu(c.gpu))[1]
+
+
 def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
     """The ``vllm serve`` line for a configuration (one per DP replica)."""
     parts = [
@@ -305,7 +349,11 @@ def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
         notes.append(f"nvidia-smi -pl {c.power_limit_w:.0f} on each GPU")
     if c.quant not in ("bf16", "fp16", "fp8"):
         notes.append(f"needs a {c.quant} checkpoint of this model")
-    if c.dp > 1:
+    if c.nodes > 1:
+        notes.append(
+            f"{c.nodes} nodes, {c.count // c.tp} replicas each ({c.dp} in all) behind a router"
+        )
+    elif c.dp > 1:
         notes.append(f"x{c.dp} replicas (--data-parallel-size {c.dp}, or one server per GPU group)")
     if notes:
         command += "   # " + "; ".join(notes)
