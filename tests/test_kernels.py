@@ -102,3 +102,14 @@ def hopper_params_with(**overrides):
     from capsim.physics.step import default_efficiency
 
     return default_efficiency(CAT.gpu("h100-sxm"), CAT).with_overrides(overrides)
+
+
+def test_h100_fit_predicts_the_h200_out_of_sample():
+    # the H200 has 1.43x the H100's bandwidth and the same SMs: the parameters fitted on
+    # the H100 must carry over through the catalog's bandwidth alone
+    h200 = load_kernel_dataset(H100.with_name("h200-decode-layers.json"))
+    assert h200.runs[0]["device"] == "NVIDIA H200"
+    points = compare_kernels(h200, CAT)
+    assert len(points) == 262
+    assert mape(points) < 10.0
+    assert abs(np.mean([p.error for p in points])) < 0.05
