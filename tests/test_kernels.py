@@ -17,7 +17,7 @@ from capsim.calibration.kernels import (
     usable,
 )
 from capsim.catalog.loader import load_catalog
-from capsim.physics.step import Deployment, build_step_model
+from capsim.physics.step import Deployment, build_step_model, default_efficiency
 
 CAT = load_catalog()
 H100 = Path(__file__).resolve().parents[1] / "calibration/kernels/h100-sxm-decode-layers.json"
@@ -26,6 +26,10 @@ H100 = Path(__file__).resolve().parents[1] / "calibration/kernels/h100-sxm-decod
 @pytest.fixture(scope="module")
 def h100():
     return load_kernel_dataset(H100)
+
+
+def hopper_params_with(**overrides):
+    return default_efficiency(CAT.gpu("h100-sxm"), CAT).with_overrides(overrides)
 
 
 def row(**kw) -> KernelRow:
@@ -96,12 +100,6 @@ def test_fit_recovers_the_class_file_and_beats_generic_priors(h100):
         h100, CAT, hopper_params_with(bandwidth_efficiency=0.5, layer_overhead_graph_us=0.0)
     )
     assert mape(worse) > 2 * fit.mape_fitted
-
-
-def hopper_params_with(**overrides):
-    from capsim.physics.step import default_efficiency
-
-    return default_efficiency(CAT.gpu("h100-sxm"), CAT).with_overrides(overrides)
 
 
 def test_h100_fit_predicts_the_h200_out_of_sample():

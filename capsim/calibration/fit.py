@@ -83,6 +83,13 @@ class FitProblem:
         return np.array([np.log(p.predicted / p.measured) for p in points])
 
 
+def check_fittable(names) -> None:
+    """Reject parameter names calibration cannot fit, naming those it can."""
+    unknown = [n for n in names if n not in FIT_BOUNDS]
+    if unknown:
+        raise CapsimUserError(f"cannot fit {unknown}", hint="fittable: " + ", ".join(FIT_BOUNDS))
+
+
 def hardware_class_of(ds: PublishedDataset, catalog: Catalog) -> str:
     classes = {catalog.gpu(sc.gpu).hardware_class for sc in ds.scenarios}
     if len(classes) != 1:
@@ -107,9 +114,7 @@ def fit_profile(
     hw_class = classes.pop()
     gpu = catalog.gpu(datasets[0].scenarios[0].gpu)
     base = default_efficiency(gpu, catalog)
-    unknown = [n for n in fit if n not in FIT_BOUNDS]
-    if unknown:
-        raise CapsimUserError(f"cannot fit {unknown}", hint="fittable: " + ", ".join(FIT_BOUNDS))
+    check_fittable(fit)
     names = list(fit)
     lower = np.array([FIT_BOUNDS[n][0] for n in names])
     upper = np.array([FIT_BOUNDS[n][1] for n in names])

@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from scipy.optimize import least_squares
 
-from capsim.calibration.fit import FIT_BOUNDS
+from capsim.calibration.fit import FIT_BOUNDS, check_fittable
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
@@ -162,6 +162,7 @@ def fit_kernel_params(
 ) -> KernelFit:
     """Least-squares fit of ``names`` to the usable rows (optionally only some weight
     formats), on log residuals; standard errors from the Jacobian."""
+    check_fittable(names)
     sub = ds
     if weights is not None:
         sub = ds.model_copy(update={"rows": [r for r in ds.rows if r.weights in weights]})

@@ -12,7 +12,6 @@ from rich.table import Table
 
 from capsim.calibration.fit import (
     DEFAULT_FIT,
-    FIT_BOUNDS,
     cross_validate,
     fit_profile,
     group_by_class,
@@ -99,9 +98,6 @@ def calibrate_kernels_cmd(
     cat = catalog(db)
     ds = load_kernel_dataset(dataset)
     names = tuple(v.strip() for v in fit.split(",") if v.strip())
-    unknown = [n for n in names if n not in FIT_BOUNDS]
-    if unknown:
-        raise CapsimUserError(f"cannot fit {unknown}", hint="fittable: " + ", ".join(FIT_BOUNDS))
     formats = tuple(w.strip() for w in weights.split(",")) if weights else None
     result = fit_kernel_params(ds, cat, names, formats)
     if json_out:

@@ -332,16 +332,20 @@ class StepModel:
         launch = 0.0 if graphed else p.allreduce_eager_launch_us * 1e-6
         return self.allreduces_per_step * (per_call + launch)
 
-    def overhead_scalar(self, sequences: int, tokens: float) -> float:
-        """overhead_seconds for one step, seconds."""
+    def kernel_floor_us(self, tokens: float) -> float:
+        """Per-layer kernel costs of one step (launch gaps or graph floor, MoE routing), us."""
         p = self.params
         graphed = self.deployment.cuda_graphs and tokens <= p.cuda_graph_max_tokens
         per_layer = p.layer_overhead_graph_us if graphed else p.layer_overhead_eager_us
+        return self.layers * per_layer + self.moe_layers * p.moe_layer_overhead_us
+
+    def overhead_scalar(self, sequences: int, tokens: float) -> float:
+        """overhead_seconds for one step, seconds."""
+        p = self.params
         us = (
             p.step_overhead_us
             + p.per_sequence_overhead_us * sequences
-            + self.layers * per_layer
-            + self.moe_layers * p.moe_layer_overhead_us
+            + self.kernel_floor_us(tokens)
         )
         return us * 1e-6
 
@@ -509,15 +513,17 @@ class StepModel:
         }
 
     @staticmethod
-    def _total(t: dict[str, float]) -> float:
+    def _roofline(t: dict[str, float]) -> float:
+        """Weights, experts and attention, each the larger of memory and compute time (s)."""
         return (
             max(t["t_dense_mem"], t["t_dense_cmp"])
             + max(t["t_exp_mem"], t["t_exp_cmp"])
             + max(t["t_att_mem"], t["t_att_cmp"])
-            + t["t_comm"]
-            + t["t_over"]
-            + t["t_draft"]
         )
+
+    @classmethod
+    def _total(cls, t: dict[str, float]) -> float:
+        return cls._roofline(t) + t["t_comm"] + t["t_over"] + t["t_draft"]
 
     def _draft_for(self, drafting_sequences: int, new_tokens, context) -> float:
         if not drafting_sequences or self.deployment.spec is None:
@@ -534,16 +540,7 @@ class StepModel:
         single-GPU kernel measurement (``capsim.calibration.kernels``) times."""
         agg = self._aggregate(new_tokens, context)
         t = self._terms(*agg, agg[1], 0.0)
-        p = self.params
-        graphed = self.deployment.cuda_graphs and agg[0] <= p.cuda_graph_max_tokens
-        per_layer = p.layer_overhead_graph_us if graphed else p.layer_overhead_eager_us
-        floor_us = self.layers * per_layer + self.moe_layers * p.moe_layer_overhead_us
-        return (
-            max(t["t_dense_mem"], t["t_dense_cmp"])
-            + max(t["t_exp_mem"], t["t_exp_cmp"])
-            + max(t["t_att_mem"], t["t_att_cmp"])
-            + floor_us * 1e-6
-        )
+        return self._roofline(t) + self.kernel_floor_us(agg[0]) * 1e-6
 
     def step_time(
         self,
