@@ -20,7 +20,7 @@ allocatable as a free one.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 
 from capsim.engine.request import SimRequest
 
@@ -28,20 +28,32 @@ from capsim.engine.request import SimRequest
 class Stream:
     """Cached leading blocks of one token stream and the prefixes requests hold."""
 
-    __slots__ = ("cached", "holders")
+    __slots__ = ("cached", "held", "holders")
 
     def __init__(self) -> None:
         self.cached = 0  # leading blocks of the stream present in the cache
-        self.holders: Counter[int] = Counter()  # held prefix length -> requests holding it
-
-    @property
-    def held(self) -> int:
-        """Blocks referenced by at least one request (a prefix of ``cached``)."""
-        return max(self.holders) if self.holders else 0
+        self.holders: dict[int, int] = {}  # held prefix length -> requests holding it
+        self.held = 0  # blocks referenced by at least one request (a prefix of cached)
 
     @property
     def evictable(self) -> int:
         return self.cached - self.held
+
+    def hold(self, length: int) -> None:
+        """One more request holds the first ``length`` blocks."""
+        self.holders[length] = self.holders.get(length, 0) + 1
+        if length > self.held:
+            self.held = length
+
+    def drop(self, length: int) -> None:
+        """A request holding the first ``length`` blocks lets go of them."""
+        left = self.holders[length] - 1
+        if left:
+            self.holders[length] = left
+        else:
+            del self.holders[length]
+            if length == self.held:
+                self.held = max(self.holders) if self.holders else 0
 
 
 class KVCache:
@@ -97,17 +109,22 @@ class KVCache:
             if stream.cached == 0 and not stream.holders:
                 del self.streams[content]
 
+    def reserve(self, n: int) -> None:
+        """Take ``n`` blocks out of the pool, evicting cached ones if needed; the caller
+        has checked that they are allocatable and credits them to requests."""
+        if n > self.free:
+            self._evict(n - self.free)
+        self.free -= n
+        self._note_peak()
+
     def allocate(self, req: SimRequest, n: int) -> bool:
         """Give ``req`` ``n`` more private blocks, evicting cached ones if needed."""
         if n <= 0:
             return True
         if n > self.free + self.evictable:
             return False
-        if n > self.free:
-            self._evict(n - self.free)
-        self.free -= n
+        self.reserve(n)
         req.blocks += n
-        self._note_peak()
         return True
 
     def cached_prefix(self, req: SimRequest) -> int:
@@ -132,7 +149,7 @@ class KVCache:
             return
         stream = self.streams[req.content]
         before = stream.evictable
-        stream.holders[hits] += 1
+        stream.hold(hits)
         req.cached_len = hits
         self._set_evictable(req.content, stream, before)
         self._note_peak()
@@ -153,10 +170,8 @@ class KVCache:
             return
         before = stream.evictable
         if have:
-            stream.holders[have] -= 1
-            if not stream.holders[have]:
-                del stream.holders[have]
-        stream.holders[have + grow] += 1
+            stream.drop(have)
+        stream.hold(have + grow)
         stream.cached += grow
         req.blocks -= grow
         req.cached_len = have + grow
@@ -171,9 +186,7 @@ class KVCache:
         if held:
             stream = self.streams[req.content]
             before = stream.evictable
-            stream.holders[held] -= 1
-            if not stream.holders[held]:
-                del stream.holders[held]
+            stream.drop(held)
             req.cached_len = 0
             self._set_evictable(req.content, stream, before)
             if stream.evictable:

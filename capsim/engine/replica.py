@@ -43,9 +43,12 @@ class Replica:
         self.steps = 0
         self.events = 0
         self.busy_time = 0.0
-        # decode-step durations (per token) and how many sequences each served, for ITL
-        self.itl_values: list[np.ndarray] = []
-        self.itl_weights: list[np.ndarray] = []
+        # decode-step durations per token and how many sequences each served, for ITL:
+        # whole decode runs as arrays, single steps as numbers (cheaper per step)
+        self._itl_runs: list[np.ndarray] = []
+        self._itl_run_weights: list[np.ndarray] = []
+        self._itl_steps: list[float] = []
+        self._itl_step_weights: list[float] = []
         self.process = env.process(self.run())
 
     @property
@@ -63,8 +66,21 @@ class Replica:
         if sequences <= 0 or durations.size == 0:
             return
         per_token = durations / self.scheduler.config.decode_advance
-        self.itl_values.append(per_token)
-        self.itl_weights.append(np.full(per_token.size, float(sequences)))
+        self._itl_runs.append(per_token)
+        self._itl_run_weights.append(np.full(per_token.size, float(sequences)))
+
+    def _record_itl_step(self, duration: float, sequences: int) -> None:
+        self._itl_steps.append(duration / self.scheduler.config.decode_advance)
+        self._itl_step_weights.append(float(sequences))
+
+    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        """Inter-token latencies (s per token) of every decode step, and the sequences
+        each served (the weight of that latency among all tokens)."""
+        values = np.concatenate([*self._itl_runs, np.asarray(self._itl_steps, dtype=float)])
+        weights = np.concatenate(
+            [*self._itl_run_weights, np.asarray(self._itl_step_weights, dtype=float)]
+        )
+        return values, weights
 
     def run(self):
         env, sched, sm = self.env, self.scheduler, self.step_model
@@ -89,7 +105,7 @@ class Replica:
                 # verification samples every drafted position; a prefill chunk samples one
                 prefilling = step.count - step.decoding
                 logits = step.decoding * sm.decode_width + prefilling
-            duration = sm.step_time(
+            duration = sm.scheduled_step_time(
                 new, ctx, logits_tokens=logits, drafting_sequences=step.decoding if spec else 0
             )
             self.events += 1
@@ -97,7 +113,7 @@ class Replica:
             self.steps += 1
             self.busy_time += duration
             if step.decoding:
-                self._record_itl(np.array([duration]), step.decoding)
+                self._record_itl_step(duration, step.decoding)
             if sched.complete(step, env.now):
                 yield from self._let_clients_react()
 

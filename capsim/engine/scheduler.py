@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,14 +47,26 @@ class SchedulerConfig:
     decode_advance: float = 1.0  # expected tokens gained per decode step
 
 
-@dataclass
 class ScheduledStep:
-    """What one step runs: token counts and contexts in running order, then admissions."""
+    """What one step runs: token counts and contexts in running order, then admissions.
 
-    new_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    context: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    decode_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    prefills: list[tuple[SimRequest, int, int]] = field(default_factory=list)  # req, n, row
+    ``decode_rows`` are the running rows that decode this step; ``prefills`` the
+    (request, tokens, row) of every prefill chunk, running ones first.
+    """
+
+    __slots__ = ("context", "decode_rows", "new_tokens", "prefills")
+
+    def __init__(
+        self,
+        new_tokens: np.ndarray,
+        context: np.ndarray,
+        decode_rows: np.ndarray,
+        prefills: list[tuple[SimRequest, int, int]],
+    ):
+        self.new_tokens = new_tokens
+        self.context = context
+        self.decode_rows = decode_rows
+        self.prefills = prefills
 
     @property
     def decoding(self) -> int:
@@ -87,13 +99,10 @@ class Scheduler:
         self.preemptions = 0
         self.finished: list[SimRequest] = []
         cap = config.max_num_seqs + 1
-        self._kv = np.zeros(cap)
-        self._gen = np.zeros(cap)
-        self._out = np.zeros(cap)
-        self._blocks = np.zeros(cap)
+        # one row per float field, so removing a running request shifts one array
+        self._state = np.zeros((6, cap))
+        self._kv, self._gen, self._out, self._blocks, self._computed, self._target = self._state
         self._dec = np.zeros(cap, dtype=bool)
-        self._computed = np.zeros(cap)
-        self._target = np.zeros(cap)
 
     # ------------------------------------------------------------------ state sync
 
@@ -126,16 +135,8 @@ class Scheduler:
     def _remove(self, row: int) -> None:
         self.running.pop(row)
         end = len(self.running)
-        for arr in (
-            self._kv,
-            self._gen,
-            self._out,
-            self._blocks,
-            self._dec,
-            self._computed,
-            self._target,
-        ):
-            arr[row:end] = arr[row + 1 : end + 1]
+        self._state[:, row:end] = self._state[:, row + 1 : end + 1]
+        self._dec[row:end] = self._dec[row + 1 : end + 1]
 
     def decode_contexts(self) -> np.ndarray:
         """Tokens in KV of each running request (all decoding), in running order."""
@@ -193,13 +194,19 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(victim)
 
-    def _grant_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _grant_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """Tokens each running request gets this step (vLLM's in-order budget loop, in
-        vector form), the context before them, and the blocks each then needs."""
+        vector form), the context before them, the blocks each then needs, and whether
+        every running request gets its tokens."""
         cfg = self.config
         n = len(self.running)
         dec = self._dec[:n]
         width = cfg.decode_width
+        if n * width <= cfg.max_num_batched_tokens and dec.all():
+            # the common case: every running request decodes and the budget holds them all
+            context = self._kv[:n].copy()
+            need = np.ceil((context + width) / cfg.block_size) - self._blocks[:n]
+            return np.full(n, float(width)), context, need, True
         remaining = self._target[:n] - self._computed[:n]
         want = np.where(dec, width, remaining)
         before = np.cumsum(want) - want
@@ -212,7 +219,18 @@ class Scheduler:
         need = np.where(
             grant > 0, np.ceil((context + grant) / cfg.block_size) - self._blocks[:n], 0
         )
-        return grant, context, need
+        return grant, context, need, False
+
+    def _allocate_rows(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Give running ``rows`` ``counts`` more blocks each in one KV-cache reservation;
+        the caller has checked that the cache can provide them all."""
+        if not rows.size:
+            return
+        self.kv.reserve(int(counts.sum()))
+        self._blocks[rows] += counts
+        running = self.running
+        for row, k in zip(rows.tolist(), counts.tolist(), strict=True):
+            running[row].blocks += int(k)
 
     def _schedule_running_slow(self, step_parts: list) -> bool:
         """vLLM's loop over running requests one by one, preempting the newest request
@@ -251,47 +269,51 @@ class Scheduler:
         self._load_rows()
         return preempted
 
+    def _running_parts_slow(self) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+        """The slow path's result as arrays: (preempted, rows, tokens, contexts)."""
+        parts: list[tuple[SimRequest, int, float, int]] = []
+        preempted = self._schedule_running_slow(parts)
+        rows = np.array([p[3] for p in parts], dtype=np.int64)
+        grant = np.array([p[1] for p in parts], dtype=float)
+        context = np.array([p[2] for p in parts], dtype=float)
+        return preempted, rows, grant, context
+
     def schedule(self, now: float) -> ScheduledStep:
         cfg = self.config
         kv = self.kv
-        n_running = len(self.running)
+        running = self.running
+        n_running = len(running)
         preempted = False
-        rows = np.zeros(0, dtype=np.int64)
-        grant = context = np.zeros(0)
-        slow_parts: list[tuple[SimRequest, int, float, int]] = []
         if 0 < n_running <= SMALL_BATCH:
-            preempted = self._schedule_running_slow(slow_parts)
+            preempted, rows, grant, context = self._running_parts_slow()
         elif n_running:
-            grant, context, need = self._grant_running()
-            positive = np.flatnonzero(need > 0)
-            if float(need[positive].sum()) <= kv.allocatable:
-                for row in positive:
-                    k = int(need[row])
-                    kv.allocate(self.running[row], k)
-                    self._blocks[row] += k
-                rows = np.flatnonzero(grant > 0)
+            grant, context, need, everyone = self._grant_running()
+            short = np.flatnonzero(need > 0)
+            counts = need[short]
+            if float(counts.sum()) <= kv.allocatable:
+                self._allocate_rows(short, counts)
+                if everyone:
+                    rows = np.arange(n_running)
+                else:
+                    rows = np.flatnonzero(grant > 0)
+                    grant, context = grant[rows], context[rows]
             else:
-                preempted = self._schedule_running_slow(slow_parts)
-        step = ScheduledStep()
-        if slow_parts:
-            rows = np.array([p[3] for p in slow_parts], dtype=np.int64)
-            grant_sel = np.array([p[1] for p in slow_parts], dtype=float)
-            context_sel = np.array([p[2] for p in slow_parts], dtype=float)
+                preempted, rows, grant, context = self._running_parts_slow()
         else:
-            grant_sel = grant[rows]
-            context_sel = context[rows]
+            rows = np.zeros(0, dtype=np.int64)
+            grant = context = np.zeros(0)
         decoding = self._dec[rows]
-        step.decode_rows = rows[decoding]
-        step.prefills = [
-            (self.running[row], int(n), int(row))
-            for row, n, is_decode in zip(rows, grant_sel, decoding, strict=True)
-            if not is_decode
-        ]
-        budget = cfg.max_num_batched_tokens - int(grant_sel.sum())
-        new_tokens = list(grant_sel)
-        contexts = list(context_sel)
+        decode_rows = rows[decoding]
+        prefills: list[tuple[SimRequest, int, int]] = []
+        if decode_rows.size < rows.size:
+            for i in np.flatnonzero(~decoding).tolist():
+                row = int(rows[i])
+                prefills.append((running[row], int(grant[i]), row))
+        budget = cfg.max_num_batched_tokens - int(grant.sum())
+        admitted_tokens: list[float] = []
+        admitted_context: list[float] = []
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 req = self.waiting[0]
                 hits = 0
                 if req.computed == 0 and not req.cached_len:
@@ -313,13 +335,14 @@ class Scheduler:
                 if req.first_scheduled is None:
                     req.first_scheduled = now
                 row = self._append(req)
-                step.prefills.append((req, n, row))
-                new_tokens.append(n)
-                contexts.append(float(computed))
+                prefills.append((req, n, row))
+                admitted_tokens.append(n)
+                admitted_context.append(float(computed))
                 budget -= n
-        step.new_tokens = np.asarray(new_tokens, dtype=float)
-        step.context = np.asarray(contexts, dtype=float)
-        return step
+        if admitted_tokens:
+            grant = np.concatenate((grant, admitted_tokens))
+            context = np.concatenate((context, admitted_context))
+        return ScheduledStep(grant, context, decode_rows, prefills)
 
     def complete(self, step: ScheduledStep, now: float) -> list[SimRequest]:
         """Apply a finished step; return the requests that finished."""
@@ -359,10 +382,10 @@ class Scheduler:
         self._gen[:n] += gain
         last_step_end = self._kv[:n] - cfg.decode_advance + cfg.decode_width
         need = np.ceil(last_step_end / cfg.block_size) - self._blocks[:n]
-        for row in np.flatnonzero(need > 0):
-            ok = self.kv.allocate(self.running[row], int(need[row]))
-            assert ok, "decode run exceeded the KV blocks it was sized for"
-            self._blocks[row] += need[row]
+        short = np.flatnonzero(need > 0)
+        counts = need[short]
+        assert counts.sum() <= self.kv.allocatable, "decode run exceeded its KV blocks"
+        self._allocate_rows(short, counts)
         return self._finish_done(now)
 
     def run_length(self) -> int:

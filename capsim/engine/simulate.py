@@ -345,10 +345,9 @@ def simulate_level(
         )
         for r in driver.requests
     ]
-    itl_values = [v for rep in replicas for v in rep.itl_values]
-    itl_weights = [w for rep in replicas for w in rep.itl_weights]
-    values = np.concatenate(itl_values) if itl_values else np.array([])
-    weights = np.concatenate(itl_weights) if itl_weights else np.array([])
+    samples = [rep.itl_samples() for rep in replicas]
+    values = np.concatenate([v for v, _ in samples])
+    weights = np.concatenate([w for _, w in samples])
     level = workload.concurrency if workload.concurrency is not None else workload.rate
     metrics = level_metrics(
         records,

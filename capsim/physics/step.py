@@ -446,22 +446,21 @@ class StepModel:
         if n.size and (n.min() < 0 or c.min() < 0):
             raise ValueError("token counts must be non-negative")
         active = n > 0
-        n, c = n[active], c[active]
-        total = c + n
+        if not active.all():
+            n, c = n[active], c[active]
+        return self._sums(n, c)
+
+    def _sums(self, n: np.ndarray, c: np.ndarray) -> tuple[float, int, float, float, float, float]:
+        """``_aggregate`` for float arrays of scheduled sequences (every ``n`` positive)."""
+        tokens = float(n.sum())
+        sum_total = float(c.sum()) + tokens
+        # sum of n*c + n*(n+1)/2: the causal query-key pairs of each sequence
+        pairs = float(n @ c) + 0.5 * (float(n @ n) + tokens)
         window = self.kv.sliding_window
-        sum_total = float(total.sum())
-        pairs = float((n * c + n * (n + 1) / 2).sum())
         if window is None:
-            return float(n.sum()), int(n.size), sum_total, sum_total, pairs, pairs
-        windowed = float(np.minimum(total, window).sum())
-        return (
-            float(n.sum()),
-            int(n.size),
-            sum_total,
-            windowed,
-            pairs,
-            float(_pairs(c, n, window).sum()),
-        )
+            return tokens, int(n.size), sum_total, sum_total, pairs, pairs
+        windowed = float(np.minimum(c + n, window).sum())
+        return tokens, int(n.size), sum_total, windowed, pairs, float(_pairs(c, n, window).sum())
 
     def _terms(
         self,
@@ -478,7 +477,7 @@ class StepModel:
         kv = self.kv
         touched = self.experts_touched_scalar(tokens) if tokens else 0.0
         expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
-        if touched:
+        if touched and self.params.l2_reuse_strength:
             expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
         dense_bytes = self.dense_weight_bytes if tokens else 0.0
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
@@ -553,6 +552,23 @@ class StepModel:
         agg = self._aggregate(new_tokens, context)
         logits = agg[1] if logits_tokens is None else logits_tokens
         draft = self._draft_for(drafting_sequences, new_tokens, context)
+        return self._total(self._terms(*agg, logits, draft))
+
+    def scheduled_step_time(
+        self,
+        new_tokens: np.ndarray,
+        context: np.ndarray,
+        logits_tokens: int | None = None,
+        drafting_sequences: int = 0,
+    ) -> float:
+        """``step_time`` for the engine's scheduled steps, seconds: float arrays of the
+        same length with every ``new_tokens`` entry positive, so no checks are repeated
+        on the simulation's hot path."""
+        agg = self._sums(new_tokens, context)
+        logits = agg[1] if logits_tokens is None else logits_tokens
+        draft = 0.0
+        if drafting_sequences and self.deployment.spec is not None:
+            draft = self.draft_seconds(drafting_sequences, context[:drafting_sequences])
         return self._total(self._terms(*agg, logits, draft))
 
     def step(
@@ -640,48 +656,64 @@ class StepModel:
         tokens = float(seqs * width)
         logits = seqs * width if self.deployment.spec is not None else seqs
         j = np.arange(n_steps, dtype=float)
-        ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
+        # summed context of the batch at each step: only the windowed terms and a draft
+        # model need each sequence's own context, the rest is linear in the sum
+        ctx_sum = float(c0.sum()) + seqs * self.decode_advance * j
         kv = self.kv
-        total = ctx + width
-        kv_read = total.sum(axis=1) * kv.full_bytes_per_token
+        total_sum = ctx_sum + tokens
+        pairs = width * ctx_sum + seqs * width * (width + 1) / 2
+        kv_read = total_sum * kv.full_bytes_per_token
+        attn = self.full_layers * pairs
+        ctx = None
+        if kv.sliding_window is not None or self._draft_model_runs:
+            ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
         if kv.sliding_window is not None:
-            kv_read += np.minimum(total, kv.sliding_window).sum(axis=1) * kv.sliding_bytes_per_token
+            kv_read += np.minimum(ctx + width, kv.sliding_window).sum(axis=1) * (
+                kv.sliding_bytes_per_token
+            )
+            if self.sliding_layers:
+                n = np.full_like(ctx, width)
+                attn = attn + self.sliding_layers * _pairs(ctx, n, kv.sliding_window).sum(axis=1)
         else:
-            kv_read += total.sum(axis=1) * kv.sliding_bytes_per_token
+            kv_read += total_sum * kv.sliding_bytes_per_token
+            attn = attn + self.sliding_layers * pairs
         kv_write = tokens * kv.bytes_per_token
         state = 2.0 * seqs * kv.state_bytes_per_sequence
-        n = np.full_like(ctx, width)
-        attn = self.full_layers * _pairs(ctx, n).sum(axis=1)
-        if self.sliding_layers:
-            attn = attn + self.sliding_layers * _pairs(ctx, n, kv.sliding_window).sum(axis=1)
         attn_flops = self.pair_flops * attn + tokens * self.linear_flops_per_token
 
-        touched = float(self.experts_touched(tokens))
+        touched = self.experts_touched_scalar(tokens)
         expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
-        expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
+        if touched and self.params.l2_reuse_strength:
+            expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
         dense_flops = tokens * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
         fixed = max(self.dense_weight_bytes / self.dense_bw, dense_flops / self.gemm_flops)
         fixed += max(
             expert_bytes / self.expert_bw, tokens * self.expert_flops_per_token / self.gemm_flops
         )
-        fixed += float(self.communication_seconds(tokens))
-        fixed += float(self.overhead_seconds(seqs, tokens))
+        fixed += self.communication_scalar(tokens)
+        fixed += self.overhead_scalar(seqs, tokens)
         attention = np.maximum(
             (kv_read + kv_write + state) / self.kv_bw, attn_flops / self.attention_flops_rate
         )
-        return fixed + attention + self._draft_run(ctx)
+        return fixed + attention + self._draft_run(seqs, ctx_sum, ctx)
 
-    def _draft_run(self, ctx: np.ndarray) -> np.ndarray:
-        """Drafter time for each step of a decode run, seconds (0 without speculation)."""
+    @property
+    def _draft_model_runs(self) -> bool:
         spec = self.deployment.spec
-        steps, seqs = ctx.shape
+        return spec is not None and spec.method == "draft"
+
+    def _draft_run(self, seqs: int, ctx_sum: np.ndarray, ctx: np.ndarray | None) -> np.ndarray:
+        """Drafter time for each step of a decode run, seconds (0 without speculation);
+        ``ctx_sum`` is the batch's summed context per step, ``ctx`` each sequence's (steps,
+        seqs) context where a draft model needs it."""
+        spec = self.deployment.spec
         if spec is None:
-            return np.zeros(steps)
+            return np.zeros(ctx_sum.size)
         if spec.method == "ngram":
-            return np.full(steps, seqs * self.params.ngram_lookup_us * 1e-6)
+            return np.full(ctx_sum.size, seqs * self.params.ngram_lookup_us * 1e-6)
         if spec.method == "draft":
             return np.array([self.draft_seconds(seqs, row) for row in ctx])
-        return self._layer_draft_seconds(seqs, (ctx + 1).sum(axis=1))
+        return self._layer_draft_seconds(seqs, ctx_sum + seqs)
 
     def decode_step(self, context: np.ndarray | list[int]) -> tuple[StepBreakdown, float]:
         """One decode step for sequences at ``context``; with speculation, verification of
