@@ -86,9 +86,9 @@ class Scheduler:
 
     Decode state (tokens in KV, tokens generated, output length, blocks held) lives in
     numpy arrays parallel to ``running``, so a step costs a few vector operations however
-    many sequences run. The request objects' ``kv_tokens`` and ``generated`` are brought
-    up to date when a request leaves the running list (finish, preemption) or before the
-    order-dependent slow path runs.
+    many sequences run. While a request runs, the arrays are authoritative: its object's
+    ``blocks``, ``kv_tokens`` and ``generated`` are brought up to date before the KV cache
+    reads them (prefill done, finish, preemption) and on ``sync_requests``.
     """
 
     def __init__(self, config: SchedulerConfig, kv: KVCache):
@@ -115,16 +115,18 @@ class Scheduler:
         self._computed[i] = req.computed
         self._target[i] = req.prefill_target
 
-    def _store_rows(self) -> None:
-        """Copy decode progress back into the request objects."""
-        for i, req in enumerate(self.running):
-            if self._dec[i]:
-                req.kv_tokens = float(self._kv[i])
-                req.generated = float(self._gen[i])
+    def _store_row(self, i: int, req: SimRequest) -> None:
+        """Copy row ``i``'s blocks and decode progress back into its request object."""
+        req.blocks = int(self._blocks[i]) - req.cached_len
+        if self._dec[i]:
+            req.kv_tokens = float(self._kv[i])
+            req.generated = float(self._gen[i])
 
-    def _load_rows(self) -> None:
+    def sync_requests(self) -> None:
+        """Bring the running request objects' decode progress up to date (for reading
+        them when a simulation ends with requests still running)."""
         for i, req in enumerate(self.running):
-            self._load_row(i, req)
+            self._store_row(i, req)
 
     def _append(self, req: SimRequest) -> int:
         row = len(self.running)
@@ -228,55 +230,88 @@ class Scheduler:
             return
         self.kv.reserve(int(counts.sum()))
         self._blocks[rows] += counts
-        running = self.running
-        for row, k in zip(rows.tolist(), counts.tolist(), strict=True):
-            running[row].blocks += int(k)
 
     def _schedule_running_slow(self, step_parts: list) -> bool:
         """vLLM's loop over running requests one by one, preempting the newest request
         when the KV cache cannot hold a request's tokens. Used for small batches and when
         the vector path finds the KV cache short. Returns whether it preempted."""
-        self._store_rows()
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         running, kv, bs, width = self.running, self.kv, cfg.block_size, cfg.decode_width
+        decoding, kv_tokens, blocks = self._dec, self._kv, self._blocks
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            if req.phase == DECODE:
+            if decoding[i]:
                 n = width
                 if n > budget:
                     break
-                context = req.kv_tokens
+                context = float(kv_tokens[i])
             else:
                 n = min(req.prefill_target - req.computed, budget)
                 context = float(req.computed)
-            need = -(-(context + n) // bs) - req.total_blocks
-            victim = None
-            if need > 0 and not kv.allocate(req, int(need)):
-                while True:
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is req or kv.allocate(req, int(need)):
+            need = -(-(context + n) // bs) - blocks[i]
+            if need > 0:
+                victim = None
+                if not kv.allocate(req, int(need)):
+                    while True:
+                        victim = running.pop()
+                        self._store_row(len(running), victim)
+                        self._preempt(victim)
+                        preempted = True
+                        if victim is req or kv.allocate(req, int(need)):
+                            break
+                    if victim is req:
                         break
-                if victim is req:
-                    break
+                blocks[i] += need
             step_parts.append((req, n, context, i))
             budget -= n
             i += 1
-        self._load_rows()
         return preempted
 
     def _running_parts_slow(self) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
-        """The slow path's result as arrays: (preempted, rows, tokens, contexts)."""
+        """The per-request loop's result as arrays: (preempted, rows, tokens, contexts)."""
         parts: list[tuple[SimRequest, int, float, int]] = []
         preempted = self._schedule_running_slow(parts)
         rows = np.array([p[3] for p in parts], dtype=np.int64)
         grant = np.array([p[1] for p in parts], dtype=float)
         context = np.array([p[2] for p in parts], dtype=float)
         return preempted, rows, grant, context
+
+    def _running_parts(self) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+        """The same loop in vector form between preemptions: the rows before the first one
+        the KV cache cannot serve get their blocks at once; that row preempts from the
+        tail as vLLM does, and the scan goes on. Returns (preempted, rows, tokens,
+        contexts); the scheduled rows are always a prefix of ``running``."""
+        grant, context, need, everyone = self._grant_running()
+        running, kv = self.running, self.kv
+        granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
+        need = np.maximum(need[:granted], 0.0)
+        preempted = False
+        i = 0
+        while i < min(granted, len(running)):
+            end = min(granted, len(running))
+            cumulative = np.cumsum(need[i:end])
+            served = i + int(np.searchsorted(cumulative, kv.allocatable, side="right"))
+            short = i + np.flatnonzero(need[i:served] > 0)
+            self._allocate_rows(short, need[short])
+            i = served
+            if i >= end:
+                break
+            req, k = running[i], int(need[i])
+            while True:
+                victim = running.pop()
+                self._store_row(len(running), victim)
+                self._preempt(victim)
+                preempted = True
+                if victim is req or kv.allocate(req, k):
+                    break
+            if victim is req:
+                break
+            self._blocks[i] += k
+            i += 1
+        return preempted, np.arange(i), grant[:i], context[:i]
 
     def schedule(self, now: float) -> ScheduledStep:
         cfg = self.config
@@ -287,18 +322,7 @@ class Scheduler:
         if 0 < n_running <= SMALL_BATCH:
             preempted, rows, grant, context = self._running_parts_slow()
         elif n_running:
-            grant, context, need, everyone = self._grant_running()
-            short = np.flatnonzero(need > 0)
-            counts = need[short]
-            if float(counts.sum()) <= kv.allocatable:
-                self._allocate_rows(short, counts)
-                if everyone:
-                    rows = np.arange(n_running)
-                else:
-                    rows = np.flatnonzero(grant > 0)
-                    grant, context = grant[rows], context[rows]
-            else:
-                preempted, rows, grant, context = self._running_parts_slow()
+            preempted, rows, grant, context = self._running_parts()
         else:
             rows = np.zeros(0, dtype=np.int64)
             grant = context = np.zeros(0)
@@ -361,6 +385,7 @@ class Scheduler:
             req.generated += 1.0
             if req.first_token is None:
                 req.first_token = now
+            self._store_row(row, req)
             self.kv.register(req, req.prefill_target)
             self._load_row(row, req)
         return self._finish_done(now)
@@ -416,7 +441,7 @@ class Scheduler:
 
     def _finish(self, row: int, now: float) -> None:
         req = self.running[row]
-        req.kv_tokens = float(self._kv[row])
+        self._store_row(row, req)
         req.generated = float(req.output_len)
         req.finish = now
         req.phase = DONE

@@ -330,6 +330,8 @@ def simulate_level(
     driver = Driver(env, router, workload, seed)
     driver.start()
     env.run()
+    for rep in replicas:
+        rep.scheduler.sync_requests()
     records = [
         RequestRecord(
             request_id=str(r.rid),
