@@ -52,6 +52,8 @@ class MeasuredStepModel:
         prefill_tokens = float(n[n > 1].sum())
         return self.decode_seconds(decoding) + prefill_tokens * self.prefill_s_per_token
 
+    scheduled_step_time = step_time  # the engine's entry point (StepModel's interface)
+
     def decode_run_times(self, context, n_steps: int) -> np.ndarray:
         return np.full(n_steps, self.decode_seconds(len(context)))
 

@@ -372,7 +372,10 @@ class Scheduler:
         """Apply a finished step; return the requests that finished."""
         adv = self.config.decode_advance
         rows = step.decode_rows
-        if rows.size:
+        k = rows.size
+        if k and rows[-1] == k - 1:  # the first k rows (rows are increasing)
+            self._state[:2, :k] += adv  # tokens in KV and generated
+        elif k:
             self._kv[rows] += adv
             self._gen[rows] += adv
         for req, n, row in step.prefills:
