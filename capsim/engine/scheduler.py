@@ -286,6 +286,12 @@ class Scheduler:
         contexts); the scheduled rows are always a prefix of ``running``."""
         grant, context, need, everyone = self._grant_running()
         running, kv = self.running, self.kv
+        if everyone:
+            short = np.flatnonzero(need > 0)
+            counts = need[short]
+            if counts.sum() <= kv.allocatable:  # the common case: no preemption
+                self._allocate_rows(short, counts)
+                return False, np.arange(len(running)), grant, context
         granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
         need = np.maximum(need[:granted], 0.0)
         preempted = False
