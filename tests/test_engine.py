@@ -300,6 +300,34 @@ def test_vector_and_per_request_scheduling_agree(workload, c, seed, kv_blocks, b
         assert a.finish == pytest.approx(b.finish, rel=1e-9, abs=1e-9)
 
 
+def test_drafter_reads_the_decoding_sequences_contexts():
+    """A running request still in chunked prefill can sit before a decoding one in
+    running order; the drafter proposes only for the decoding one."""
+    from capsim.engine.scheduler import ScheduledStep
+
+    step = ScheduledStep(
+        new_tokens=np.array([512.0, 3.0, 200.0]),  # running prefill, running decode, admitted
+        context=np.array([1024.0, 40.0, 0.0]),
+        decode_rows=np.array([1]),
+        prefills=[],
+        decoding=np.array([False, True]),
+    )
+    assert step.decode_context().tolist() == [40.0]
+    sm = build_setup(
+        PredictConfig(
+            gpu="rtx3090",
+            model="qwen3.5-27b",
+            quant="awq-int4",
+            tp=4,
+            spec=SpecConfig(method="mtp", num_tokens=2, acceptance=0.6),
+        ),
+        CAT,
+    ).step_model
+    with_draft = sm.scheduled_step_time(step.new_tokens, step.context, 5, step.decode_context())
+    without = sm.scheduled_step_time(step.new_tokens, step.context, 5)
+    assert with_draft - without == pytest.approx(sm.draft_seconds(1, np.array([40.0])))
+
+
 def test_parse_levels():
     assert parse_levels("1..8") == list(range(1, 9))
     assert parse_levels("1,2,4,8") == [1, 2, 4, 8]

@@ -52,7 +52,9 @@ class MeasuredStepModel:
         prefill_tokens = float(n[n > 1].sum())
         return self.decode_seconds(decoding) + prefill_tokens * self.prefill_s_per_token
 
-    scheduled_step_time = step_time  # the engine's entry point (StepModel's interface)
+    def scheduled_step_time(self, new_tokens, context, logits_tokens=None, draft_context=None):
+        """The engine's entry point (StepModel's interface); the table has no drafter."""
+        return self.step_time(new_tokens, context, logits_tokens)
 
     def decode_run_times(self, context, n_steps: int) -> np.ndarray:
         return np.full(n_steps, self.decode_seconds(len(context)))

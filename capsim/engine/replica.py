@@ -106,7 +106,10 @@ class Replica:
                 prefilling = step.count - step.decoding
                 logits = step.decoding * sm.decode_width + prefilling
             duration = sm.scheduled_step_time(
-                new, ctx, logits_tokens=logits, drafting_sequences=step.decoding if spec else 0
+                new,
+                ctx,
+                logits_tokens=logits,
+                draft_context=step.decode_context() if spec and step.decoding else None,
             )
             self.events += 1
             yield env.timeout(duration)

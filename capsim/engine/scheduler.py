@@ -51,10 +51,11 @@ class ScheduledStep:
     """What one step runs: token counts and contexts in running order, then admissions.
 
     ``decode_rows`` are the running rows that decode this step; ``prefills`` the
-    (request, tokens, row) of every prefill chunk, running ones first.
+    (request, tokens, row) of every prefill chunk, running ones first; ``decoding`` marks
+    which of the leading (running) entries of ``new_tokens`` decode.
     """
 
-    __slots__ = ("context", "decode_rows", "new_tokens", "prefills")
+    __slots__ = ("_decoding", "context", "decode_rows", "new_tokens", "prefills")
 
     def __init__(
         self,
@@ -62,11 +63,17 @@ class ScheduledStep:
         context: np.ndarray,
         decode_rows: np.ndarray,
         prefills: list[tuple[SimRequest, int, int]],
+        decoding: np.ndarray,
     ):
         self.new_tokens = new_tokens
         self.context = context
         self.decode_rows = decode_rows
         self.prefills = prefills
+        self._decoding = decoding
+
+    def decode_context(self) -> np.ndarray:
+        """Tokens in KV of each decoding sequence before the step (what a drafter reads)."""
+        return self.context[: self._decoding.size][self._decoding]
 
     @property
     def decoding(self) -> int:
@@ -123,8 +130,8 @@ class Scheduler:
             req.generated = float(self._gen[i])
 
     def sync_requests(self) -> None:
-        """Bring the running request objects' decode progress up to date (for reading
-        them when a simulation ends with requests still running)."""
+        """Bring the running request objects' blocks and decode progress up to date (for
+        reading them when a simulation ends with requests still running)."""
         for i, req in enumerate(self.running):
             self._store_row(i, req)
 
@@ -372,7 +379,7 @@ class Scheduler:
         if admitted_tokens:
             grant = np.concatenate((grant, admitted_tokens))
             context = np.concatenate((context, admitted_context))
-        return ScheduledStep(grant, context, decode_rows, prefills)
+        return ScheduledStep(grant, context, decode_rows, prefills, decoding)
 
     def complete(self, step: ScheduledStep, now: float) -> list[SimRequest]:
         """Apply a finished step; return the requests that finished."""

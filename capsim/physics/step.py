@@ -559,16 +559,17 @@ class StepModel:
         new_tokens: np.ndarray,
         context: np.ndarray,
         logits_tokens: int | None = None,
-        drafting_sequences: int = 0,
+        draft_context: np.ndarray | None = None,
     ) -> float:
         """``step_time`` for the engine's scheduled steps, seconds: float arrays of the
         same length with every ``new_tokens`` entry positive, so no checks are repeated
-        on the simulation's hot path."""
+        on the simulation's hot path. ``draft_context`` holds the tokens in KV of each
+        sequence the speculative drafter proposes for (the decoding ones)."""
         agg = self._sums(new_tokens, context)
         logits = agg[1] if logits_tokens is None else logits_tokens
         draft = 0.0
-        if drafting_sequences and self.deployment.spec is not None:
-            draft = self.draft_seconds(drafting_sequences, context[:drafting_sequences])
+        if draft_context is not None and draft_context.size and self.deployment.spec is not None:
+            draft = self.draft_seconds(draft_context.size, draft_context)
         return self._total(self._terms(*agg, logits, draft))
 
     def step(
