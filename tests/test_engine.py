@@ -214,16 +214,8 @@ def test_contention_and_speedup():
 workloads = st.sampled_from(["closed", "batch", "open", "agents"])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    workload=workloads,
-    c=st.integers(1, 6),
-    seed=st.integers(0, 1000),
-    kv_blocks=st.sampled_from([None, 160, 400]),
-    seqs=st.sampled_from([2, 256]),
-    spec=st.booleans(),
-)
-def test_fast_forward_equals_step_by_step(workload, c, seed, kv_blocks, seqs, spec):
+def random_engine_config(workload, c, seed, kv_blocks, spec, **overrides) -> PredictConfig:
+    """A small simulation with random lengths, an optional KV limit (blocks) and MTP."""
     kw = dict(
         gpu="rtx3090",
         model="qwen3.5-27b" if spec else "qwen3-coder-30b-a3b",
@@ -238,19 +230,38 @@ def test_fast_forward_equals_step_by_step(workload, c, seed, kv_blocks, seqs, sp
         turns=2,
         tool_tokens="30",
         seed=seed,
-        max_num_seqs=seqs,
         max_num_batched_tokens=512,
         kv_capacity_tokens=kv_blocks * 16 if kv_blocks else None,
         spec=SpecConfig(method="mtp", num_tokens=2, acceptance=0.6) if spec else None,
     )
-    fast = predict(PredictConfig(**kw), CAT, keep_records=True).levels[0]
-    slow = predict(PredictConfig(**kw, fast_forward=False), CAT, keep_records=True).levels[0]
-    for a, b in zip(fast.records, slow.records, strict=True):
-        assert a.first_token == pytest.approx(b.first_token, rel=1e-9, abs=1e-9)
-        assert a.finish == pytest.approx(b.finish, rel=1e-9, abs=1e-9)
-        assert a.output_tokens == b.output_tokens
-    assert fast.preemptions == slow.preemptions
-    assert fast.steps == slow.steps
+    return PredictConfig(**{**kw, **overrides})
+
+
+def assert_same_schedule(a, b) -> None:
+    """Two simulated levels agree request by request."""
+    assert a.preemptions == b.preemptions
+    assert a.steps == b.steps
+    for x, y in zip(a.records, b.records, strict=True):
+        assert x.first_token == pytest.approx(y.first_token, rel=1e-9, abs=1e-9)
+        assert x.finish == pytest.approx(y.finish, rel=1e-9, abs=1e-9)
+        assert x.output_tokens == y.output_tokens
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workload=workloads,
+    c=st.integers(1, 6),
+    seed=st.integers(0, 1000),
+    kv_blocks=st.sampled_from([None, 160, 400]),
+    seqs=st.sampled_from([2, 256]),
+    spec=st.booleans(),
+)
+def test_fast_forward_equals_step_by_step(workload, c, seed, kv_blocks, seqs, spec):
+    config = random_engine_config(workload, c, seed, kv_blocks, spec, max_num_seqs=seqs)
+    fast = predict(config, CAT, keep_records=True).levels[0]
+    step_by_step = config.model_copy(update={"fast_forward": False})
+    slow = predict(step_by_step, CAT, keep_records=True).levels[0]
+    assert_same_schedule(fast, slow)
     assert fast.events <= slow.events
 
 
@@ -268,36 +279,25 @@ def test_vector_and_per_request_scheduling_agree(workload, c, seed, kv_blocks, b
     over running requests one by one, on every batch size."""
     import capsim.engine.scheduler as scheduler
 
-    kw = dict(
-        gpu="rtx3090",
-        model="qwen3.5-27b" if spec else "qwen3-coder-30b-a3b",
-        quant="awq-int4",
-        tp=4 if spec else 1,
-        workload=workload,
-        concurrency=[c],
-        requests=2 * c,
+    config = random_engine_config(
+        workload,
+        c,
+        seed,
+        kv_blocks,
+        spec,
         input_tokens="uniform:50,600",
         output_tokens="uniform:20,300",
-        turns=2,
-        tool_tokens="40",
-        seed=seed,
         max_num_batched_tokens=budget,
-        kv_capacity_tokens=kv_blocks * 16 if kv_blocks else None,
-        spec=SpecConfig(method="mtp", num_tokens=2, acceptance=0.6) if spec else None,
     )
     runs = []
     for small_batch in (0, 10**6):  # always vector / always one by one
         original = scheduler.SMALL_BATCH
         scheduler.SMALL_BATCH = small_batch
         try:
-            runs.append(predict(PredictConfig(**kw), CAT, keep_records=True).levels[0])
+            runs.append(predict(config, CAT, keep_records=True).levels[0])
         finally:
             scheduler.SMALL_BATCH = original
-    vector, loop = runs
-    assert vector.preemptions == loop.preemptions and vector.steps == loop.steps
-    for a, b in zip(vector.records, loop.records, strict=True):
-        assert a.first_token == pytest.approx(b.first_token, rel=1e-9, abs=1e-9)
-        assert a.finish == pytest.approx(b.finish, rel=1e-9, abs=1e-9)
+    assert_same_schedule(*runs)
 
 
 def test_drafter_reads_the_decoding_sequences_contexts():
