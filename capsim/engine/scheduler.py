@@ -294,7 +294,7 @@ class Scheduler:
         grant, context, need, everyone = self._grant_running()
         running, kv = self.running, self.kv
         if everyone:
-            short = np.flatnonzero(need > 0)
+            short = (need > 0).nonzero()[0]
             counts = need[short]
             if counts.sum() <= kv.allocatable:  # the common case: no preemption
                 self._allocate_rows(short, counts)
@@ -307,7 +307,7 @@ class Scheduler:
             end = min(granted, len(running))
             cumulative = np.cumsum(need[i:end])
             served = i + int(np.searchsorted(cumulative, kv.allocatable, side="right"))
-            short = i + np.flatnonzero(need[i:served] > 0)
+            short = i + (need[i:served] > 0).nonzero()[0]
             self._allocate_rows(short, need[short])
             i = served
             if i >= end:
@@ -408,10 +408,11 @@ class Scheduler:
 
     def _finish_done(self, now: float) -> list[SimRequest]:
         n = len(self.running)
-        done = np.flatnonzero(self._dec[:n] & (self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE))
+        finishing = self._dec[:n] & (self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE)
+        done = finishing.nonzero()[0].tolist()
         finished = [self.running[row] for row in done]
-        for row in done[::-1]:
-            self._finish(int(row), now)
+        for row in reversed(done):  # from the back, so earlier rows keep their index
+            self._finish(row, now)
         return finished
 
     def advance_decode(self, steps: int, now: float) -> list[SimRequest]:
@@ -423,7 +424,7 @@ class Scheduler:
         self._gen[:n] += gain
         last_step_end = self._kv[:n] - cfg.decode_advance + cfg.decode_width
         need = np.ceil(last_step_end / cfg.block_size) - self._blocks[:n]
-        short = np.flatnonzero(need > 0)
+        short = (need > 0).nonzero()[0]
         counts = need[short]
         assert counts.sum() <= self.kv.allocatable, "decode run exceeded its KV blocks"
         self._allocate_rows(short, counts)
