@@ -340,7 +340,7 @@ class StepModel:
         return self.layers * per_layer + self.moe_layers * p.moe_layer_overhead_us
 
     def overhead_scalar(self, sequences: int, tokens: float) -> float:
-        """overhead_seconds for one step, seconds."""
+        """Fixed per-step, per-sequence and per-layer (launch) costs of one step, seconds."""
         p = self.params
         us = (
             p.step_overhead_us
@@ -384,20 +384,6 @@ class StepModel:
         p = self.params
         graphed = self.deployment.cuda_graphs & (np.asarray(tokens) <= p.cuda_graph_max_tokens)
         return np.where(graphed, 0.0, self.allreduces_per_step * p.allreduce_eager_launch_us * 1e-6)
-
-    def overhead_seconds(self, sequences: float | np.ndarray, tokens: float | np.ndarray):
-        """Fixed per-step, per-sequence and per-layer (launch) costs, seconds."""
-        p = self.params
-        t = np.asarray(tokens, dtype=float)
-        graphed = self.deployment.cuda_graphs & (t <= p.cuda_graph_max_tokens)
-        per_layer = np.where(graphed, p.layer_overhead_graph_us, p.layer_overhead_eager_us)
-        us = (
-            p.step_overhead_us
-            + p.per_sequence_overhead_us * np.asarray(sequences, dtype=float)
-            + self.layers * per_layer
-            + self.moe_layers * p.moe_layer_overhead_us
-        )
-        return us * 1e-6
 
     def draft_seconds(self, sequences: int, context: np.ndarray) -> float:
         """Time the drafter spends proposing k tokens for ``sequences`` sequences."""
@@ -678,23 +664,18 @@ class StepModel:
         else:
             kv_read += total_sum * kv.sliding_bytes_per_token
             attn = attn + self.sliding_layers * pairs
-        kv_write = tokens * kv.bytes_per_token
-        state = 2.0 * seqs * kv.state_bytes_per_sequence
-        attn_flops = self.pair_flops * attn + tokens * self.linear_flops_per_token
-
-        touched = self.experts_touched_scalar(tokens)
-        expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
-        if touched and self.params.l2_reuse_strength:
-            expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
-        dense_flops = tokens * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
-        fixed = max(self.dense_weight_bytes / self.dense_bw, dense_flops / self.gemm_flops)
-        fixed += max(
-            expert_bytes / self.expert_bw, tokens * self.expert_flops_per_token / self.gemm_flops
+        # what does not change over the run (weights, experts, communication, overheads,
+        # the KV write and per-sequence state) is the one-step model at zero context
+        t = self._terms(tokens, seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
+        fixed = (
+            max(t["t_dense_mem"], t["t_dense_cmp"])
+            + max(t["t_exp_mem"], t["t_exp_cmp"])
+            + t["t_comm"]
+            + t["t_over"]
         )
-        fixed += self.communication_scalar(tokens)
-        fixed += self.overhead_scalar(seqs, tokens)
         attention = np.maximum(
-            (kv_read + kv_write + state) / self.kv_bw, attn_flops / self.attention_flops_rate
+            t["t_att_mem"] + kv_read / self.kv_bw,
+            t["t_att_cmp"] + self.pair_flops * attn / self.attention_flops_rate,
         )
         return fixed + attention + self._draft_run(seqs, ctx_sum, ctx)
 
