@@ -14,7 +14,7 @@ optimum left it at (near its prior, the hardware-class default, when the data ig
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -155,18 +155,7 @@ def fit_profile(
             bounds=(float(lower[i]), float(upper[i])),
         )
     final = problem.residuals(np.array([parameters[n].value for n in names]))
-    residuals = [
-        PointResidual(
-            dataset=pt.dataset,
-            scenario=pt.scenario,
-            concurrency=pt.concurrency,
-            metric=pt.metric,
-            measured=pt.measured,
-            predicted=pt.predicted,
-            error=pt.error,
-        )
-        for pt in problem.last
-    ]
+    residuals = [PointResidual(**asdict(pt), error=pt.error) for pt in problem.last]
     return Profile(
         name=name,
         hardware_class=hw_class,
