@@ -360,8 +360,12 @@ def test_predict_cli_json_schema():
             assert p[key] > 0
         for key in ("ttft_ms", "tpot_ms", "e2e_s"):
             assert set(p[key]) == {"mean", "p50", "p90", "p99"}
-    throughput = [p["output_tok_s"] for p in points]
-    assert throughput == sorted(throughput)
+    # at captured graph sizes more sequences always means more throughput; between them
+    # the padded rows' extra experts can cost more than the added sequence brings (C=5 pays
+    # for 8 tokens' experts), so only the sizes 1, 2, 4 and 8 need to rise
+    throughput = {p["concurrency"]: p["output_tok_s"] for p in points}
+    at_sizes = [throughput[c] for c in (1, 2, 4, 8)]
+    assert at_sizes == sorted(at_sizes)
 
 
 def test_predict_cli_table_csv_plot_and_comparison(tmp_path):

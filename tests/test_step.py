@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from capsim.catalog.loader import load_catalog
 from capsim.errors import CapsimUserError
 from capsim.physics.communication import choose_interconnect, ring_allreduce_seconds
+from capsim.physics.cuda_graphs import capture_sizes, padded_tokens
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import weight_bytes
 from capsim.physics.moe import expected_distinct_experts, expert_popularity
@@ -184,6 +185,61 @@ def test_tp_communication_by_hand():
     )
     assert step.t_communication == pytest.approx(2 * 48 * per_call)
     assert model_step(quant="awq-int4").step([1, 1], [10, 10]).t_communication == 0
+
+
+# ------------------------------------------------------------------------- CUDA graphs
+
+
+def test_capture_sizes_follow_vllm_defaults():
+    # min(max_num_seqs x 2, 512): [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)
+    assert capture_sizes(4) == (1, 2, 4, 8)
+    assert capture_sizes(3) == (1, 2, 4)  # max 6: the list stops at 4
+    full = capture_sizes(256)
+    assert full[:5] == (1, 2, 4, 8, 16) and full[-3:] == (480, 496, 512) and 248 in full
+    assert len(full) == 3 + 31 + 17
+    assert capture_sizes(256, ceiling=1024)[-1] == 512  # 2 x 256 caps before the ceiling
+    assert capture_sizes(1024, ceiling=1024)[-1] == 1024
+    # the token budget caps the largest size and is itself captured
+    assert capture_sizes(256, max_num_batched_tokens=20) == (1, 2, 4, 8, 16, 20)
+    # MTP with 2 tokens: every size rounded up to a multiple of 3, at most 4 x 3 x 2 = 24
+    assert capture_sizes(4, decode_query_len=3) == (3, 6, 9, 18, 24)
+    assert capture_sizes(4, ceiling=0) == ()
+
+
+def test_padding_to_the_next_captured_size():
+    sizes = (1, 2, 4, 8, 16)
+    assert [padded_tokens(t, sizes) for t in (1, 3, 5, 8, 9, 17)] == [1, 4, 8, 8, 16, 17]
+    assert padded_tokens(3, ()) == 3
+
+
+def test_padding_routes_extra_experts_but_not_attention():
+    sm = model_step(quant="awq-int4")
+    three = sm.step(np.ones(3), np.full(3, 1000))
+    four = sm.step(np.ones(4), np.full(4, 1000))
+    assert three.graph_tokens == 4
+    # the padded row reaches the router: three sequences touch four tokens' experts
+    assert three.expert_bytes == pytest.approx(four.expert_bytes)
+    assert three.kv_read_bytes == pytest.approx(3 * 1001 * sm.kv.bytes_per_token)
+    eager = model_step(quant="awq-int4", cuda_graphs=False).step(np.ones(3), np.full(3, 1000))
+    assert eager.graph_tokens == 3 and eager.expert_bytes < three.expert_bytes
+    skip = StepModel(
+        sm.gpu, sm.model, sm.fmt, Deployment(), sm.params.with_overrides({"moe_padding_routed": 0})
+    ).step(np.ones(3), np.full(3, 1000))
+    assert skip.expert_bytes == pytest.approx(eager.expert_bytes)
+    # above the largest captured size a step runs eager, unpadded
+    small = model_step(quant="awq-int4", cuda_graph_sizes=(1, 2, 4, 8))
+    big = small.step(np.ones(9), np.full(9, 100))
+    assert big.graph_tokens == 9
+    assert big.t_overhead > small.step(np.ones(8), np.full(8, 100)).t_overhead
+
+
+def test_padding_costs_a_dense_model_no_weight_bytes():
+    sm = model_step(model="qwen2.5-coder-32b", quant="awq-int4")
+    five, eight = sm.step(np.ones(5), np.full(5, 0)), sm.step(np.ones(8), np.full(8, 0))
+    assert five.graph_tokens == 8 and five.weight_bytes == eight.weight_bytes
+    # the body's GEMMs run 8 rows; the lm_head only the 5 sampled positions
+    lm_head = sm.lm_head_flops_per_token
+    assert five.linear_flops - 5 * lm_head == pytest.approx(eight.linear_flops - 8 * lm_head)
 
 
 # ------------------------------------------------------------------------- speculation

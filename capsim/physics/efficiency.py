@@ -98,7 +98,20 @@ class EfficiencyParams(BaseModel):
         15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
     )
     cuda_graph_max_tokens: int = Field(
-        512, ge=0, description="Steps with more tokens than this run eager (vLLM's capture cap)"
+        512,
+        ge=0,
+        description="Ceiling on vLLM's largest CUDA-graph capture size on this platform "
+        "(tokens; 512, 1,024 on datacenter Blackwell, 0 without CUDA graphs). The engine's "
+        "max_num_seqs lowers it; steps above the largest captured size run eager "
+        "(see physics/cuda_graphs.py)",
+    )
+    moe_padding_routed: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of CUDA-graph padding tokens that run through the MoE router "
+        "and touch experts like real tokens (1 in vLLM by default; 0 with "
+        "VLLM_MOE_SKIP_PADDING=1)",
     )
     # --- communication
     allreduce_efficiency: float = Field(

@@ -17,6 +17,11 @@ Memory terms divide bytes by peak bandwidth x an efficiency; compute terms divid
 the dense tensor peak of the GEMM's data type x an efficiency; a power limit scales both
 (see power.py). All byte and FLOP counts are per GPU of one tensor-parallel group.
 
+CUDA graphs: a step whose tokens fit a captured graph runs padded to that graph's size
+(physics/cuda_graphs.py), so the GEMMs, the all-reduces and (``moe_padding_routed``) the
+MoE router see ``graph_tokens`` >= tokens; attention and the KV cache see the real tokens.
+A larger step runs eager and pays the eager launch costs instead.
+
 FLOP counts: a GEMM with a (tokens x in) input and (in x out) weight costs 2 x tokens x in x
 out, so the body costs 2 x active weights per token. Causal attention costs 4 x heads x
 head_dim per (query, key) pair (QK^T and PV); a chunk of n new tokens on c cached ones has
@@ -41,6 +46,7 @@ from capsim.physics.communication import (
     choose_interconnect,
     ring_allreduce_seconds,
 )
+from capsim.physics.cuda_graphs import capture_sizes, padded_tokens
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
 from capsim.physics.moe import expected_distinct_experts
@@ -60,6 +66,11 @@ class Deployment(BaseModel):
     power_limit_w: float | None = Field(None, gt=0, description="Board power cap, W")
     interconnect: str = Field("auto", description="auto, nvlink, pcie or infinity-fabric")
     cuda_graphs: bool = Field(True, description="False = --enforce-eager")
+    cuda_graph_sizes: tuple[int, ...] | None = Field(
+        None,
+        description="Token counts with a captured CUDA graph, ascending (None = vLLM's "
+        "defaults for max_num_seqs 256; see physics/cuda_graphs.capture_sizes)",
+    )
     spec: SpecConfig | None = None
 
 
@@ -93,6 +104,7 @@ class StepBreakdown:
 
     sequences: int
     tokens: int
+    graph_tokens: int
     logits_tokens: int
     weight_bytes: float
     expert_bytes: float
@@ -273,6 +285,16 @@ class StepModel:
 
         # --- overheads
         self.layers = model.num_layers
+        # --- CUDA graphs: the sizes captured (capped by the platform) and the largest
+        if dep.cuda_graphs and p.cuda_graph_max_tokens > 0:
+            sizes = dep.cuda_graph_sizes
+            if sizes is None:
+                sizes = capture_sizes(256, None, self.decode_width, p.cuda_graph_max_tokens)
+            self.graph_sizes = tuple(s for s in sorted(sizes) if s <= p.cuda_graph_max_tokens)
+        else:
+            self.graph_sizes = ()
+        # a step runs in a graph when its tokens fit the largest size (-1: never)
+        self.graph_max_tokens = self.graph_sizes[-1] if self.graph_sizes else -1
 
         # --- drafter (MTP / EAGLE: one decoder layer and the lm_head per drafted token)
         self.draft_layer_bytes = 0.0
@@ -328,14 +350,13 @@ class StepModel:
         per_call = fixed + volume / (
             self.link.bandwidth_gb_s_per_direction * 1e9 * p.allreduce_efficiency
         )
-        graphed = self.deployment.cuda_graphs and tokens <= p.cuda_graph_max_tokens
-        launch = 0.0 if graphed else p.allreduce_eager_launch_us * 1e-6
+        launch = 0.0 if tokens <= self.graph_max_tokens else p.allreduce_eager_launch_us * 1e-6
         return self.allreduces_per_step * (per_call + launch)
 
     def kernel_floor_us(self, tokens: float) -> float:
         """Per-layer kernel costs of one step (launch gaps or graph floor, MoE routing), us."""
         p = self.params
-        graphed = self.deployment.cuda_graphs and tokens <= p.cuda_graph_max_tokens
+        graphed = tokens <= self.graph_max_tokens
         per_layer = p.layer_overhead_graph_us if graphed else p.layer_overhead_eager_us
         return self.layers * per_layer + self.moe_layers * p.moe_layer_overhead_us
 
@@ -382,7 +403,7 @@ class StepModel:
     def _eager_allreduce_seconds(self, tokens):
         """Launch cost of the step's all-reduces when they run outside CUDA graphs."""
         p = self.params
-        graphed = self.deployment.cuda_graphs & (np.asarray(tokens) <= p.cuda_graph_max_tokens)
+        graphed = np.asarray(tokens) <= self.graph_max_tokens
         return np.where(graphed, 0.0, self.allreduces_per_step * p.allreduce_eager_launch_us * 1e-6)
 
     def draft_seconds(self, sequences: int, context: np.ndarray) -> float:
@@ -458,10 +479,17 @@ class StepModel:
         pairs_windowed: float,
         logits: int,
         draft_time: float,
+        pad: bool = True,
     ) -> dict[str, float]:
-        """Every term of one step from the sequences' sums (scalar arithmetic only)."""
+        """Every term of one step from the sequences' sums (scalar arithmetic only).
+
+        With ``pad`` the GEMMs, the MoE router and the all-reduces see the step's tokens
+        padded to its CUDA-graph size (``graph_tokens``); attention and the KV cache see
+        the real tokens."""
         kv = self.kv
-        touched = self.experts_touched_scalar(tokens) if tokens else 0.0
+        graph = padded_tokens(tokens, self.graph_sizes) if pad else tokens
+        routed = tokens + (graph - tokens) * self.params.moe_padding_routed
+        touched = self.experts_touched_scalar(routed) if tokens else 0.0
         expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
         if touched and self.params.l2_reuse_strength:
             expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
@@ -469,15 +497,16 @@ class StepModel:
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
         kv_write = tokens * kv.bytes_per_token
         state = 2.0 * seqs * kv.state_bytes_per_sequence  # read and written once per step
-        dense_flops = tokens * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
-        expert_flops = tokens * self.expert_flops_per_token
+        dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
+        expert_flops = routed * self.expert_flops_per_token
         attn_flops = (
             self.pair_flops * (self.full_layers * pairs + self.sliding_layers * pairs_windowed)
             + tokens * self.linear_flops_per_token
         )
-        t_comm = self.communication_scalar(tokens) if tokens else 0.0
+        t_comm = self.communication_scalar(graph) if tokens else 0.0
         t_over = self.overhead_scalar(seqs, tokens) if seqs else 0.0
         return {
+            "graph_tokens": graph,
             "touched": touched,
             "dense_bytes": dense_bytes,
             "expert_bytes": expert_bytes,
@@ -522,9 +551,10 @@ class StepModel:
         (each the larger of its memory and compute time) plus the per-layer kernel floor
         (``layer_overhead_graph_us`` with CUDA graphs). Leaves out host-side overheads
         (per step and per sequence), communication and drafting, which is what a
-        single-GPU kernel measurement (``capsim.calibration.kernels``) times."""
+        single-GPU kernel measurement (``capsim.calibration.kernels``) times; that
+        measurement captures a graph for each exact batch, so nothing is padded."""
         agg = self._aggregate(new_tokens, context)
-        t = self._terms(*agg, agg[1], 0.0)
+        t = self._terms(*agg, agg[1], 0.0, pad=False)
         return self._roofline(t) + self.kernel_floor_us(agg[0]) * 1e-6
 
     def step_time(
@@ -590,6 +620,7 @@ class StepModel:
         return StepBreakdown(
             sequences=seqs,
             tokens=int(tokens),
+            graph_tokens=int(t["graph_tokens"]),
             logits_tokens=int(logits),
             weight_bytes=t["dense_bytes"],
             expert_bytes=t["expert_bytes"],
@@ -600,7 +631,10 @@ class StepModel:
             linear_flops=t["linear_flops"],
             attention_flops=t["attn_flops"],
             comm_bytes=(
-                self.allreduces_per_step * tokens * self.model.hidden_size * ACTIVATION_BYTES
+                self.allreduces_per_step
+                * t["graph_tokens"]
+                * self.model.hidden_size
+                * ACTIVATION_BYTES
                 if self.link
                 else 0.0
             ),

@@ -1,0 +1,70 @@
+"""CUDA-graph capture sizes and the padding they impose on a step's token count.
+
+vLLM (V1) captures one CUDA graph per token count in ``cudagraph_capture_sizes`` and pads a
+step's tokens up to the smallest captured size that holds them; a step with more tokens
+than the largest size runs without a graph and without padding. The default sizes
+(``vllm/config/vllm.py``, ``_set_cudagraph_sizes``) are
+
+    [1, 2, 4] + range(8, 256, 8) + range(256, max_size + 1, 16)
+    max_size = min(max_num_seqs x decode_query_len x 2, 512), then min(.., max_num_batched_tokens)
+
+(the largest size is the last of that list, not ``max_size`` itself), with
+``max_num_batched_tokens`` added when it falls below ``max_size``, and, with
+speculative decoding, every size rounded up to a multiple of ``decode_query_len``
+(1 + speculative tokens; ``adjust_cudagraph_sizes_for_spec_decode``), sizes above
+``max_size`` dropped.
+
+Padding costs little where a step reads weights once whatever its width (dense layers in
+decode), but padded rows run through the MoE router like real tokens (vLLM PR #46428:
+"these padding tokens are handled the same way as real tokens"; opting out with
+VLLM_MOE_SKIP_PADDING=1 came in mid-2026), so they touch extra experts: three decoding
+sequences on a server whose graphs are [1, 2, 4, 8] read the experts of four tokens.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+#: vLLM's default ceiling on the largest captured size (tokens)
+DEFAULT_MAX_CAPTURE_TOKENS = 512
+
+
+def capture_sizes(
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None = None,
+    decode_query_len: int = 1,
+    ceiling: int = DEFAULT_MAX_CAPTURE_TOKENS,
+) -> tuple[int, ...]:
+    """Token counts vLLM captures CUDA graphs for, ascending.
+
+    Args:
+        max_num_seqs: the scheduler's sequence limit.
+        max_num_batched_tokens: the scheduler's token budget (None = no cap from it).
+        decode_query_len: tokens per decoding sequence per step (1 + speculative tokens).
+        ceiling: the largest size vLLM will capture by default (512, 1,024 on datacenter
+            Blackwell; 0 where the platform has no CUDA graphs).
+    """
+    if ceiling <= 0 or max_num_seqs <= 0:
+        return ()
+    largest = min(max_num_seqs * decode_query_len * 2, ceiling)
+    if max_num_batched_tokens is not None:
+        largest = min(largest, max_num_batched_tokens)
+    if largest < 1:
+        return ()
+    sizes = {1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)}
+    sizes = {s for s in sizes if s <= largest}
+    if max_num_batched_tokens is not None and max_num_batched_tokens <= largest:
+        sizes.add(max_num_batched_tokens)
+    if decode_query_len > 1:
+        q = decode_query_len
+        sizes = {-(-s // q) * q for s in sizes}
+        sizes = {s for s in sizes if s <= largest} or ({q} if q <= largest else set())
+    return tuple(sorted(sizes))
+
+
+def padded_tokens(tokens: float, sizes: tuple[int, ...]) -> float:
+    """Tokens a step's graphed kernels process: the smallest captured size holding
+    ``tokens``, or ``tokens`` itself when it exceeds every size (the step runs eager)."""
+    if not sizes or tokens > sizes[-1] or tokens <= 0:
+        return tokens
+    return float(sizes[bisect_left(sizes, tokens)])
