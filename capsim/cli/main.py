@@ -466,6 +466,8 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
         ("sequences / tokens", f"{step.sequences} / {step.tokens:,}"),
         ("weights read (dense part)", f"{step.weight_bytes / GB:.3f} GB"),
     ]
+    if step.graph_tokens != step.tokens:
+        rows.insert(1, ("CUDA graph (tokens, padded)", f"{step.graph_tokens:,}"))
     if step.experts_touched_per_layer:
         rows.append(
             (
