@@ -300,6 +300,46 @@ def test_vector_and_per_request_scheduling_agree(workload, c, seed, kv_blocks, b
     assert_same_schedule(*runs)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(1, 5000), st.integers(1, 600)),
+        min_size=1,
+        max_size=40,
+    ),
+    free=st.integers(0, 400),
+    slack=st.integers(0, 2),
+)
+def test_block_limit_closed_form_equals_search(rows, free, slack):
+    """Decode runs one token a step: the closed-form step at which the KV cache runs out
+    of blocks equals the binary search over steps, including rows holding extra blocks
+    (where the closed form must step aside)."""
+    import simpy
+
+    from capsim.engine.kv_cache import KVCache
+    from capsim.engine.request import SimRequest
+    from capsim.engine.scheduler import Scheduler, SchedulerConfig
+
+    sched = Scheduler(SchedulerConfig(max_num_seqs=64), KVCache(free + 1))
+    sched.kv.free = free
+    env = simpy.Environment()
+    for i, (kv_tokens, remaining) in enumerate(rows):
+        sched._append(SimRequest(env, i, 0.0, 1, remaining + 1, None))
+        # the blocks its KV needs (as after a step), the first row ``slack`` more
+        sched._kv[i] = kv_tokens
+        sched._blocks[i] = -(-kv_tokens // 16) + (slack if i == 0 else 0)
+        sched._gen[i] = 1.0
+        sched._dec[i] = True
+    m_finish = int(min(r[1] for r in rows))
+    fast = sched._block_limit_one_token(m_finish)
+    search = sched._block_limit_search(m_finish)
+    if fast is not None:
+        assert fast == search
+    else:
+        assert slack > 0  # only over-provisioned rows leave the closed form
+    assert sched.run_length() == search
+
+
 def test_drafter_reads_the_decoding_sequences_contexts():
     """A running request still in chunked prefill can sit before a decoding one in
     running order; the drafter proposes only for the decoding one."""

@@ -434,9 +434,38 @@ class Scheduler:
         """Most identical decode steps before a request finishes or blocks run out."""
         cfg = self.config
         n = len(self.running)
+        adv = cfg.decode_advance
+        # ceil is monotone, so the first finish is the smallest remaining output's
+        remaining = float((self._out[:n] - self._gen[:n]).min())
+        m_finish = max(math.ceil((remaining - FINISH_TOLERANCE) / adv), 1)
+        if adv == 1.0:
+            fast = self._block_limit_one_token(m_finish)
+            if fast is not None:
+                return fast
+        return self._block_limit_search(m_finish)
+
+    def _block_limit_one_token(self, m_finish: int) -> int | None:
+        """``_block_limit_search`` in closed form for one token a step, or None when the
+        form does not apply. A sequence with r tokens of room in its blocks needs a new
+        block at steps floor(r) + 1, + bs, + 2 bs, ... With every r in [0, bs) the
+        sequences take turns in order of r, so the (free + 1)-th block, the first that
+        does not fit, is due at step floor(r_j) + 1 + k bs, where k and j are free divided
+        by the batch and its remainder; one step earlier still fits."""
+        cfg = self.config
+        n = len(self.running)
+        bs = cfg.block_size
+        room = self._blocks[:n] * bs - (self._kv[:n] + cfg.decode_width - 1.0)
+        if room.min() < 0 or room.max() >= bs:
+            return None
+        k, j = divmod(self.kv.allocatable, n)
+        r_j = float(np.partition(room, j)[j])
+        return min(m_finish, math.floor(r_j) + k * bs)
+
+    def _block_limit_search(self, m_finish: int) -> int:
+        """Most decode steps, up to ``m_finish``, whose new blocks the KV cache can give."""
+        cfg = self.config
+        n = len(self.running)
         adv, width, bs = cfg.decode_advance, cfg.decode_width, cfg.block_size
-        remaining = self._out[:n] - self._gen[:n]
-        m_finish = max(int(np.min(np.ceil((remaining - FINISH_TOLERANCE) / adv))), 1)
         kv_now = self._kv[:n]
         held = self._blocks[:n]
         free = self.kv.allocatable
