@@ -339,8 +339,9 @@ def simulate_level(
     env.run()
     for rep in replicas:
         rep.scheduler.sync_requests()
+    # the simulator's own values are already typed: build records without re-validating
     records = [
-        RequestRecord(
+        RequestRecord.model_construct(
             request_id=str(r.rid),
             send=r.send,
             first_token=r.first_token,

@@ -285,6 +285,7 @@ class StepModel:
 
         # --- overheads
         self.layers = model.num_layers
+        self._run_cache: dict[int, tuple[float, float, float]] = {}
         # --- CUDA graphs: the sizes captured (capped by the platform) and the largest
         if dep.cuda_graphs and p.cuda_graph_max_tokens > 0:
             sizes = dep.cuda_graph_sizes
@@ -674,14 +675,12 @@ class StepModel:
         c0 = np.asarray(context, dtype=float)
         seqs = c0.size
         width = self.decode_width
-        tokens = float(seqs * width)
-        logits = seqs * width if self.deployment.spec is not None else seqs
         j = np.arange(n_steps, dtype=float)
         # summed context of the batch at each step: only the windowed terms and a draft
         # model need each sequence's own context, the rest is linear in the sum
         ctx_sum = float(c0.sum()) + seqs * self.decode_advance * j
         kv = self.kv
-        total_sum = ctx_sum + tokens
+        total_sum = ctx_sum + seqs * width
         pairs = width * ctx_sum + seqs * width * (width + 1) / 2
         kv_read = total_sum * kv.full_bytes_per_token
         attn = self.full_layers * pairs
@@ -698,20 +697,34 @@ class StepModel:
         else:
             kv_read += total_sum * kv.sliding_bytes_per_token
             attn = attn + self.sliding_layers * pairs
-        # what does not change over the run (weights, experts, communication, overheads,
-        # the KV write and per-sequence state) is the one-step model at zero context
-        t = self._terms(tokens, seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
-        fixed = (
-            max(t["t_dense_mem"], t["t_dense_cmp"])
-            + max(t["t_exp_mem"], t["t_exp_cmp"])
-            + t["t_comm"]
-            + t["t_over"]
-        )
+        fixed, att_mem, att_cmp = self._run_constants(seqs)
         attention = np.maximum(
-            t["t_att_mem"] + kv_read / self.kv_bw,
-            t["t_att_cmp"] + self.pair_flops * attn / self.attention_flops_rate,
+            att_mem + kv_read / self.kv_bw,
+            att_cmp + self.pair_flops * attn / self.attention_flops_rate,
         )
-        return fixed + attention + self._draft_run(seqs, ctx_sum, ctx)
+        times = fixed + attention
+        if self.deployment.spec is not None:
+            times += self._draft_run(seqs, ctx_sum, ctx)
+        return times
+
+    def _run_constants(self, seqs: int) -> tuple[float, float, float]:
+        """What does not change over a decode run of ``seqs`` sequences, seconds: the
+        weights, experts, communication and overheads, and the attention terms at zero
+        context (KV write, per-sequence state): the one-step model at zero context,
+        computed once per batch size."""
+        cached = self._run_cache.get(seqs)
+        if cached is None:
+            width = self.decode_width
+            logits = seqs * width if self.deployment.spec is not None else seqs
+            t = self._terms(float(seqs * width), seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
+            fixed = (
+                max(t["t_dense_mem"], t["t_dense_cmp"])
+                + max(t["t_exp_mem"], t["t_exp_cmp"])
+                + t["t_comm"]
+                + t["t_over"]
+            )
+            cached = self._run_cache[seqs] = (fixed, t["t_att_mem"], t["t_att_cmp"])
+        return cached
 
     @property
     def _draft_model_runs(self) -> bool:
