@@ -120,6 +120,32 @@ def test_agents_hit_the_prefix_cache():
     assert prompts == [1000, 1000, 1150, 1150, 1300, 1300]
 
 
+def test_agent_conversations_do_not_depend_on_the_deployment():
+    """Each agent's turns are drawn before the simulation, so two deployments that run
+    them in different orders are sent the same conversations."""
+    kw = dict(
+        workload="agents",
+        concurrency=[6],
+        turns=4,
+        input_tokens="uniform:200,900",
+        output_tokens="uniform:20,300",
+        tool_tokens="uniform:10,90",
+        think_time="uniform:0,2",
+    )
+
+    def conversations(result):
+        by_session: dict[str, list[tuple[int, int]]] = {}
+        for r in sorted(result.levels[0].records, key=lambda r: r.send):
+            by_session.setdefault(r.session_id, []).append((r.input_tokens, r.output_tokens))
+        return by_session
+
+    fast = run(**kw)
+    slow = run(efficiency_overrides={"step_overhead_us": 20000.0}, **kw)
+    assert fast.levels[0].metrics.e2e_s.mean < slow.levels[0].metrics.e2e_s.mean
+    assert conversations(fast) == conversations(slow)
+    assert len({turns[0] for turns in conversations(fast).values()}) > 1
+
+
 def test_orchestrator_fans_out_and_in():
     level = run(workload="agents", concurrency=[3], turns=1, orchestrator=True).levels[0]
     assert level.metrics.requests == 5

@@ -61,8 +61,9 @@ class LengthSpec:
             return self.a * float(np.exp(Z_999 * self.b))
         return float(np.max(self.values))
 
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` draws as floats (not rounded), truncated at ``maximum``."""
+    def sample(self, rng: np.random.Generator, n: int | tuple[int, ...]) -> np.ndarray:
+        """``n`` draws (a count or an array shape) as floats (not rounded), truncated at
+        ``maximum``."""
         if self.kind == "fixed":
             return np.full(n, self.a)
         if self.kind == "uniform":
@@ -73,11 +74,11 @@ class LengthSpec:
             return np.minimum(rng.lognormal(np.log(self.a), self.b, n), self.maximum)
         return rng.choice(np.asarray(self.values), n)
 
-    def tokens(self, rng: np.random.Generator, n: int) -> np.ndarray:
+    def tokens(self, rng: np.random.Generator, n: int | tuple[int, ...]) -> np.ndarray:
         """``n`` token counts (integers >= 1)."""
         return np.maximum(np.rint(self.sample(rng, n)), 1).astype(int)
 
-    def seconds(self, rng: np.random.Generator, n: int) -> np.ndarray:
+    def seconds(self, rng: np.random.Generator, n: int | tuple[int, ...]) -> np.ndarray:
         """``n`` durations (>= 0)."""
         return np.maximum(self.sample(rng, n), 0.0)
 

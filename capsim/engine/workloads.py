@@ -195,6 +195,16 @@ class Driver:
 
     def _agents(self):
         w = self.w
+        # every agent's turns are drawn up front, so the workload is the same whatever
+        # order the simulation later runs them in (comparing two deployments compares the
+        # same conversations)
+        c, later = w.concurrency, max(w.turns - 1, 1)
+        self._agent_draws = (
+            w.input.tokens(self.rng, c),
+            w.output.tokens(self.rng, (c, w.turns)),
+            w.think_time.seconds(self.rng, (c, later)),
+            w.tool_tokens.tokens(self.rng, (c, later)),
+        )
         if w.orchestrator:
             first = self._send(
                 self.w.input.tokens(self.rng, 1)[0],
@@ -218,16 +228,17 @@ class Driver:
     def _agent(self, agent: int):
         w = self.w
         session = f"agent-{agent}"
-        prompt = int(w.input.tokens(self.rng, 1)[0])
+        prompts, outputs, thinks, tools = self._agent_draws
+        prompt = int(prompts[agent])
         for turn in range(w.turns):
-            output = int(w.output.tokens(self.rng, 1)[0])
+            output = int(outputs[agent, turn])
             req = self._send(prompt, output, ("s", agent), session)
             yield req.done
             if turn + 1 < w.turns:
-                think = float(w.think_time.seconds(self.rng, 1)[0])
+                think = float(thinks[agent, turn])
                 if think > 0:
                     yield self.env.timeout(think)
-                prompt = prompt + output + int(w.tool_tokens.tokens(self.rng, 1)[0])
+                prompt = prompt + output + int(tools[agent, turn])
 
     def _open(self):
         w = self.w
