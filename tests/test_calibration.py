@@ -119,3 +119,13 @@ def test_probe_run_files_become_datasets(tmp_path):
     )
     with pytest.raises(CapsimUserError, match="--gpu"):
         dataset_from_run(tmp_path / "nogpu.json")
+
+
+def test_hardware_classes_name_their_own_fit_set():
+    from capsim.calibration.fit import DEFAULT_FIT, FIT_BOUNDS, class_fit
+
+    assert class_fit("consumer-ampere", CAT) == DEFAULT_FIT
+    blackwell = class_fit("datacenter-blackwell", CAT)
+    assert "per_sequence_overhead_us" in blackwell and blackwell != DEFAULT_FIT
+    for name in CAT.efficiency.entries:
+        assert set(class_fit(name, CAT)) <= set(FIT_BOUNDS)

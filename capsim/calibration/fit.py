@@ -56,7 +56,14 @@ DEFAULT_FIT = (
     "allreduce_eager_launch_us",
 )
 """What calibrate fits by default. With seed 002's four levels, more parameters overfit:
-leave-one-level-out error was 23.9% with eight parameters and 21.0% with these four."""
+leave-one-level-out error was 23.9% with eight parameters and 21.0% with these four. A
+hardware class may name its own set (``fit`` in hardware_db/efficiency/)."""
+
+
+def class_fit(hw_class: str, catalog: Catalog) -> tuple[str, ...]:
+    """The parameters calibrate fits for a hardware class by default."""
+    entry = catalog.efficiency.entries.get(hw_class)
+    return tuple(entry.fit) if entry is not None and entry.fit else DEFAULT_FIT
 
 
 @dataclass
@@ -101,10 +108,11 @@ def fit_profile(
     datasets: list[PublishedDataset],
     catalog: Catalog,
     name: str,
-    fit: tuple[str, ...] = DEFAULT_FIT,
+    fit: tuple[str, ...] | None = None,
     max_evaluations: int = 120,
 ) -> Profile:
-    """Fit ``fit`` parameters to every point of ``datasets`` (one hardware class)."""
+    """Fit ``fit`` parameters (None: the class's default set) to every point of
+    ``datasets`` (one hardware class)."""
     classes = {hardware_class_of(ds, catalog) for ds in datasets}
     if len(classes) != 1:
         raise CapsimUserError(
@@ -114,6 +122,7 @@ def fit_profile(
     hw_class = classes.pop()
     gpu = catalog.gpu(datasets[0].scenarios[0].gpu)
     base = default_efficiency(gpu, catalog)
+    fit = class_fit(hw_class, catalog) if fit is None else fit
     check_fittable(fit)
     names = list(fit)
     lower = np.array([FIT_BOUNDS[n][0] for n in names])
@@ -197,7 +206,7 @@ def only_level(ds: PublishedDataset, concurrency: int) -> PublishedDataset:
 def cross_validate(
     datasets: list[PublishedDataset],
     catalog: Catalog,
-    fit: tuple[str, ...] = DEFAULT_FIT,
+    fit: tuple[str, ...] | None = None,
     max_evaluations: int = 60,
 ) -> list[ComparedPoint]:
     """Leave one concurrency level out: fit on the other levels of every dataset of the

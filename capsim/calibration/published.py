@@ -81,6 +81,9 @@ class WorkloadDescription(Strict):
 class PublishedDataset(Strict):
     name: str
     source: Source
+    more_sources: list[Source] = Field(
+        default_factory=list, description="Other texts by or about the same measurements"
+    )
     workload: WorkloadDescription
     metric_definition: str
     flags_quote: str | None = None

@@ -333,5 +333,10 @@ class EfficiencyProfile(Strict):
     name: str = Field(description="The hardware_class these defaults apply to")
     aliases: list[str] = Field(default_factory=list)
     params: dict[str, float] = Field(default_factory=dict)
+    fit: list[str] = Field(
+        default_factory=list,
+        description="Parameters 'capsim calibrate' fits for this class by default "
+        "(empty: the generic set)",
+    )
     rationale: str = Field(description="Why these values: what they were read or derived from")
     sources: list[Source] = Field(min_length=1)

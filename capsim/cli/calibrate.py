@@ -31,15 +31,20 @@ def calibrate_cmd(
         Path, typer.Option("--out", help="Profile file, or folder when several classes")
     ] = Path("calibration/profiles"),
     name: Annotated[str | None, typer.Option("--name", help="Profile name")] = None,
-    fit: Annotated[str, typer.Option("--fit", help="Comma-separated parameters to fit")] = ",".join(
-        DEFAULT_FIT
-    ),
+    fit: Annotated[
+        str | None,
+        typer.Option(
+            "--fit",
+            help="Comma-separated parameters to fit (default: the hardware class's set, "
+            "else " + ",".join(DEFAULT_FIT) + ")",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
     """Fit efficiency parameters per hardware class with scipy least_squares."""
     cat = catalog(db)
-    names = tuple(v.strip() for v in fit.split(",") if v.strip())
+    names = None if fit is None else tuple(v.strip() for v in fit.split(",") if v.strip())
     groups = group_by_class(load_published(datasets), cat)
     if out.suffix == ".yaml" and len(groups) > 1:
         raise CapsimUserError(
