@@ -227,7 +227,8 @@ def test_padding_routes_extra_experts_but_not_attention():
     ).step(np.ones(3), np.full(3, 1000))
     assert skip.expert_bytes == pytest.approx(eager.expert_bytes)
     # above the largest captured size a step runs eager, unpadded
-    small = model_step(quant="awq-int4", cuda_graph_sizes=(1, 2, 4, 8))
+    small = model_step(quant="awq-int4", max_num_seqs=4)  # graphs for 1, 2, 4 and 8
+    assert small.graph_sizes == (1, 2, 4, 8)
     big = small.step(np.ones(9), np.full(9, 100))
     assert big.graph_tokens == 9
     assert big.t_overhead > small.step(np.ones(8), np.full(8, 100)).t_overhead

@@ -27,7 +27,6 @@ from capsim.engine.scheduler import SchedulerConfig
 from capsim.engine.workloads import Driver, Workload, WorkloadKind, read_trace
 from capsim.errors import CapsimUserError
 from capsim.metrics import LevelMetrics, RequestRecord, level_metrics
-from capsim.physics.cuda_graphs import capture_sizes
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import (
     BLOCK_SIZE_TOKENS,
@@ -179,12 +178,8 @@ def build_setup(
         power_limit_w=config.power_limit_w,
         interconnect=config.interconnect,
         cuda_graphs=not config.enforce_eager,
-        cuda_graph_sizes=capture_sizes(
-            fit.max_num_seqs,
-            fit.max_num_batched_tokens,
-            1 if spec is None else spec.num_tokens + 1,
-            params.cuda_graph_max_tokens,
-        ),
+        max_num_seqs=fit.max_num_seqs,
+        max_num_batched_tokens=fit.max_num_batched_tokens,
         spec=spec,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)

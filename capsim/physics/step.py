@@ -66,10 +66,11 @@ class Deployment(BaseModel):
     power_limit_w: float | None = Field(None, gt=0, description="Board power cap, W")
     interconnect: str = Field("auto", description="auto, nvlink, pcie or infinity-fabric")
     cuda_graphs: bool = Field(True, description="False = --enforce-eager")
-    cuda_graph_sizes: tuple[int, ...] | None = Field(
-        None,
-        description="Token counts with a captured CUDA graph, ascending (None = vLLM's "
-        "defaults for max_num_seqs 256; see physics/cuda_graphs.capture_sizes)",
+    max_num_seqs: int = Field(
+        256, ge=1, description="The engine's sequence limit (sets its CUDA-graph sizes)"
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="The engine's token budget (caps its CUDA-graph sizes)"
     )
     spec: SpecConfig | None = None
 
@@ -286,14 +287,17 @@ class StepModel:
         # --- overheads
         self.layers = model.num_layers
         self._run_cache: dict[int, tuple[float, float, float]] = {}
-        # --- CUDA graphs: the sizes captured (capped by the platform) and the largest
-        if dep.cuda_graphs and p.cuda_graph_max_tokens > 0:
-            sizes = dep.cuda_graph_sizes
-            if sizes is None:
-                sizes = capture_sizes(256, None, self.decode_width, p.cuda_graph_max_tokens)
-            self.graph_sizes = tuple(s for s in sorted(sizes) if s <= p.cuda_graph_max_tokens)
-        else:
-            self.graph_sizes = ()
+        # --- CUDA graphs: the sizes the engine captures (none in eager mode)
+        self.graph_sizes = (
+            capture_sizes(
+                dep.max_num_seqs,
+                dep.max_num_batched_tokens,
+                self.decode_width,
+                p.cuda_graph_max_tokens,
+            )
+            if dep.cuda_graphs
+            else ()
+        )
         # a step runs in a graph when its tokens fit the largest size (-1: never)
         self.graph_max_tokens = self.graph_sizes[-1] if self.graph_sizes else -1
 
@@ -732,12 +736,10 @@ class StepModel:
         return spec is not None and spec.method == "draft"
 
     def _draft_run(self, seqs: int, ctx_sum: np.ndarray, ctx: np.ndarray | None) -> np.ndarray:
-        """Drafter time for each step of a decode run, seconds (0 without speculation);
-        ``ctx_sum`` is the batch's summed context per step, ``ctx`` each sequence's (steps,
-        seqs) context where a draft model needs it."""
+        """Drafter time for each step of a speculative decode run, seconds; ``ctx_sum``
+        is the batch's summed context per step, ``ctx`` each sequence's (steps, seqs)
+        context where a draft model needs it."""
         spec = self.deployment.spec
-        if spec is None:
-            return np.zeros(ctx_sum.size)
         if spec.method == "ngram":
             return np.full(ctx_sum.size, seqs * self.params.ngram_lookup_us * 1e-6)
         if spec.method == "draft":
