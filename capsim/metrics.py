@@ -127,7 +127,10 @@ class Distribution(BaseModel):
                 **{f"p{q}": weighted_percentile(arr, w, q, order) for q in PERCENTILES},
                 count=round(float(w.sum())),
             )
-        arr = np.array([v for v in values if v is not None], dtype=float)
+        if isinstance(values, np.ndarray):
+            arr = values.astype(float, copy=False)
+        else:
+            arr = np.array([v for v in values if v is not None], dtype=float)
         if arr.size == 0:
             return cls(mean=None, p50=None, p90=None, p99=None, count=0)
         pcts = np.percentile(arr, PERCENTILES)
@@ -190,51 +193,151 @@ class LevelMetrics(BaseModel):
     queueing_ms: Distribution
 
 
+class RequestTable:
+    """A level's requests as columns (numpy arrays; NaN where a time is unknown), so the
+    per-request metrics above are computed for all requests at once.
+
+    The simulator builds it straight from its requests; ``from_records`` builds it from
+    ``RequestRecord``s (the probe). The columns hold the same quantities as a record's
+    fields, and the methods compute the same metrics as its properties (tested).
+    """
+
+    __slots__ = (
+        "finish",
+        "first_scheduled",
+        "first_token",
+        "input_tokens",
+        "ok",
+        "output_tokens",
+        "send",
+    )
+
+    def __init__(
+        self,
+        send: np.ndarray,
+        first_token: np.ndarray,
+        finish: np.ndarray,
+        input_tokens: np.ndarray,
+        output_tokens: np.ndarray,
+        first_scheduled: np.ndarray,
+        ok: np.ndarray,
+    ):
+        self.send = np.asarray(send, dtype=float)
+        self.first_token = np.asarray(first_token, dtype=float)
+        self.finish = np.asarray(finish, dtype=float)
+        self.input_tokens = np.asarray(input_tokens, dtype=np.int64)
+        self.output_tokens = np.asarray(output_tokens, dtype=np.int64)
+        self.first_scheduled = np.asarray(first_scheduled, dtype=float)
+        self.ok = np.asarray(ok, dtype=bool)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple]) -> RequestTable:
+        """From (send, first_token, finish, input, output, first_scheduled, ok) tuples,
+        None for an unknown time."""
+        if not rows:
+            empty = np.zeros(0)
+            return cls(empty, empty, empty, empty, empty, empty, np.zeros(0, dtype=bool))
+        nan = float("nan")
+        cols = list(zip(*rows, strict=True))
+        times = [
+            np.array([nan if v is None else v for v in cols[i]], dtype=float) for i in (0, 1, 2, 5)
+        ]
+        return cls(times[0], times[1], times[2], cols[3], cols[4], times[3], cols[6])
+
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord]) -> RequestTable:
+        return cls.from_rows(
+            [
+                (
+                    r.send,
+                    r.first_token,
+                    r.finish,
+                    r.input_tokens,
+                    r.output_tokens,
+                    r.first_scheduled,
+                    r.ok,
+                )
+                for r in records
+            ]
+        )
+
+    def __len__(self) -> int:
+        return int(self.send.size)
+
+    def ttft(self) -> np.ndarray:
+        """TTFT of the completed requests, seconds."""
+        return (self.first_token - self.send)[self.ok]
+
+    def e2e(self) -> np.ndarray:
+        """E2E of the completed requests, seconds."""
+        return (self.finish - self.send)[self.ok]
+
+    def tpot(self) -> np.ndarray:
+        """TPOT of the completed requests with at least two output tokens, seconds."""
+        keep = self.ok & (self.output_tokens >= 2)
+        e2e, ttft = self.finish - self.send, self.first_token - self.send
+        return (e2e - ttft)[keep] / (self.output_tokens[keep] - 1)
+
+    def queueing(self) -> np.ndarray:
+        """Queueing time of the completed requests the engine saw scheduled, seconds."""
+        q = (self.first_scheduled - self.send)[self.ok]
+        return q[~np.isnan(q)]
+
+    def output_tok_s(self) -> np.ndarray:
+        """Per-request output tok/s of the completed requests with a positive E2E."""
+        e2e = self.finish - self.send
+        keep = self.ok & (e2e != 0)
+        return self.output_tokens[keep] / e2e[keep]
+
+
 def level_metrics(
-    records: Sequence[RequestRecord],
+    records: Sequence[RequestRecord] | RequestTable,
     concurrency: int | None = None,
     workload: str | None = None,
     itl_values: Sequence[float] | np.ndarray | None = None,
     itl_weights: Sequence[float] | np.ndarray | None = None,
 ) -> LevelMetrics:
-    """Aggregate one level's requests. ITL comes from the records' chunks unless given
-    (the simulator passes step durations weighted by the sequences they served)."""
-    done = [r for r in records if r.ok]
-    failed = len(records) - len(done)
-    if done:
-        start = min(r.send for r in records)
-        end = max(r.finish for r in done)
+    """Aggregate one level's requests (records, or the same as a ``RequestTable``). ITL
+    comes from the records' chunks unless given (the simulator passes step durations
+    weighted by the sequences they served)."""
+    if itl_values is None:
+        if isinstance(records, RequestTable):
+            raise ValueError("a RequestTable has no streamed chunks: pass itl_values")
+        itl = Distribution.of([g for r in records if r.ok for g in r.itl()])
+    else:
+        itl = Distribution.of(itl_values, itl_weights)
+    table = records if isinstance(records, RequestTable) else RequestTable.from_records(records)
+    ok = table.ok
+    completed = int(ok.sum())
+    if completed:
+        start = float(table.send.min())
+        end = float(table.finish[ok].max())
         wall = max(end - start, 1e-12)
     else:
         wall = 0.0
-    inp = sum(r.input_tokens for r in done)
-    out = sum(r.output_tokens for r in done)
+    inp = int(table.input_tokens[ok].sum())
+    out = int(table.output_tokens[ok].sum())
 
     def rate(x: float) -> float:
         return x / wall if wall > 0 else 0.0
 
-    if itl_values is None:
-        itl_values = [g for r in done for g in r.itl()]
-        itl = Distribution.of(itl_values)
-    else:
-        itl = Distribution.of(itl_values, itl_weights)
     return LevelMetrics(
         concurrency=concurrency,
         workload=workload,
-        requests=len(records),
-        completed=len(done),
-        failed=failed,
+        requests=len(table),
+        completed=completed,
+        failed=len(table) - completed,
         wall_s=wall,
         input_tokens=inp,
         output_tokens=out,
         output_tok_s=rate(out),
         total_tok_s=rate(inp + out),
         prefill_tok_s=rate(inp),
-        request_throughput=rate(len(done)),
-        per_request_output_tok_s=Distribution.of(r.output_tok_s for r in done),
-        ttft_ms=Distribution.of(r.ttft for r in done).scaled(1e3),
-        tpot_ms=Distribution.of(r.tpot for r in done).scaled(1e3),
+        request_throughput=rate(completed),
+        per_request_output_tok_s=Distribution.of(table.output_tok_s()),
+        ttft_ms=Distribution.of(table.ttft()).scaled(1e3),
+        tpot_ms=Distribution.of(table.tpot()).scaled(1e3),
         itl_ms=itl.scaled(1e3),
-        e2e_s=Distribution.of(r.e2e for r in done),
-        queueing_ms=Distribution.of(r.queueing for r in done).scaled(1e3),
+        e2e_s=Distribution.of(table.e2e()),
+        queueing_ms=Distribution.of(table.queueing()).scaled(1e3),
     )
