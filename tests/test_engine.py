@@ -288,7 +288,26 @@ def test_fast_forward_equals_step_by_step(workload, c, seed, kv_blocks, seqs, sp
     step_by_step = config.model_copy(update={"fast_forward": False})
     slow = predict(step_by_step, CAT, keep_records=True).levels[0]
     assert_same_schedule(fast, slow)
+    assert fast.prefix_cache_hit_rate == slow.prefix_cache_hit_rate
     assert fast.events <= slow.events
+
+
+@pytest.mark.parametrize("workload", ["closed", "agents"])
+@pytest.mark.parametrize("dp", [2, 3])
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "prefix_aware"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fast_forward_equals_step_by_step_across_replicas(workload, dp, router, seed):
+    """Replicas in lockstep (same prompts, zero think time) end steps at the same
+    instants, so a request finishing on one replica may make its client send to another
+    at the very instant that one's step ends: either way of simulating sees that request
+    in the step scheduled at that instant."""
+    config = random_engine_config(
+        workload, 3 * dp, seed, None, False, dp=dp, router=router, input_tokens="300"
+    )
+    fast = predict(config, CAT, keep_records=True).levels[0]
+    slow = predict(config.model_copy(update={"fast_forward": False}), CAT, keep_records=True)
+    assert_same_schedule(fast, slow.levels[0])
+    assert fast.prefix_cache_hit_rate == slow.levels[0].prefix_cache_hit_rate
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,6 +19,21 @@ from capsim.engine.request import SimRequest
 from capsim.engine.scheduler import Scheduler, SchedulerConfig
 from capsim.physics.step import StepModel
 
+LATE = 2
+"""SimPy priority below NORMAL (1): an event at this priority runs after every normal event
+of the same instant, including those the normal ones schedule for that instant."""
+
+
+class EndOfInstant(simpy.events.Event):
+    """An event that fires at the current time after everything else at that time (what
+    SimPy's own Timeout does with delay 0, at LATE priority instead of NORMAL)."""
+
+    def __init__(self, env: simpy.Environment):
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, LATE)
+
 
 class Replica:
     """A TP group running one engine: scheduler, KV cache and step loop."""
@@ -38,6 +53,12 @@ class Replica:
         self.step_model = step_model
         self.scheduler = Scheduler(config, KVCache(num_blocks, config.block_size, prefix_caching))
         self.fast_forward = fast_forward
+        # whether clients may send at the instant a request finishes (the driver says)
+        self.clients_react_at_once = True
+        # with several replicas, another replica's finish can make a client send here at
+        # the instant a step of this one ends: then every step waits for the end of its
+        # instant, so a request sent at time t is always seen by a step scheduled at t
+        self.settle_every_step = False
         self._wake: simpy.Event | None = None
         self._cut_on_arrival = False
         self.steps = 0
@@ -59,8 +80,13 @@ class Replica:
     def submit(self, req: SimRequest) -> None:
         req.replica = self.index
         self.scheduler.submit(req)
-        if self._wake is not None and not self._wake.triggered and self._cut_on_arrival:
+        if not self._cut_on_arrival:
+            return
+        self._cut_on_arrival = False
+        if self._wake is not None:  # idle
             self._wake.succeed()
+        else:  # in a decode run: cut it at the next step boundary
+            self.process.interrupt()
 
     def _record_itl(self, durations: np.ndarray, sequences: int) -> None:
         if sequences <= 0 or durations.size == 0:
@@ -85,6 +111,9 @@ class Replica:
     def run(self):
         env, sched, sm = self.env, self.scheduler, self.step_model
         while True:
+            if self.settle_every_step:
+                self.events += 1
+                yield EndOfInstant(env)
             if sched.idle:
                 yield from self._wait_for_work()
                 continue
@@ -111,14 +140,29 @@ class Replica:
                 logits_tokens=logits,
                 draft_context=step.decode_context() if spec and step.decoding else None,
             )
+            if self.fast_forward and not sched.may_finish(step):
+                # nobody finishes, so nothing outside the scheduler sees the step end:
+                # apply it now, and when identical decode steps follow, wait for the
+                # step and that run in one event
+                sched.complete(step, env.now + duration)
+                if sched.steady_decode():
+                    yield from self._decode_run(sched.run_length(), duration, step.decoding)
+                    continue
+                self.events += 1
+                yield env.timeout(duration)
+                self._count_step(duration, step.decoding)
+                continue
             self.events += 1
             yield env.timeout(duration)
-            self.steps += 1
-            self.busy_time += duration
-            if step.decoding:
-                self._record_itl_step(duration, step.decoding)
+            self._count_step(duration, step.decoding)
             if sched.complete(step, env.now):
                 yield from self._let_clients_react()
+
+    def _count_step(self, duration: float, decoding: int) -> None:
+        self.steps += 1
+        self.busy_time += duration
+        if decoding:
+            self._record_itl_step(duration, decoding)
 
     def _wait_for_work(self):
         """Sleep until a request arrives."""
@@ -128,37 +172,50 @@ class Replica:
         yield self._wake
         self._wake = None
 
-    def _decode_run(self, m: int):
+    def _decode_run(self, m: int, head: float | None = None, head_decoding: int = 0):
+        """Wait for ``m`` identical decode steps in one event, after a ``head`` step of
+        that duration (seconds) already applied to the scheduler, if given. An arrival
+        that could change the schedule cuts the wait at the next step boundary."""
         env, sched = self.env, self.scheduler
         running = sched.running
         context = sched.decode_contexts()
         times = self.step_model.decode_run_times(context, m)
-        ends = np.cumsum(times)
+        lead = 0 if head is None else 1
+        ends = np.cumsum(times) if head is None else np.cumsum(np.concatenate(([head], times)))
+        total = m + lead
         start = env.now
-        self._wake = env.event()
         # an arrival joins the back of the queue: it can change the schedule only if
-        # nobody waits ahead of it and there is room for another sequence
+        # nobody waits ahead of it and there is room for another sequence; it then
+        # interrupts the wait (see submit)
         self._cut_on_arrival = not sched.waiting and sched.can_admit_more()
         self.events += 1
-        timer = env.timeout(float(ends[-1]))
-        yield timer | self._wake
-        done = m
-        if not timer.processed and self._wake.triggered:
+        done = total
+        try:
+            yield env.timeout(float(ends[-1]))
+            self._cut_on_arrival = False
+        except simpy.Interrupt:
             elapsed = env.now - start
             j = int(np.searchsorted(ends, elapsed - 1e-15, side="left"))
-            done = min(j + 1, m)
+            done = min(j + 1, total)
             remaining = float(ends[done - 1]) - elapsed
             if remaining > 0:
                 yield env.timeout(remaining)
-        self._wake = None
         self.steps += done
         self.busy_time += float(ends[done - 1])
-        self._record_itl(times[:done], len(running))
-        if sched.advance_decode(done, env.now):
+        if head is not None and head_decoding:
+            self._record_itl_step(head, head_decoding)
+        run_steps = done - lead
+        if run_steps <= 0:
+            return
+        self._record_itl(times[:run_steps], len(running))
+        if sched.advance_decode(run_steps, env.now):
             yield from self._let_clients_react()
 
     def _let_clients_react(self):
         """After requests finish, let clients that send their next request at the same
-        instant (closed loops) do so before the next step is scheduled."""
-        self.events += 1
-        yield self.env.timeout(0)
+        instant (closed loops) do so before the next step is scheduled. Costs an event, so
+        it is skipped where no client reacts at once (open loops, traces, agents that
+        all think)."""
+        if self.clients_react_at_once and not self.settle_every_step:
+            self.events += 1
+            yield EndOfInstant(self.env)

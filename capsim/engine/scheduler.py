@@ -31,6 +31,16 @@ SMALL_BATCH = 8
 """Up to this many running requests, the per-request loop is faster than numpy's fixed
 cost per call; both paths schedule identically (tested)."""
 
+LEAST_LEFT_MARGIN = 1e-6
+"""Slack on the lower bound of output tokens left, so rounding in it cannot skip a finish."""
+
+SHORT_TAIL = 4
+"""With at most this many running requests in prefill, the scheduler serves the decoding
+rows ahead of the first of them in one vector pass and the rest one by one."""
+
+SHORT_TAIL_ROWS = 16
+"""...as long as the rows from the first prefilling one on number at most this many."""
+
 FINISH_TOLERANCE = 1e-9
 """Fractional token progress (speculative decoding) within this of the output length
 counts as finished, so step-by-step and fast-forwarded runs agree despite rounding."""
@@ -52,7 +62,7 @@ class ScheduledStep:
 
     ``decode_rows`` are the running rows that decode this step; ``prefills`` the
     (request, tokens, row) of every prefill chunk, running ones first; ``decoding`` marks
-    which of the leading (running) entries of ``new_tokens`` decode.
+    which of the leading (running) entries of ``new_tokens`` decode (None: all of them).
     """
 
     __slots__ = ("_decoding", "context", "decode_rows", "new_tokens", "prefills")
@@ -63,7 +73,7 @@ class ScheduledStep:
         context: np.ndarray,
         decode_rows: np.ndarray,
         prefills: list[tuple[SimRequest, int, int]],
-        decoding: np.ndarray,
+        decoding: np.ndarray | None,
     ):
         self.new_tokens = new_tokens
         self.context = context
@@ -73,6 +83,8 @@ class ScheduledStep:
 
     def decode_context(self) -> np.ndarray:
         """Tokens in KV of each decoding sequence before the step (what a drafter reads)."""
+        if self._decoding is None:  # the running rows all decode
+            return self.context[: self.decode_rows.size]
         return self.context[: self._decoding.size][self._decoding]
 
     @property
@@ -110,6 +122,10 @@ class Scheduler:
         self._state = np.zeros((6, cap))
         self._kv, self._gen, self._out, self._blocks, self._computed, self._target = self._state
         self._dec = np.zeros(cap, dtype=bool)
+        self._prefilling = 0  # running rows not decoding
+        # a lower bound on the output tokens any decoding row still has to generate:
+        # while it exceeds FINISH_TOLERANCE nobody can finish, so the check is skipped
+        self._least_left = math.inf
 
     # ------------------------------------------------------------------ state sync
 
@@ -139,9 +155,22 @@ class Scheduler:
         row = len(self.running)
         self.running.append(req)
         self._load_row(row, req)
+        if not self._dec[row]:
+            self._prefilling += 1
         return row
 
+    def _pop_last(self) -> SimRequest:
+        """Take the newest running request out (a preemption victim), its row synced."""
+        victim = self.running.pop()
+        row = len(self.running)
+        self._store_row(row, victim)
+        if not self._dec[row]:
+            self._prefilling -= 1
+        return victim
+
     def _remove(self, row: int) -> None:
+        if not self._dec[row]:
+            self._prefilling -= 1
         self.running.pop(row)
         end = len(self.running)
         self._state[:, row:end] = self._state[:, row + 1 : end + 1]
@@ -172,7 +201,7 @@ class Scheduler:
             return False
         if n * self.config.decode_width > self.config.max_num_batched_tokens:
             return False
-        if not self._dec[:n].all():
+        if self._prefilling:
             return False
         return not self.waiting or not self.can_admit_more() or self.head_blocked()
 
@@ -211,7 +240,7 @@ class Scheduler:
         n = len(self.running)
         dec = self._dec[:n]
         width = cfg.decode_width
-        if n * width <= cfg.max_num_batched_tokens and dec.all():
+        if n * width <= cfg.max_num_batched_tokens and not self._prefilling:
             # the common case: every running request decodes and the budget holds them all
             context = self._kv[:n].copy()
             need = np.ceil((context + width) / cfg.block_size) - self._blocks[:n]
@@ -263,8 +292,7 @@ class Scheduler:
                 victim = None
                 if not kv.allocate(req, int(need)):
                     while True:
-                        victim = running.pop()
-                        self._store_row(len(running), victim)
+                        victim = self._pop_last()
                         self._preempt(victim)
                         preempted = True
                         if victim is req or kv.allocate(req, int(need)):
@@ -286,19 +314,79 @@ class Scheduler:
         context = np.array([p[2] for p in parts], dtype=float)
         return preempted, rows, grant, context
 
-    def _running_parts(self) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+    def _running_parts_decode_head(
+        self,
+    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray] | None:
+        """``_running_parts`` when a few requests still prefill: the decoding rows ahead of
+        the first prefilling one take one vector pass, the short tail after it the loop
+        one by one. None when that does not apply (the budget runs out among the decoding
+        head, the tail is long, or the KV cache cannot serve every row without a
+        preemption); the general path then schedules the step."""
+        cfg = self.config
+        n = len(self.running)
+        width, bs = cfg.decode_width, cfg.block_size
+        dec = self._dec
+        head = int(dec[:n].argmin())  # the first prefilling row (one exists)
+        budget = cfg.max_num_batched_tokens - head * width
+        if budget < 0 or n - head > SHORT_TAIL_ROWS:
+            return None
+        kv_tokens, blocks = self._kv, self._blocks
+        need = np.ceil((kv_tokens[:head] + width) / bs) - blocks[:head]
+        short = (need > 0).nonzero()[0]
+        counts = need[short]
+        total = float(counts.sum())
+        tail: list[tuple[int, float, float, float]] = []  # (row, tokens, context, blocks)
+        for i in range(head, n):
+            if budget <= 0:
+                break
+            if dec[i]:
+                if width > budget:
+                    break
+                tokens, context = float(width), float(kv_tokens[i])
+            else:
+                context = float(self._computed[i])
+                tokens = min(float(self._target[i]) - context, float(budget))
+            more = math.ceil((context + tokens) / bs) - float(blocks[i])
+            if more > 0:
+                total += more
+            tail.append((i, tokens, context, more))
+            budget -= tokens
+        if total > self.kv.allocatable:
+            return None
+        self.kv.reserve(int(total))
+        blocks[short] += counts
+        count = head + len(tail)
+        grant = np.empty(count)
+        context = np.empty(count)
+        grant[:head] = width
+        context[:head] = kv_tokens[:head]
+        for i, tokens, ctx, more in tail:
+            grant[i] = tokens
+            context[i] = ctx
+            if more > 0:
+                blocks[i] += more
+        return False, np.arange(count), grant, context
+
+    def _running_parts(self) -> tuple[bool, np.ndarray | None, np.ndarray, np.ndarray]:
         """The same loop in vector form between preemptions: the rows before the first one
         the KV cache cannot serve get their blocks at once; that row preempts from the
         tail as vLLM does, and the scan goes on. Returns (preempted, rows, tokens,
-        contexts); the scheduled rows are always a prefix of ``running``."""
+        contexts); the scheduled rows are always a prefix of ``running``, and rows None
+        means every running request decodes this step."""
+        if self._prefilling and self._prefilling <= SHORT_TAIL:
+            parts = self._running_parts_decode_head()
+            if parts is not None:
+                return parts
         grant, context, need, everyone = self._grant_running()
         running, kv = self.running, self.kv
         if everyone:
-            short = (need > 0).nonzero()[0]
-            counts = need[short]
-            if counts.sum() <= kv.allocatable:  # the common case: no preemption
-                self._allocate_rows(short, counts)
-                return False, np.arange(len(running)), grant, context
+            more = np.maximum(need, 0.0)
+            total = float(more.sum())
+            if total <= kv.allocatable:  # the common case: no preemption
+                if total:
+                    kv.reserve(int(total))
+                    self._blocks[: len(running)] += more
+                return False, None, grant, context
         granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
         need = np.maximum(need[:granted], 0.0)
         preempted = False
@@ -314,8 +402,7 @@ class Scheduler:
                 break
             req, k = running[i], int(need[i])
             while True:
-                victim = running.pop()
-                self._store_row(len(running), victim)
+                victim = self._pop_last()
                 self._preempt(victim)
                 preempted = True
                 if victim is req or kv.allocate(req, k):
@@ -339,29 +426,36 @@ class Scheduler:
         else:
             rows = np.zeros(0, dtype=np.int64)
             grant = context = np.zeros(0)
-        decoding = self._dec[rows]
-        decode_rows = rows[decoding]
         prefills: list[tuple[SimRequest, int, int]] = []
-        if decode_rows.size < rows.size:
-            for i in np.flatnonzero(~decoding).tolist():
-                row = int(rows[i])
-                prefills.append((running[row], int(grant[i]), row))
-        budget = cfg.max_num_batched_tokens - int(grant.sum())
+        if rows is None:  # every running request decodes
+            decode_rows = np.arange(n_running)
+            decoding = None
+            budget = cfg.max_num_batched_tokens - n_running * cfg.decode_width
+        else:
+            decoding = self._dec[rows]
+            decode_rows = rows[decoding]
+            if decode_rows.size < rows.size:
+                for i in np.flatnonzero(~decoding).tolist():
+                    row = int(rows[i])
+                    prefills.append((running[row], int(grant[i]), row))
+            budget = cfg.max_num_batched_tokens - int(grant.sum())
         admitted_tokens: list[float] = []
         admitted_context: list[float] = []
         if not preempted:
             while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 req = self.waiting[0]
                 hits = 0
-                if req.computed == 0 and not req.cached_len:
+                fresh = req.computed == 0 and not req.cached_len
+                if fresh:
                     hits = kv.cached_prefix(req)
-                    kv.query_tokens += req.prompt_len
                 computed = max(req.computed, hits * cfg.block_size)
                 n = min(req.prefill_target - computed, budget)
                 need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
                 if need > kv.allocatable - kv.evictable_among(req, hits):
                     break
                 kv.take_prefix(req, hits)
+                if fresh:  # prompt tokens looked up, once per admission
+                    kv.query_tokens += req.prompt_len
                 kv.allocate(req, need)
                 if hits:
                     req.cached_tokens = hits * cfg.block_size
@@ -391,6 +485,8 @@ class Scheduler:
         elif k:
             self._kv[rows] += adv
             self._gen[rows] += adv
+        if k:
+            self._least_left -= adv
         for req, n, row in step.prefills:
             req.computed += n
             self._computed[row] = req.computed
@@ -404,11 +500,31 @@ class Scheduler:
             self._store_row(row, req)
             self.kv.register(req, req.prefill_target)
             self._load_row(row, req)
+            self._prefilling -= 1
+            self._least_left = min(self._least_left, req.output_len - req.generated)
         return self._finish_done(now)
 
+    def may_finish(self, step: ScheduledStep) -> bool:
+        """Whether completing ``step`` could finish a request (conservative: False means
+        it certainly finishes none)."""
+        margin = FINISH_TOLERANCE + LEAST_LEFT_MARGIN
+        if step.decoding and self._least_left - self.config.decode_advance <= margin:
+            return True
+        for req, n, _ in step.prefills:
+            done_prefill = req.computed + n >= req.prefill_target
+            if done_prefill and req.output_len - (req.generated + 1.0) <= margin:
+                return True
+        return False
+
     def _finish_done(self, now: float) -> list[SimRequest]:
+        if self._least_left > FINISH_TOLERANCE + LEAST_LEFT_MARGIN:
+            return []
         n = len(self.running)
-        finishing = self._dec[:n] & (self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE)
+        dec = self._dec[:n]
+        left = self._out[:n] - self._gen[:n]
+        finishing = dec & (self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE)
+        still = dec & ~finishing
+        self._least_left = float(left[still].min()) if still.any() else math.inf
         done = finishing.nonzero()[0].tolist()
         finished = [self.running[row] for row in done]
         for row in reversed(done):  # from the back, so earlier rows keep their index
@@ -422,6 +538,7 @@ class Scheduler:
         gain = steps * cfg.decode_advance
         self._kv[:n] += gain
         self._gen[:n] += gain
+        self._least_left -= gain
         last_step_end = self._kv[:n] - cfg.decode_advance + cfg.decode_width
         need = np.ceil(last_step_end / cfg.block_size) - self._blocks[:n]
         short = (need > 0).nonzero()[0]

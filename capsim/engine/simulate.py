@@ -26,7 +26,7 @@ from capsim.engine.router import Router, RouterPolicy
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.engine.workloads import Driver, Workload, WorkloadKind, read_trace
 from capsim.errors import CapsimUserError
-from capsim.metrics import LevelMetrics, RequestRecord, level_metrics
+from capsim.metrics import LevelMetrics, RequestRecord, RequestTable, level_metrics
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import (
     BLOCK_SIZE_TOKENS,
@@ -331,31 +331,52 @@ def simulate_level(
     router = Router(env, replicas, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps)
     driver = Driver(env, router, workload, seed)
     driver.start()
+    for rep in replicas:
+        rep.clients_react_at_once = driver.reacts_at_once
+        rep.settle_every_step = driver.reacts_at_once and len(replicas) > 1
     env.run()
     for rep in replicas:
         rep.scheduler.sync_requests()
-    # the simulator's own values are already typed: build records without re-validating
-    records = [
-        RequestRecord.model_construct(
-            request_id=str(r.rid),
-            send=r.send,
-            first_token=r.first_token,
-            finish=r.finish,
-            input_tokens=r.prompt_len,
-            output_tokens=r.output_len if r.finish is not None else int(r.generated),
-            first_scheduled=r.first_scheduled,
-            cached_tokens=r.cached_tokens,
-            error=None if r.finish is not None else "did not finish",
-            session_id=r.session,
-        )
-        for r in driver.requests
-    ]
+    requests = driver.requests
+    table = RequestTable.from_rows(
+        [
+            (
+                r.send,
+                r.first_token,
+                r.finish,
+                r.prompt_len,
+                r.output_len if r.finish is not None else int(r.generated),
+                r.first_scheduled,
+                r.finish is not None and r.first_token is not None,
+            )
+            for r in requests
+        ]
+    )
+    records = None
+    if keep_records:
+        # the simulator's own values are already typed: build records without
+        # re-validating
+        records = [
+            RequestRecord.model_construct(
+                request_id=str(r.rid),
+                send=r.send,
+                first_token=r.first_token,
+                finish=r.finish,
+                input_tokens=r.prompt_len,
+                output_tokens=r.output_len if r.finish is not None else int(r.generated),
+                first_scheduled=r.first_scheduled,
+                cached_tokens=r.cached_tokens,
+                error=None if r.finish is not None else "did not finish",
+                session_id=r.session,
+            )
+            for r in requests
+        ]
     samples = [rep.itl_samples() for rep in replicas]
     values = np.concatenate([v for v, _ in samples])
     weights = np.concatenate([w for _, w in samples])
     level = workload.concurrency if workload.concurrency is not None else workload.rate
     metrics = level_metrics(
-        records,
+        table,
         concurrency=workload.concurrency,
         workload=workload.kind,
         itl_values=values if values.size else None,
@@ -374,7 +395,7 @@ def simulate_level(
         steps=sum(rep.steps for rep in replicas),
         events=sum(rep.events for rep in replicas),
         sim_seconds=time.perf_counter() - started,
-        records=records if keep_records else None,
+        records=records,
     )
 
 

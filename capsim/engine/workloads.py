@@ -146,6 +146,9 @@ class Driver:
         self.w = workload
         self.rng = np.random.default_rng(seed)
         self.requests: list[SimRequest] = []
+        # whether a client can send a request at the very instant one of its requests
+        # finishes (closed loops; agents with no think time; an orchestrator gathering)
+        self.reacts_at_once = workload.kind in ("batch", "closed", "agents")
 
     def _send(self, prompt: int, output: int, content: object, session: str | None = None):
         req = SimRequest(
@@ -173,6 +176,7 @@ class Driver:
             for _ in range(min(self.w.concurrency, n)):
                 self.env.process(self._closed_worker(queue, prompts, outputs))
         elif kind == "agents":
+            self._draw_agent_turns()
             self.env.process(self._agents())
         elif kind == "open":
             self.env.process(self._open())
@@ -193,11 +197,11 @@ class Driver:
             req = self._send(prompts[i], outputs[i], ("r", i))
             yield req.done
 
-    def _agents(self):
+    def _draw_agent_turns(self) -> None:
+        """Every agent's turns, drawn up front, so the workload is the same whatever order
+        the simulation later runs them in (comparing two deployments compares the same
+        conversations)."""
         w = self.w
-        # every agent's turns are drawn up front, so the workload is the same whatever
-        # order the simulation later runs them in (comparing two deployments compares the
-        # same conversations)
         c, later = w.concurrency, max(w.turns - 1, 1)
         self._agent_draws = (
             w.input.tokens(self.rng, c),
@@ -205,6 +209,11 @@ class Driver:
             w.think_time.seconds(self.rng, (c, later)),
             w.tool_tokens.tokens(self.rng, (c, later)),
         )
+        thinks = self._agent_draws[2][:, : w.turns - 1]
+        self.reacts_at_once = w.orchestrator or bool((thinks <= 0).any())
+
+    def _agents(self):
+        w = self.w
         if w.orchestrator:
             first = self._send(
                 self.w.input.tokens(self.rng, 1)[0],

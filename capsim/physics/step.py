@@ -54,6 +54,9 @@ from capsim.physics.parameters import attention_params, layer_ffn_params, parame
 from capsim.physics.power import power_scales
 from capsim.physics.speculative import SpecConfig
 
+CONTEXT_FREE_CACHE_SIZE = 65536
+"""Entries kept of a step model's context-free step parts before the cache starts over."""
+
 
 class Deployment(BaseModel):
     """How a model is served: parallelism, formats, power and engine options."""
@@ -286,7 +289,7 @@ class StepModel:
 
         # --- overheads
         self.layers = model.num_layers
-        self._run_cache: dict[int, tuple[float, float, float]] = {}
+        self._context_free_cache: dict[tuple[float, int, int], tuple[float, float, float]] = {}
         # --- CUDA graphs: the sizes the engine captures (none in eager mode)
         self.graph_sizes = (
             capture_sizes(
@@ -586,12 +589,23 @@ class StepModel:
         same length with every ``new_tokens`` entry positive, so no checks are repeated
         on the simulation's hot path. ``draft_context`` holds the tokens in KV of each
         sequence the speculative drafter proposes for (the decoding ones)."""
-        agg = self._sums(new_tokens, context)
-        logits = agg[1] if logits_tokens is None else logits_tokens
+        tokens, seqs, sum_total, sum_windowed, pairs, pairs_windowed = self._sums(
+            new_tokens, context
+        )
+        logits = seqs if logits_tokens is None else logits_tokens
         draft = 0.0
         if draft_context is not None and draft_context.size and self.deployment.spec is not None:
             draft = self.draft_seconds(draft_context.size, draft_context)
-        return self._total(self._terms(*agg, logits, draft))
+        fixed, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
+        kv = self.kv
+        kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
+        attention_flops = self.pair_flops * (
+            self.full_layers * pairs + self.sliding_layers * pairs_windowed
+        )
+        attention = max(
+            att_mem + kv_read / self.kv_bw, att_cmp + attention_flops / self.attention_flops_rate
+        )
+        return fixed + attention + draft
 
     def step(
         self,
@@ -701,7 +715,8 @@ class StepModel:
         else:
             kv_read += total_sum * kv.sliding_bytes_per_token
             attn = attn + self.sliding_layers * pairs
-        fixed, att_mem, att_cmp = self._run_constants(seqs)
+        logits = seqs * width if self.deployment.spec is not None else seqs
+        fixed, att_mem, att_cmp = self._context_free(float(seqs * width), seqs, logits)
         attention = np.maximum(
             att_mem + kv_read / self.kv_bw,
             att_cmp + self.pair_flops * attn / self.attention_flops_rate,
@@ -711,23 +726,25 @@ class StepModel:
             times += self._draft_run(seqs, ctx_sum, ctx)
         return times
 
-    def _run_constants(self, seqs: int) -> tuple[float, float, float]:
-        """What does not change over a decode run of ``seqs`` sequences, seconds: the
-        weights, experts, communication and overheads, and the attention terms at zero
-        context (KV write, per-sequence state): the one-step model at zero context,
-        computed once per batch size."""
-        cached = self._run_cache.get(seqs)
+    def _context_free(self, tokens: float, seqs: int, logits: int) -> tuple[float, float, float]:
+        """The parts of a step that do not depend on its sequences' contexts, seconds:
+        weights, experts, communication and overheads summed, and the attention memory and
+        compute terms at zero context (KV writes, per-sequence state, linear-attention
+        FLOPs). The full step adds each attention term's context part and takes the
+        larger. Cached per (tokens, sequences, logits)."""
+        key = (tokens, seqs, logits)
+        cached = self._context_free_cache.get(key)
         if cached is None:
-            width = self.decode_width
-            logits = seqs * width if self.deployment.spec is not None else seqs
-            t = self._terms(float(seqs * width), seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
+            t = self._terms(tokens, seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
             fixed = (
                 max(t["t_dense_mem"], t["t_dense_cmp"])
                 + max(t["t_exp_mem"], t["t_exp_cmp"])
                 + t["t_comm"]
                 + t["t_over"]
             )
-            cached = self._run_cache[seqs] = (fixed, t["t_att_mem"], t["t_att_cmp"])
+            if len(self._context_free_cache) >= CONTEXT_FREE_CACHE_SIZE:
+                self._context_free_cache.clear()
+            cached = self._context_free_cache[key] = (fixed, t["t_att_mem"], t["t_att_cmp"])
         return cached
 
     @property
