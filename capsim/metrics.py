@@ -121,10 +121,10 @@ class Distribution(BaseModel):
                 w = np.array([p[1] for p in pairs], dtype=float)
             if arr.size == 0:
                 return cls(mean=None, p50=None, p90=None, p99=None, count=0)
-            order = np.argsort(arr, kind="stable")
+            pcts = weighted_percentiles(arr, w, PERCENTILES)
             return cls(
                 mean=float(np.average(arr, weights=w)),
-                **{f"p{q}": weighted_percentile(arr, w, q, order) for q in PERCENTILES},
+                **{f"p{q}": v for q, v in zip(PERCENTILES, pcts, strict=True)},
                 count=round(float(w.sum())),
             )
         if isinstance(values, np.ndarray):
@@ -157,17 +157,18 @@ class Distribution(BaseModel):
         )
 
 
-def weighted_percentile(
-    values: np.ndarray, weights: np.ndarray, q: float, order: np.ndarray | None = None
-) -> float:
-    """Percentile ``q`` (0-100) of values with non-negative weights (inverted CDF)."""
-    order = np.argsort(values, kind="stable") if order is None else order
-    v, w = values[order], weights[order]
-    cum = np.cumsum(w)
+def weighted_percentiles(
+    values: np.ndarray, weights: np.ndarray, qs: Sequence[float]
+) -> list[float]:
+    """Percentiles ``qs`` (0-100) of values with non-negative weights (inverted CDF: the
+    smallest value whose cumulative weight reaches q% of the total)."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
     if cum[-1] <= 0:
-        return float("nan")
-    idx = int(np.searchsorted(cum, q / 100.0 * cum[-1], side="left"))
-    return float(v[min(idx, len(v) - 1)])
+        return [float("nan")] * len(qs)
+    targets = np.asarray(qs, dtype=float) / 100.0 * cum[-1]
+    idx = np.minimum(np.searchsorted(cum, targets, side="left"), len(cum) - 1)
+    return [float(v) for v in values[order[idx]]]
 
 
 class LevelMetrics(BaseModel):
