@@ -13,7 +13,14 @@ from typer.testing import CliRunner
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
 from capsim.cli.predict import parse_levels
-from capsim.engine.simulate import PredictConfig, build_setup, predict
+from capsim.engine.partition import session_affine_groups
+from capsim.engine.simulate import (
+    PredictConfig,
+    build_setup,
+    make_workload,
+    predict,
+    simulate_level,
+)
 from capsim.errors import CapsimUserError
 from capsim.physics.speculative import SpecConfig
 
@@ -308,6 +315,77 @@ def test_fast_forward_equals_step_by_step_across_replicas(workload, dp, router, 
     slow = predict(config.model_copy(update={"fast_forward": False}), CAT, keep_records=True)
     assert_same_schedule(fast, slow.levels[0])
     assert fast.prefix_cache_hit_rate == slow.levels[0].prefix_cache_hit_rate
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    agents=st.integers(1, 14),
+    dp=st.integers(2, 4),
+    seed=st.integers(0, 1000),
+    kv_blocks=st.sampled_from([None, 200]),
+    think=st.sampled_from(["0", "uniform:0.1,1"]),
+)
+def test_replicas_simulated_apart_equal_the_joint_simulation(agents, dp, seed, kv_blocks, think):
+    """With session-affine routing, agents never move between replicas, so simulating
+    each replica on its own gives the joint simulation's requests and figures."""
+    config = random_engine_config(
+        "agents",
+        agents,
+        seed,
+        kv_blocks,
+        False,
+        dp=dp,
+        router="prefix_aware",
+        turns=3,
+        think_time=think,
+    )
+    setup = build_setup(config, CAT)
+    workload = make_workload(config, float(agents))
+    assert session_affine_groups(workload, dp, "prefix_aware") is not None
+    apart = simulate_level(setup, workload, seed, keep_records=True)
+    joint = simulate_level(setup, workload, seed, keep_records=True, partition=False)
+    for field in ("steps", "events", "preemptions", "prefix_cache_hit_rate", "peak_kv_usage"):
+        assert getattr(apart, field) == getattr(joint, field), field
+
+    def by_session(level):
+        return sorted(
+            (r.session_id, r.send, r.first_token, r.finish, r.output_tokens) for r in level.records
+        )
+
+    for x, y in zip(by_session(apart), by_session(joint), strict=True):
+        assert x[0] == y[0] and x[4] == y[4]
+        assert x[1:4] == pytest.approx(y[1:4], rel=1e-12, abs=1e-12)
+    a, j = apart.metrics, joint.metrics
+    assert a.output_tok_s == pytest.approx(j.output_tok_s, rel=1e-12)
+    assert a.ttft_ms.p90 == pytest.approx(j.ttft_ms.p90, rel=1e-12)
+    assert a.itl_ms.p50 == pytest.approx(j.itl_ms.p50, rel=1e-12)
+
+
+def test_replicas_that_interact_are_not_simulated_apart():
+    base = random_engine_config("agents", 8, 0, None, False, dp=2, router="prefix_aware")
+    workload = make_workload(base, 8.0)
+    assert session_affine_groups(workload, 2, "prefix_aware") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert session_affine_groups(workload, 1, "prefix_aware") is None
+    assert session_affine_groups(workload, 2, "round_robin") is None
+    assert session_affine_groups(workload, 2, "least_outstanding") is None
+    assert session_affine_groups(workload, 2, "prefix_aware", router_latency_s=0.01) is None
+    assert session_affine_groups(workload, 2, "prefix_aware", router_capacity_rps=5) is None
+    orchestrated = make_workload(base.model_copy(update={"orchestrator": True}), 8.0)
+    assert session_affine_groups(orchestrated, 2, "prefix_aware") is None
+    closed = make_workload(base.model_copy(update={"workload": "closed"}), 8.0)
+    assert session_affine_groups(closed, 2, "prefix_aware") is None
+
+
+def test_replicas_apart_in_worker_processes_give_the_same_level():
+    config = random_engine_config(
+        "agents", 12, 3, None, False, dp=3, router="prefix_aware", turns=3
+    )
+    setup = build_setup(config, CAT)
+    workload = make_workload(config, 12.0)
+    serial = simulate_level(setup, workload, 3)
+    parallel = simulate_level(setup, workload, 3, workers=2, catalog=CAT)
+    assert parallel.metrics == serial.metrics
+    assert (parallel.steps, parallel.events) == (serial.steps, serial.events)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

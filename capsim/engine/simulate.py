@@ -21,6 +21,7 @@ from capsim.calibration.profiles import find_profile
 from capsim.catalog.loader import Catalog, load_catalog, process_catalog
 from capsim.catalog.schemas import GPU, Model, QuantFormat
 from capsim.engine.lengths import parse_length
+from capsim.engine.partition import session_affine_groups
 from capsim.engine.replica import Replica
 from capsim.engine.router import Router, RouterPolicy
 from capsim.engine.scheduler import SchedulerConfig
@@ -117,6 +118,7 @@ class Setup:
     max_model_len: int
     quant_reason: str = ""
     profile: object = None  # the calibration Profile applied, if any
+    base_params: EfficiencyParams | None = None  # what build_setup was given as params
 
 
 def build_setup(
@@ -204,6 +206,7 @@ def build_setup(
         max_len,
         quant_reason,
         profile,
+        params,
     )
 
 
@@ -308,14 +311,36 @@ def check_lengths(setup: Setup, workload: Workload) -> None:
         )
 
 
-def simulate_level(
-    setup: Setup, workload: Workload, seed: int = 0, keep_records: bool = False
-) -> LevelResult:
-    """Run one level to completion and measure it."""
-    started = time.perf_counter()
-    check_lengths(setup, workload)
+@dataclass
+class ReplicaRun:
+    """What one simulation of some replicas leaves behind, in plain (picklable) data."""
+
+    rows: list[tuple]  # RequestTable rows
+    records: list[RequestRecord] | None
+    itl_values: np.ndarray
+    itl_weights: np.ndarray
+    query_tokens: int
+    hit_tokens: int
+    peak_kv_usage: float
+    preemptions: int
+    steps: int
+    events: int
+
+
+def run_replicas(
+    setup: Setup,
+    workload: Workload,
+    seed: int = 0,
+    keep_records: bool = False,
+    replica_indices: list[int] | None = None,
+    agents: list[int] | None = None,
+    first_rid: int = 0,
+) -> ReplicaRun:
+    """Simulate ``replica_indices`` (all of the deployment's by default) under the
+    workload, or only ``agents`` of an agents workload, to completion."""
     cfg = setup.config
     env = simpy.Environment()
+    indices = list(range(setup.dp)) if replica_indices is None else replica_indices
     replicas = [
         Replica(
             env,
@@ -326,32 +351,31 @@ def simulate_level(
             prefix_caching=cfg.prefix_caching,
             fast_forward=cfg.fast_forward,
         )
-        for i in range(setup.dp)
+        for i in indices
     ]
     router = Router(env, replicas, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps)
-    driver = Driver(env, router, workload, seed)
+    driver = Driver(env, router, workload, seed, agents=agents, first_rid=first_rid)
     driver.start()
     for rep in replicas:
         rep.clients_react_at_once = driver.reacts_at_once
-        rep.settle_every_step = driver.reacts_at_once and len(replicas) > 1
+        # as in the whole deployment, so a replica simulated apart counts the same events
+        rep.settle_every_step = driver.reacts_at_once and setup.dp > 1
     env.run()
     for rep in replicas:
         rep.scheduler.sync_requests()
     requests = driver.requests
-    table = RequestTable.from_rows(
-        [
-            (
-                r.send,
-                r.first_token,
-                r.finish,
-                r.prompt_len,
-                r.output_len if r.finish is not None else int(r.generated),
-                r.first_scheduled,
-                r.finish is not None and r.first_token is not None,
-            )
-            for r in requests
-        ]
-    )
+    rows = [
+        (
+            r.send,
+            r.first_token,
+            r.finish,
+            r.prompt_len,
+            r.output_len if r.finish is not None else int(r.generated),
+            r.first_scheduled,
+            r.finish is not None and r.first_token is not None,
+        )
+        for r in requests
+    ]
     records = None
     if keep_records:
         # the simulator's own values are already typed: build records without
@@ -372,8 +396,82 @@ def simulate_level(
             for r in requests
         ]
     samples = [rep.itl_samples() for rep in replicas]
-    values = np.concatenate([v for v, _ in samples])
-    weights = np.concatenate([w for _, w in samples])
+    kvs = [rep.scheduler.kv for rep in replicas]
+    return ReplicaRun(
+        rows=rows,
+        records=records,
+        itl_values=np.concatenate([v for v, _ in samples]),
+        itl_weights=np.concatenate([w for _, w in samples]),
+        query_tokens=sum(kv.query_tokens for kv in kvs),
+        hit_tokens=sum(kv.hit_tokens for kv in kvs),
+        peak_kv_usage=max(kv.peak_used / kv.num_blocks for kv in kvs),
+        preemptions=sum(rep.scheduler.preemptions for rep in replicas),
+        steps=sum(rep.steps for rep in replicas),
+        events=sum(rep.events for rep in replicas),
+    )
+
+
+def _run_group(args) -> ReplicaRun:
+    """``run_replicas`` for one group of a partitioned level, in a worker process."""
+    config, extra_dirs, params, workload, seed, keep_records, index, agents, first_rid = args
+    setup = build_setup(config, process_catalog(extra_dirs), params)
+    return run_replicas(setup, workload, seed, keep_records, [index], agents, first_rid)
+
+
+def simulate_level(
+    setup: Setup,
+    workload: Workload,
+    seed: int = 0,
+    keep_records: bool = False,
+    partition: bool = True,
+    workers: int = 1,
+    catalog: Catalog | None = None,
+) -> LevelResult:
+    """Run one level to completion and measure it.
+
+    Replicas that never interact (``partition.session_affine_groups``) are simulated
+    apart, in up to ``workers`` processes (``catalog`` is the one ``setup`` came from);
+    ``partition=False`` simulates them together. Both give the same results."""
+    started = time.perf_counter()
+    check_lengths(setup, workload)
+    cfg = setup.config
+    groups = None
+    if partition:
+        groups = session_affine_groups(
+            workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
+        )
+    if groups is None:
+        runs = [run_replicas(setup, workload, seed, keep_records)]
+    else:
+        # each group's request ids start after the turns of the groups before it
+        turns = workload.turns
+        firsts = np.cumsum([0] + [len(g) * turns for g in groups[:-1]]).tolist()
+        jobs = [
+            (index, agents, first)
+            for index, (agents, first) in enumerate(zip(groups, firsts, strict=True))
+        ]
+        if workers > 1 and len(jobs) > 1:
+            args = [
+                (cfg, catalog_dirs(catalog), setup.base_params, workload, seed, keep_records, *j)
+                for j in jobs
+            ]
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+                runs = list(pool.map(_run_group, args))
+        else:
+            runs = [
+                run_replicas(setup, workload, seed, keep_records, [i], agents, first)
+                for i, agents, first in jobs
+            ]
+    return measure_level(runs, workload, keep_records, started)
+
+
+def measure_level(
+    runs: list[ReplicaRun], workload: Workload, keep_records: bool, started: float
+) -> LevelResult:
+    """One level's result from the runs of its replicas (all together, or apart)."""
+    table = RequestTable.from_rows([row for run in runs for row in run.rows])
+    values = np.concatenate([run.itl_values for run in runs])
+    weights = np.concatenate([run.itl_weights for run in runs])
     level = workload.concurrency if workload.concurrency is not None else workload.rate
     metrics = level_metrics(
         table,
@@ -382,20 +480,18 @@ def simulate_level(
         itl_values=values if values.size else None,
         itl_weights=weights if weights.size else None,
     )
-    queried = sum(rep.scheduler.kv.query_tokens for rep in replicas)
-    hits = sum(rep.scheduler.kv.hit_tokens for rep in replicas)
+    queried = sum(run.query_tokens for run in runs)
+    hits = sum(run.hit_tokens for run in runs)
     return LevelResult(
         level=float(level or 0),
         metrics=metrics,
-        peak_kv_usage=max(
-            rep.scheduler.kv.peak_used / rep.scheduler.kv.num_blocks for rep in replicas
-        ),
-        preemptions=sum(rep.scheduler.preemptions for rep in replicas),
+        peak_kv_usage=max(run.peak_kv_usage for run in runs),
+        preemptions=sum(run.preemptions for run in runs),
         prefix_cache_hit_rate=hits / queried if queried else None,
-        steps=sum(rep.steps for rep in replicas),
-        events=sum(rep.events for rep in replicas),
+        steps=sum(run.steps for run in runs),
+        events=sum(run.events for run in runs),
         sim_seconds=time.perf_counter() - started,
-        records=records,
+        records=[r for run in runs for r in run.records] if keep_records else None,
     )
 
 
@@ -419,8 +515,16 @@ PARALLEL_MIN_REQUESTS = 20_000
 (below it, starting processes costs more than it saves)."""
 
 
+def level_requests(workload: Workload) -> int:
+    """Requests one level sends (agents: agents x turns)."""
+    if workload.kind == "agents":
+        return (workload.concurrency or 0) * workload.turns
+    return workload.requests
+
+
 def resolve_workers(workers: int | None, levels: int, total_requests: int) -> int:
-    """How many processes to use: ``workers`` if given, else all cores for big sweeps."""
+    """How many processes to use for ``levels`` independent jobs: ``workers`` if given,
+    else all cores for big sweeps."""
     if workers is not None:
         return max(1, min(workers, levels))
     if levels < 2 or total_requests < PARALLEL_MIN_REQUESTS:
@@ -465,9 +569,7 @@ def predict(
     workloads = [make_workload(config, level) for level in levels]
     for w in workloads:
         check_lengths(setup, w)
-    total_requests = sum(
-        w.requests if w.kind != "agents" else w.concurrency * w.turns for w in workloads
-    )
+    total_requests = sum(level_requests(w) for w in workloads)
     jobs = resolve_workers(workers, len(workloads), total_requests)
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -478,7 +580,18 @@ def predict(
                 )
             )
     else:
-        results = [simulate_level(setup, w, config.seed, keep_records) for w in workloads]
+        # one process for the levels: a level whose replicas run apart may use several
+        results = [
+            simulate_level(
+                setup,
+                w,
+                config.seed,
+                keep_records,
+                workers=resolve_workers(workers, setup.dp, level_requests(w)),
+                catalog=catalog,
+            )
+            for w in workloads
+        ]
     add_relative_figures(setup, config, results)
     if setup.profile is not None:
         add_bands(results, setup.profile.band_sd)

@@ -140,12 +140,24 @@ class Workload:
 class Driver:
     """Creates the workload's requests in a SimPy environment and sends them to a router."""
 
-    def __init__(self, env: simpy.Environment, router: Router, workload: Workload, seed: int):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        router: Router,
+        workload: Workload,
+        seed: int,
+        agents: list[int] | None = None,
+        first_rid: int = 0,
+    ):
+        """``agents`` runs only those agents of the agents workload (their turns are the
+        same as in the whole workload); request ids start at ``first_rid``."""
         self.env = env
         self.router = router
         self.w = workload
         self.rng = np.random.default_rng(seed)
         self.requests: list[SimRequest] = []
+        self.agents = agents
+        self.first_rid = first_rid
         # whether a client can send a request at the very instant one of its requests
         # finishes (closed loops; agents with no think time; an orchestrator gathering)
         self.reacts_at_once = workload.kind in ("batch", "closed", "agents")
@@ -153,7 +165,7 @@ class Driver:
     def _send(self, prompt: int, output: int, content: object, session: str | None = None):
         req = SimRequest(
             self.env,
-            len(self.requests),
+            self.first_rid + len(self.requests),
             self.env.now,
             int(prompt),
             int(output),
@@ -222,7 +234,8 @@ class Driver:
                 "orchestrator",
             )
             yield first.done
-        agents = [self.env.process(self._agent(a)) for a in range(w.concurrency)]
+        chosen = range(w.concurrency) if self.agents is None else self.agents
+        agents = [self.env.process(self._agent(a)) for a in chosen]
         yield self.env.all_of(agents)
         if w.orchestrator:
             gathered = sum(r.output_len for r in self.requests[1:])
