@@ -453,6 +453,9 @@ def test_block_limit_closed_form_equals_search(rows, free, slack):
         sched._blocks[i] = -(-kv_tokens // 16) + (slack if i == 0 else 0)
         sched._gen[i] = 1.0
         sched._dec[i] = True
+    # the rows were written by hand: no running tallies of them
+    sched._prefilling = 0
+    sched._least_left_exact = False
     m_finish = int(min(r[1] for r in rows))
     fast = sched._block_limit_one_token(m_finish)
     search = sched._block_limit_search(m_finish)

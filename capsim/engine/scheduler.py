@@ -126,6 +126,7 @@ class Scheduler:
         # a lower bound on the output tokens any decoding row still has to generate:
         # while it exceeds FINISH_TOLERANCE nobody can finish, so the check is skipped
         self._least_left = math.inf
+        self._least_left_exact = True  # whether it is the minimum itself, not just a bound
 
     # ------------------------------------------------------------------ state sync
 
@@ -166,6 +167,8 @@ class Scheduler:
         self._store_row(row, victim)
         if not self._dec[row]:
             self._prefilling -= 1
+        else:
+            self._least_left_exact = False
         return victim
 
     def _remove(self, row: int) -> None:
@@ -487,6 +490,8 @@ class Scheduler:
             self._gen[rows] += adv
         if k:
             self._least_left -= adv
+            if k + self._prefilling < len(self.running):  # some decoding rows waited
+                self._least_left_exact = False
         for req, n, row in step.prefills:
             req.computed += n
             self._computed[row] = req.computed
@@ -525,6 +530,7 @@ class Scheduler:
         finishing = dec & (self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE)
         still = dec & ~finishing
         self._least_left = float(left[still].min()) if still.any() else math.inf
+        self._least_left_exact = True
         done = finishing.nonzero()[0].tolist()
         finished = [self.running[row] for row in done]
         for row in reversed(done):  # from the back, so earlier rows keep their index
@@ -536,15 +542,15 @@ class Scheduler:
         cfg = self.config
         n = len(self.running)
         gain = steps * cfg.decode_advance
-        self._kv[:n] += gain
-        self._gen[:n] += gain
+        self._state[:2, :n] += gain  # tokens in KV and generated
         self._least_left -= gain
         last_step_end = self._kv[:n] - cfg.decode_advance + cfg.decode_width
-        need = np.ceil(last_step_end / cfg.block_size) - self._blocks[:n]
-        short = (need > 0).nonzero()[0]
-        counts = need[short]
-        assert counts.sum() <= self.kv.allocatable, "decode run exceeded its KV blocks"
-        self._allocate_rows(short, counts)
+        more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
+        total = float(more.sum())
+        if total:
+            assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
+            self.kv.reserve(int(total))
+            self._blocks[:n] += more
         return self._finish_done(now)
 
     def run_length(self) -> int:
@@ -553,7 +559,10 @@ class Scheduler:
         n = len(self.running)
         adv = cfg.decode_advance
         # ceil is monotone, so the first finish is the smallest remaining output's
-        remaining = float((self._out[:n] - self._gen[:n]).min())
+        if not self._least_left_exact:
+            self._least_left = float((self._out[:n] - self._gen[:n]).min())
+            self._least_left_exact = True
+        remaining = self._least_left
         m_finish = max(math.ceil((remaining - FINISH_TOLERANCE) / adv), 1)
         if adv == 1.0:
             fast = self._block_limit_one_token(m_finish)
