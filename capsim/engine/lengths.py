@@ -9,6 +9,12 @@
 
 Token lengths are rounded and clipped to at least 1; times are clipped at 0. Normal and
 lognormal draws are truncated at their 99.9th percentile.
+
+Draws are stratified (Latin hypercube in one dimension): n draws take one uniform number
+from each of n equal slices of [0, 1), in random order, through the distribution's
+quantile function. Each draw is still distributed as stated, but a level's lengths
+follow the distribution closely even when it has few requests, so a prediction (the
+expected value of a measurement) carries less sampling noise of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.special import ndtri
 
 from capsim.errors import CapsimUserError
 
@@ -61,18 +68,27 @@ class LengthSpec:
             return self.a * float(np.exp(Z_999 * self.b))
         return float(np.max(self.values))
 
-    def sample(self, rng: np.random.Generator, n: int | tuple[int, ...]) -> np.ndarray:
-        """``n`` draws (a count or an array shape) as floats (not rounded), truncated at
+    def quantile(self, u: np.ndarray) -> np.ndarray:
+        """The value below which a share ``u`` (0 to 1) of draws falls, truncated at
         ``maximum``."""
+        u = np.asarray(u, dtype=float)
         if self.kind == "fixed":
-            return np.full(n, self.a)
+            return np.full(u.shape, self.a)
         if self.kind == "uniform":
-            return rng.uniform(self.a, self.b, n)
+            return self.a + (self.b - self.a) * u
         if self.kind == "normal":
-            return np.minimum(rng.normal(self.a, self.b, n), self.maximum)
+            return np.minimum(self.a + self.b * ndtri(u), self.maximum)
         if self.kind == "lognormal":
-            return np.minimum(rng.lognormal(np.log(self.a), self.b, n), self.maximum)
-        return rng.choice(np.asarray(self.values), n)
+            return np.minimum(self.a * np.exp(self.b * ndtri(u)), self.maximum)
+        ordered = np.sort(np.asarray(self.values, dtype=float))
+        return ordered[np.minimum((u * ordered.size).astype(int), ordered.size - 1)]
+
+    def sample(self, rng: np.random.Generator, n: int | tuple[int, ...]) -> np.ndarray:
+        """``n`` stratified draws (a count or an array shape) as floats (not rounded),
+        truncated at ``maximum``."""
+        size = int(np.prod(n))
+        u = (rng.permutation(size) + rng.random(size)) / size
+        return self.quantile(u).reshape(n)
 
     def tokens(self, rng: np.random.Generator, n: int | tuple[int, ...]) -> np.ndarray:
         """``n`` token counts (integers >= 1)."""

@@ -1,0 +1,59 @@
+"""Workload length distributions: parsing, quantiles and stratified draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capsim.engine.lengths import Z_999, parse_length
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 400), seed=st.integers(0, 10_000))
+def test_stratified_draws_take_one_value_per_slice(n, seed):
+    """n draws of uniform:0,1 put exactly one value in each of n equal slices."""
+    draws = parse_length("uniform:0,1").sample(np.random.default_rng(seed), n)
+    slices = np.floor(np.sort(draws) * n).astype(int)
+    assert slices.tolist() == list(range(n))
+
+
+def test_draws_follow_the_distribution():
+    rng = np.random.default_rng(0)
+    logn = parse_length("lognormal:500,0.4").sample(rng, 4001)
+    assert np.median(logn) == pytest.approx(500, rel=0.01)
+    assert np.std(np.log(logn)) == pytest.approx(0.4, rel=0.03)
+    assert logn.max() <= 500 * np.exp(Z_999 * 0.4) + 1e-9
+    normal = parse_length("normal:300,50").sample(rng, (40, 50))
+    assert normal.shape == (40, 50)
+    assert normal.mean() == pytest.approx(300, abs=1.0)
+    assert normal.std() == pytest.approx(50, rel=0.03)
+    assert parse_length("512").sample(rng, 3).tolist() == [512, 512, 512]
+
+
+def test_quantiles_by_hand():
+    assert parse_length("uniform:100,300").quantile(np.array([0, 0.25, 1])).tolist() == [
+        100,
+        150,
+        300,
+    ]
+    assert parse_length("lognormal:800,0.5").quantile(np.array([0.5]))[0] == pytest.approx(800)
+    assert parse_length("normal:10,2").quantile(np.array([0.5]))[0] == pytest.approx(10)
+
+
+def test_same_seed_same_draws_and_the_seed_matters():
+    spec = parse_length("lognormal:1000,0.6")
+    a = spec.tokens(np.random.default_rng(7), 64)
+    b = spec.tokens(np.random.default_rng(7), 64)
+    c = spec.tokens(np.random.default_rng(8), 64)
+    assert a.tolist() == b.tolist() and a.tolist() != c.tolist()
+    assert a.min() >= 1
+
+
+def test_empirical_draws_resample_the_list(tmp_path):
+    path = tmp_path / "lengths.txt"
+    path.write_text("40\n10\n30\n20\n")
+    spec = parse_length(f"file:{path}")
+    draws = spec.tokens(np.random.default_rng(3), 8)
+    assert sorted(draws.tolist()) == [10, 10, 20, 20, 30, 30, 40, 40]
