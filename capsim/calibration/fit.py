@@ -14,12 +14,16 @@ optimum left it at (near its prior, the hardware-class default, when the data ig
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from capsim.calibration.compare import ComparedPoint, compare_dataset
+from capsim.calibration.compare import ComparedPoint, compare_dataset, compare_datasets
 from capsim.calibration.profiles import FittedParameter, PointResidual, Profile
 from capsim.calibration.published import PublishedDataset
 from capsim.catalog.loader import Catalog
@@ -76,18 +80,30 @@ class FitProblem:
     base: EfficiencyParams
     evaluations: int = 0
     last: list[ComparedPoint] = field(default_factory=list)
+    pool: Executor | None = None  # processes to simulate the scenarios in
 
     def params_for(self, x: np.ndarray) -> EfficiencyParams:
         return self.base.with_overrides(dict(zip(self.names, map(float, x), strict=True)))
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
         params = self.params_for(x)
-        points: list[ComparedPoint] = []
-        for ds in self.datasets:
-            points += compare_dataset(ds, self.catalog, params)
+        points = compare_datasets(self.datasets, self.catalog, params, self.pool)
         self.evaluations += 1
         self.last = points
         return np.array([np.log(p.predicted / p.measured) for p in points])
+
+
+@contextmanager
+def scenario_pool(datasets: list[PublishedDataset]) -> Iterator[Executor | None]:
+    """Worker processes (one per core) to simulate a fit's scenarios in, or None on one
+    core or with a single scenario."""
+    scenarios = sum(len(ds.scenarios) for ds in datasets)
+    cores = os.cpu_count() or 1
+    if cores < 2 or scenarios < 2:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=min(cores, scenarios)) as pool:
+        yield pool
 
 
 def check_fittable(names) -> None:
@@ -128,19 +144,20 @@ def fit_profile(
     lower = np.array([FIT_BOUNDS[n][0] for n in names])
     upper = np.array([FIT_BOUNDS[n][1] for n in names])
     x0 = np.clip(np.array([getattr(base, n) for n in names], dtype=float), lower, upper)
-    problem = FitProblem(datasets, catalog, names, base)
     scale = upper - lower
-    result = least_squares(
-        problem.residuals,
-        x0,
-        bounds=(lower, upper),
-        loss="soft_l1",
-        f_scale=0.1,
-        x_scale=scale,
-        diff_step=0.02,
-        max_nfev=max_evaluations,
-    )
-    r = problem.residuals(result.x)
+    with scenario_pool(datasets) as pool:
+        problem = FitProblem(datasets, catalog, names, base, pool=pool)
+        result = least_squares(
+            problem.residuals,
+            x0,
+            bounds=(lower, upper),
+            loss="soft_l1",
+            f_scale=0.1,
+            x_scale=scale,
+            diff_step=0.02,
+            max_nfev=max_evaluations,
+        )
+        r = problem.residuals(result.x)
     n, p = r.size, len(names)
     jac = result.jac
     dof = max(n - p, 1)
@@ -163,6 +180,7 @@ def fit_profile(
             identifiable=not weak,
             bounds=(float(lower[i]), float(upper[i])),
         )
+    problem.pool = None  # closed: the last evaluation runs here
     final = problem.residuals(np.array([parameters[n].value for n in names]))
     residuals = [PointResidual(**asdict(pt), error=pt.error) for pt in problem.last]
     return Profile(
