@@ -129,3 +129,21 @@ def test_hardware_classes_name_their_own_fit_set():
     assert "per_sequence_overhead_us" in blackwell and blackwell != DEFAULT_FIT
     for name in CAT.efficiency.entries:
         assert set(class_fit(name, CAT)) <= set(FIT_BOUNDS)
+
+
+def test_levels_use_their_own_mean_output_where_the_source_gives_it():
+    """Seed 002's C=4 mean output comes from its swarm wall clock: only the levels whose
+    mean differs are predicted differently, and the scenario-wide mean is the fallback."""
+    from capsim.calibration.compare import compare_scenario, output_mean_for, scenario_config
+
+    ds = next(d for d in load_published() if d.name.startswith("seed002"))
+    sc = next(s for s in ds.scenarios if s.name == "dense-tp1")
+    assert output_mean_for(sc, 4) == 1254 and output_mean_for(sc, 1) == 2128
+    plain = sc.model_copy(update={"output_mean_tokens_by_level": {}})
+    assert output_mean_for(plain, 4) == 2128
+    by_level = {(p.concurrency, p.metric): p.predicted for p in compare_scenario(ds, sc, CAT)}
+    same_mean = {(p.concurrency, p.metric): p.predicted for p in compare_scenario(ds, plain, CAT)}
+    assert by_level[(1, "output_tok_s")] == pytest.approx(same_mean[(1, "output_tok_s")])
+    assert by_level[(4, "output_tok_s")] != pytest.approx(same_mean[(4, "output_tok_s")])
+    config = scenario_config(ds, sc, [4], 1254)
+    assert config.output_tokens.startswith("lognormal:") and config.batch_rounds == 16

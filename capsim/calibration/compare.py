@@ -44,13 +44,22 @@ class ComparedPoint:
         return self.predicted / self.measured - 1.0
 
 
-def scenario_config(ds: PublishedDataset, sc: Scenario, levels: list[int]) -> PredictConfig:
-    """The PredictConfig that reproduces one measured scenario."""
+def output_mean_for(sc: Scenario, level: int) -> float | None:
+    """A scenario's mean output per request at one level (tokens), where it is known."""
+    return sc.output_mean_tokens_by_level.get(level, sc.output_mean_tokens)
+
+
+def scenario_config(
+    ds: PublishedDataset, sc: Scenario, levels: list[int], output_mean: float | None = None
+) -> PredictConfig:
+    """The PredictConfig that reproduces one measured scenario at ``levels`` (whose mean
+    output, where the workload gives none, is ``output_mean`` or the scenario's)."""
     w = ds.workload
     output = w.output_tokens
-    if output is None and sc.output_mean_tokens:
+    mean = output_mean or sc.output_mean_tokens
+    if output is None and mean:
         # lognormal with the stated mean: median = mean / exp(sigma^2 / 2)
-        median = sc.output_mean_tokens / math.exp(OUTPUT_SPREAD_SIGMA**2 / 2)
+        median = mean / math.exp(OUTPUT_SPREAD_SIGMA**2 / 2)
         output = f"lognormal:{median:.0f},{OUTPUT_SPREAD_SIGMA}"
     flags = sc.flags
     return PredictConfig(
@@ -101,10 +110,16 @@ def compare_scenario(
     params: EfficiencyParams | None = None,
     workers: int | None = None,
 ) -> list[ComparedPoint]:
-    """Simulate one scenario of a dataset and pair its predictions with measurements."""
-    levels = sorted({p.concurrency for p in sc.points})
-    result = predict(scenario_config(ds, sc, levels), catalog, params=params, workers=workers)
-    by_level = {int(lv.level): lv.metrics for lv in result.levels}
+    """Simulate one scenario of a dataset and pair its predictions with measurements.
+    Levels with the same mean output are simulated in one sweep."""
+    sweeps: dict[float | None, list[int]] = {}
+    for level in sorted({p.concurrency for p in sc.points}):
+        sweeps.setdefault(output_mean_for(sc, level), []).append(level)
+    by_level = {}
+    for mean, levels in sweeps.items():
+        config = scenario_config(ds, sc, levels, mean)
+        result = predict(config, catalog, params=params, workers=workers)
+        by_level.update({int(lv.level): lv.metrics for lv in result.levels})
     return [
         ComparedPoint(
             ds.name,

@@ -61,6 +61,11 @@ class Scenario(Strict):
     power_limit_w: float | None = None
     flags: dict[str, float | int | bool] = Field(default_factory=dict)
     output_mean_tokens: float | None = None
+    output_mean_tokens_by_level: dict[int, float] = Field(
+        default_factory=dict,
+        description="Mean output per request at particular concurrency levels, where the "
+        "source's figures give it (else output_mean_tokens)",
+    )
     kv_capacity_tokens: int | None = Field(
         None, description="The server's KV cache size when known (e.g. from a probe)"
     )
