@@ -58,11 +58,11 @@ record_run() {  # name port: with CAPSIM_RECORD_RUNS=1, write calibration/runs/c
 start_server tiny-qwen3 8301
 record_run tiny-qwen3 8301
 CAPSIM_LIVE_DENSE_URL=http://127.0.0.1:8301 "$ROOT/.venv/bin/python" -m pytest -m live \
-  tests/live -k dense -p no:cacheprovider
+  tests/live -k dense -p no:cacheprovider -rP
 stop_server
 
 start_server tiny-qwen3-moe 8302
 record_run tiny-qwen3-moe 8302
 CAPSIM_LIVE_MOE_URL=http://127.0.0.1:8302 CAPSIM_LIVE_MOE_PID=$PID \
-  "$ROOT/.venv/bin/python" -m pytest -m live tests/live -k "moe or killing" -p no:cacheprovider
+  "$ROOT/.venv/bin/python" -m pytest -m live tests/live -k "moe or killing" -p no:cacheprovider -rP
 stop_server
