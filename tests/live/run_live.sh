@@ -23,21 +23,26 @@ if [ ! -f "$MODELS/tiny-qwen3-moe/config.json" ]; then
 fi
 
 PID=""
-stop_server() {
-  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
-    kill "$PID" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$PID" 2>/dev/null || break; sleep 1; done
-    kill -9 "$PID" 2>/dev/null || true
+stop_server() {  # the server runs in its own process group: stop all of it (the API
+  # server, its engine core and workers), also after a test has killed the server alone
+  if [ -n "$PID" ]; then
+    kill -TERM -- "-$PID" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 -- "-$PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$PID" 2>/dev/null || true
   fi
   PID=""
 }
 trap stop_server EXIT
 
 start_server() {  # name port
+  # job control gives the server a process group of its own (in the same session, so the
+  # kernel schedules it as before), which stop_server can stop as a whole
+  set -m
   VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$MODELS/$1" --served-model-name "$1" --host 127.0.0.1 --port "$2" \
     --max-model-len 2048 --dtype bfloat16 >"$LOGS/$1.log" 2>&1 &
   PID=$!
+  set +m
   for _ in $(seq 1 150); do
     if curl -sf "http://127.0.0.1:$2/v1/models" >/dev/null; then return 0; fi
     if ! kill -0 "$PID" 2>/dev/null; then break; fi
