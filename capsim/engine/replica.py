@@ -4,9 +4,16 @@ The replica loops: schedule a step, ask the physics how long it takes, wait that
 apply it. When the next steps are identical decode steps (every running request decodes
 and no waiting request could be admitted), it asks the physics for the whole run of
 steps up to the next finish or block shortage at once and waits once; an arrival that
-could change the schedule cuts the run at the step boundary after it, exactly where a
-step-by-step simulation would have admitted it. So simulation events grow with requests,
+could change the schedule interrupts the wait and cuts the run at the step boundary after
+it, exactly where a step-by-step simulation would have admitted it. A step that finishes
+nobody is applied when it is scheduled (nothing outside the scheduler can tell) and waits
+in the same event as the decode run after it. So simulation events grow with requests,
 not with tokens.
+
+Same-instant order: a client whose request finishes may send its next one at that very
+time. The replica lets such clients act before it schedules again (EndOfInstant), so a
+request sent at time t is always in the step scheduled at t, whichever way the
+simulation runs (tested against step-by-step simulation, across replicas too).
 """
 
 from __future__ import annotations
