@@ -576,7 +576,7 @@ class StepModel:
         agg = self._aggregate(new_tokens, context)
         logits = agg[1] if logits_tokens is None else logits_tokens
         draft = self._draft_for(drafting_sequences, new_tokens, context)
-        return self._total(self._terms(*agg, logits, draft))
+        return self._seconds(agg, logits, draft)
 
     def scheduled_step_time(
         self,
@@ -589,13 +589,20 @@ class StepModel:
         same length with every ``new_tokens`` entry positive, so no checks are repeated
         on the simulation's hot path. ``draft_context`` holds the tokens in KV of each
         sequence the speculative drafter proposes for (the decoding ones)."""
-        tokens, seqs, sum_total, sum_windowed, pairs, pairs_windowed = self._sums(
-            new_tokens, context
-        )
-        logits = seqs if logits_tokens is None else logits_tokens
+        sums = self._sums(new_tokens, context)
+        logits = sums[1] if logits_tokens is None else logits_tokens
         draft = 0.0
         if draft_context is not None and draft_context.size and self.deployment.spec is not None:
             draft = self.draft_seconds(draft_context.size, draft_context)
+        return self._seconds(sums, logits, draft)
+
+    def _seconds(
+        self, sums: tuple[float, int, float, float, float, float], logits: int, draft: float
+    ) -> float:
+        """A step's duration from its sequences' sums (``_sums``), seconds: the cached
+        context-free part plus the attention term at this context, and the drafter. Equal
+        to ``_total`` of the step's terms (tested), without building them."""
+        tokens, seqs, sum_total, sum_windowed, pairs, pairs_windowed = sums
         fixed, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
         kv = self.kv
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
