@@ -147,7 +147,8 @@ class Replica:
                 logits_tokens=logits,
                 draft_context=step.decode_context() if spec and step.decoding else None,
             )
-            if self.fast_forward and not sched.may_finish(step):
+            applied = self.fast_forward and not sched.may_finish(step)
+            if applied:
                 # nobody finishes, so nothing outside the scheduler sees the step end:
                 # apply it now, and when identical decode steps follow, wait for the
                 # step and that run in one event
@@ -155,21 +156,14 @@ class Replica:
                 if sched.steady_decode():
                     yield from self._decode_run(sched.run_length(), duration, step.decoding)
                     continue
-                self.events += 1
-                yield env.timeout(duration)
-                self._count_step(duration, step.decoding)
-                continue
             self.events += 1
             yield env.timeout(duration)
-            self._count_step(duration, step.decoding)
-            if sched.complete(step, env.now):
+            self.steps += 1
+            self.busy_time += duration
+            if step.decoding:
+                self._record_itl_step(duration, step.decoding)
+            if not applied and sched.complete(step, env.now):
                 yield from self._let_clients_react()
-
-    def _count_step(self, duration: float, decoding: int) -> None:
-        self.steps += 1
-        self.busy_time += duration
-        if decoding:
-            self._record_itl_step(duration, decoding)
 
     def _wait_for_work(self):
         """Sleep until a request arrives."""
