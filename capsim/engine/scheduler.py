@@ -262,6 +262,14 @@ class Scheduler:
         )
         return grant, context, need, False
 
+    def _grow_leading(self, more: np.ndarray, total: float) -> None:
+        """Give the first ``more.size`` running rows ``more`` (>= 0) more blocks each, in
+        one KV-cache reservation of ``total`` (their sum); the caller has checked that the
+        cache can provide them."""
+        if total:
+            self.kv.reserve(int(total))
+            self._blocks[: more.size] += more
+
     def _allocate_rows(self, rows: np.ndarray, counts: np.ndarray) -> None:
         """Give running ``rows`` ``counts`` more blocks each in one KV-cache reservation;
         the caller has checked that the cache can provide them all."""
@@ -386,9 +394,7 @@ class Scheduler:
             more = np.maximum(need, 0.0)
             total = float(more.sum())
             if total <= kv.allocatable:  # the common case: no preemption
-                if total:
-                    kv.reserve(int(total))
-                    self._blocks[: len(running)] += more
+                self._grow_leading(more, total)
                 return False, None, grant, context
         granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
         need = np.maximum(need[:granted], 0.0)
@@ -547,10 +553,8 @@ class Scheduler:
         last_step_end = self._kv[:n] - cfg.decode_advance + cfg.decode_width
         more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
         total = float(more.sum())
-        if total:
-            assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
-            self.kv.reserve(int(total))
-            self._blocks[:n] += more
+        assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
+        self._grow_leading(more, total)
         return self._finish_done(now)
 
     def run_length(self) -> int:
