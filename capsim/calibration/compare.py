@@ -137,10 +137,7 @@ def compare_dataset(
     ds: PublishedDataset, catalog: Catalog, params: EfficiencyParams | None = None
 ) -> list[ComparedPoint]:
     """Simulate every scenario of a dataset and pair predictions with measurements."""
-    out: list[ComparedPoint] = []
-    for sc in ds.scenarios:
-        out += compare_scenario(ds, sc, catalog, params)
-    return out
+    return compare_datasets([ds], catalog, params)
 
 
 def _compare_in_worker(args) -> list[ComparedPoint]:
