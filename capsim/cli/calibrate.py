@@ -19,6 +19,7 @@ from capsim.calibration.fit import (
 from capsim.calibration.kernels import KERNEL_FIT, fit_kernel_params, load_kernel_dataset
 from capsim.calibration.published import load_published
 from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
+from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 
 
@@ -44,7 +45,7 @@ def calibrate_cmd(
 ) -> None:
     """Fit efficiency parameters per hardware class with scipy least_squares."""
     cat = catalog(db)
-    names = None if fit is None else tuple(v.strip() for v in fit.split(",") if v.strip())
+    names = None if fit is None else tuple(split_list(fit))
     groups = group_by_class(load_published(datasets), cat)
     if out.suffix == ".yaml" and len(groups) > 1:
         raise CapsimUserError(
@@ -102,8 +103,8 @@ def calibrate_kernels_cmd(
     """Fit the step model's GPU terms to decode-layer measurements from one real GPU."""
     cat = catalog(db)
     ds = load_kernel_dataset(dataset)
-    names = tuple(v.strip() for v in fit.split(",") if v.strip())
-    formats = tuple(w.strip() for w in weights.split(",")) if weights else None
+    names = tuple(split_list(fit))
+    formats = tuple(split_list(weights)) if weights else None
     result = fit_kernel_params(ds, cat, names, formats)
     if json_out:
         print_json(
