@@ -11,6 +11,8 @@ import math
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+import numpy as np
+
 from capsim.calibration.published import PublishedDataset, Scenario
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.simulate import PredictConfig, catalog_dirs, predict
@@ -47,6 +49,12 @@ class ComparedPoint:
 def output_mean_for(sc: Scenario, level: int) -> float | None:
     """A scenario's mean output per request at one level (tokens), where it is known."""
     return sc.output_mean_tokens_by_level.get(level, sc.output_mean_tokens)
+
+
+def mape(points) -> float:
+    """Mean absolute percentage error of predictions (anything with ``.error``, the signed
+    relative error), in percent; NaN for none."""
+    return 100.0 * float(np.mean([abs(p.error) for p in points])) if points else float("nan")
 
 
 def scenario_config(

@@ -106,6 +106,30 @@ def scenario_pool(datasets: list[PublishedDataset]) -> Iterator[Executor | None]
         yield pool
 
 
+def bounds_and_start(
+    names: list[str] | tuple[str, ...], base: EfficiencyParams
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lower and upper bounds of fittable parameters, and their starting values (the
+    base values, clipped into the bounds)."""
+    lower = np.array([FIT_BOUNDS[n][0] for n in names])
+    upper = np.array([FIT_BOUNDS[n][1] for n in names])
+    x0 = np.clip(np.array([getattr(base, n) for n in names], dtype=float), lower, upper)
+    return lower, upper, x0
+
+
+def jacobian_std(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Standard errors of least-squares parameters from the Jacobian at the optimum:
+    sqrt(diag(s^2 (J^T J)^-1)), s^2 = sum(r^2) / (n - p); infinite where it cannot be
+    inverted."""
+    n, p = jac.shape
+    s2 = float(residuals @ residuals) / max(n - p, 1)
+    try:
+        cov = np.linalg.pinv(jac.T @ jac) * s2
+    except np.linalg.LinAlgError:
+        return np.full(p, np.inf)
+    return np.sqrt(np.clip(np.diag(cov), 0, None))
+
+
 def check_fittable(names) -> None:
     """Reject parameter names calibration cannot fit, naming those it can."""
     unknown = [n for n in names if n not in FIT_BOUNDS]
@@ -141,9 +165,7 @@ def fit_profile(
     fit = class_fit(hw_class, catalog) if fit is None else fit
     check_fittable(fit)
     names = list(fit)
-    lower = np.array([FIT_BOUNDS[n][0] for n in names])
-    upper = np.array([FIT_BOUNDS[n][1] for n in names])
-    x0 = np.clip(np.array([getattr(base, n) for n in names], dtype=float), lower, upper)
+    lower, upper, x0 = bounds_and_start(names, base)
     scale = upper - lower
     with scenario_pool(datasets) as pool:
         problem = FitProblem(datasets, catalog, names, base, pool=pool)
@@ -161,13 +183,7 @@ def fit_profile(
     n, p = r.size, len(names)
     jac = result.jac
     dof = max(n - p, 1)
-    s2 = float(r @ r) / dof
-    std = np.full(p, np.inf)
-    try:
-        cov = np.linalg.pinv(jac.T @ jac) * s2
-        std = np.sqrt(np.clip(np.diag(cov), 0, None))
-    except np.linalg.LinAlgError:
-        pass
+    std = jacobian_std(jac, r)
     column_norm = np.linalg.norm(jac, axis=0) * scale
     parameters = {}
     for i, param in enumerate(names):

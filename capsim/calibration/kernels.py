@@ -20,7 +20,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from scipy.optimize import least_squares
 
-from capsim.calibration.fit import FIT_BOUNDS, check_fittable
+from capsim.calibration.compare import mape
+from capsim.calibration.fit import bounds_and_start, check_fittable, jacobian_std
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
@@ -149,11 +150,6 @@ class KernelFit:
     points: list[KernelPoint]
 
 
-def mape(points: list[KernelPoint]) -> float:
-    """Mean absolute percentage error, percent."""
-    return 100.0 * float(np.mean([abs(p.error) for p in points])) if points else float("nan")
-
-
 def fit_kernel_params(
     ds: KernelDataset,
     catalog: Catalog,
@@ -167,9 +163,7 @@ def fit_kernel_params(
     if weights is not None:
         sub = ds.model_copy(update={"rows": [r for r in ds.rows if r.weights in weights]})
     base = default_efficiency(catalog.gpu(ds.gpu), catalog)
-    lower = np.array([FIT_BOUNDS[n][0] for n in names])
-    upper = np.array([FIT_BOUNDS[n][1] for n in names])
-    x0 = np.clip([getattr(base, n) for n in names], lower, upper)
+    lower, upper, x0 = bounds_and_start(names, base)
 
     def params_for(x) -> EfficiencyParams:
         return base.with_overrides(dict(zip(names, map(float, x), strict=True)))
@@ -179,9 +173,7 @@ def fit_kernel_params(
         return np.array([np.log(p.predicted_us / p.measured_us) for p in pts])
 
     result = least_squares(residuals, x0, bounds=(lower, upper), x_scale=upper - lower)
-    r = result.fun
-    s2 = float(r @ r) / max(r.size - len(names), 1)
-    std = np.sqrt(np.clip(np.diag(np.linalg.pinv(result.jac.T @ result.jac) * s2), 0, None))
+    std = jacobian_std(result.jac, result.fun)
     fitted = compare_kernels(sub, catalog, params_for(result.x))
     return KernelFit(
         values=dict(zip(names, map(float, result.x), strict=True)),

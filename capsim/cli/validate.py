@@ -10,15 +10,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from capsim.calibration.compare import ComparedPoint, compare_dataset
+from capsim.calibration.compare import ComparedPoint, compare_dataset, mape
 from capsim.calibration.fit import cross_validate, fit_profile
 from capsim.calibration.published import load_published
 from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
-
-
-def mape(points: list[ComparedPoint]) -> float:
-    """Mean absolute percentage error of the predictions, in percent."""
-    return float(np.mean([abs(p.error) for p in points]) * 100) if points else float("nan")
 
 
 def markdown(points: list[ComparedPoint]) -> str:
