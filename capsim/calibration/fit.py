@@ -50,8 +50,8 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 }
 """Parameters calibration may fit, with their bounds (units as in EfficiencyParams)."""
 
-ROBUST_SCALE = 0.2
-"""soft-L1 scale on log residuals: errors beyond about 20% count linearly, not squared."""
+ROBUST_SCALE = 0.1
+"""soft-L1 scale on log residuals: errors beyond about 10% count linearly, not squared."""
 
 DEFAULT_FIT = (
     "bandwidth_efficiency",
@@ -174,7 +174,7 @@ def fit_profile(
             x0,
             bounds=(lower, upper),
             loss="soft_l1",
-            f_scale=0.1,
+            f_scale=ROBUST_SCALE,
             x_scale=scale,
             diff_step=0.02,
             max_nfev=max_evaluations,
