@@ -11,6 +11,7 @@ from rich.table import Table
 
 from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
 from capsim.cli.predict import split_list
+from capsim.engine.router import ROUTER_POLICIES
 from capsim.errors import CapsimUserError
 from capsim.planner.costs import CostModel
 from capsim.planner.search import (
@@ -73,9 +74,6 @@ def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 
 
 def positive_ints(text: str, flag: str, example: str) -> tuple[int, ...]:
@@ -173,8 +171,10 @@ def plan_cmd(
     seqs: tuple[int | None, ...] = (None,)
     if max_num_seqs:
         seqs = positive_ints(max_num_seqs, "--max-num-seqs", "e.g. 64,128,256")
-    if router not in ROUTERS:
-        raise CapsimUserError(f"unknown --router '{router}'", hint="one of " + ", ".join(ROUTERS))
+    if router not in ROUTER_POLICIES:
+        raise CapsimUserError(
+            f"unknown --router '{router}'", hint="one of " + ", ".join(ROUTER_POLICIES)
+        )
     if router_latency_ms < 0 or (router_capacity_rps is not None and router_capacity_rps <= 0):
         raise CapsimUserError(
             "--router-latency-ms must be >= 0 and --router-capacity-rps > 0",

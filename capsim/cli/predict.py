@@ -26,6 +26,7 @@ from capsim.cli.common import (
     console,
     parse_acceptance,
 )
+from capsim.engine.router import ROUTER_POLICIES
 from capsim.engine.simulate import PredictConfig, PredictResult, predict
 from capsim.errors import CapsimUserError
 from capsim.physics.speculative import parse_spec
@@ -350,10 +351,10 @@ def predict_cmd(
             f"unknown workload '{workload}'",
             hint="use closed, batch, agents, open or trace",
         )
-    if router not in ("round_robin", "least_outstanding", "prefix_aware"):
+    if router not in ROUTER_POLICIES:
         raise CapsimUserError(
             f"unknown router '{router}'",
-            hint="use round_robin, least_outstanding or prefix_aware",
+            hint="use " + ", ".join(ROUTER_POLICIES),
         )
     if arrival not in ("poisson", "gamma"):
         raise CapsimUserError(f"unknown arrival process '{arrival}'", hint="poisson or gamma")

@@ -15,7 +15,7 @@ through round-robin ClusterIP; calibration sets these two parameters.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import simpy
 
@@ -23,6 +23,8 @@ from capsim.engine.replica import Replica
 from capsim.engine.request import SimRequest
 
 RouterPolicy = Literal["round_robin", "least_outstanding", "prefix_aware"]
+ROUTER_POLICIES: tuple[str, ...] = get_args(RouterPolicy)
+"""The policies' names, for validating user input."""
 
 
 class Router:
