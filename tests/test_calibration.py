@@ -147,3 +147,39 @@ def test_levels_use_their_own_mean_output_where_the_source_gives_it():
     assert by_level[(4, "output_tok_s")] != pytest.approx(same_mean[(4, "output_tok_s")])
     config = scenario_config(ds, sc, [4], 1254)
     assert config.output_tokens.startswith("lognormal:") and config.batch_rounds == 16
+
+
+def scaled_point(ds: PublishedDataset, scenario: str, level: int, factor: float):
+    """``ds`` with one point's measured value multiplied by ``factor``."""
+    scenarios = []
+    for sc in ds.scenarios:
+        points = [
+            p.model_copy(update={"value": p.value * factor})
+            if (sc.name, p.concurrency) == (scenario, level)
+            else p
+            for p in sc.points
+        ]
+        scenarios.append(sc.model_copy(update={"points": points}))
+    return ds.model_copy(update={"scenarios": scenarios})
+
+
+def test_leave_one_point_out_predicts_each_point_without_it():
+    # One 'measurement' is 10% above what the true parameters give. Fitted with the other
+    # seven, that point is predicted at the truth (error 1/1.1 - 1); fitted in-sample, the
+    # fit leans towards it and its error shrinks.
+    ds = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.1)
+    fit = ("step_overhead_us",)
+    cv = cross_validate([ds], CAT, fit, max_evaluations=20, scheme="point")
+    assert [(p.scenario, p.concurrency) for p in cv] == [
+        (sc.name, p.concurrency) for sc in ds.scenarios for p in sc.points
+    ]
+    errors = {(p.scenario, p.concurrency): p.error for p in cv}
+    odd = errors.pop(("moe", 1))
+    assert odd == pytest.approx(1 / 1.1 - 1, abs=0.003)
+    # the others are fitted with the odd point in, which pulls them up a little
+    assert all(0 < e < 0.06 for e in errors.values())
+    inside = fit_profile([ds], CAT, "in-sample", fit, max_evaluations=20)
+    odd_inside = next(
+        r.error for r in inside.residuals if (r.scenario, r.concurrency) == ("moe", 1)
+    )
+    assert odd_inside > odd + 0.02

@@ -221,3 +221,26 @@ def test_validate_reports_every_published_point():
     assert 0 < data["mape_percent"] < 100
     r = invoke("validate", "nowhere.yaml")
     assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_validate_calibrated_reports_both_cross_validations(tmp_path):
+    import yaml
+
+    from tests.test_calibration import synthetic
+
+    ds = synthetic({"step_overhead_us": 1200.0})
+    path = tmp_path / "synthetic.yaml"
+    path.write_text(yaml.safe_dump(ds.model_dump(mode="json")))
+    r = invoke("validate", str(path), "--calibrated", "--fit", "step_overhead_us", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data["points"]) == 8
+    for p in data["points"]:  # the truth is recoverable: every column but uncalibrated is near 0
+        for col in ("in_sample", "cross_validated", "cross_validated_point"):
+            assert abs(p[col]) < 0.05, (col, p)
+    (summary,) = data["datasets"]
+    assert set(summary["by_metric"]) == {"output_tok_s"}
+    assert summary["cross_validated_point_mape"] < 5
+    r = invoke("validate", str(path), "--calibrated", "--fit", "step_overhed_us")
+    assert r.exit_code == 2 and "cannot fit" in r.stderr
+    assert "did you mean: step_overhead_us" in r.stderr

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -27,7 +28,7 @@ from capsim.calibration.compare import ComparedPoint, compare_dataset, compare_d
 from capsim.calibration.profiles import FittedParameter, PointResidual, Profile
 from capsim.calibration.published import PublishedDataset
 from capsim.catalog.loader import Catalog
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import default_efficiency
 
@@ -130,11 +131,19 @@ def jacobian_std(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
     return np.sqrt(np.clip(np.diag(cov), 0, None))
 
 
+CrossValidation = Literal["level", "point"]
+"""Cross-validation schemes: leave one concurrency level out, or leave one point out."""
+
+
 def check_fittable(names) -> None:
     """Reject parameter names calibration cannot fit, naming those it can."""
     unknown = [n for n in names if n not in FIT_BOUNDS]
     if unknown:
-        raise CapsimUserError(f"cannot fit {unknown}", hint="fittable: " + ", ".join(FIT_BOUNDS))
+        raise CapsimUserError(
+            f"cannot fit {', '.join(unknown)}",
+            hint="fittable: " + ", ".join(FIT_BOUNDS),
+            suggestions=[m for n in unknown for m in close_matches(n, FIT_BOUNDS)],
+        )
 
 
 def hardware_class_of(ds: PublishedDataset, catalog: Catalog) -> str:
@@ -142,6 +151,65 @@ def hardware_class_of(ds: PublishedDataset, catalog: Catalog) -> str:
     if len(classes) != 1:
         raise CapsimUserError(f"dataset {ds.name} mixes hardware classes {sorted(classes)}")
     return classes.pop()
+
+
+@dataclass
+class LeastSquaresFit:
+    """The optimum of one least-squares fit: parameter values, their bounds, the Jacobian
+    and residuals of the points fitted, and the residuals of every point there."""
+
+    x: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    jac: np.ndarray
+    residuals: np.ndarray
+
+
+def solve(
+    problem: FitProblem,
+    x0: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    max_evaluations: int,
+    fitted: np.ndarray | None = None,
+) -> LeastSquaresFit:
+    """Minimise the soft-L1 loss of ``problem``'s log residuals from ``x0`` within bounds.
+    ``fitted`` (a boolean mask over the points) leaves the others out of the loss; they
+    are still simulated and come back in ``residuals``."""
+
+    def loss_residuals(x: np.ndarray) -> np.ndarray:
+        r = problem.residuals(x)
+        return r if fitted is None else r[fitted]
+
+    result = least_squares(
+        loss_residuals,
+        x0,
+        bounds=(lower, upper),
+        loss="soft_l1",
+        f_scale=ROBUST_SCALE,
+        x_scale=upper - lower,
+        diff_step=0.02,
+        max_nfev=max_evaluations,
+    )
+    return LeastSquaresFit(result.x, lower, upper, result.jac, problem.residuals(result.x))
+
+
+def fit_setup(
+    datasets: list[PublishedDataset], catalog: Catalog, fit: tuple[str, ...] | None
+) -> tuple[str, list[str], EfficiencyParams]:
+    """The hardware class of ``datasets`` (one), the parameters to fit (None: the class's
+    default set) and the class's default efficiency parameters to fit them from."""
+    classes = {hardware_class_of(ds, catalog) for ds in datasets}
+    if len(classes) != 1:
+        raise CapsimUserError(
+            f"datasets of several hardware classes ({', '.join(sorted(classes))})",
+            hint="fit one profile per hardware class",
+        )
+    hw_class = classes.pop()
+    gpu = catalog.gpu(datasets[0].scenarios[0].gpu)
+    fit = class_fit(hw_class, catalog) if fit is None else fit
+    check_fittable(fit)
+    return hw_class, list(fit), default_efficiency(gpu, catalog)
 
 
 def fit_profile(
@@ -153,42 +221,22 @@ def fit_profile(
 ) -> Profile:
     """Fit ``fit`` parameters (None: the class's default set) to every point of
     ``datasets`` (one hardware class)."""
-    classes = {hardware_class_of(ds, catalog) for ds in datasets}
-    if len(classes) != 1:
-        raise CapsimUserError(
-            f"datasets of several hardware classes ({', '.join(sorted(classes))})",
-            hint="fit one profile per hardware class",
-        )
-    hw_class = classes.pop()
-    gpu = catalog.gpu(datasets[0].scenarios[0].gpu)
-    base = default_efficiency(gpu, catalog)
-    fit = class_fit(hw_class, catalog) if fit is None else fit
-    check_fittable(fit)
-    names = list(fit)
+    hw_class, names, base = fit_setup(datasets, catalog, fit)
     lower, upper, x0 = bounds_and_start(names, base)
     scale = upper - lower
     with scenario_pool(datasets) as pool:
         problem = FitProblem(datasets, catalog, names, base, pool=pool)
-        result = least_squares(
-            problem.residuals,
-            x0,
-            bounds=(lower, upper),
-            loss="soft_l1",
-            f_scale=ROBUST_SCALE,
-            x_scale=scale,
-            diff_step=0.02,
-            max_nfev=max_evaluations,
-        )
-        r = problem.residuals(result.x)
+        optimum = solve(problem, x0, lower, upper, max_evaluations)
+    r = optimum.residuals
     n, p = r.size, len(names)
-    jac = result.jac
+    jac = optimum.jac
     dof = max(n - p, 1)
     std = jacobian_std(jac, r)
     column_norm = np.linalg.norm(jac, axis=0) * scale
     parameters = {}
     for i, param in enumerate(names):
         weak = column_norm[i] < 1e-3 or std[i] > 0.5 * scale[i]
-        value = float(result.x[i])  # the joint optimum; a weak direction stays near its prior
+        value = float(optimum.x[i])  # the joint optimum; a weak direction stays near its prior
         parameters[param] = FittedParameter(
             value=value,
             prior=float(x0[i]),
@@ -242,9 +290,16 @@ def cross_validate(
     catalog: Catalog,
     fit: tuple[str, ...] | None = None,
     max_evaluations: int = 60,
+    scheme: CrossValidation = "level",
 ) -> list[ComparedPoint]:
-    """Leave one concurrency level out: fit on the other levels of every dataset of the
-    class, predict the left-out level. Returns the out-of-sample predictions."""
+    """Out-of-sample predictions of every point of ``datasets`` (one hardware class).
+
+    ``level``: leave one concurrency level out; fit on the other levels of every dataset,
+    predict the left-out level. ``point``: leave one point out; refit on all other points
+    (starting from the fit on all of them) and predict that point.
+    """
+    if scheme == "point":
+        return leave_one_point_out(datasets, catalog, fit, max_evaluations)
     out: list[ComparedPoint] = []
     levels = sorted({p.concurrency for ds in datasets for sc in ds.scenarios for p in sc.points})
     if len(levels) < 2:
@@ -258,4 +313,28 @@ def cross_validate(
             test = only_level(ds, level)
             if test.scenarios:
                 out += compare_dataset(test, catalog, params)
+    return out
+
+
+def leave_one_point_out(
+    datasets: list[PublishedDataset],
+    catalog: Catalog,
+    fit: tuple[str, ...] | None = None,
+    max_evaluations: int = 60,
+) -> list[ComparedPoint]:
+    """Leave one point out: for each point, refit on all the others (from the optimum of
+    the fit on every point, so each refit takes a few evaluations) and predict it. The
+    other points of its level stay in the fit, so this asks less of the model than
+    leaving a whole level out."""
+    _, names, base = fit_setup(datasets, catalog, fit)
+    lower, upper, x0 = bounds_and_start(names, base)
+    out: list[ComparedPoint] = []
+    with scenario_pool(datasets) as pool:
+        problem = FitProblem(datasets, catalog, names, base, pool=pool)
+        full = solve(problem, x0, lower, upper, 2 * max_evaluations)
+        for i in range(full.residuals.size):
+            fitted = np.ones(full.residuals.size, dtype=bool)
+            fitted[i] = False
+            solve(problem, full.x, lower, upper, max_evaluations, fitted)
+            out.append(problem.last[i])  # the last evaluation is at the refit's optimum
     return out

@@ -11,9 +11,10 @@ from rich import box
 from rich.table import Table
 
 from capsim.calibration.compare import ComparedPoint, compare_dataset, mape
-from capsim.calibration.fit import cross_validate, fit_profile
+from capsim.calibration.fit import check_fittable, cross_validate, fit_profile
 from capsim.calibration.published import load_published
 from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
+from capsim.cli.predict import split_list
 
 
 def markdown(points: list[ComparedPoint]) -> str:
@@ -30,18 +31,19 @@ def markdown(points: list[ComparedPoint]) -> str:
     return "\n".join(lines)
 
 
-def calibrated_errors(datasets, cat) -> list[dict]:
+def calibrated_errors(datasets, cat, fit: tuple[str, ...] | None = None) -> list[dict]:
     """Per dataset: uncalibrated, in-sample (fitted on the dataset) and cross-validated
-    (leave one concurrency level out) predictions of every point."""
+    (leave one concurrency level out; leave one point out) errors of every point."""
     rows = []
     for ds in datasets:
         raw = compare_dataset(ds, cat)
-        fitted = fit_profile([ds], cat, f"{ds.name}-fit")
+        fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit)
         gpu = ds.scenarios[0].gpu
         inside = compare_dataset(ds, cat, fitted.params(cat, gpu))
-        cv = {(p.scenario, p.concurrency, p.metric): p for p in cross_validate([ds], cat)}
-        for r, i in zip(raw, inside, strict=True):
-            c = cv.get((r.scenario, r.concurrency, r.metric))
+        by_level = {point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level")}
+        by_point = cross_validate([ds], cat, fit, scheme="point")
+        for r, i, pt in zip(raw, inside, by_point, strict=True):
+            c = by_level.get(point_key(r))
             rows.append(
                 {
                     "dataset": ds.name,
@@ -52,25 +54,42 @@ def calibrated_errors(datasets, cat) -> list[dict]:
                     "uncalibrated": r.error,
                     "in_sample": i.error,
                     "cross_validated": None if c is None else c.error,
+                    "cross_validated_point": pt.error,
                 }
             )
     return rows
 
 
+def point_key(p: ComparedPoint) -> tuple[str, int, str]:
+    return p.scenario, p.concurrency, p.metric
+
+
+ERROR_COLUMNS = {
+    "uncalibrated": "MAPE uncalibrated",
+    "in_sample": "MAPE in-sample",
+    "cross_validated": "MAPE CV (leave level out)",
+    "cross_validated_point": "MAPE CV (leave point out)",
+}
+"""Error columns of ``validate --calibrated``, and their headings in the summary."""
+
+
 def summarize_errors(rows: list[dict]) -> list[dict]:
+    """Per dataset and per metric within it: the MAPE of each error column (percent;
+    None where no point has that error)."""
+
+    def mapes(sub: list[dict]) -> dict:
+        out = {}
+        for col in ERROR_COLUMNS:
+            errors = [abs(r[col]) for r in sub if r[col] is not None]
+            out[f"{col}_mape"] = 100 * float(np.mean(errors)) if errors else None
+        return out
+
     out = []
     for name in dict.fromkeys(r["dataset"] for r in rows):
         sub = [r for r in rows if r["dataset"] == name]
-        cv = [abs(r["cross_validated"]) for r in sub if r["cross_validated"] is not None]
-        out.append(
-            {
-                "dataset": name,
-                "points": len(sub),
-                "uncalibrated_mape": 100 * float(np.mean([abs(r["uncalibrated"]) for r in sub])),
-                "in_sample_mape": 100 * float(np.mean([abs(r["in_sample"]) for r in sub])),
-                "cross_validated_mape": 100 * float(np.mean(cv)) if cv else None,
-            }
-        )
+        metrics = dict.fromkeys(r["metric"] for r in sub)
+        by_metric = {m: mapes([r for r in sub if r["metric"] == m]) for m in metrics}
+        out.append({"dataset": name, "points": len(sub), **mapes(sub), "by_metric": by_metric})
     return out
 
 
@@ -83,6 +102,14 @@ def validate_cmd(
         bool,
         typer.Option("--calibrated", help="Also fit each dataset: in-sample and cross-validated"),
     ] = False,
+    fit: Annotated[
+        str | None,
+        typer.Option(
+            "--fit",
+            help="With --calibrated: comma-separated parameters to fit (default: the "
+            "hardware class's set, as capsim calibrate)",
+        ),
+    ] = None,
     md: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table")] = False,
     json_out: JsonOption = False,
     db: DbOption = None,
@@ -91,7 +118,10 @@ def validate_cmd(
     cat = catalog(db)
     loaded = load_published(datasets)
     if calibrated:
-        rows = calibrated_errors(loaded, cat)
+        names = None if fit is None else tuple(split_list(fit))
+        if names is not None:
+            check_fittable(names)
+        rows = calibrated_errors(loaded, cat, names)
         summary = summarize_errors(rows)
         if json_out:
             print_json({"points": rows, "datasets": summary})
@@ -104,20 +134,33 @@ def validate_cmd(
             return "—" if v is None else f"{v:.1f}%"
 
         lines = [
-            "| dataset | points | MAPE uncalibrated | MAPE in-sample | MAPE cross-validated |",
-            "|---|---|---|---|---|",
+            "| dataset | points | " + " | ".join(ERROR_COLUMNS.values()) + " |",
+            "|---|---|" + "---|" * len(ERROR_COLUMNS),
         ]
         for d in summary:
-            lines.append(
-                f"| {d['dataset']} | {d['points']} | {mape_text(d['uncalibrated_mape'])} "
-                f"| {mape_text(d['in_sample_mape'])} "
-                f"| {mape_text(d['cross_validated_mape'])} |"
-            )
+            cells = [mape_text(d[f"{col}_mape"]) for col in ERROR_COLUMNS]
+            lines.append(f"| {d['dataset']} | {d['points']} | " + " | ".join(cells) + " |")
+            if len(d["by_metric"]) > 1:
+                for metric, m in d["by_metric"].items():
+                    n = sum(
+                        1 for r in rows if r["dataset"] == d["dataset"] and r["metric"] == metric
+                    )
+                    cells = [mape_text(m[f"{col}_mape"]) for col in ERROR_COLUMNS]
+                    lines.append(f"| ... {metric} only | {n} | " + " | ".join(cells) + " |")
         if md:
             console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
             return
         table = Table(title="capsim validate --calibrated", box=box.SIMPLE_HEAD)
-        for col in ("scenario", "C", "metric", "measured", "uncal.", "in-sample", "CV"):
+        for col in (
+            "scenario",
+            "C",
+            "metric",
+            "measured",
+            "uncal.",
+            "in-sample",
+            "CV level",
+            "CV point",
+        ):
             table.add_column(col, justify="left" if col in ("scenario", "metric") else "right")
         for r in rows:
             table.add_row(
@@ -128,6 +171,7 @@ def validate_cmd(
                 pct(r["uncalibrated"]),
                 pct(r["in_sample"]),
                 pct(r["cross_validated"]),
+                pct(r["cross_validated_point"]),
             )
         console.print(table)
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
