@@ -122,9 +122,10 @@ class Replica:
                 self.events += 1
                 yield EndOfInstant(env)
             if sched.idle:
+                sched.note_dry(env.now)
                 yield from self._wait_for_work()
                 continue
-            if self.fast_forward and sched.steady_decode():
+            if self.fast_forward and sched.steady_decode(env.now):
                 m = sched.run_length()
                 if m >= 2:
                     yield from self._decode_run(m)
@@ -153,7 +154,7 @@ class Replica:
                 # apply it now, and when identical decode steps follow, wait for the
                 # step and that run in one event
                 sched.complete(step, env.now + duration)
-                if sched.steady_decode():
+                if sched.steady_decode(env.now):
                     yield from self._decode_run(sched.run_length(), duration, step.decoding)
                     continue
             self.events += 1

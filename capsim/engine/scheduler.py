@@ -116,7 +116,12 @@ class Scheduler:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.preemptions = 0
-        self.finished: list[SimRequest] = []
+        self.finished: list[SimRequest] = []  # in the order they finished
+        self.submitted = 0
+        # the first time (s) the scheduler had room for another request and found none
+        # waiting, once any had arrived; None while the queue never ran dry (see
+        # engine/saturation.py)
+        self.dry_at: float | None = None
         cap = config.max_num_seqs + 1
         # one row per float field, so removing a running request shifts one array
         self._state = np.zeros((6, cap))
@@ -193,12 +198,13 @@ class Scheduler:
         """Could a newly arrived request change the next step's schedule?"""
         return len(self.running) < self.config.max_num_seqs
 
-    def steady_decode(self) -> bool:
+    def steady_decode(self, now: float) -> bool:
         """True when the next steps are identical decode steps until an event: every
         running request decodes, the batch fits the token budget, and no waiting request
         can be admitted (none waits, the batch is at max_num_seqs, or the head of the
         queue does not fit; during a decode run free blocks only shrink, so a head that
-        does not fit now cannot be admitted before a request finishes)."""
+        does not fit now cannot be admitted before a request finishes). ``now``: the
+        time (s) the steps would start, or earlier."""
         n = len(self.running)
         if not n:
             return False
@@ -206,7 +212,18 @@ class Scheduler:
             return False
         if self._prefilling:
             return False
-        return not self.waiting or not self.can_admit_more() or self.head_blocked()
+        if not self.can_admit_more():
+            return True
+        if not self.waiting:
+            self.note_dry(now)
+            return True
+        return self.head_blocked()
+
+    def note_dry(self, now: float) -> None:
+        """Record that at ``now`` (s) the scheduler had room for another request and none
+        was waiting (ignored before the first arrival)."""
+        if self.dry_at is None and self.submitted:
+            self.dry_at = now
 
     def head_blocked(self) -> bool:
         """Whether the first waiting request could not be admitted in the next step."""
@@ -479,6 +496,8 @@ class Scheduler:
                 admitted_tokens.append(n)
                 admitted_context.append(float(computed))
                 budget -= n
+        if not preempted and not self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            self.note_dry(now)
         if admitted_tokens:
             grant = np.concatenate((grant, admitted_tokens))
             context = np.concatenate((context, admitted_context))
@@ -629,3 +648,4 @@ class Scheduler:
 
     def submit(self, req: SimRequest) -> None:
         self.waiting.append(req)
+        self.submitted += 1

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -24,6 +25,7 @@ from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
 from capsim.engine.replica import Replica
 from capsim.engine.router import Router, RouterPolicy
+from capsim.engine.saturation import derive_run, is_saturated, shares_service
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.engine.workloads import Driver, Workload, WorkloadKind, read_trace
 from capsim.errors import CapsimUserError
@@ -325,6 +327,10 @@ class ReplicaRun:
     preemptions: int
     steps: int
     events: int
+    # one replica only: when its queue first ran dry (Scheduler.dry_at), and the rows'
+    # indices in the order the requests finished (engine/saturation.py)
+    dry_at: float | None = None
+    finish_order: list[int] | None = None
 
 
 def run_replicas(
@@ -397,6 +403,7 @@ def run_replicas(
         ]
     samples = [rep.itl_samples() for rep in replicas]
     kvs = [rep.scheduler.kv for rep in replicas]
+    alone = replicas[0].scheduler if len(replicas) == 1 else None
     return ReplicaRun(
         rows=rows,
         records=records,
@@ -408,6 +415,8 @@ def run_replicas(
         preemptions=sum(rep.scheduler.preemptions for rep in replicas),
         steps=sum(rep.steps for rep in replicas),
         events=sum(rep.events for rep in replicas),
+        dry_at=None if alone is None else alone.dry_at,
+        finish_order=None if alone is None else [r.rid - first_rid for r in alone.finished],
     )
 
 
@@ -433,6 +442,20 @@ def simulate_level(
     apart, in up to ``workers`` processes (``catalog`` is the one ``setup`` came from);
     ``partition=False`` simulates them together. Both give the same results."""
     started = time.perf_counter()
+    runs = level_runs(setup, workload, seed, keep_records, partition, workers, catalog)
+    return measure_level(runs, workload, keep_records, started)
+
+
+def level_runs(
+    setup: Setup,
+    workload: Workload,
+    seed: int = 0,
+    keep_records: bool = False,
+    partition: bool = True,
+    workers: int = 1,
+    catalog: Catalog | None = None,
+) -> list[ReplicaRun]:
+    """``simulate_level``'s simulations, before they are measured."""
     check_lengths(setup, workload)
     cfg = setup.config
     groups = None
@@ -462,7 +485,7 @@ def simulate_level(
                 run_replicas(setup, workload, seed, keep_records, [i], agents, first)
                 for i, agents, first in jobs
             ]
-    return measure_level(runs, workload, keep_records, started)
+    return runs
 
 
 def measure_level(
@@ -539,6 +562,94 @@ def catalog_dirs(catalog: Catalog | None) -> list[Path] | None:
     return catalog.directories[1:]
 
 
+_lowest_saturated = None  # in a sweep's worker processes: a shared multiprocessing.Value
+
+
+def _share_lowest_saturated(value) -> None:
+    """Worker initializer: the lowest saturated level any worker has found (0: none)."""
+    global _lowest_saturated
+    _lowest_saturated = value
+
+
+def _closed_level_in_worker(args) -> tuple[LevelResult | None, ReplicaRun | None]:
+    """A closed-loop level on one replica, in a worker process, with its run when it is
+    saturated (the levels above it are derived from that run). Skipped (None, None) when
+    another worker has already found a lower level saturated."""
+    config, extra_dirs, params, workload, keep_records = args
+    lowest = _lowest_saturated
+    if lowest is not None and 0 < lowest.value < workload.concurrency:
+        return None, None
+    setup = build_setup(config, process_catalog(extra_dirs), params)
+    started = time.perf_counter()
+    runs = level_runs(setup, workload, config.seed, keep_records)
+    result = measure_level(runs, workload, keep_records, started)
+    if not is_saturated(runs[0]):
+        return result, None
+    if lowest is not None:
+        with lowest.get_lock():
+            if lowest.value == 0 or workload.concurrency < lowest.value:
+                lowest.value = workload.concurrency
+    return result, runs[0]
+
+
+def sweep_saturating(
+    setup: Setup,
+    config: PredictConfig,
+    workloads: list[Workload],
+    keep_records: bool,
+    jobs: int,
+    catalog: Catalog | None,
+    params: EfficiencyParams | None,
+) -> list[LevelResult]:
+    """Closed-loop levels on one replica, lowest concurrency first (in ``jobs``
+    processes); once a level is saturated, every level above it is derived from its run
+    instead of simulated (engine/saturation.py). Results come back in the given order."""
+    order = sorted(range(len(workloads)), key=lambda i: workloads[i].concurrency)
+    results: list[LevelResult | None] = [None] * len(workloads)
+    base: ReplicaRun | None = None
+
+    def derived(w: Workload) -> LevelResult:
+        started = time.perf_counter()
+        return measure_level([derive_run(base, w.concurrency)], w, keep_records, started)
+
+    if jobs > 1:
+        lowest = multiprocessing.Value("i", 0)
+        pool = ProcessPoolExecutor(
+            max_workers=jobs, initializer=_share_lowest_saturated, initargs=(lowest,)
+        )
+        try:
+            dirs = catalog_dirs(catalog)
+            futures = {
+                i: pool.submit(
+                    _closed_level_in_worker, (config, dirs, params, workloads[i], keep_records)
+                )
+                for i in order
+            }
+            for i in order:
+                if base is not None:
+                    futures[i].cancel()
+                    results[i] = derived(workloads[i])
+                    continue
+                result, run = futures[i].result()
+                # a worker skips only levels above a saturated one, met first here
+                assert result is not None, "a level below the lowest saturated one was skipped"
+                results[i], base = result, run
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    else:
+        for i in order:
+            w = workloads[i]
+            if base is not None:
+                results[i] = derived(w)
+                continue
+            started = time.perf_counter()
+            runs = level_runs(setup, w, config.seed, keep_records)
+            results[i] = measure_level(runs, w, keep_records, started)
+            if is_saturated(runs[0]):
+                base = runs[0]
+    return results
+
+
 def _simulate_in_worker(args) -> LevelResult:
     config, extra_dirs, params, workload, keep_records = args
     setup = build_setup(config, process_catalog(extra_dirs), params)
@@ -551,11 +662,14 @@ def predict(
     keep_records: bool = False,
     params: EfficiencyParams | None = None,
     workers: int | None = None,
+    reuse_saturated: bool = True,
 ) -> PredictResult:
     """Simulate every level of a configuration (concurrency levels, or rates for open).
 
     Levels are independent simulations; big sweeps run them in parallel processes
-    (``workers``: None = automatic, 1 = in this process). Results do not depend on it.
+    (``workers``: None = automatic, 1 = in this process). Closed-loop levels above a
+    saturated one share its service and are derived from it (``reuse_saturated``; see
+    engine/saturation.py). Results depend on neither.
     """
     setup = build_setup(config, catalog, params)
     if config.workload == "open":
@@ -571,7 +685,14 @@ def predict(
         check_lengths(setup, w)
     total_requests = sum(level_requests(w) for w in workloads)
     jobs = resolve_workers(workers, len(workloads), total_requests)
-    if jobs > 1:
+    cfg = setup.config
+    shared = reuse_saturated and all(
+        shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps)
+        for w in workloads
+    )
+    if shared:
+        results = sweep_saturating(setup, config, workloads, keep_records, jobs, catalog, params)
+    elif jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(
                 pool.map(

@@ -1,0 +1,119 @@
+"""Saturated closed loops: a level above a saturated one, derived from its run, equals the
+simulation of that level; the derivation is used only where the identity holds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import capsim.engine.simulate as simulate
+from capsim.catalog.loader import load_catalog
+from capsim.engine.saturation import closed_send_times, derive_run, is_saturated
+from capsim.engine.simulate import PredictConfig, build_setup, level_runs, make_workload, predict
+from capsim.errors import CapsimUserError
+
+CAT = load_catalog()
+BASE = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4", workload="closed")
+
+
+def one_run(config: PredictConfig, concurrency: int, keep_records: bool = False):
+    setup = build_setup(config, CAT)
+    (run,) = level_runs(
+        setup, make_workload(config, concurrency), config.seed, keep_records=keep_records
+    )
+    return run
+
+
+def same_run(a, b) -> bool:
+    """Equal in everything the level's metrics come from (the dry time is the base's)."""
+    fields = [f.name for f in dataclasses.fields(a) if f.name not in ("dry_at", "records")]
+    for name in fields:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            if not np.array_equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+configs = st.builds(
+    lambda kv_blocks, seqs, budget, inp, out, n, ff, seed: PredictConfig(
+        **BASE,
+        kv_capacity_tokens=16 * kv_blocks,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        input_tokens=inp,
+        output_tokens=out,
+        requests=n,
+        fast_forward=ff,
+        seed=seed,
+        concurrency=[1],
+    ),
+    kv_blocks=st.integers(80, 400),
+    seqs=st.integers(1, 12),
+    budget=st.sampled_from([256, 512, 2048]),
+    inp=st.sampled_from(["200", "uniform:50,600", "lognormal:300,0.5"]),
+    out=st.sampled_from(["64", "uniform:20,300", "lognormal:100,0.6"]),
+    n=st.integers(5, 40),
+    ff=st.booleans(),
+    seed=st.integers(0, 3),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs, c=st.integers(1, 10), extra=st.integers(1, 10))
+def test_a_level_derived_from_a_saturated_one_equals_its_simulation(config, c, extra):
+    try:
+        run = one_run(config, c)
+    except CapsimUserError:  # a drawn request longer than the KV cache
+        assume(False)
+    # in any closed loop, request m >= C is sent when the (m - C + 1)-th request finishes
+    assert closed_send_times(run, c) == [row[0] for row in run.rows]
+    direct = one_run(config, c + extra)
+    if is_saturated(run):
+        assert same_run(derive_run(run, c + extra), direct)
+    # and the lower level is saturated whenever the higher one's service is the same
+    # (saturation is monotone): a saturated level's own run is never 'unsaturated' above
+    if is_saturated(run):
+        assert is_saturated(direct)
+
+
+def test_derivation_needs_saturation():
+    # Two clients on a server with room for twelve: the queue runs dry, and the level
+    # above has a different service (more requests batched at once), so deriving it from
+    # this run would be wrong. The guard says so.
+    config = PredictConfig(**BASE, requests=12, output_tokens="uniform:20,200", max_num_seqs=12)
+    run = one_run(config, 2)
+    assert not is_saturated(run)
+    assert not same_run(derive_run(run, 4), one_run(config, 4))
+
+
+def test_a_saturated_sweep_derives_the_levels_above_and_changes_nothing(monkeypatch):
+    config = PredictConfig(
+        **{**BASE, "workload": "closed"},
+        concurrency=[1, 2, 3, 4, 6, 8, 12, 16],
+        requests=40,
+        input_tokens="uniform:100,400",
+        output_tokens="uniform:50,300",
+        kv_capacity_tokens=16 * 80,
+        seed=5,
+    )
+    derived = []
+    real_derive = simulate.derive_run
+
+    def counting(run, concurrency):
+        derived.append(concurrency)
+        return real_derive(run, concurrency)
+
+    monkeypatch.setattr(simulate, "derive_run", counting)
+    for workers in (1, 2):
+        derived.clear()
+        reused = predict(config, CAT, keep_records=True, workers=workers)
+        assert derived and derived == sorted(derived) and max(derived) == 16
+        simulated = predict(config, CAT, keep_records=True, workers=1, reuse_saturated=False)
+        for a, b in zip(reused.levels, simulated.levels, strict=True):
+            assert a.model_dump(exclude={"sim_seconds"}) == b.model_dump(exclude={"sim_seconds"})
