@@ -40,10 +40,17 @@ def sweep() -> None:
     start, cpu = time.perf_counter(), cpu_seconds()
     result = predict(config, cat)
     elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
-    steps = sum(lv.steps for lv in result.levels)
-    events = sum(lv.events for lv in result.levels)
+    simulated = [lv for lv in result.levels if lv.service_of is None]
+    steps = sum(lv.steps for lv in simulated)
+    events = sum(lv.events for lv in simulated)
+    shared = len(result.levels) - len(simulated)
+    base = min((lv.service_of for lv in result.levels if lv.service_of), default=None)
     print(
         f"sweep 1..64 x 1,000 requests: {elapsed:.2f} s ({cpu:.1f} s CPU), "
+        f"{len(simulated)} levels simulated ({steps:,} steps in {events:,} events), "
+        f"{shared} derived from saturated level {base:.0f}"
+        if base
+        else f"sweep 1..64 x 1,000 requests: {elapsed:.2f} s ({cpu:.1f} s CPU), "
         f"{steps:,} steps in {events:,} events"
     )
 

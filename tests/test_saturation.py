@@ -116,4 +116,7 @@ def test_a_saturated_sweep_derives_the_levels_above_and_changes_nothing(monkeypa
         assert derived and derived == sorted(derived) and max(derived) == 16
         simulated = predict(config, CAT, keep_records=True, workers=1, reuse_saturated=False)
         for a, b in zip(reused.levels, simulated.levels, strict=True):
-            assert a.model_dump(exclude={"sim_seconds"}) == b.model_dump(exclude={"sim_seconds"})
+            skip = {"sim_seconds", "service_of"}
+            assert a.model_dump(exclude=skip) == b.model_dump(exclude=skip)
+            assert (a.service_of is not None) == (a.level in derived)
+            assert b.service_of is None

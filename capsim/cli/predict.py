@@ -104,6 +104,7 @@ def point_dict(result: PredictResult, level) -> dict[str, Any]:
         "contention": level.contention,
         "speedup_vs_serial": level.speedup_vs_serial,
         "band_80": level.band_80,
+        "service_of": level.service_of,
     }
 
 

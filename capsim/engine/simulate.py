@@ -256,6 +256,11 @@ class LevelResult(BaseModel):
     steps: int
     events: int
     sim_seconds: float = Field(description="Wall time the simulation took")
+    service_of: float | None = Field(
+        None,
+        description="The saturated level whose simulated service this closed-loop level "
+        "shares (only send times differ; engine/saturation.py); None when simulated itself",
+    )
     contention: float | None = Field(
         None, description="1 - per-request tok/s at this level / at concurrency 1"
     )
@@ -607,10 +612,13 @@ def sweep_saturating(
     order = sorted(range(len(workloads)), key=lambda i: workloads[i].concurrency)
     results: list[LevelResult | None] = [None] * len(workloads)
     base: ReplicaRun | None = None
+    base_level = 0
 
     def derived(w: Workload) -> LevelResult:
         started = time.perf_counter()
-        return measure_level([derive_run(base, w.concurrency)], w, keep_records, started)
+        result = measure_level([derive_run(base, w.concurrency)], w, keep_records, started)
+        result.service_of = float(base_level)
+        return result
 
     if jobs > 1:
         lowest = multiprocessing.Value("i", 0)
@@ -633,7 +641,7 @@ def sweep_saturating(
                 result, run = futures[i].result()
                 # a worker skips only levels above a saturated one, met first here
                 assert result is not None, "a level below the lowest saturated one was skipped"
-                results[i], base = result, run
+                results[i], base, base_level = result, run, workloads[i].concurrency
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     else:
@@ -646,7 +654,7 @@ def sweep_saturating(
             runs = level_runs(setup, w, config.seed, keep_records)
             results[i] = measure_level(runs, w, keep_records, started)
             if is_saturated(runs[0]):
-                base = runs[0]
+                base, base_level = runs[0], w.concurrency
     return results
 
 
