@@ -29,8 +29,10 @@ from capsim.physics.step import (
 CAT = load_catalog()
 
 
-def model_step(gpu="rtx3090", model="qwen3-coder-30b-a3b", **dep) -> StepModel:
-    return build_step_model(CAT, gpu, model, Deployment(**dep))
+def model_step(gpu="rtx3090", model="qwen3-coder-30b-a3b", params=None, **dep) -> StepModel:
+    """A step model; ``params``: efficiency parameters to override."""
+    base = default_efficiency(CAT.gpu(gpu), CAT).with_overrides(params or {})
+    return build_step_model(CAT, gpu, model, Deployment(**dep), base)
 
 
 # ------------------------------------------------------------------------- MoE
@@ -231,7 +233,7 @@ def test_padding_routes_extra_experts_but_not_attention():
     assert small.graph_sizes == (1, 2, 4, 8)
     big = small.step(np.ones(9), np.full(9, 100))
     assert big.graph_tokens == 9
-    assert big.t_overhead > small.step(np.ones(8), np.full(8, 100)).t_overhead
+    assert big.t_dispatch > 0 and small.step(np.ones(8), np.full(8, 100)).t_dispatch == 0
 
 
 def test_padding_costs_a_dense_model_no_weight_bytes():
@@ -304,12 +306,43 @@ def test_power_scales_by_hand():
     assert slow < model_step(quant="awq-int4").decode_tokens_per_second(1, 100)
 
 
-def test_eager_costs_more_than_graphs():
-    graphs = model_step(quant="awq-int4").step([1], [100])
-    eager = model_step(quant="awq-int4", cuda_graphs=False).step([1], [100])
+def test_eager_step_is_the_longer_of_gpu_work_and_launches():
     p = EfficiencyParams()
-    extra = 48 * (p.layer_overhead_eager_us - p.layer_overhead_graph_us) * 1e-6
-    assert eager.t_overhead - graphs.t_overhead == pytest.approx(extra)
+    dense = dict(model="qwen2.5-coder-32b", quant="awq-int4")
+    # one sequence of a 32B dense model on one GPU: 64 layers x 80 us of launches hide
+    # behind ~20 ms of weight reads, so eager costs what graphs cost
+    fast = {"layer_overhead_eager_us": 80.0}
+    graphs = model_step(**dense, params=fast).step([1], [100])
+    eager = model_step(**dense, cuda_graphs=False, params=fast).step([1], [100])
+    assert eager.t_dispatch == pytest.approx(64 * 80e-6)
+    assert eager.t_dispatch < eager.t_total / 2
+    assert eager.t_total == pytest.approx(graphs.t_total, rel=1e-12)
+    assert eager.bound == "memory"
+    # with slow launches (1 ms a layer) the CPU bounds the step: host work + launches
+    slow = model_step(**dense, cuda_graphs=False, params={"layer_overhead_eager_us": 1000.0})
+    step = slow.step([1], [100])
+    assert step.t_total == pytest.approx(slow.host_seconds(1) + 64e-3, rel=1e-12)
+    assert step.bound == "CPU launches"
+    # split over TP=2 the GPU's work halves but every rank still launches every layer
+    # and its two all-reduces: the step is the launches, whatever the weights
+    tp2 = model_step(**dense, tp=2, cuda_graphs=False, params={"layer_overhead_eager_us": 1000.0})
+    launches = (64 * 1000 + 2 * 64 * p.allreduce_eager_launch_us) * 1e-6
+    assert tp2.step([1], [100]).t_total == pytest.approx(tp2.host_seconds(1) + launches)
+    # a 2,048-token prefill chunk is GPU-bound: launches hidden
+    gpu = StepModel._gpu(slow._terms(*slow._aggregate([2048], [0]), 1, 0.0))
+    assert gpu > 64e-3
+    assert slow.step([2048], [0]).t_total == pytest.approx(slow.host_seconds(1) + gpu)
+    # where the dispatching thread runs each operator (launch_overlap 0), they add up
+    serial = model_step(
+        **dense,
+        cuda_graphs=False,
+        params={"layer_overhead_eager_us": 1000.0, "launch_overlap": 0.0},
+    )
+    decode_gpu = StepModel._gpu(serial._terms(*serial._aggregate([1], [100]), 1, 0.0))
+    assert serial.step([1], [100]).t_total == pytest.approx(
+        serial.host_seconds(1) + decode_gpu + 64e-3
+    )
+    assert serial.step_time([1], [100]) == pytest.approx(serial.step([1], [100]).t_total)
 
 
 def test_hardware_class_defaults_come_from_data():
@@ -470,13 +503,17 @@ SPECS = [
     spec_index=st.integers(0, 2),
     contexts=st.lists(st.integers(0, 20_000), min_size=1, max_size=16),
     steps=st.integers(1, 40),
+    eager=st.booleans(),
+    overlap=st.sampled_from([0.0, 0.5, 1.0]),
 )
-def test_decode_run_equals_step_by_step(case, spec_index, contexts, steps):
+def test_decode_run_equals_step_by_step(case, spec_index, contexts, steps, eager, overlap):
     gpu, model, tp = case
     spec = SPECS[spec_index]
     if spec is not None and spec.method == "mtp" and not CAT.model(model).mtp_layers:
         spec = None
-    sm = build_step_model(CAT, gpu, model, Deployment(tp=tp, spec=spec))
+    params = default_efficiency(CAT.gpu(gpu), CAT).with_overrides({"launch_overlap": overlap})
+    dep = Deployment(tp=tp, spec=spec, cuda_graphs=not eager)
+    sm = build_step_model(CAT, gpu, model, dep, params)
     c = np.array(contexts, dtype=float)
     run = sm.decode_run_times(c, steps)
     single = [sm.decode_step(c + j * sm.decode_advance)[0].t_total for j in range(steps)]
@@ -489,8 +526,10 @@ def test_decode_run_equals_step_by_step(case, spec_index, contexts, steps):
     model=st.sampled_from(MODELS),
     batch=batches,
     tp=st.sampled_from([1, 2]),
+    eager=st.booleans(),
+    overlap=st.sampled_from([0.0, 0.5, 1.0]),
 )
-def test_step_time_equals_breakdown_total(gpu, model, batch, tp):
+def test_step_time_equals_breakdown_total(gpu, model, batch, tp, eager, overlap):
     n, c = map(np.array, zip(*batch, strict=True))
     g = CAT.gpu(gpu)
     if tp > 1 and not any(
@@ -506,8 +545,8 @@ def test_step_time_equals_breakdown_total(gpu, model, batch, tp):
         g,
         m,
         CAT.quant("awq-int4" if m.dtype == "bf16" else m.dtype),
-        Deployment(tp=tp),
-        default_efficiency(g, CAT),
+        Deployment(tp=tp, cuda_graphs=not eager),
+        default_efficiency(g, CAT).with_overrides({"launch_overlap": overlap}),
     )
     assert sm.step_time(n, c) == pytest.approx(sm.step(n, c).t_total, rel=1e-12)
     tokens = float(n.sum())
@@ -520,6 +559,9 @@ def test_step_time_equals_breakdown_total(gpu, model, batch, tp):
 
 
 def test_eager_allreduce_launch_by_hand():
-    graphs = model_step(quant="awq-int4", tp=2).step([1], [10]).t_communication
-    eager = model_step(quant="awq-int4", tp=2, cuda_graphs=False).step([1], [10]).t_communication
-    assert eager - graphs == pytest.approx(2 * 48 * 30e-6)
+    graphs = model_step(quant="awq-int4", tp=2).step([1], [10])
+    eager = model_step(quant="awq-int4", tp=2, cuda_graphs=False).step([1], [10])
+    assert eager.t_communication == pytest.approx(graphs.t_communication)
+    p = EfficiencyParams()
+    launches = 48 * p.layer_overhead_eager_us + 2 * 48 * p.allreduce_eager_launch_us
+    assert eager.t_dispatch == pytest.approx(launches * 1e-6) and graphs.t_dispatch == 0

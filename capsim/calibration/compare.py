@@ -28,7 +28,8 @@ EXPECTED_VALUE_ROUNDS = 16
 of its prompts' lengths (seed 002 ran 2 rounds); the prediction is the expected value, so
 capsim averages over more rounds, with the same seed in every evaluation of a fit. With
 stratified draws, seed 002's uncalibrated MAPE moves by about 1 point between seeds at 16
-rounds (20.1-21.1%); at 2 rounds of independent draws it moved by 4 (20.3-23.9%)."""
+rounds (20.1-21.1%, measured when eager launches still added to GPU time); at 2 rounds of
+independent draws it moved by 4 (20.3-23.9%)."""
 
 
 @dataclass

@@ -58,11 +58,14 @@ DEFAULT_FIT = (
     "bandwidth_efficiency",
     "moe_bandwidth_efficiency",
     "step_overhead_us",
+    "layer_overhead_eager_us",
     "allreduce_eager_launch_us",
 )
-"""What calibrate fits by default. With seed 002's four levels, more parameters overfit:
-leave-one-level-out error was 23.9% with eight parameters and 21.0% with these four. A
-hardware class may name its own set (``fit`` in hardware_db/efficiency/)."""
+"""What calibrate fits by default: the weight-read efficiencies, the host's work per step
+and the two eager launch costs (which decide eager steps once they outlast the GPU's work).
+With seed 002's four levels, more parameters overfit: leave-one-level-out error was 23.9%
+with eight parameters. A hardware class may name its own set (``fit`` in
+hardware_db/efficiency/)."""
 
 
 def class_fit(hw_class: str, catalog: Catalog) -> tuple[str, ...]:

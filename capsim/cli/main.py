@@ -501,6 +501,8 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
         ("communication (all-reduce)", f"{step.t_communication * ms:.3f} ms"),
         ("overhead (step, sequences, layers)", f"{step.t_overhead * ms:.3f} ms"),
     ]
+    if step.t_dispatch:
+        rows.append(("eager launches (CPU, overlap the GPU)", f"{step.t_dispatch * ms:.3f} ms"))
     if step.t_draft:
         rows.append(("speculative drafter", f"{step.t_draft * ms:.3f} ms"))
     rows += [

@@ -12,6 +12,20 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+EAGER_LAUNCH_SOURCES = (
+    "vllm-project/vllm-omni issue 7960 (2026-09-22), Qwen2.5-Omni-7B thinker (a 28-layer "
+    "Qwen2.5-7B) on A800: '| text | ~23 -> ~13 ms (1.8x) |' (TPOT eager -> graph). An eager "
+    "step bound by its launches costs host work + launches; the graph step, host work + GPU "
+    "work (> 0), so the launches take 10-23 ms: 360-820 us a layer.",
+    "local-inference-lab/vllm PR 314 (2026-08-14), Qwen3.8-27B-K4 on one RTX 5090, C=1/4/8: "
+    "'| eager MTP0 | 23.97 | 88.93 | 182.24 |' and '| graph MTP0 | 62.46 | 227.79 | 450.19 |' "
+    "(output tok/s). Eager steps take 41.7, 45.0 and 43.9 ms whatever the batch (bound by "
+    "launches); graph steps 16.0 ms, so the launches take 25.7-41.7 ms: 400-650 us a layer "
+    "(64 layers, as Qwen3.5-27B; the source warns its eager run had other context limits).",
+)
+"""Where the prior of ``layer_overhead_eager_us`` comes from: the overlap of the two ranges
+is 400-650 us, and the prior is its middle (525 us)."""
+
 
 class EfficiencyParams(BaseModel):
     """Named efficiency factors and overheads; units in each description."""
@@ -87,12 +101,24 @@ class EfficiencyParams(BaseModel):
     layer_overhead_graph_us: float = Field(
         20.0,
         ge=0,
-        description="Per decoder layer per step with CUDA graphs: kernel gaps (us)",
+        description="GPU-side gaps between one decoder layer's kernels per step, with or "
+        "without CUDA graphs (us)",
     )
     layer_overhead_eager_us: float = Field(
-        80.0,
+        525.0,
         ge=0,
-        description="Per decoder layer per step in eager mode: kernel launches (us)",
+        description="CPU time to launch one decoder layer's kernels in eager mode (us); "
+        "launches overlap the GPU's work, so a step takes the longer of the two. Prior: "
+        "the overlap of two published eager-vs-graph decode measurements of vLLM-based "
+        "servers (EAGER_LAUNCH_SOURCES), 400-650 us a layer",
+    )
+    launch_overlap: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="How far eager kernel launches overlap the device's work: 1 = launches "
+        "are asynchronous and run ahead (GPUs; a step takes the longer of the two), 0 = "
+        "the dispatching thread runs each operator itself (the CPU backend; they add up)",
     )
     moe_layer_overhead_us: float = Field(
         15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
@@ -123,8 +149,9 @@ class EfficiencyParams(BaseModel):
     allreduce_eager_launch_us: float = Field(
         30.0,
         ge=0,
-        description="Extra CPU cost of each all-reduce in eager mode (PyTorch dispatch and "
-        "NCCL launch; CUDA graphs capture it) (us)",
+        description="CPU time to launch each all-reduce in eager mode (PyTorch dispatch and "
+        "NCCL launch; CUDA graphs capture it), overlapping the GPU's work like the layer "
+        "launches (us)",
     )
     hop_latency_nvlink_us: float = Field(2.0, ge=0, description="Per ring hop over NVLink (us)")
     hop_latency_pcie_us: float = Field(6.0, ge=0, description="Per ring hop over PCIe (us)")
@@ -169,6 +196,7 @@ class EfficiencyParams(BaseModel):
                 "per_sequence_overhead_us",
                 "layer_overhead_graph_us",
                 "layer_overhead_eager_us",
+                "launch_overlap",
                 "moe_layer_overhead_us",
             ],
             "communication": [

@@ -5,13 +5,25 @@ a chunk for prefill, k + 1 for speculative verification) on top of ``context[i]`
 already in its KV cache. The time is a sum of per-kernel-class rooflines plus terms that
 do not overlap with them:
 
-    t = max(t_mem, t_flop)[dense weights]      attention/GDN projections, dense FFN,
+    t = t_host                                 per step and per sequence (scheduling,
+                                               input preparation, sampling): CPU, serial
+      + max(t_gpu, t_dispatch)                 the GPU's work, or launching it (eager)
+      + t_draft                                the speculative drafter, when enabled
+
+    t_gpu = max(t_mem, t_flop)[dense weights]  attention/GDN projections, dense FFN,
                                                shared experts, router, lm_head
       + max(t_mem, t_flop)[routed experts]     only the experts some token routed to
       + max(t_mem, t_flop)[attention]          KV/state reads and writes vs attention FLOPs
       + t_comm                                 2 all-reduces per layer when TP > 1
-      + t_overhead                             per step, per sequence, per layer (launches)
-      + t_draft                                the speculative drafter, when enabled
+      + t_floor                                per layer: graph gaps, MoE routing kernels
+
+In eager mode (no CUDA graph for the step) the CPU launches every kernel itself:
+``t_dispatch`` = layers x ``layer_overhead_eager_us`` + all-reduces x
+``allreduce_eager_launch_us``. Launches are asynchronous, so the GPU runs one kernel while
+the CPU launches the next: the step takes the longer of the two, not their sum. A big model
+on one GPU hides the launches behind its weight reads; split over TP ranks, each GPU's work
+shrinks but the launches do not, and the step becomes bound by the CPU. With CUDA graphs
+the step is one launch (``t_dispatch`` = 0).
 
 Memory terms divide bytes by peak bandwidth x an efficiency; compute terms divide FLOPs by
 the dense tensor peak of the GEMM's data type x an efficiency; a power limit scales both
@@ -129,6 +141,7 @@ class StepBreakdown:
     t_compute: float
     t_communication: float
     t_overhead: float
+    t_dispatch: float  # eager kernel launches (CPU); overlaps the GPU's work
     t_draft: float
     t_total: float
     bound: str
@@ -289,7 +302,9 @@ class StepModel:
 
         # --- overheads
         self.layers = model.num_layers
-        self._context_free_cache: dict[tuple[float, int, int], tuple[float, float, float]] = {}
+        self._context_free_cache: dict[
+            tuple[float, int, int], tuple[float, float, float, float, float]
+        ] = {}
         # --- CUDA graphs: the sizes the engine captures (none in eager mode)
         self.graph_sizes = (
             capture_sizes(
@@ -358,25 +373,32 @@ class StepModel:
         per_call = fixed + volume / (
             self.link.bandwidth_gb_s_per_direction * 1e9 * p.allreduce_efficiency
         )
-        launch = 0.0 if tokens <= self.graph_max_tokens else p.allreduce_eager_launch_us * 1e-6
-        return self.allreduces_per_step * (per_call + launch)
+        return self.allreduces_per_step * per_call
 
     def kernel_floor_us(self, tokens: float) -> float:
-        """Per-layer kernel costs of one step (launch gaps or graph floor, MoE routing), us."""
+        """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
+        routing kernels), us, with or without CUDA graphs. Eager launches are
+        ``dispatch_seconds``."""
         p = self.params
-        graphed = tokens <= self.graph_max_tokens
-        per_layer = p.layer_overhead_graph_us if graphed else p.layer_overhead_eager_us
-        return self.layers * per_layer + self.moe_layers * p.moe_layer_overhead_us
+        return self.layers * p.layer_overhead_graph_us + self.moe_layers * p.moe_layer_overhead_us
 
-    def overhead_scalar(self, sequences: int, tokens: float) -> float:
-        """Fixed per-step, per-sequence and per-layer (launch) costs of one step, seconds."""
+    def host_seconds(self, sequences: int) -> float:
+        """CPU work of one step that nothing overlaps (scheduling, input preparation,
+        sampling): per step and per scheduled sequence, seconds."""
         p = self.params
-        us = (
-            p.step_overhead_us
-            + p.per_sequence_overhead_us * sequences
-            + self.kernel_floor_us(tokens)
-        )
-        return us * 1e-6
+        return (p.step_overhead_us + p.per_sequence_overhead_us * sequences) * 1e-6
+
+    def dispatch_seconds(self, tokens: float) -> float:
+        """CPU time to launch one eager step's kernels, layer by layer, and its
+        all-reduces, seconds (0 when the step replays a CUDA graph). The GPU works while
+        the CPU launches, so a step takes the longer of this and its GPU time."""
+        if tokens <= self.graph_max_tokens:
+            return 0.0
+        p = self.params
+        allreduces = self.allreduces_per_step if self.link is not None else 0
+        return (
+            self.layers * p.layer_overhead_eager_us + allreduces * p.allreduce_eager_launch_us
+        ) * 1e-6
 
     def l2_reuse_fraction(self, touched: np.ndarray) -> np.ndarray:
         """Share of a step's routed-expert bytes served from L2 rather than DRAM.
@@ -405,14 +427,7 @@ class StepModel:
             self.params.allreduce_latency_us,
             self.hop_latency_us,
         )
-        eager = self._eager_allreduce_seconds(t)
-        return self.allreduces_per_step * per_call + eager
-
-    def _eager_allreduce_seconds(self, tokens):
-        """Launch cost of the step's all-reduces when they run outside CUDA graphs."""
-        p = self.params
-        graphed = np.asarray(tokens) <= self.graph_max_tokens
-        return np.where(graphed, 0.0, self.allreduces_per_step * p.allreduce_eager_launch_us * 1e-6)
+        return self.allreduces_per_step * per_call
 
     def draft_seconds(self, sequences: int, context: np.ndarray) -> float:
         """Time the drafter spends proposing k tokens for ``sequences`` sequences."""
@@ -512,7 +527,9 @@ class StepModel:
             + tokens * self.linear_flops_per_token
         )
         t_comm = self.communication_scalar(graph) if tokens else 0.0
-        t_over = self.overhead_scalar(seqs, tokens) if seqs else 0.0
+        t_host = self.host_seconds(seqs) if seqs else 0.0
+        t_floor = self.kernel_floor_us(tokens) * 1e-6 if seqs else 0.0
+        t_dispatch = self.dispatch_seconds(tokens) if seqs else 0.0
         return {
             "graph_tokens": graph,
             "touched": touched,
@@ -530,7 +547,9 @@ class StepModel:
             "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
             "t_att_cmp": attn_flops / self.attention_flops_rate,
             "t_comm": t_comm,
-            "t_over": t_over,
+            "t_host": t_host,
+            "t_floor": t_floor,
+            "t_dispatch": t_dispatch,
             "t_draft": draft_time,
         }
 
@@ -544,8 +563,20 @@ class StepModel:
         )
 
     @classmethod
-    def _total(cls, t: dict[str, float]) -> float:
-        return cls._roofline(t) + t["t_comm"] + t["t_over"] + t["t_draft"]
+    def _gpu(cls, t: dict[str, float]) -> float:
+        """The GPU's work in a step (s): rooflines, communication and the kernel floor."""
+        return cls._roofline(t) + t["t_comm"] + t["t_floor"]
+
+    def _overlapped(self, gpu, dispatch):
+        """A step's GPU work and eager launches together (s, scalars or arrays): the longer
+        of the two where launches run ahead of the device (``launch_overlap`` 1), their
+        sum where the dispatching thread runs each operator itself (0, the CPU backend)."""
+        serial = (1.0 - self.params.launch_overlap) * np.minimum(gpu, dispatch)
+        return np.maximum(gpu, dispatch) + serial
+
+    def _total(self, t: dict[str, float]) -> float:
+        both = self._overlapped(self._gpu(t), t["t_dispatch"])
+        return t["t_host"] + float(both) + t["t_draft"]
 
     def _draft_for(self, drafting_sequences: int, new_tokens, context) -> float:
         if not drafting_sequences or self.deployment.spec is None:
@@ -603,7 +634,7 @@ class StepModel:
         context-free part plus the attention term at this context, and the drafter. Equal
         to ``_total`` of the step's terms (tested), without building them."""
         tokens, seqs, sum_total, sum_windowed, pairs, pairs_windowed = sums
-        fixed, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
+        host, gpu, dispatch, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
         kv = self.kv
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
         attention_flops = self.pair_flops * (
@@ -612,7 +643,10 @@ class StepModel:
         attention = max(
             att_mem + kv_read / self.kv_bw, att_cmp + attention_flops / self.attention_flops_rate
         )
-        return fixed + attention + draft
+        gpu = gpu + attention
+        if not dispatch:
+            return host + gpu + draft
+        return host + float(self._overlapped(gpu, dispatch)) + draft
 
     def step(
         self,
@@ -640,9 +674,11 @@ class StepModel:
             "memory": sum(m for m, f in pairs if m >= f),
             "compute": sum(f for m, f in pairs if f > m),
             "communication": t["t_comm"],
-            "overhead": t["t_over"],
+            "overhead": t["t_host"] + t["t_floor"],
             "drafting": t["t_draft"],
         }
+        if t["t_dispatch"] > self._gpu(t) and self.params.launch_overlap > 0:
+            terms["CPU launches"] = t["t_dispatch"]
         return StepBreakdown(
             sequences=seqs,
             tokens=int(tokens),
@@ -673,7 +709,8 @@ class StepModel:
             t_memory=sum(mem_parts),
             t_compute=sum(cmp_parts),
             t_communication=t["t_comm"],
-            t_overhead=t["t_over"],
+            t_overhead=t["t_host"] + t["t_floor"],
+            t_dispatch=t["t_dispatch"],
             t_draft=t["t_draft"],
             t_total=self._total(t),
             bound=max(terms, key=terms.get),
@@ -723,35 +760,48 @@ class StepModel:
             kv_read += total_sum * kv.sliding_bytes_per_token
             attn = attn + self.sliding_layers * pairs
         logits = seqs * width if self.deployment.spec is not None else seqs
-        fixed, att_mem, att_cmp = self._context_free(float(seqs * width), seqs, logits)
+        host, gpu, dispatch, att_mem, att_cmp = self._context_free(
+            float(seqs * width), seqs, logits
+        )
         attention = np.maximum(
             att_mem + kv_read / self.kv_bw,
             att_cmp + self.pair_flops * attn / self.attention_flops_rate,
         )
-        times = fixed + attention
+        times = host + (
+            gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
+        )
         if self.deployment.spec is not None:
             times += self._draft_run(seqs, ctx_sum, ctx)
         return times
 
-    def _context_free(self, tokens: float, seqs: int, logits: int) -> tuple[float, float, float]:
+    def _context_free(
+        self, tokens: float, seqs: int, logits: int
+    ) -> tuple[float, float, float, float, float]:
         """The parts of a step that do not depend on its sequences' contexts, seconds:
-        weights, experts, communication and overheads summed, and the attention memory and
-        compute terms at zero context (KV writes, per-sequence state, linear-attention
-        FLOPs). The full step adds each attention term's context part and takes the
-        larger. Cached per (tokens, sequences, logits)."""
+        the host's serial work, the GPU's weights, experts, communication and kernel floor
+        summed, the eager launches, and the attention memory and compute terms at zero
+        context (KV writes, per-sequence state, linear-attention FLOPs). The full step adds
+        each attention term's context part and takes the larger. Cached per (tokens,
+        sequences, logits)."""
         key = (tokens, seqs, logits)
         cached = self._context_free_cache.get(key)
         if cached is None:
             t = self._terms(tokens, seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
-            fixed = (
+            gpu = (
                 max(t["t_dense_mem"], t["t_dense_cmp"])
                 + max(t["t_exp_mem"], t["t_exp_cmp"])
                 + t["t_comm"]
-                + t["t_over"]
+                + t["t_floor"]
             )
             if len(self._context_free_cache) >= CONTEXT_FREE_CACHE_SIZE:
                 self._context_free_cache.clear()
-            cached = self._context_free_cache[key] = (fixed, t["t_att_mem"], t["t_att_cmp"])
+            cached = self._context_free_cache[key] = (
+                t["t_host"],
+                gpu,
+                t["t_dispatch"],
+                t["t_att_mem"],
+                t["t_att_cmp"],
+            )
         return cached
 
     @property
