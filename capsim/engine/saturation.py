@@ -19,12 +19,19 @@ queue; a sweep to high concurrency spends most of its simulation there.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from capsim.engine.workloads import Workload
 
+if TYPE_CHECKING:  # simulate imports this module
+    from capsim.engine.simulate import ReplicaRun
+
 
 def shares_service(
-    workload: Workload, replicas: int, router_latency_s: float, router_capacity_rps
+    workload: Workload,
+    replicas: int,
+    router_latency_s: float,
+    router_capacity_rps: float | None,
 ) -> bool:
     """Whether levels of this workload and deployment can share a saturated service trace:
     a closed loop on one replica whose requests reach it the instant they are sent."""
@@ -36,20 +43,19 @@ def shares_service(
     )
 
 
-def is_saturated(run) -> bool:
-    """Whether a closed-loop run (a ``simulate.ReplicaRun`` of one replica) never found
-    its queue empty with room to spare before its last request was sent, with every
-    request finished."""
+def is_saturated(run: ReplicaRun) -> bool:
+    """Whether a closed-loop run of one replica finished every request and never found its
+    queue empty with room to spare before its last request was sent."""
     if run.finish_order is None or len(run.finish_order) != len(run.rows):
         return False
     last_send = max(row[0] for row in run.rows)
     return run.dry_at is None or run.dry_at >= last_send
 
 
-def closed_send_times(run, concurrency: int) -> list[float]:
-    """Send time (s) of each request of a saturated run's service at ``concurrency``: 0
-    for the first ``concurrency``; then the finish time of the request whose finish
-    frees a client, in the order requests finished."""
+def closed_send_times(run: ReplicaRun, concurrency: int) -> list[float]:
+    """Send time (s) of each request of a closed run's service at ``concurrency`` (its own,
+    or a higher one when the run is saturated): 0 for the first ``concurrency`` requests,
+    then the finish time of the request whose finish frees a client, in finishing order."""
     finish = [row[2] for row in run.rows]
     order = run.finish_order
     return [
@@ -57,7 +63,7 @@ def closed_send_times(run, concurrency: int) -> list[float]:
     ]
 
 
-def derive_run(run, concurrency: int):
+def derive_run(run: ReplicaRun, concurrency: int) -> ReplicaRun:
     """The run of the same service at a higher ``concurrency`` (see the module text)."""
     sends = closed_send_times(run, concurrency)
     rows = [(send, *row[1:]) for send, row in zip(sends, run.rows, strict=True)]
