@@ -51,6 +51,11 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 }
 """Parameters calibration may fit, with their bounds (units as in EfficiencyParams)."""
 
+FIT_TOLERANCE = 1e-4
+"""least_squares stops when the cost or the parameters change by less than this (relative).
+Standard errors are 10% of a value or more, so finer convergence buys nothing but
+simulations."""
+
 ROBUST_SCALE = 0.1
 """soft-L1 scale on log residuals: errors beyond about 10% count linearly, not squared."""
 
@@ -193,6 +198,8 @@ def solve(
         x_scale=upper - lower,
         diff_step=0.02,
         max_nfev=max_evaluations,
+        ftol=FIT_TOLERANCE,
+        xtol=FIT_TOLERANCE,
     )
     return LeastSquaresFit(result.x, lower, upper, result.jac, problem.residuals(result.x))
 
@@ -221,15 +228,20 @@ def fit_profile(
     name: str,
     fit: tuple[str, ...] | None = None,
     max_evaluations: int = 120,
+    start: dict[str, float] | None = None,
 ) -> Profile:
     """Fit ``fit`` parameters (None: the class's default set) to every point of
-    ``datasets`` (one hardware class)."""
+    ``datasets`` (one hardware class), from the class's defaults (the priors) or from
+    ``start`` (e.g. a fit on more points, to converge in fewer evaluations)."""
     hw_class, names, base = fit_setup(datasets, catalog, fit)
     lower, upper, x0 = bounds_and_start(names, base)
     scale = upper - lower
+    x_start = x0
+    if start is not None:
+        x_start = np.clip([start.get(n, x0[i]) for i, n in enumerate(names)], lower, upper)
     with scenario_pool(datasets) as pool:
         problem = FitProblem(datasets, catalog, names, base, pool=pool)
-        optimum = solve(problem, x0, lower, upper, max_evaluations)
+        optimum = solve(problem, x_start, lower, upper, max_evaluations)
     r = optimum.residuals
     n, p = r.size, len(names)
     jac = optimum.jac
@@ -294,22 +306,25 @@ def cross_validate(
     fit: tuple[str, ...] | None = None,
     max_evaluations: int = 60,
     scheme: CrossValidation = "level",
+    start: dict[str, float] | None = None,
 ) -> list[ComparedPoint]:
     """Out-of-sample predictions of every point of ``datasets`` (one hardware class).
 
     ``level``: leave one concurrency level out; fit on the other levels of every dataset,
     predict the left-out level. ``point``: leave one point out; refit on all other points
-    (starting from the fit on all of them) and predict that point.
+    and predict that point. Each refit starts from ``start`` (the fit on every point,
+    computed here for ``point`` when not given) or else from the priors; where it starts
+    changes how fast it converges, not what it leaves out.
     """
     if scheme == "point":
-        return leave_one_point_out(datasets, catalog, fit, max_evaluations)
+        return leave_one_point_out(datasets, catalog, fit, max_evaluations, start)
     out: list[ComparedPoint] = []
     levels = sorted({p.concurrency for ds in datasets for sc in ds.scenarios for p in sc.points})
     if len(levels) < 2:
         return out
     for level in levels:
         train = [t for t in (without_level(ds, level) for ds in datasets) if t is not None]
-        profile = fit_profile(train, catalog, f"cv-{level}", fit, max_evaluations)
+        profile = fit_profile(train, catalog, f"cv-{level}", fit, max_evaluations, start)
         gpu = datasets[0].scenarios[0].gpu
         params = profile.params(catalog, gpu)
         for ds in datasets:
@@ -324,20 +339,25 @@ def leave_one_point_out(
     catalog: Catalog,
     fit: tuple[str, ...] | None = None,
     max_evaluations: int = 60,
+    start: dict[str, float] | None = None,
 ) -> list[ComparedPoint]:
-    """Leave one point out: for each point, refit on all the others (from the optimum of
-    the fit on every point, so each refit takes a few evaluations) and predict it. The
-    other points of its level stay in the fit, so this asks less of the model than
-    leaving a whole level out."""
+    """Leave one point out: for each point, refit on all the others (from ``start``, or
+    the optimum of a fit on every point, so each refit takes a few evaluations) and
+    predict it. The other points of its level stay in the fit, so this asks less of the
+    model than leaving a whole level out."""
     _, names, base = fit_setup(datasets, catalog, fit)
     lower, upper, x0 = bounds_and_start(names, base)
     out: list[ComparedPoint] = []
     with scenario_pool(datasets) as pool:
         problem = FitProblem(datasets, catalog, names, base, pool=pool)
-        full = solve(problem, x0, lower, upper, 2 * max_evaluations)
-        for i in range(full.residuals.size):
-            fitted = np.ones(full.residuals.size, dtype=bool)
+        if start is None:
+            x_start = solve(problem, x0, lower, upper, 2 * max_evaluations).x
+        else:
+            x_start = np.clip([start.get(n, x0[i]) for i, n in enumerate(names)], lower, upper)
+        points = problem.residuals(x_start).size
+        for i in range(points):
+            fitted = np.ones(points, dtype=bool)
             fitted[i] = False
-            solve(problem, full.x, lower, upper, max_evaluations, fitted)
+            solve(problem, x_start, lower, upper, max_evaluations, fitted)
             out.append(problem.last[i])  # the last evaluation is at the refit's optimum
     return out

@@ -40,8 +40,11 @@ def calibrated_errors(datasets, cat, fit: tuple[str, ...] | None = None) -> list
         fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit)
         gpu = ds.scenarios[0].gpu
         inside = compare_dataset(ds, cat, fitted.params(cat, gpu))
-        by_level = {point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level")}
-        by_point = cross_validate([ds], cat, fit, scheme="point")
+        start = {key: p.value for key, p in fitted.parameters.items()}
+        by_level = {
+            point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level", start=start)
+        }
+        by_point = cross_validate([ds], cat, fit, scheme="point", start=start)
         for r, i, pt in zip(raw, inside, by_point, strict=True):
             c = by_level.get(point_key(r))
             rows.append(
