@@ -167,17 +167,23 @@ def test_dense_calibration_loop_predicts_unseen_levels(tmp_path):
         "compute_efficiency",
     )
     profile = fit_profile([train], cat, "cpu-host-loop", fit)
-    test = probe([8, 16], "test")
+    # two runs of the held-out levels too: one run of C=16 once measured 2,540 tok/s where
+    # others gave 2,030-2,400 (-30% against the prediction, near the allowance)
+    test = probe([8, 16], "test", runs=2)
     predicted = compare_dataset(test, cat, profile.params(cat, "cpu-host"))
-    for p in predicted:
-        print(
-            f"C={p.concurrency}: measured {p.measured:.0f}, predicted {p.predicted:.0f} "
-            f"output tok/s ({100 * p.error:+.1f}%)"
-        )
+    runs: dict[int, list] = {}
+    for p in predicted:  # one point per level and run
+        runs.setdefault(p.concurrency, []).append(p)
+    assert set(runs) == {8, 16}
     print({k: round(v.value, 3) for k, v in profile.parameters.items()})
-    assert {p.concurrency for p in predicted} == {8, 16}
-    for p in predicted:
-        assert abs(p.error) <= 0.35
+    for level, points in sorted(runs.items()):
+        measured = sum(p.measured for p in points) / len(points)
+        error = points[0].predicted / measured - 1
+        print(
+            f"C={level}: measured {measured:.0f} (runs {[round(p.measured) for p in points]}), "
+            f"predicted {points[0].predicted:.0f} output tok/s ({100 * error:+.1f}%)"
+        )
+        assert abs(error) <= 0.35
 
 
 def test_killing_the_server_keeps_a_valid_partial_run(tmp_path):
