@@ -565,3 +565,19 @@ def test_eager_allreduce_launch_by_hand():
     p = EfficiencyParams()
     launches = 48 * p.layer_overhead_eager_us + 2 * 48 * p.allreduce_eager_launch_us
     assert eager.t_dispatch == pytest.approx(launches * 1e-6) and graphs.t_dispatch == 0
+
+
+def test_steps_above_the_largest_graph_launch_compiled_code():
+    p = EfficiencyParams()
+    # graphs up to 8 tokens: a 9-token step runs the compiled code without a graph
+    graphs = model_step(quant="awq-int4", max_num_seqs=4)
+    compiled = graphs.step(np.ones(9), np.full(9, 100)).t_dispatch
+    assert compiled == pytest.approx(48 * p.layer_overhead_compiled_us * 1e-6)
+    # --enforce-eager launches every kernel of the uncompiled model
+    eager = model_step(quant="awq-int4", max_num_seqs=4, cuda_graphs=False)
+    assert eager.step(np.ones(9), np.full(9, 100)).t_dispatch == pytest.approx(
+        48 * p.layer_overhead_eager_us * 1e-6
+    )
+    # so does a platform without CUDA graphs
+    none = model_step(quant="awq-int4", params={"cuda_graph_max_tokens": 0})
+    assert none.step([1], [100]).t_dispatch == pytest.approx(48 * p.layer_overhead_eager_us * 1e-6)

@@ -112,6 +112,14 @@ class EfficiencyParams(BaseModel):
         "the overlap of two published eager-vs-graph decode measurements of vLLM-based "
         "servers (EAGER_LAUNCH_SOURCES), 400-650 us a layer",
     )
+    layer_overhead_compiled_us: float = Field(
+        80.0,
+        ge=0,
+        description="CPU time to launch one decoder layer's kernels for a step above the "
+        "largest CUDA graph, which runs vLLM's torch.compile'd (fused) code without a graph "
+        "(us); overlaps the GPU's work like eager launches. Engineering prior: no published "
+        "figure separates it",
+    )
     launch_overlap: float = Field(
         1.0,
         ge=0,
@@ -196,6 +204,7 @@ class EfficiencyParams(BaseModel):
                 "per_sequence_overhead_us",
                 "layer_overhead_graph_us",
                 "layer_overhead_eager_us",
+                "layer_overhead_compiled_us",
                 "launch_overlap",
                 "moe_layer_overhead_us",
             ],

@@ -17,13 +17,14 @@ do not overlap with them:
       + t_comm                                 2 all-reduces per layer when TP > 1
       + t_floor                                per layer: graph gaps, MoE routing kernels
 
-In eager mode (no CUDA graph for the step) the CPU launches every kernel itself:
-``t_dispatch`` = layers x ``layer_overhead_eager_us`` + all-reduces x
-``allreduce_eager_launch_us``. Launches are asynchronous, so the GPU runs one kernel while
-the CPU launches the next: the step takes the longer of the two, not their sum. A big model
-on one GPU hides the launches behind its weight reads; split over TP ranks, each GPU's work
-shrinks but the launches do not, and the step becomes bound by the CPU. With CUDA graphs
-the step is one launch (``t_dispatch`` = 0).
+In eager mode the CPU launches every kernel itself: ``t_dispatch`` = layers x
+``layer_overhead_eager_us`` + all-reduces x ``allreduce_eager_launch_us``. A step above the
+largest captured size runs vLLM's compiled code without a graph, with fewer, fused kernels
+per layer (``layer_overhead_compiled_us`` instead). Launches are asynchronous, so the GPU
+runs one kernel while the CPU launches the next: the step takes the longer of the two, not
+their sum. A big model on one GPU hides the launches behind its weight reads; split over TP
+ranks, each GPU's work shrinks but the launches do not, and the step becomes bound by the
+CPU. With CUDA graphs the step is one launch (``t_dispatch`` = 0).
 
 Memory terms divide bytes by peak bandwidth x an efficiency; compute terms divide FLOPs by
 the dense tensor peak of the GEMM's data type x an efficiency; a power limit scales both
@@ -389,16 +390,19 @@ class StepModel:
         return (p.step_overhead_us + p.per_sequence_overhead_us * sequences) * 1e-6
 
     def dispatch_seconds(self, tokens: float) -> float:
-        """CPU time to launch one eager step's kernels, layer by layer, and its
-        all-reduces, seconds (0 when the step replays a CUDA graph). The GPU works while
-        the CPU launches, so a step takes the longer of this and its GPU time."""
+        """CPU time to launch one step's kernels layer by layer, and its all-reduces,
+        seconds: 0 when the step replays a CUDA graph; ``layer_overhead_eager_us`` a layer
+        in eager mode (``--enforce-eager``, or a platform without graphs);
+        ``layer_overhead_compiled_us`` for a step above the largest captured size, which
+        runs vLLM's compiled (fused) code without a graph. The GPU works while the CPU
+        launches, so a step takes the longer of this and its GPU time."""
         if tokens <= self.graph_max_tokens:
             return 0.0
         p = self.params
+        eager = not self.deployment.cuda_graphs or not self.graph_sizes
+        per_layer = p.layer_overhead_eager_us if eager else p.layer_overhead_compiled_us
         allreduces = self.allreduces_per_step if self.link is not None else 0
-        return (
-            self.layers * p.layer_overhead_eager_us + allreduces * p.allreduce_eager_launch_us
-        ) * 1e-6
+        return (self.layers * per_layer + allreduces * p.allreduce_eager_launch_us) * 1e-6
 
     def l2_reuse_fraction(self, touched: np.ndarray) -> np.ndarray:
         """Share of a step's routed-expert bytes served from L2 rather than DRAM.
