@@ -650,7 +650,8 @@ class StepModel:
         gpu = gpu + attention
         if not dispatch:
             return host + gpu + draft
-        return host + float(self._overlapped(gpu, dispatch)) + draft
+        serial = (1.0 - self.params.launch_overlap) * min(gpu, dispatch)
+        return host + max(gpu, dispatch) + serial + draft  # _overlapped, for scalars
 
     def step(
         self,
