@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def test_installed_wheel_loads_its_own_catalog(wheel, tmp_path):
         capture_output=True,
     )
     code = (
+        "import capsim.cli.main; "  # the CLI imports every layer (probe and planner too)
         "import capsim, capsim.catalog.loader as l, capsim.calibration.published as p; "
         "print(l.builtin_db_dir()); print(len(capsim.load_catalog().gpus)); "
         "print(p.published_dir())"
@@ -86,3 +88,14 @@ def test_installed_wheel_loads_its_own_catalog(wheel, tmp_path):
     assert Path(db_dir).is_relative_to(target)
     assert int(count) >= 15
     assert Path(published).is_relative_to(target) and any(Path(published).glob("*.yaml"))
+
+
+def test_every_subpackage_is_in_the_wheel():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "capsim").rglob("__init__.py")
+    }
+    missing = sorted(found - listed)
+    assert not missing, f"add {missing} to [tool.setuptools] packages in pyproject.toml"
