@@ -18,27 +18,27 @@ import time
 import numpy as np
 
 
-def bandwidth_gb_s(size_mib: int = 512, repeats: int = 5) -> float:
-    src = np.ones(size_mib * 2**20 // 8)
-    dst = np.empty_like(src)
+def best_seconds(work, repeats: int) -> float:
+    """The shortest of ``repeats`` timed calls of ``work`` (after one untimed call), s."""
+    work()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        np.copyto(dst, src)
+        work()
         best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best / 1e9
+    return best
+
+
+def bandwidth_gb_s(size_mib: int = 512, repeats: int = 5) -> float:
+    src = np.ones(size_mib * 2**20 // 8)
+    dst = np.empty_like(src)
+    return 2 * src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
 
 
 def matmul_tflops(n: int = 2048, repeats: int = 5) -> float:
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e12
+    return 2 * n**3 / best_seconds(lambda: a @ b, repeats) / 1e12
 
 
 def torch_matmul_tflops(dtype_name: str, n: int = 2048, repeats: int = 5) -> float | None:
@@ -51,13 +51,7 @@ def torch_matmul_tflops(dtype_name: str, n: int = 2048, repeats: int = 5) -> flo
     dtype = getattr(torch, dtype_name)
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e12
+    return 2 * n**3 / best_seconds(lambda: a @ b, repeats) / 1e12
 
 
 if __name__ == "__main__":
