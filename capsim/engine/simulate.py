@@ -576,25 +576,31 @@ def _share_lowest_saturated(value) -> None:
     _lowest_saturated = value
 
 
+def closed_level(
+    setup: Setup, workload: Workload, seed: int, keep_records: bool
+) -> tuple[LevelResult, ReplicaRun | None]:
+    """A closed-loop level on one replica, with its run when it is saturated (the levels
+    above it are derived from that run)."""
+    started = time.perf_counter()
+    (run,) = level_runs(setup, workload, seed, keep_records)
+    result = measure_level([run], workload, keep_records, started)
+    return result, run if is_saturated(run) else None
+
+
 def _closed_level_in_worker(args) -> tuple[LevelResult | None, ReplicaRun | None]:
-    """A closed-loop level on one replica, in a worker process, with its run when it is
-    saturated (the levels above it are derived from that run). Skipped (None, None) when
-    another worker has already found a lower level saturated."""
+    """``closed_level`` in a worker process. Skipped (None, None) when another worker has
+    already found a lower level saturated."""
     config, extra_dirs, params, workload, keep_records = args
     lowest = _lowest_saturated
     if lowest is not None and 0 < lowest.value < workload.concurrency:
         return None, None
     setup = build_setup(config, process_catalog(extra_dirs), params)
-    started = time.perf_counter()
-    runs = level_runs(setup, workload, config.seed, keep_records)
-    result = measure_level(runs, workload, keep_records, started)
-    if not is_saturated(runs[0]):
-        return result, None
-    if lowest is not None:
+    result, run = closed_level(setup, workload, config.seed, keep_records)
+    if run is not None and lowest is not None:
         with lowest.get_lock():
             if lowest.value == 0 or workload.concurrency < lowest.value:
                 lowest.value = workload.concurrency
-    return result, runs[0]
+    return result, run
 
 
 def sweep_saturating(
@@ -650,11 +656,9 @@ def sweep_saturating(
             if base is not None:
                 results[i] = derived(w)
                 continue
-            started = time.perf_counter()
-            runs = level_runs(setup, w, config.seed, keep_records)
-            results[i] = measure_level(runs, w, keep_records, started)
-            if is_saturated(runs[0]):
-                base, base_level = runs[0], w.concurrency
+            results[i], run = closed_level(setup, w, config.seed, keep_records)
+            if run is not None:
+                base, base_level = run, w.concurrency
     return results
 
 
