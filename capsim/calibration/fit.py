@@ -127,6 +127,20 @@ def bounds_and_start(
     return lower, upper, x0
 
 
+def start_point(
+    names: list[str],
+    x0: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    start: dict[str, float] | None,
+) -> np.ndarray:
+    """Where a fit starts: ``start``'s values (clipped into the bounds) for the parameters
+    it names, the priors ``x0`` for the others and when it is None."""
+    if start is None:
+        return x0
+    return np.clip([start.get(n, x0[i]) for i, n in enumerate(names)], lower, upper)
+
+
 def jacobian_std(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
     """Standard errors of least-squares parameters from the Jacobian at the optimum:
     sqrt(diag(s^2 (J^T J)^-1)), s^2 = sum(r^2) / (n - p); infinite where it cannot be
@@ -237,9 +251,7 @@ def fit_profile(
     hw_class, names, base = fit_setup(datasets, catalog, fit)
     lower, upper, x0 = bounds_and_start(names, base)
     scale = upper - lower
-    x_start = x0
-    if start is not None:
-        x_start = np.clip([start.get(n, x0[i]) for i, n in enumerate(names)], lower, upper)
+    x_start = start_point(names, x0, lower, upper, start)
     with scenario_pool(datasets) as pool:
         problem = FitProblem(datasets, catalog, names, base, pool=pool)
         optimum = solve(problem, x_start, lower, upper, max_evaluations)
@@ -354,7 +366,7 @@ def leave_one_point_out(
         if start is None:
             x_start = solve(problem, x0, lower, upper, 2 * max_evaluations).x
         else:
-            x_start = np.clip([start.get(n, x0[i]) for i, n in enumerate(names)], lower, upper)
+            x_start = start_point(names, x0, lower, upper, start)
         points = problem.residuals(x_start).size
         for i in range(points):
             fitted = np.ones(points, dtype=bool)

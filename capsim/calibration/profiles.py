@@ -67,10 +67,15 @@ class Profile(BaseModel):
         """Log-spread used for prediction bands: the larger of in-sample and CV."""
         return max(self.log_residual_sd, self.cv_log_residual_sd or 0.0)
 
+    @property
+    def fitted_values(self) -> dict[str, float]:
+        """The fitted value of each parameter, by name."""
+        return {k: p.value for k, p in self.parameters.items()}
+
     def params(self, catalog: Catalog, gpu_name: str) -> EfficiencyParams:
         """The GPU's default parameters with this profile's fitted values laid over."""
         base = default_efficiency(catalog.gpu(gpu_name), catalog)
-        return base.with_overrides({k: p.value for k, p in self.parameters.items()})
+        return base.with_overrides(self.fitted_values)
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

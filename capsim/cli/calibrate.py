@@ -55,8 +55,7 @@ def calibrate_cmd(
     profiles = []
     for hw_class, group in groups.items():
         profile = fit_profile(group, cat, name or f"{hw_class}-vllm", names)
-        fitted = {key: p.value for key, p in profile.parameters.items()}
-        cv = cross_validate(group, cat, names, start=fitted)
+        cv = cross_validate(group, cat, names, start=profile.fitted_values)
         if cv:
             errors = np.log([p.predicted / p.measured for p in cv])
             profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))
