@@ -38,9 +38,8 @@ def calibrated_errors(datasets, cat, fit: tuple[str, ...] | None = None) -> list
     for ds in datasets:
         raw = compare_dataset(ds, cat)
         fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit)
-        gpu = ds.scenarios[0].gpu
-        inside = compare_dataset(ds, cat, fitted.params(cat, gpu))
-        start = {key: p.value for key, p in fitted.parameters.items()}
+        inside = fitted.residuals  # every point at the fitted values, in dataset order
+        start = fitted.fitted_values
         by_level = {
             point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level", start=start)
         }
