@@ -534,6 +534,24 @@ def test_predict_cli_json_schema():
     assert at_sizes == sorted(at_sizes)
 
 
+def test_launch_bound_eager_prediction_says_the_cost_is_the_hosts():
+    """A 32B dense model in eager mode on one 3090 is bound by its launches at the prior
+    (64 layers x 525 us = 33.6 ms against about 24 ms of weight reads): the result says so
+    and names where the per-layer cost came from; with CUDA graphs it says nothing."""
+    eager = ["--model", "qwen2.5-coder-32b", "--concurrency", "1", "--json", "--enforce-eager"]
+    r = run_predict(*eager, "--profile", "none")
+    assert r.exit_code == 0, r.output
+    (note,) = json.loads(r.stdout)["results"][0]["notes"]
+    assert "CPU kernel launches" in note and "525 us a layer, a prior" in note
+    r = run_predict(*eager)  # the consumer-ampere profile fits the launch cost
+    (note,) = json.loads(r.stdout)["results"][0]["notes"]
+    assert "fitted in profile consumer-ampere-vllm" in note
+    r = run_predict(*eager[:-1])
+    assert json.loads(r.stdout)["results"][0]["notes"] == []
+    table = run_predict(*eager[:-2], "--enforce-eager").stdout  # the table prints it too
+    assert "CPU kernel" in " ".join(table.split())
+
+
 def test_predict_cli_table_csv_plot_and_comparison(tmp_path):
     r = run_predict("--concurrency", "1..8")
     assert r.exit_code == 0 and r.stdout.count("\n") > 8

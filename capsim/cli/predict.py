@@ -122,6 +122,7 @@ def result_dict(result: PredictResult) -> dict[str, Any]:
         "workload": result.config.workload,
         "kv_capacity_tokens": result.kv_capacity_tokens,
         "max_model_len": result.max_model_len,
+        "notes": result.notes,
         "config": result.config.model_dump(mode="json"),
         "points": [point_dict(result, lv) for lv in result.levels],
     }
@@ -213,6 +214,8 @@ def print_table(console, results: list[PredictResult]) -> None:
     for result in results:
         if result.config.quant in (None, "auto"):
             console.print(f"{label(result)}: weight format {result.quant_reason}", highlight=False)
+        for note in result.notes:
+            console.print(f"{label(result)}: {note}", highlight=False)
 
 
 def write_csv(results: list[PredictResult]) -> str:

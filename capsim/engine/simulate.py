@@ -536,6 +536,30 @@ class PredictResult(BaseModel):
     kv_capacity_tokens: int
     max_model_len: int
     levels: list[LevelResult]
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What the reader should know about how far to trust these figures",
+    )
+
+
+def launch_bound_note(setup: Setup) -> str | None:
+    """A warning when a single sequence's decode step is bound by the CPU's kernel launches
+    (eager mode on a GPU): the per-layer launch cost is the host CPU's, which no GPU name
+    tells, and it differs about 2x between published machines (EAGER_LAUNCH_SOURCES)."""
+    sm = setup.step_model
+    if not setup.config.enforce_eager or sm.params.launch_overlap <= 0:
+        return None
+    context = max(parse_length(setup.config.input_tokens).mean, 1.0)
+    if sm.step([1], [int(context)]).bound != "CPU launches":
+        return None
+    us = sm.params.layer_overhead_eager_us
+    fitted = setup.profile is not None and "layer_overhead_eager_us" in setup.profile.parameters
+    origin = f"fitted in profile {setup.profile.name}" if fitted else "a prior"
+    return (
+        f"decode steps are bound by CPU kernel launches (eager mode, {us:.0f} us a layer, "
+        f"{origin}); that cost belongs to the host CPU and differs about 2x between "
+        "machines: probe your server and calibrate (capsim probe, capsim calibrate)"
+    )
 
 
 PARALLEL_MIN_REQUESTS = 20_000
@@ -739,6 +763,7 @@ def predict(
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,
         levels=results,
+        notes=[n for n in (launch_bound_note(setup),) if n],
     )
 
 
