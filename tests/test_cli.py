@@ -212,6 +212,68 @@ def test_explain_errors(args, expected):
     assert expected in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("layer_overhed_eager_us=400", "did you mean: layer_overhead_eager_us"),
+        ("bandwidth_efficiency", "NAME=VALUE"),
+        ("bandwidth_efficiency=fast", "needs a number"),
+        ("bandwidth_efficiency=1.5", "less than or equal to 1"),
+        ("step_overhead_us=-1", "greater than or equal to 0"),
+    ],
+)
+def test_set_errors_exit_2(value, expected):
+    for command in (
+        ("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "-c", "1"),
+        ("explain", "--gpu", "rtx3090", "--model", "qwen3-8b"),
+        ("validate",),
+    ):
+        r = invoke(*command, "--set", value)
+        assert r.exit_code == 2, r.output
+        assert expected in r.stderr and "Traceback" not in r.stderr + r.stdout
+
+
+def test_set_overrides_reach_explain_predict_and_validate():
+    """--set lays one efficiency parameter over the defaults (and any profile): a dense
+    32B model in eager mode on one 3090 at batch 1 is launch-bound at the prior (64 layers
+    x 525 us), and at 200 us a layer it is bound by its weight reads instead."""
+    eager = ("--gpu", "rtx3090", "--model", "qwen2.5-coder-32b", "--quant", "awq-int4")
+    explain = [*eager, "--enforce-eager", "--json"]
+    prior = json.loads(invoke("explain", *explain).stdout)["decode"]
+    r = invoke("explain", *explain, "--set", "layer_overhead_eager_us=200")
+    cheap = json.loads(r.stdout)["decode"]
+    assert prior["bound"] == "CPU launches" and cheap["bound"] == "memory"
+    assert prior["t_dispatch"] == pytest.approx(64 * 525e-6)
+    assert cheap["t_dispatch"] == pytest.approx(64 * 200e-6)
+    assert cheap["t_total"] < prior["t_total"]
+
+    def tok_s(*extra):
+        r = invoke("predict", *eager, "--enforce-eager", "-c", "1", "--json", *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["results"][0]["points"][0]["output_tok_s"]
+
+    base = tok_s("--profile", "none")
+    assert tok_s("--profile", "none", "--set", "layer_overhead_eager_us=200") > 1.1 * base
+    # laid over the profile too: the fitted 385 us becomes 600
+    assert tok_s("--set", "layer_overhead_eager_us=600") < tok_s()
+
+    seed = "calibration/published/seed002-rtx3090-moe-vs-dense.yaml"
+
+    def dense_tp1_c1(*extra):
+        r = invoke("validate", seed, "--json", *extra)
+        assert r.exit_code == 0, r.output
+        (p,) = [
+            p
+            for p in json.loads(r.stdout)["points"]
+            if p["scenario"] == "dense-tp1" and p["concurrency"] == 1
+        ]
+        return p["predicted"]
+
+    assert dense_tp1_c1("--set", "layer_overhead_eager_us=400") > 1.1 * dense_tp1_c1()
+    r = invoke("validate", seed, "--calibrated", "--set", "bandwidth_efficiency=0.7")
+    assert r.exit_code == 2 and "--calibrated" in r.stderr
+
+
 def test_validate_reports_every_published_point():
     r = invoke("validate", "--json")
     assert r.exit_code == 0, r.output

@@ -59,10 +59,15 @@ def mape(points) -> float:
 
 
 def scenario_config(
-    ds: PublishedDataset, sc: Scenario, levels: list[int], output_mean: float | None = None
+    ds: PublishedDataset,
+    sc: Scenario,
+    levels: list[int],
+    output_mean: float | None = None,
+    overrides: dict[str, float] | None = None,
 ) -> PredictConfig:
     """The PredictConfig that reproduces one measured scenario at ``levels`` (whose mean
-    output, where the workload gives none, is ``output_mean`` or the scenario's)."""
+    output, where the workload gives none, is ``output_mean`` or the scenario's), with
+    efficiency ``overrides`` laid over whatever parameters it is simulated with."""
     w = ds.workload
     output = w.output_tokens
     mean = output_mean or sc.output_mean_tokens
@@ -97,6 +102,7 @@ def scenario_config(
         kv_capacity_tokens=sc.kv_capacity_tokens,
         seed=0,
         profile="none",
+        efficiency_overrides=overrides or {},
     )
 
 
@@ -118,15 +124,17 @@ def compare_scenario(
     catalog: Catalog,
     params: EfficiencyParams | None = None,
     workers: int | None = None,
+    overrides: dict[str, float] | None = None,
 ) -> list[ComparedPoint]:
     """Simulate one scenario of a dataset and pair its predictions with measurements.
-    Levels with the same mean output are simulated in one sweep."""
+    Levels with the same mean output are simulated in one sweep. ``overrides`` replace
+    single efficiency parameters on top of ``params`` (or the GPU's defaults)."""
     sweeps: dict[float | None, list[int]] = {}
     for level in sorted({p.concurrency for p in sc.points}):
         sweeps.setdefault(output_mean_for(sc, level), []).append(level)
     by_level = {}
     for mean, levels in sweeps.items():
-        config = scenario_config(ds, sc, levels, mean)
+        config = scenario_config(ds, sc, levels, mean, overrides)
         result = predict(config, catalog, params=params, workers=workers)
         by_level.update({int(lv.level): lv.metrics for lv in result.levels})
     return [
@@ -143,15 +151,20 @@ def compare_scenario(
 
 
 def compare_dataset(
-    ds: PublishedDataset, catalog: Catalog, params: EfficiencyParams | None = None
+    ds: PublishedDataset,
+    catalog: Catalog,
+    params: EfficiencyParams | None = None,
+    overrides: dict[str, float] | None = None,
 ) -> list[ComparedPoint]:
     """Simulate every scenario of a dataset and pair predictions with measurements."""
-    return compare_datasets([ds], catalog, params)
+    return compare_datasets([ds], catalog, params, overrides=overrides)
 
 
 def _compare_in_worker(args) -> list[ComparedPoint]:
-    ds, sc, extra_dirs, params = args
-    return compare_scenario(ds, sc, process_catalog(extra_dirs), params, workers=1)
+    ds, sc, extra_dirs, params, overrides = args
+    return compare_scenario(
+        ds, sc, process_catalog(extra_dirs), params, workers=1, overrides=overrides
+    )
 
 
 def compare_datasets(
@@ -159,12 +172,17 @@ def compare_datasets(
     catalog: Catalog,
     params: EfficiencyParams | None = None,
     pool: Executor | None = None,
+    overrides: dict[str, float] | None = None,
 ) -> list[ComparedPoint]:
     """``compare_dataset`` for several datasets, their scenarios spread over ``pool``'s
     processes when one is given (the points come back in the same order)."""
     jobs = [(ds, sc) for ds in datasets for sc in ds.scenarios]
     if pool is None or len(jobs) < 2:
-        return [pt for ds, sc in jobs for pt in compare_scenario(ds, sc, catalog, params)]
+        return [
+            pt
+            for ds, sc in jobs
+            for pt in compare_scenario(ds, sc, catalog, params, overrides=overrides)
+        ]
     dirs = catalog_dirs(catalog)
-    parts = pool.map(_compare_in_worker, [(ds, sc, dirs, params) for ds, sc in jobs])
-    return [pt for part in parts for pt in part]
+    args = [(ds, sc, dirs, params, overrides) for ds, sc in jobs]
+    return [pt for part in pool.map(_compare_in_worker, args) for pt in part]

@@ -40,6 +40,50 @@ MaxModelLenOption = Annotated[
 GpuMemoryUtilizationOption = Annotated[
     float, typer.Option("--gpu-memory-utilization", help="vLLM's memory fraction")
 ]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Efficiency parameter NAME=VALUE laid over the defaults and any profile "
+        "(repeatable), e.g. layer_overhead_eager_us=400",
+        show_default=False,
+    ),
+]
+
+
+def parse_overrides(values: list[str] | None) -> dict[str, float]:
+    """``--set NAME=VALUE`` items as efficiency overrides, checked against
+    EfficiencyParams: unknown names get did-you-mean, values their field's limits."""
+    from pydantic import ValidationError
+
+    from capsim.errors import close_matches
+    from capsim.physics.efficiency import EfficiencyParams
+
+    fields = [n for n in EfficiencyParams.model_fields if n != "groups"]
+    overrides: dict[str, float] = {}
+    for item in values or []:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise CapsimUserError(f"malformed --set '{item}'", hint="use NAME=VALUE")
+        if name not in fields:
+            raise CapsimUserError(
+                f"unknown efficiency parameter '{name}'",
+                hint='the parameters and their units: capsim explain --json ("efficiency")',
+                suggestions=close_matches(name, fields),
+            )
+        try:
+            overrides[name] = float(text)
+        except ValueError:
+            raise CapsimUserError(f"--set {name} needs a number, not '{text}'") from None
+    try:
+        EfficiencyParams().with_overrides(overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise CapsimUserError(
+            f"--set {first['loc'][0]}={first['input']}: {first['msg'].lower()}"
+        ) from None
+    return overrides
 
 
 def user_errors(func):

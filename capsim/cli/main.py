@@ -25,11 +25,13 @@ from capsim.cli.common import (
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    SetOption,
     catalog,
     console,
     fmt_num,
     global_db,
     parse_acceptance,
+    parse_overrides,
     print_json,
     user_errors,
 )
@@ -50,7 +52,7 @@ from capsim.physics.memory import (
 )
 from capsim.physics.parameters import parameter_breakdown
 from capsim.physics.speculative import parse_spec
-from capsim.physics.step import Deployment, StepBreakdown, build_step_model
+from capsim.physics.step import Deployment, StepBreakdown, build_step_model, default_efficiency
 
 app = typer.Typer(
     name="capsim",
@@ -541,6 +543,7 @@ def explain_cmd(
     ] = None,
     interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    set_values: SetOption = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -558,7 +561,9 @@ def explain_cmd(
         cuda_graphs=not enforce_eager,
         spec=spec_cfg,
     )
-    sm = build_step_model(cat, gpu, model, dep)
+    overrides = parse_overrides(set_values)
+    params = default_efficiency(cat.gpu(gpu), cat).with_overrides(overrides) if overrides else None
+    sm = build_step_model(cat, gpu, model, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
     prefill = sm.step(np.array([chunk]), np.array([0]))

@@ -22,9 +22,11 @@ from capsim.cli.common import (
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    SetOption,
     catalog,
     console,
     parse_acceptance,
+    parse_overrides,
 )
 from capsim.engine.router import ROUTER_POLICIES
 from capsim.engine.simulate import PredictConfig, PredictResult, predict
@@ -342,6 +344,7 @@ def predict_cmd(
     profile: Annotated[
         str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
     ] = "auto",
+    set_values: SetOption = None,
     json_out: JsonOption = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout")] = False,
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG chart")] = None,
@@ -365,6 +368,7 @@ def predict_cmd(
     levels = parse_levels(concurrency) if workload != "open" else [1]
     rates = parse_rates(rate) if rate else []
     spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
+    overrides = parse_overrides(set_values)
     try:
         tps = [int(v) for v in split_list(tp)]
     except ValueError:
@@ -412,6 +416,7 @@ def predict_cmd(
             router=router,
             seed=seed,
             profile=profile,
+            efficiency_overrides=overrides,
         )
         results.append(predict(config, cat))
     if json_out:

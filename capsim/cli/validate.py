@@ -13,8 +13,17 @@ from rich.table import Table
 from capsim.calibration.compare import ComparedPoint, compare_dataset, mape
 from capsim.calibration.fit import check_fittable, cross_validate, fit_profile
 from capsim.calibration.published import load_published
-from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
+from capsim.cli.common import (
+    DbOption,
+    JsonOption,
+    SetOption,
+    catalog,
+    console,
+    parse_overrides,
+    print_json,
+)
 from capsim.cli.predict import split_list
+from capsim.errors import CapsimUserError
 
 
 def markdown(points: list[ComparedPoint]) -> str:
@@ -113,11 +122,19 @@ def validate_cmd(
         ),
     ] = None,
     md: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table")] = False,
+    set_values: SetOption = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
     """Predict every published measurement and report the error."""
     cat = catalog(db)
+    overrides = parse_overrides(set_values)
+    if overrides and calibrated:
+        raise CapsimUserError(
+            "--set applies to the uncalibrated comparison, not to --calibrated",
+            hint="to fit with a parameter held at a value of your own, set it in a catalog "
+            "overlay (--db DIR with efficiency/CLASS.yaml) and leave it out of --fit",
+        )
     loaded = load_published(datasets)
     if calibrated:
         names = None if fit is None else tuple(split_list(fit))
@@ -180,7 +197,7 @@ def validate_cmd(
         return
     points: list[ComparedPoint] = []
     for ds in loaded:
-        points += compare_dataset(ds, cat)
+        points += compare_dataset(ds, cat, overrides=overrides)
     if json_out:
         print_json(
             {
