@@ -237,8 +237,10 @@ def test_set_overrides_reach_explain_predict_and_validate():
     """--set lays one efficiency parameter over the defaults (and any profile): a dense
     32B model in eager mode on one 3090 at batch 1 is launch-bound at the prior (64 layers
     x 525 us), and at 200 us a layer it is bound by its weight reads instead."""
+    from capsim.calibration.profiles import find_profile
+
     eager = ("--gpu", "rtx3090", "--model", "qwen2.5-coder-32b", "--quant", "awq-int4")
-    explain = [*eager, "--enforce-eager", "--json"]
+    explain = [*eager, "--enforce-eager", "--json", "--profile", "none"]
     prior = json.loads(invoke("explain", *explain).stdout)["decode"]
     r = invoke("explain", *explain, "--set", "layer_overhead_eager_us=200")
     cheap = json.loads(r.stdout)["decode"]
@@ -246,6 +248,12 @@ def test_set_overrides_reach_explain_predict_and_validate():
     assert prior["t_dispatch"] == pytest.approx(64 * 525e-6)
     assert cheap["t_dispatch"] == pytest.approx(64 * 200e-6)
     assert cheap["t_total"] < prior["t_total"]
+    # like predict, explain applies the hardware class's profile unless told otherwise
+    fitted = find_profile("auto", "consumer-ampere").parameters["layer_overhead_eager_us"].value
+    r = invoke("explain", *explain[:-2])
+    data = json.loads(r.stdout)
+    assert data["profile"] == "consumer-ampere-vllm"
+    assert data["decode"]["t_dispatch"] == pytest.approx(64 * fitted * 1e-6)
 
     def tok_s(*extra):
         r = invoke("predict", *eager, "--enforce-eager", "-c", "1", "--json", *extra)

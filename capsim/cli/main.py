@@ -14,6 +14,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from capsim.calibration.profiles import find_profile
 from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
 from capsim.catalog.loader import ENV_VAR, Catalog, user_db_dirs
 from capsim.catalog.schemas import DTYPES, GPU, Model
@@ -543,6 +544,12 @@ def explain_cmd(
     ] = None,
     interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile", help="Calibration profile: auto (as predict), none, NAME or PATH"
+        ),
+    ] = "auto",
     set_values: SetOption = None,
     json_out: JsonOption = False,
     db: DbOption = None,
@@ -562,12 +569,13 @@ def explain_cmd(
         spec=spec_cfg,
     )
     overrides = parse_overrides(set_values)
-    params = default_efficiency(cat.gpu(gpu), cat).with_overrides(overrides) if overrides else None
-    sm = build_step_model(cat, gpu, model, dep, params)
+    g = cat.gpu(gpu)
+    fitted = find_profile(profile, g.hardware_class)
+    params = fitted.params(cat, g.name) if fitted else default_efficiency(g, cat)
+    sm = build_step_model(cat, g, model, dep, params.with_overrides(overrides))
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
     prefill = sm.step(np.array([chunk]), np.array([0]))
-    g = sm.gpu
     peak = getattr(g.tensor_tflops, sm.compute_dtype)
     ridge = peak * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if peak else None
     if json_out:
@@ -579,6 +587,7 @@ def explain_cmd(
                 "deployment": dep.model_dump(mode="json"),
                 "compute_dtype": sm.compute_dtype,
                 "native_format": sm.native,
+                "profile": fitted.name if fitted else None,
                 "efficiency": sm.params.model_dump(exclude={"groups"}),
                 "ridge_flop_per_byte": ridge,
                 "decode": {
@@ -591,6 +600,7 @@ def explain_cmd(
         )
         return
     title = f"{sm.model.name} ({sm.fmt.name}) on {tp}x {g.name}"
+    title += f", profile {fitted.name}" if fitted else ", uncalibrated"
     note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
     for label, step, out in (
         (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
