@@ -165,6 +165,23 @@ def test_explain_json_breakdown():
     assert invoke("explain", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b").exit_code == 0
 
 
+def test_explain_picks_the_format_predict_would_and_warns_when_nothing_fits():
+    """Without --quant, explain runs the format predict would pick (AWQ for a 32B dense
+    model on one 24 GB card); an explicit format that does not fit is explained anyway,
+    with a warning saying what it needs and what the GPU has."""
+    base = ("explain", "--gpu", "rtx3090", "--model", "qwen2.5-coder-32b")
+    data = json.loads(invoke(*base, "--json").stdout)
+    assert data["quant"] == "awq-int4" and data["fits"] and data["fit_note"] is None
+    assert "bf16) does not fit" in data["quant_reason"]
+    r = invoke(*base, "--quant", "bf16", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["quant"] == "bf16" and not data["fits"]
+    assert "65.5 GB" in data["fit_note"] and "24 GiB" in data["fit_note"]
+    r = invoke(*base, "--quant", "bf16")
+    assert r.exit_code == 0 and "warning: does not fit" in " ".join(r.stdout.split())
+
+
 def test_explain_with_speculation_and_power():
     r = invoke(
         "explain",

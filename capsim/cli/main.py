@@ -45,6 +45,8 @@ from capsim.errors import CapsimUserError
 from capsim.physics.memory import (
     GB,
     GIB,
+    auto_format,
+    check_tensor_parallel,
     fit_hint,
     kv_layout,
     memory_fit,
@@ -559,20 +561,34 @@ def explain_cmd(
         raise CapsimUserError("--batch must be at least 1 and --context at least 0")
     cat = catalog(db)
     spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
+    overrides = parse_overrides(set_values)
+    g = cat.gpu(gpu)
+    m = cat.model(model)
+    # the format predict would run: the release format if it fits, else the first that does
+    fit_options = dict(
+        kv_dtype=kv_dtype,
+        enforce_eager=enforce_eager,
+        include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
+    )
+    if quant is None:
+        check_tensor_parallel(m, tp)
+        fmt, quant_reason = auto_format(g, m, cat.quant_formats.entries, tp, **fit_options)
+    else:
+        fmt, quant_reason = cat.quant(quant), "as requested"
+    fit = memory_fit(g, m, fmt, tp=tp, **fit_options)
+    fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
     dep = Deployment(
         tp=tp,
-        quant=quant,
+        quant=fmt.name,
         kv_dtype=kv_dtype,
         power_limit_w=power_limit,
         interconnect=interconnect,
         cuda_graphs=not enforce_eager,
         spec=spec_cfg,
     )
-    overrides = parse_overrides(set_values)
-    g = cat.gpu(gpu)
     fitted = find_profile(profile, g.hardware_class)
     params = fitted.params(cat, g.name) if fitted else default_efficiency(g, cat)
-    sm = build_step_model(cat, g, model, dep, params.with_overrides(overrides))
+    sm = build_step_model(cat, g, m, dep, params.with_overrides(overrides))
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
     prefill = sm.step(np.array([chunk]), np.array([0]))
@@ -584,6 +600,9 @@ def explain_cmd(
                 "gpu": g.name,
                 "model": sm.model.name,
                 "quant": sm.fmt.name,
+                "quant_reason": quant_reason,
+                "fits": fit.fits,
+                "fit_note": fit_note,
                 "deployment": dep.model_dump(mode="json"),
                 "compute_dtype": sm.compute_dtype,
                 "native_format": sm.native,
@@ -612,6 +631,10 @@ def explain_cmd(
         for row in step_rows(step, out, ridge):
             table.add_row(*row)
         console.print(table)
+    if quant is None:
+        console.print(f"weight format {quant_reason}", highlight=False)
+    if fit_note:
+        console.print(f"[bold yellow]warning:[/] {fit_note}", highlight=False)
 
 
 app.command("predict")(user_errors(predict_cmd))
