@@ -139,7 +139,7 @@ def test_serve_command_carries_the_configuration():
     line = vllm_serve_command(c, "Org/Model", max_num_seqs=32)
     assert line.startswith("vllm serve Org/Model --tensor-parallel-size 2 --max-num-seqs 32")
     assert "--kv-cache-dtype fp8" in line
-    assert "awq-int4 checkpoint" in line and "x2 replicas" in line
+    assert "checkpoint of this model in awq-int4" in line and "x2 replicas" in line
     plain = vllm_serve_command(
         Candidate(gpu="h100-sxm", count=1, tp=1, model="m", quant="bf16", kv_dtype="auto"),
         "Org/Model",

@@ -348,7 +348,7 @@ def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
     if c.power_limit_w is not None:
         notes.append(f"nvidia-smi -pl {c.power_limit_w:.0f} on each GPU")
     if c.quant not in ("bf16", "fp16", "fp8"):
-        notes.append(f"needs a {c.quant} checkpoint of this model")
+        notes.append(f"needs a checkpoint of this model in {c.quant}")
     if c.nodes > 1:
         notes.append(
             f"{c.nodes} nodes, {c.count // c.tp} replicas each ({c.dp} in all) behind a router"
