@@ -76,6 +76,24 @@ def test_fit_recovers_known_parameters(tmp_path):
     assert again.params(CAT, "rtx3090").step_overhead_us == pytest.approx(1500, rel=0.05)
 
 
+def test_prior_weight_pulls_a_fit_towards_the_prior_and_keeps_the_data_errors():
+    """The step overhead is 3,000 us in the synthetic truth and 400 us in the prior. With
+    no pull the fit finds the truth; the stronger the pull towards the prior, the closer
+    to 400 the fit ends up. The standard error still comes from the points alone."""
+    ds = synthetic({"step_overhead_us": 3000.0})
+    fit = ("step_overhead_us",)
+    values, stds = [], []
+    for weight in (0.0, 2.0, 20.0):
+        p = fit_profile([ds], CAT, "pulled", fit, prior_weight=weight).parameters[fit[0]]
+        assert p.prior == 400.0
+        values.append(p.value)
+        stds.append(p.std)
+    assert values[0] == pytest.approx(3000, rel=0.05)
+    assert 400 < values[2] < values[1] < values[0]
+    assert values[2] < 2000  # a weight of 20 wins against eight points
+    assert all(std is not None and std > 0 for std in stds)
+
+
 def test_cross_validation_predicts_left_out_levels():
     ds = synthetic({"step_overhead_us": 1200.0})
     cv = cross_validate([ds], CAT, ("step_overhead_us",), max_evaluations=20)

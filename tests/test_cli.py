@@ -299,6 +299,13 @@ def test_set_overrides_reach_explain_predict_and_validate():
     assert r.exit_code == 2 and "--calibrated" in r.stderr
 
 
+def test_prior_weight_needs_a_fit():
+    r = invoke("validate", "--prior-weight", "1")
+    assert r.exit_code == 2 and "--calibrated" in r.stderr
+    r = invoke("calibrate", "--prior-weight", "-1")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr + r.stdout
+
+
 def test_validate_reports_every_published_point():
     r = invoke("validate", "--json")
     assert r.exit_code == 0, r.output

@@ -18,7 +18,14 @@ from capsim.calibration.fit import (
 )
 from capsim.calibration.kernels import KERNEL_FIT, fit_kernel_params, load_kernel_dataset
 from capsim.calibration.published import load_published
-from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
+from capsim.cli.common import (
+    DbOption,
+    JsonOption,
+    PriorWeightOption,
+    catalog,
+    console,
+    print_json,
+)
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 
@@ -40,6 +47,7 @@ def calibrate_cmd(
             "else " + ",".join(DEFAULT_FIT) + ")",
         ),
     ] = None,
+    prior_weight: PriorWeightOption = 0.0,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -54,8 +62,12 @@ def calibrate_cmd(
         )
     profiles = []
     for hw_class, group in groups.items():
-        profile = fit_profile(group, cat, name or f"{hw_class}-vllm", names)
-        cv = cross_validate(group, cat, names, start=profile.fitted_values)
+        profile = fit_profile(
+            group, cat, name or f"{hw_class}-vllm", names, prior_weight=prior_weight
+        )
+        cv = cross_validate(
+            group, cat, names, start=profile.fitted_values, prior_weight=prior_weight
+        )
         if cv:
             errors = np.log([p.predicted / p.measured for p in cv])
             profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))

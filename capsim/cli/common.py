@@ -40,6 +40,15 @@ MaxModelLenOption = Annotated[
 GpuMemoryUtilizationOption = Annotated[
     float, typer.Option("--gpu-memory-utilization", help="vLLM's memory fraction")
 ]
+PriorWeightOption = Annotated[
+    float,
+    typer.Option(
+        "--prior-weight",
+        min=0.0,
+        help="Pull each fitted parameter towards its prior: moving it across its whole "
+        "range costs like one point this far off in log units (default 0, off)",
+    ),
+]
 SetOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -16,6 +16,7 @@ from capsim.calibration.published import load_published
 from capsim.cli.common import (
     DbOption,
     JsonOption,
+    PriorWeightOption,
     SetOption,
     catalog,
     console,
@@ -40,19 +41,23 @@ def markdown(points: list[ComparedPoint]) -> str:
     return "\n".join(lines)
 
 
-def calibrated_errors(datasets, cat, fit: tuple[str, ...] | None = None) -> list[dict]:
+def calibrated_errors(
+    datasets, cat, fit: tuple[str, ...] | None = None, prior_weight: float = 0.0
+) -> list[dict]:
     """Per dataset: uncalibrated, in-sample (fitted on the dataset) and cross-validated
-    (leave one concurrency level out; leave one point out) errors of every point."""
+    (leave one concurrency level out; leave one point out) errors of every point, every
+    fit pulled towards the priors by ``prior_weight``."""
     rows = []
     for ds in datasets:
         raw = compare_dataset(ds, cat)
-        fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit)
+        fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit, prior_weight=prior_weight)
         inside = fitted.residuals  # every point at the fitted values, in dataset order
         start = fitted.fitted_values
+        options = dict(start=start, prior_weight=prior_weight)
         by_level = {
-            point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level", start=start)
+            point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level", **options)
         }
-        by_point = cross_validate([ds], cat, fit, scheme="point", start=start)
+        by_point = cross_validate([ds], cat, fit, scheme="point", **options)
         for r, i, pt in zip(raw, inside, by_point, strict=True):
             c = by_level.get(point_key(r))
             rows.append(
@@ -122,6 +127,7 @@ def validate_cmd(
         ),
     ] = None,
     md: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table")] = False,
+    prior_weight: PriorWeightOption = 0.0,
     set_values: SetOption = None,
     json_out: JsonOption = False,
     db: DbOption = None,
@@ -135,12 +141,14 @@ def validate_cmd(
             hint="to fit with a parameter held at a value of your own, set it in a catalog "
             "overlay (--db DIR with efficiency/CLASS.yaml) and leave it out of --fit",
         )
+    if prior_weight and not calibrated:
+        raise CapsimUserError("--prior-weight applies to fits: add --calibrated")
     loaded = load_published(datasets)
     if calibrated:
         names = None if fit is None else tuple(split_list(fit))
         if names is not None:
             check_fittable(names)
-        rows = calibrated_errors(loaded, cat, names)
+        rows = calibrated_errors(loaded, cat, names, prior_weight)
         summary = summarize_errors(rows)
         if json_out:
             print_json({"points": rows, "datasets": summary})
