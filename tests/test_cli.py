@@ -306,6 +306,29 @@ def test_prior_weight_needs_a_fit():
     assert r.exit_code == 2 and "Traceback" not in r.stderr + r.stdout
 
 
+def test_parity_plot_tick_labels():
+    from capsim.cli.validate import minor_tick_label, tick_label
+
+    assert tick_label(1000.0) == "1,000" and tick_label(0.5) == "0.5"
+    assert [minor_tick_label(v) for v in (200.0, 300.0, 5000.0, 0.02, 0.0)] == [
+        "200",
+        "",
+        "5,000",
+        "0.02",
+        "",
+    ]
+
+
+def test_validate_parity_plot(tmp_path):
+    seed = "calibration/published/seed002-rtx3090-moe-vs-dense.yaml"
+    png = tmp_path / "parity.png"
+    r = invoke("validate", seed, "--plot", str(png), "--markdown")
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = invoke("validate", seed, "--plot", str(tmp_path / "missing" / "parity.png"))
+    assert r.exit_code == 2 and "cannot write plot" in r.stderr
+
+
 def test_validate_reports_every_published_point():
     r = invoke("validate", "--json")
     assert r.exit_code == 0, r.output
@@ -335,6 +358,11 @@ def test_validate_calibrated_reports_both_cross_validations(tmp_path):
     (summary,) = data["datasets"]
     assert set(summary["by_metric"]) == {"output_tok_s"}
     assert summary["cross_validated_point_mape"] < 5
+    png = tmp_path / "parity.png"
+    args = ("validate", str(path), "--calibrated", "--fit", "step_overhead_us", "--plot", str(png))
+    r = invoke(*args, "--markdown")
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = invoke("validate", str(path), "--calibrated", "--fit", "step_overhed_us")
     assert r.exit_code == 2 and "cannot fit" in r.stderr
     assert "did you mean: step_overhead_us" in r.stderr

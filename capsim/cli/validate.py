@@ -89,6 +89,85 @@ ERROR_COLUMNS = {
 """Error columns of ``validate --calibrated``, and their headings in the summary."""
 
 
+PARITY_BAND = 0.25
+"""Half-width of the band drawn around the parity line (relative error)."""
+
+
+def tick_label(value: float, _position=None) -> str:
+    """A log-axis tick as a plain number (1,000 rather than 10^3)."""
+    return f"{value:,.6g}"
+
+
+def empty_label(_value: float, _position=None) -> str:
+    return ""
+
+
+def minor_tick_label(value: float, _position=None) -> str:
+    """Label the 2 and 5 of each decade on a log axis, leave the other minor ticks bare."""
+    if value <= 0:
+        return ""
+    leading = round(value / 10 ** np.floor(np.log10(value)))
+    return tick_label(value) if leading in (2, 5) else ""
+
+
+def plot_parity(panels: dict[str, list[tuple[str, float, float]]], path: Path) -> None:
+    """Parity plot: predicted against measured on log axes, one panel per error kind
+    (title -> (dataset, measured, predicted) points), one colour per dataset, with the
+    line of perfect prediction and a band of +-PARITY_BAND around it. Points of different
+    metrics share a panel: each is compared with its own measurement, and the axes are
+    in the metric's own unit (tok/s or s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    shown = {title: pts for title, pts in panels.items() if pts}
+    n = max(len(shown), 1)
+    cols = 2 if n > 1 else 1
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 5.5 * rows), squeeze=False)
+    datasets = list(dict.fromkeys(d for pts in shown.values() for d, _, _ in pts))
+    colours = {d: f"C{i % 10}" for i, d in enumerate(datasets)}
+    values = [v for pts in shown.values() for _, m, p in pts for v in (m, p) if v > 0]
+    lo, hi = (min(values) / 2, max(values) * 2) if values else (0.1, 10)
+    line = np.geomspace(lo, hi, 50)
+    few = np.log10(hi / lo) <= 2.5
+    for axis, (title, pts) in zip(axes.flat, shown.items(), strict=False):
+        for d in datasets:
+            mine = [(m, p) for name, m, p in pts if name == d and m > 0 and p > 0]
+            if mine:
+                axis.scatter(*zip(*mine, strict=True), s=18, c=colours[d], label=d)
+        axis.plot(line, line, "k-", lw=1, label="predicted = measured")
+        band = f"±{PARITY_BAND:.0%}"
+        axis.plot(line, line * (1 + PARITY_BAND), "k--", lw=0.7, label=band)
+        axis.plot(line, line * (1 - PARITY_BAND), "k--", lw=0.7)
+        errors = [abs(p / m - 1) for _, m, p in pts if m > 0]
+        axis.set_title(f"{title}: MAPE {100 * float(np.mean(errors)):.1f}% ({len(pts)} points)")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        for ax in (axis.xaxis, axis.yaxis):
+            ax.set_major_formatter(FuncFormatter(tick_label))
+            # 2s and 5s too where the axes span few decades; past that they collide
+            ax.set_minor_formatter(FuncFormatter(minor_tick_label if few else empty_label))
+        axis.set_xlim(lo, hi)
+        axis.set_ylim(lo, hi)
+        axis.set_xlabel("measured (the metric's unit)")
+        axis.set_ylabel("predicted")
+        axis.grid(alpha=0.3, which="both")
+        axis.legend(fontsize=6)
+    for axis in list(axes.flat)[len(shown) :]:
+        axis.set_visible(False)
+    fig.suptitle("capsim validate: predicted vs measured")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise CapsimUserError(f"cannot write plot '{path}': {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
 def summarize_errors(rows: list[dict]) -> list[dict]:
     """Per dataset and per metric within it: the MAPE of each error column (percent;
     None where no point has that error)."""
@@ -129,6 +208,9 @@ def validate_cmd(
     md: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table")] = False,
     prior_weight: PriorWeightOption = 0.0,
     set_values: SetOption = None,
+    plot_path: Annotated[
+        Path | None, typer.Option("--plot", help="Write a parity plot (PNG) of every point")
+    ] = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -150,6 +232,16 @@ def validate_cmd(
             check_fittable(names)
         rows = calibrated_errors(loaded, cat, names, prior_weight)
         summary = summarize_errors(rows)
+        if plot_path is not None:
+            panels = {
+                heading.removeprefix("MAPE "): [
+                    (r["dataset"], r["measured"], r["measured"] * (1 + r[col]))
+                    for r in rows
+                    if r[col] is not None
+                ]
+                for col, heading in ERROR_COLUMNS.items()
+            }
+            plot_parity(panels, plot_path)
         if json_out:
             print_json({"points": rows, "datasets": summary})
             return
@@ -206,6 +298,9 @@ def validate_cmd(
     points: list[ComparedPoint] = []
     for ds in loaded:
         points += compare_dataset(ds, cat, overrides=overrides)
+    if plot_path is not None:
+        title = "with --set" if overrides else "uncalibrated"
+        plot_parity({title: [(p.dataset, p.measured, p.predicted) for p in points]}, plot_path)
     if json_out:
         print_json(
             {
