@@ -139,6 +139,37 @@ def test_probe_run_files_become_datasets(tmp_path):
         dataset_from_run(tmp_path / "nogpu.json")
 
 
+def test_a_probed_server_with_speculation_is_simulated_with_its_measured_acceptance(tmp_path):
+    """A run whose deployment states --spec becomes a scenario with that speculation and
+    the acceptance per draft position that vLLM's counters report over the whole run."""
+    import json
+    from pathlib import Path
+
+    from capsim.calibration.published import dataset_from_run
+    from capsim.probe.prometheus import PER_POSITION
+
+    run = json.loads(Path("calibration/runs/cpu-vllm-tiny-qwen3.json").read_text())
+    run["header"]["deployment"]["spec"] = "ngram:2"
+    for i, level in enumerate(run["levels"]):  # 100 drafts per level, accepted 80 and 40
+        level["server_deltas"].update(
+            {
+                "vllm:spec_decode_num_drafts_total": 100.0,
+                f"{PER_POSITION}[0]": 80.0 if i % 2 else 70.0,
+                f"{PER_POSITION}[1]": 40.0 if i % 2 else 50.0,
+            }
+        )
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(run))
+    (scenario,) = dataset_from_run(path).scenarios
+    assert scenario.spec == "ngram:2"
+    assert scenario.spec_acceptance == pytest.approx([0.75, 0.45])
+    plain = compare_dataset(
+        dataset_from_run(Path("calibration/runs/cpu-vllm-tiny-qwen3.json")), CAT
+    )
+    drafted = compare_dataset(dataset_from_run(path), CAT)
+    assert all(d.predicted != p.predicted for d, p in zip(drafted, plain, strict=True))
+
+
 def test_hardware_classes_name_their_own_fit_set():
     from capsim.calibration.fit import DEFAULT_FIT, FIT_BOUNDS, class_fit
 

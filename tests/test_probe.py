@@ -158,6 +158,8 @@ def test_probe_cli_errors(mock_url):
         app, ["probe", "--url", mock_url, "--model", "mock-model", "--engine-flag", "oops"]
     )
     assert r.exit_code == 2 and "KEY=VALUE" in r.stderr
+    r = runner.invoke(app, ["probe", "--url", mock_url, "--model", "mock-model", "--spec", "mtp"])
+    assert r.exit_code == 2 and "cannot read --spec" in r.stderr
 
 
 def test_probe_cli_writes_run_and_json(mock_url, tmp_path):

@@ -57,7 +57,9 @@ class Scenario(Strict):
     interconnect: str = "auto"
     kv_dtype: str = "auto"
     spec: str | None = None
-    spec_acceptance: float | None = None
+    spec_acceptance: float | list[float] | None = Field(
+        None, description="Acceptance rate, or one per draft position (as --spec-acceptance)"
+    )
     power_limit_w: float | None = None
     flags: dict[str, float | int | bool] = Field(default_factory=dict)
     output_mean_tokens: float | None = None
@@ -125,6 +127,7 @@ def load_dataset(path: Path) -> PublishedDataset:
 def dataset_from_run(path: Path) -> PublishedDataset:
     """A probe run file as a dataset: one point per level and run (output tok/s), with
     the deployment the user stated and the KV capacity the server reported."""
+    from capsim.probe.prometheus import acceptance_per_position
     from capsim.probe.runfile import load_run
 
     summary, _ = load_run(path)
@@ -159,6 +162,14 @@ def dataset_from_run(path: Path) -> PublishedDataset:
     ]
     if not points:
         raise CapsimUserError(f"run '{path}' has no completed level to calibrate on")
+    acceptance = None
+    if dep.spec:
+        # vLLM's counters over the whole run: accepted tokens at each draft position / drafts
+        totals: dict[str, float] = {}
+        for lv in summary.levels:
+            for key, value in lv.server_deltas.items():
+                totals[key] = totals.get(key, 0.0) + value
+        acceptance = acceptance_per_position(totals)
     return PublishedDataset(
         name=path.stem,
         source=Source(
@@ -179,6 +190,8 @@ def dataset_from_run(path: Path) -> PublishedDataset:
                 quant=dep.quant or "auto",
                 tp=dep.tp or 1,
                 kv_dtype=dep.kv_dtype or "auto",
+                spec=dep.spec,
+                spec_acceptance=acceptance,
                 flags=flags,
                 kv_capacity_tokens=capacity,
                 points=points,

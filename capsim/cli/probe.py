@@ -13,6 +13,7 @@ from rich.table import Table
 from capsim.cli.common import JsonOption, console, err_console, print_json, user_errors
 from capsim.cli.predict import parse_levels
 from capsim.errors import CapsimUserError
+from capsim.physics.speculative import parse_spec
 from capsim.probe.runfile import Deployment, RunSummary, summarize_log
 
 probe_app = typer.Typer(
@@ -99,6 +100,14 @@ def probe_cmd(
     tp: Annotated[int | None, typer.Option("--tp")] = None,
     quant: Annotated[str | None, typer.Option("--quant")] = None,
     kv_dtype: Annotated[str | None, typer.Option("--kv-dtype")] = None,
+    spec: Annotated[
+        str | None,
+        typer.Option(
+            "--spec",
+            help="Speculative decoding the server runs (mtp:2, eagle:3, ngram:4); calibration "
+            "simulates it with the acceptance the server's counters report",
+        ),
+    ] = None,
     engine_flag: Annotated[
         list[str] | None, typer.Option("--engine-flag", help="KEY=VALUE, repeatable")
     ] = None,
@@ -114,6 +123,8 @@ def probe_cmd(
             "capsim probe needs --url and --model",
             hint="e.g. capsim probe --url http://127.0.0.1:8000 --model NAME",
         )
+    if spec is not None:
+        parse_spec(spec)  # a malformed value fails now, not at calibration
     if workload not in ("closed", "batch"):
         raise CapsimUserError(f"unknown workload '{workload}'", hint="use closed or batch")
     if endpoint not in ("completions", "chat"):
@@ -139,6 +150,7 @@ def probe_cmd(
             tp=tp,
             quant=quant,
             kv_dtype=kv_dtype,
+            spec=spec,
             engine_flags=parse_flags(engine_flag),
         ),
     )

@@ -37,6 +37,9 @@ class Deployment(BaseModel):
     tp: int | None = None
     quant: str | None = None
     kv_dtype: str | None = None
+    spec: str | None = Field(
+        None, description="Speculative decoding the server runs, as capsim's --spec (mtp:2)"
+    )
     engine_flags: dict[str, str] = Field(default_factory=dict)
 
 
