@@ -123,6 +123,18 @@ def catalog(db: list[Path] | None) -> Catalog:
     return load_catalog([*global_db, *(db or [])])
 
 
+def save_figure(fig, path: Path) -> None:
+    """Write a matplotlib figure as PNG and close it; an unwritable path is a user error."""
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise CapsimUserError(f"cannot write plot '{path}': {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 

@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json
+from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json, save_figure
 from capsim.cli.predict import split_list
 from capsim.engine.router import ROUTER_POLICIES
 from capsim.errors import CapsimUserError
@@ -72,8 +72,7 @@ def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
         axis.grid(alpha=0.3)
     fig.suptitle("capsim plan: configurations and Pareto frontiers")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def positive_ints(text: str, flag: str, example: str) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ from capsim.cli.common import (
     console,
     parse_acceptance,
     parse_overrides,
+    save_figure,
 )
 from capsim.engine.router import ROUTER_POLICIES
 from capsim.engine.simulate import PredictConfig, PredictResult, predict
@@ -285,12 +286,7 @@ def plot(results: list[PredictResult], path: Path) -> None:
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize=7)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise CapsimUserError(f"cannot write plot '{path}': {exc.strerror}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 def predict_cmd(

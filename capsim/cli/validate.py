@@ -22,6 +22,7 @@ from capsim.cli.common import (
     console,
     parse_overrides,
     print_json,
+    save_figure,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -160,12 +161,7 @@ def plot_parity(panels: dict[str, list[tuple[str, float, float]]], path: Path) -
         axis.set_visible(False)
     fig.suptitle("capsim validate: predicted vs measured")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise CapsimUserError(f"cannot write plot '{path}': {exc.strerror}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 def summarize_errors(rows: list[dict]) -> list[dict]:
