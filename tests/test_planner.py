@@ -132,6 +132,28 @@ def test_plan_cli(tmp_path):
     assert r.exit_code == 2 and "unknown model" in r.stderr
 
 
+def test_plan_ranks_by_cost_throughput_or_cost_per_token():
+    """Configurations that meet the SLOs come first, in the order --rank asks for."""
+
+    def ranked(rank: str) -> list[dict]:
+        r = run_plan("--min-agent-tok-s", "5", "--rank", rank, "--json")
+        assert r.exit_code == 0, r.output
+        configs = json.loads(r.stdout)["configurations"]
+        met = [c["meets_slo"] for c in configs]
+        assert met == sorted(met, reverse=True)  # every SLO-meeting row before any other
+        return [c for c in configs if c["meets_slo"]]
+
+    for rank, key, sign in (
+        ("cost", "cost_usd", 1),
+        ("throughput", "output_tok_s", -1),
+        ("cost-per-token", "usd_per_million_output_tokens", 1),
+    ):
+        values = [sign * c[key] for c in ranked(rank)]
+        assert len(values) > 2 and values == sorted(values), rank
+    r = run_plan("--rank", "speed")
+    assert r.exit_code == 2 and "unknown ranking" in r.stderr
+
+
 def test_serve_command_carries_the_configuration():
     from capsim.planner.search import vllm_serve_command
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json, save_figure
 from capsim.cli.predict import split_list
 from capsim.engine.router import ROUTER_POLICIES
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, close_matches
 from capsim.planner.costs import CostModel
 from capsim.planner.search import (
     Evaluated,
@@ -98,6 +98,27 @@ def short_misses(e: Evaluated, req: PlanRequest) -> str:
     return "no: " + "+".join(out)
 
 
+def _unpriced_last(value: float | None) -> float:
+    return value if value is not None else float("inf")
+
+
+RANKINGS = {
+    "cost": lambda e: (not e.meets_slo, _unpriced_last(e.cost.total_usd), -e.output_tok_s),
+    "throughput": lambda e: (
+        not e.meets_slo,
+        -e.output_tok_s,
+        _unpriced_last(e.cost.total_usd),
+    ),
+    "cost-per-token": lambda e: (
+        not e.meets_slo,
+        _unpriced_last(e.cost.usd_per_million_output_tokens),
+        -e.output_tok_s,
+    ),
+}
+"""Sort keys of ``capsim plan --rank``: configurations that meet the SLOs always come first;
+a configuration without a price ranks after every priced one on a cost key."""
+
+
 def plan_cmd(
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
     agents: Annotated[int, typer.Option("--agents", help="Concurrent agents (clients)")],
@@ -138,6 +159,15 @@ def plan_cmd(
         float | None, typer.Option("--cloud-hourly", help="USD per GPU-hour instead of buying")
     ] = None,
     top: Annotated[int, typer.Option("--top", help="Rows to show")] = 10,
+    rank: Annotated[
+        str,
+        typer.Option(
+            "--rank",
+            help="Order of the configurations that meet the SLOs: cost (cheapest first), "
+            "throughput (most output tok/s first) or cost-per-token (fewest USD per "
+            "million output tokens first)",
+        ),
+    ] = "cost",
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write frontier plots")] = None,
     dask_scheduler: Annotated[
         str | None,
@@ -197,6 +227,12 @@ def plan_cmd(
         router_capacity_rps=router_capacity_rps,
         cost=CostModel(years=years, kwh_price_usd=kwh_price, cloud_usd_per_gpu_hour=cloud_hourly),
     )
+    if rank not in RANKINGS:
+        raise CapsimUserError(
+            f"unknown ranking '{rank}'",
+            hint="use " + ", ".join(RANKINGS),
+            suggestions=close_matches(rank, RANKINGS),
+        )
     candidates, pruned = enumerate_candidates(req, cat)
     if not candidates:
         raise CapsimUserError(
@@ -204,13 +240,7 @@ def plan_cmd(
             hint="allow more GPUs (--counts) or other GPUs (--gpus)",
         )
     items = evaluate(candidates, req, cat, dask_scheduler=dask_scheduler)
-    items.sort(
-        key=lambda e: (
-            not e.meets_slo,
-            e.cost.total_usd if e.cost.total_usd is not None else float("inf"),
-            -e.output_tok_s,
-        )
-    )
+    items.sort(key=RANKINGS[rank])
     front_tp, front_cost = frontier_throughput(items), frontier_cost(items)
     winners = [e for e in items if e.meets_slo]
     if json_out:
@@ -252,8 +282,8 @@ def plan_cmd(
         )
     else:
         table = Table(
-            title=f"capsim plan: {agents} agents, {len(items)} configurations "
-            f"simulated, {pruned} pruned for memory",
+            title=f"capsim plan: {agents} agents, ranked by {rank}",
+            caption=f"{len(items)} configurations simulated, {pruned} pruned for memory",
             box=box.SIMPLE_HEAD,
             padding=(0, 1),
             collapse_padding=True,
