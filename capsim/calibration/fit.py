@@ -189,12 +189,10 @@ def hardware_class_of(ds: PublishedDataset, catalog: Catalog) -> str:
 
 @dataclass
 class LeastSquaresFit:
-    """The optimum of one least-squares fit: parameter values, their bounds, the Jacobian
-    and residuals of the points fitted, and the residuals of every point there."""
+    """The optimum of one least-squares fit: parameter values, the Jacobian of the points
+    fitted, and the residuals of every point there."""
 
     x: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
     jac: np.ndarray
     residuals: np.ndarray
 
@@ -236,7 +234,7 @@ def solve(
         xtol=FIT_TOLERANCE,
     )
     jac = result.jac[: -len(x0)] if pull else result.jac
-    return LeastSquaresFit(result.x, lower, upper, jac, problem.residuals(result.x))
+    return LeastSquaresFit(result.x, jac, problem.residuals(result.x))
 
 
 def fit_setup(

@@ -14,7 +14,6 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from capsim.calibration.profiles import find_profile
 from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
 from capsim.catalog.loader import ENV_VAR, Catalog, user_db_dirs
 from capsim.catalog.schemas import DTYPES, GPU, Model
@@ -41,12 +40,11 @@ from capsim.cli.plan import plan_cmd
 from capsim.cli.predict import predict_cmd
 from capsim.cli.probe import probe_app
 from capsim.cli.validate import validate_cmd
+from capsim.engine.simulate import resolve_format, resolve_params
 from capsim.errors import CapsimUserError
 from capsim.physics.memory import (
     GB,
     GIB,
-    auto_format,
-    check_tensor_parallel,
     fit_hint,
     kv_layout,
     memory_fit,
@@ -55,7 +53,7 @@ from capsim.physics.memory import (
 )
 from capsim.physics.parameters import parameter_breakdown
 from capsim.physics.speculative import parse_spec
-from capsim.physics.step import Deployment, StepBreakdown, build_step_model, default_efficiency
+from capsim.physics.step import Deployment, StepBreakdown, build_step_model
 
 app = typer.Typer(
     name="capsim",
@@ -570,12 +568,7 @@ def explain_cmd(
         enforce_eager=enforce_eager,
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
     )
-    if quant is None:
-        check_tensor_parallel(m, tp)
-        fmt, quant_reason = auto_format(g, m, cat.quant_formats.entries, tp, **fit_options)
-    else:
-        fmt, quant_reason = cat.quant(quant), "as requested"
-    fit = memory_fit(g, m, fmt, tp=tp, **fit_options)
+    fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
     dep = Deployment(
         tp=tp,
@@ -586,9 +579,8 @@ def explain_cmd(
         cuda_graphs=not enforce_eager,
         spec=spec_cfg,
     )
-    fitted = find_profile(profile, g.hardware_class)
-    params = fitted.params(cat, g.name) if fitted else default_efficiency(g, cat)
-    sm = build_step_model(cat, g, m, dep, params.with_overrides(overrides))
+    params, fitted = resolve_params(cat, g, profile, overrides)
+    sm = build_step_model(cat, g, m, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
     prefill = sm.step(np.array([chunk]), np.array([0]))
@@ -631,7 +623,7 @@ def explain_cmd(
         for row in step_rows(step, out, ridge):
             table.add_row(*row)
         console.print(table)
-    if quant is None:
+    if quant in (None, "auto"):
         console.print(f"weight format {quant_reason}", highlight=False)
     if fit_note:
         console.print(f"[bold yellow]warning:[/] {fit_note}", highlight=False)

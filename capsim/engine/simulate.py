@@ -123,6 +123,40 @@ class Setup:
     base_params: EfficiencyParams | None = None  # what build_setup was given as params
 
 
+def resolve_format(
+    cat: Catalog, gpu: GPU, model: Model, quant: str | None, tp: int, **fit_options
+) -> tuple[QuantFormat, str, MemoryFit]:
+    """The weight format a deployment runs (``quant``, or with None or "auto" the release
+    format if it fits, else the first that does), why, and its memory fit
+    (``fit_options`` as memory_fit's)."""
+    if quant in (None, "auto"):
+        check_tensor_parallel(model, tp)
+        fmt, reason = auto_format(gpu, model, cat.quant_formats.entries, tp, **fit_options)
+    else:
+        fmt, reason = cat.quant(quant), "as requested"
+    return fmt, reason, memory_fit(gpu, model, fmt, tp=tp, **fit_options)
+
+
+def resolve_params(
+    cat: Catalog,
+    gpu: GPU,
+    profile_spec: str | None,
+    overrides: dict[str, float] | None = None,
+    params: EfficiencyParams | None = None,
+) -> tuple[EfficiencyParams, object]:
+    """The efficiency parameters a prediction uses, and the calibration profile they came
+    from (None if none): ``params`` if given, else ``profile_spec``'s profile for the GPU's
+    hardware class (auto, none, a name or a path), else the class defaults; ``overrides``
+    laid over whichever it was."""
+    profile = None if params is not None else find_profile(profile_spec, gpu.hardware_class)
+    if profile is not None:
+        params = profile.params(cat, gpu.name)
+    params = params or default_efficiency(gpu, cat)
+    if overrides:
+        params = params.with_overrides(overrides)
+    return params, profile
+
+
 def build_setup(
     config: PredictConfig,
     catalog: Catalog | None = None,
@@ -159,22 +193,12 @@ def build_setup(
         enforce_eager=config.enforce_eager,
         include_mtp=spec is not None and spec.method == "mtp",
     )
-    if config.quant in (None, "auto"):
-        check_tensor_parallel(model, tp)
-        fmt, quant_reason = auto_format(gpu, model, cat.quant_formats.entries, tp, **fit_options)
-    else:
-        fmt, quant_reason = cat.quant(config.quant), "as requested"
-    fit = memory_fit(gpu, model, fmt, tp=tp, **fit_options)
+    fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
     if not fit.fits:
         require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     num_blocks = capacity // BLOCK_SIZE_TOKENS
-    profile = None if params is not None else find_profile(config.profile, gpu.hardware_class)
-    if profile is not None:
-        params = profile.params(cat, gpu.name)
-    params = params or default_efficiency(gpu, cat)
-    if config.efficiency_overrides:
-        params = params.with_overrides(config.efficiency_overrides)
+    params, profile = resolve_params(cat, gpu, config.profile, config.efficiency_overrides, params)
     dep = Deployment(
         tp=tp,
         quant=fmt.name,
