@@ -52,10 +52,16 @@ def output_mean_for(sc: Scenario, level: int) -> float | None:
     return sc.output_mean_tokens_by_level.get(level, sc.output_mean_tokens)
 
 
+def mape_of(errors) -> float:
+    """Mean absolute percentage error of signed relative errors, in percent; NaN for none."""
+    values = [abs(e) for e in errors]
+    return 100.0 * float(np.mean(values)) if values else float("nan")
+
+
 def mape(points) -> float:
     """Mean absolute percentage error of predictions (anything with ``.error``, the signed
     relative error), in percent; NaN for none."""
-    return 100.0 * float(np.mean([abs(p.error) for p in points])) if points else float("nan")
+    return mape_of(p.error for p in points)
 
 
 def scenario_config(

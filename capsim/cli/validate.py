@@ -10,7 +10,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from capsim.calibration.compare import ComparedPoint, compare_dataset, mape
+from capsim.calibration.compare import ComparedPoint, compare_dataset, mape, mape_of
 from capsim.calibration.fit import check_fittable, cross_validate, fit_profile
 from capsim.calibration.published import load_published
 from capsim.cli.common import (
@@ -143,8 +143,8 @@ def plot_parity(panels: dict[str, list[tuple[str, float, float]]], path: Path) -
         band = f"±{PARITY_BAND:.0%}"
         axis.plot(line, line * (1 + PARITY_BAND), "k--", lw=0.7, label=band)
         axis.plot(line, line * (1 - PARITY_BAND), "k--", lw=0.7)
-        errors = [abs(p / m - 1) for _, m, p in pts if m > 0]
-        axis.set_title(f"{title}: MAPE {100 * float(np.mean(errors)):.1f}% ({len(pts)} points)")
+        error = mape_of(p / m - 1 for _, m, p in pts if m > 0)
+        axis.set_title(f"{title}: MAPE {error:.1f}% ({len(pts)} points)")
         axis.set_xscale("log")
         axis.set_yscale("log")
         for ax in (axis.xaxis, axis.yaxis):
@@ -171,8 +171,8 @@ def summarize_errors(rows: list[dict]) -> list[dict]:
     def mapes(sub: list[dict]) -> dict:
         out = {}
         for col in ERROR_COLUMNS:
-            errors = [abs(r[col]) for r in sub if r[col] is not None]
-            out[f"{col}_mape"] = 100 * float(np.mean(errors)) if errors else None
+            errors = [r[col] for r in sub if r[col] is not None]
+            out[f"{col}_mape"] = mape_of(errors) if errors else None
         return out
 
     out = []
