@@ -75,7 +75,7 @@ def scenario_config(
     output, where the workload gives none, is ``output_mean`` or the scenario's), with
     efficiency ``overrides`` laid over whatever parameters it is simulated with."""
     w = ds.workload
-    output = w.output_tokens
+    output = sc.output_tokens or w.output_tokens
     mean = output_mean or sc.output_mean_tokens
     if output is None and mean:
         # lognormal with the stated mean: median = mean / exp(sigma^2 / 2)
@@ -94,7 +94,7 @@ def scenario_config(
         concurrency=levels,
         requests=w.requests_per_level,
         batch_rounds=max(w.rounds_per_level or 1, EXPECTED_VALUE_ROUNDS),
-        input_tokens=w.input_tokens,
+        input_tokens=sc.input_tokens or w.input_tokens,
         output_tokens=output or "512",
         spec=parse_spec(sc.spec, sc.spec_acceptance) if sc.spec else None,
         power_limit_w=sc.power_limit_w,
@@ -112,10 +112,22 @@ def scenario_config(
     )
 
 
-def point_value(m: LevelMetrics, metric: str) -> float:
-    """A published point's metric from a simulated level (see POINT_METRICS)."""
-    if metric == "ttft_s":
-        return m.ttft_ms.mean / 1e3
+LATENCY_METRICS = {"ttft_s": "ttft_ms", "tpot_s": "tpot_ms", "itl_s": "itl_ms", "e2e_s": "e2e_s"}
+"""Published latency metric -> the level's distribution of it, and that distribution's
+unit in seconds."""
+_SECONDS_PER_UNIT = {"ttft_ms": 1e-3, "tpot_ms": 1e-3, "itl_ms": 1e-3, "e2e_s": 1.0}
+_STATISTIC_FIELD = {"mean": "mean", "median": "p50", "p90": "p90", "p99": "p99"}
+
+
+def point_value(m: LevelMetrics, metric: str, statistic: str = "mean") -> float:
+    """A published point's metric from a simulated level (see POINT_METRICS); latencies
+    in seconds, as the ``statistic`` the source quotes."""
+    if metric in LATENCY_METRICS:
+        field = LATENCY_METRICS[metric]
+        value = getattr(getattr(m, field), _STATISTIC_FIELD[statistic])
+        return float("nan") if value is None else value * _SECONDS_PER_UNIT[field]
+    if metric == "request_throughput_rps":
+        return float(m.request_throughput)
     if metric == "decode_tok_s":
         return 1e3 / m.tpot_ms.mean
     if metric == "prompt_tok_s":
@@ -150,7 +162,7 @@ def compare_scenario(
             p.concurrency,
             p.metric,
             p.value,
-            float(point_value(by_level[p.concurrency], p.metric)),
+            float(point_value(by_level[p.concurrency], p.metric, p.statistic)),
         )
         for p in sc.points
     ]

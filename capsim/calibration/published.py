@@ -20,12 +20,23 @@ POINT_METRICS = (
     "output_tok_s",
     "per_request_output_tok_s",
     "total_tok_s",
+    "request_throughput_rps",
     "ttft_s",
+    "tpot_s",
+    "itl_s",
+    "e2e_s",
     "decode_tok_s",
     "prompt_tok_s",
 )
-"""What a published point can measure: capsim level metrics, plus TTFT in seconds, a
-request's decode rate (1 / TPOT) and its prompt rate (input tokens / TTFT)."""
+"""What a published point can measure: capsim level metrics (tokens/s, requests/s), TTFT,
+TPOT, ITL and end-to-end latency in seconds (with a ``statistic``), a request's decode rate
+(1 / TPOT) and its prompt rate (input tokens / TTFT)."""
+
+STATISTICS = ("mean", "median", "p90", "p99")
+"""Which statistic of a per-request latency a point quotes."""
+
+ENGINES = ("vllm", "sglang", "llama.cpp", "trt-llm", "other")
+"""Serving engines a measured scenario can name."""
 
 
 class Strict(BaseModel):
@@ -36,8 +47,18 @@ class MeasuredPoint(Strict):
     concurrency: int = Field(ge=1)
     metric: str
     value: float = Field(gt=0)
+    statistic: str = Field(
+        "mean", description="For latencies: which statistic the source quotes (see STATISTICS)"
+    )
     quote: str
     note: str | None = None
+
+    @field_validator("statistic")
+    @classmethod
+    def _known_statistic(cls, v: str) -> str:
+        if v not in STATISTICS:
+            raise ValueError(f"unknown statistic '{v}'; known: {', '.join(STATISTICS)}")
+        return v
 
     @field_validator("metric")
     @classmethod
@@ -49,6 +70,14 @@ class MeasuredPoint(Strict):
 
 class Scenario(Strict):
     name: str
+    engine: str = Field("vllm", description="Serving engine that was measured (see ENGINES)")
+    engine_version: str | None = None
+    input_tokens: str | None = Field(
+        None, description="This scenario's prompt length where it differs from the workload's"
+    )
+    output_tokens: str | None = Field(
+        None, description="This scenario's output length where it differs from the workload's"
+    )
     gpu: str
     model: str
     quant: str
@@ -73,6 +102,13 @@ class Scenario(Strict):
     )
     output_note: str | None = None
     points: list[MeasuredPoint]
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in ENGINES:
+            raise ValueError(f"unknown engine '{v}'; known: {', '.join(ENGINES)}")
+        return v
 
 
 class WorkloadDescription(Strict):

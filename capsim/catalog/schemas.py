@@ -15,7 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 """Tensor-core data types the catalog knows throughput figures for."""
 
-LayerType = Literal["full_attention", "sliding_attention", "linear_attention"]
+LayerType = Literal["full_attention", "sliding_attention", "linear_attention", "mamba", "none"]
+"""A layer's token mixer: softmax attention over all context or a window (also used for
+Llama 4's chunked attention, whose cache never holds more than one chunk), Gated DeltaNet
+linear attention, a Mamba-2 SSM, or none (an FFN-only layer of a hybrid stack)."""
+
+FFNType = Literal["dense", "moe", "none"]
+"""A layer's feed-forward block: a dense FFN, routed experts, or none (a mixer-only layer)."""
 
 
 class Strict(BaseModel):
@@ -34,18 +40,47 @@ class Source(Strict):
 
 
 class Price(Strict):
-    """A price in US dollars on a date."""
+    """A purchase price of one GPU in US dollars on a date."""
 
-    usd: float = Field(gt=0, description="Price in USD")
+    usd: float = Field(gt=0, description="Price of one GPU (or one GPU's share of a system), USD")
     date: dt.date = Field(description="When that price applied")
-    kind: Literal["launch-msrp", "street", "used", "list"] = "launch-msrp"
+    kind: Literal["launch-msrp", "street", "used", "list", "estimate"] = Field(
+        "launch-msrp",
+        description="launch-msrp: the vendor's launch price; list: a reseller's or vendor's "
+        "current list price; street: typical retail; used: second-hand; estimate: an analyst's "
+        "or press figure where the vendor publishes none (say whose in the source)",
+    )
+    source: Source
+
+
+class CloudPrice(Strict):
+    """What one GPU costs to rent per hour from a named provider."""
+
+    usd_per_gpu_hour: float = Field(gt=0, description="USD per GPU per hour, on demand")
+    provider: str = Field(description="Who rents it at that price, e.g. 'Lambda', 'AWS'")
+    date: dt.date
+    source: Source
+
+
+class PowerLimitRange(Strict):
+    """The board power limits a user can set (nvidia-smi -pl, rocm-smi), W."""
+
+    min_w: float | None = Field(default=None, gt=0, description="Lowest settable limit, W")
+    max_w: float | None = Field(default=None, gt=0, description="Highest settable limit, W")
     source: Source
 
 
 class Interconnect(Strict):
     """One way GPUs of this kind talk to each other."""
 
-    kind: Literal["nvlink", "pcie", "infinity-fabric", "xe-link", "none"]
+    kind: Literal["nvlink", "pcie", "infinity-fabric", "xe-link", "nvlink-c2c", "none"]
+    topology: Literal["switch", "bridge", "mesh", "host"] | None = Field(
+        default=None,
+        description="How a group is joined: 'switch' (NVSwitch: every GPU at full bandwidth to "
+        "all, in-switch reduction where supported), 'bridge' (a point-to-point bridge between "
+        "2-4 cards), 'mesh' (a direct link to each peer, e.g. MI300X's xGMI), 'host' (through "
+        "the CPU's PCIe root complex or a PCIe switch)",
+    )
     generation: float | None = Field(default=None, description="NVLink or PCIe generation")
     lanes: int | None = Field(default=None, ge=1, description="PCIe lanes")
     bandwidth_gb_s_per_direction: float | None = Field(
@@ -86,7 +121,7 @@ class GPU(Strict):
     name: str = Field(description="catalog key, lower-case, e.g. 'rtx3090'")
     display_name: str
     aliases: list[str] = Field(default_factory=list)
-    vendor: Literal["nvidia", "amd", "intel", "generic"]
+    vendor: Literal["nvidia", "amd", "intel", "apple", "generic"]
     architecture: str = Field(description="e.g. 'ampere', 'hopper', 'cdna3', 'xe2'")
     hardware_class: str = Field(
         description="Group whose default efficiency parameters apply, e.g. 'consumer-ampere'"
@@ -110,7 +145,11 @@ class GPU(Strict):
     )
     interconnects: list[Interconnect] = Field(default_factory=list)
     tdp_w: float | None = Field(default=None, gt=0, description="Board power (TDP/TBP), W")
+    power_limit_w: PowerLimitRange | None = Field(
+        default=None, description="Settable power-limit range, where a source gives it"
+    )
     price: Price | None = None
+    cloud_price: CloudPrice | None = None
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None
 
@@ -183,6 +222,50 @@ class LinearAttentionSpec(Strict):
     )
 
 
+class MambaSpec(Strict):
+    """Mamba-2 SSM mixer dimensions (Nemotron-H and similar hybrids)."""
+
+    num_heads: int = Field(ge=1, description="mamba_num_heads")
+    head_dim: int = Field(ge=1, description="mamba_head_dim")
+    state_size: int = Field(ge=1, description="ssm_state_size (d_state)")
+    n_groups: int = Field(ge=1, description="n_groups (B/C projection groups)")
+    conv_kernel: int = Field(ge=1, description="conv_kernel")
+    state_dtype_bytes: int = Field(
+        default=2, description="Bytes per element of the SSM state as the engine keeps it"
+    )
+
+    @property
+    def inner_size(self) -> int:
+        """d_inner = heads x head dim."""
+        return self.num_heads * self.head_dim
+
+
+class SparseAttentionSpec(Strict):
+    """DeepSeek Sparse Attention (V3.2): a lightning indexer picks the top-k cached tokens
+    each query attends to."""
+
+    index_n_heads: int = Field(ge=1)
+    index_head_dim: int = Field(ge=1)
+    index_topk: int = Field(ge=1, description="Cached tokens each query attends to")
+
+
+class VisionSpec(Strict):
+    """A vision-language model's image tower: capsim counts its weights in memory and
+    simulates text only."""
+
+    params_b: float = Field(gt=0, description="Vision encoder + projector parameters, billions")
+    source: Source
+
+
+class Checkpoint(Strict):
+    """A published checkpoint of this model in a weight format (e.g. an official FP8 or a
+    community AWQ repo), so its Hugging Face id resolves to the model and format."""
+
+    hf_id: str
+    quant: str = Field(description="Catalog weight format of the checkpoint")
+    source: Source | None = None
+
+
 class MLASpec(Strict):
     """Multi-head latent attention (DeepSeek) dimensions."""
 
@@ -238,7 +321,22 @@ class Model(Strict):
     sliding_window: int | None = Field(default=None, ge=1, description="Tokens, for sliding layers")
     linear_attention: LinearAttentionSpec | None = None
     mla: MLASpec | None = None
+    mamba: MambaSpec | None = None
+    sparse_attention: SparseAttentionSpec | None = None
     moe: MoESpec | None = None
+    mlp_gated: bool = Field(
+        default=True,
+        description="FFNs have a gate projection (SwiGLU/GeGLU: 3 matrices); False for "
+        "2-matrix FFNs (e.g. Nemotron-H's squared ReLU)",
+    )
+    ffn_pattern: list[FFNType] | None = Field(
+        default=None,
+        description="FFN kind of each layer, repeated cyclically over num_layers (Llama 4 "
+        "Maverick: [dense, moe]; Nemotron-H: none on mixer layers); default: MoE on every "
+        "layer after moe.first_dense_layers, else dense",
+    )
+    vision: VisionSpec | None = None
+    checkpoints: list[Checkpoint] = Field(default_factory=list)
     mtp_layers: int = Field(default=0, ge=0, description="Multi-token-prediction layers")
     max_position_embeddings: int | None = None
     dtype: str = Field(default="bf16", description="Native weight dtype of the release")
@@ -253,6 +351,13 @@ class Model(Strict):
             raise ValueError("layer_pattern has sliding_attention but sliding_window is not set")
         if "linear_attention" in types and self.linear_attention is None:
             raise ValueError("layer_pattern has linear_attention but linear_attention is not set")
+        if "mamba" in types and self.mamba is None:
+            raise ValueError("layer_pattern has mamba but mamba is not set")
+        ffn_kinds = set(self.ffn_pattern or [])
+        if "moe" in ffn_kinds and self.moe is None:
+            raise ValueError("ffn_pattern has moe but moe is not set")
+        if "dense" in ffn_kinds and self.intermediate_size is None:
+            raise ValueError("ffn_pattern has dense but intermediate_size is not set")
         if self.moe is None and self.intermediate_size is None:
             raise ValueError("a dense model needs intermediate_size")
         if self.moe is not None and self.moe.first_dense_layers and not self.intermediate_size:
@@ -271,6 +376,14 @@ class Model(Strict):
 
     def count_layers(self, kind: LayerType) -> int:
         return sum(1 for t in self.layer_types if t == kind)
+
+    def ffn_kind(self, layer: int) -> FFNType:
+        """The feed-forward block of one layer (0-based)."""
+        if self.ffn_pattern:
+            return self.ffn_pattern[layer % len(self.ffn_pattern)]
+        if self.moe is None or layer < self.moe.first_dense_layers:
+            return "dense"
+        return "moe"
 
 
 class QuantFormat(Strict):
