@@ -48,9 +48,40 @@ def compress_pattern(layer_types: list[str]) -> list[str]:
     return layer_types
 
 
+HYBRID_MIXERS = {"M": "mamba", "*": "full_attention", "-": "none", "E": "none"}
+HYBRID_FFNS = {"M": "none", "*": "none", "-": "dense", "E": "moe"}
+"""Nemotron-H's hybrid_override_pattern: one character per layer (Mamba-2, attention,
+MLP, MoE), each layer a single block."""
+
+
+def _hybrid_patterns(cfg: dict[str, Any]) -> tuple[list[str], list[str]] | None:
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern:
+        return None
+    unknown = set(pattern) - set(HYBRID_MIXERS)
+    if unknown:
+        raise CapsimUserError(
+            f"hybrid_override_pattern has layer kinds capsim does not know: {sorted(unknown)}"
+        )
+    mixers = compress_pattern([HYBRID_MIXERS[c] for c in pattern])
+    ffns = compress_pattern([HYBRID_FFNS[c] for c in pattern])
+    return mixers, ffns
+
+
 def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> list[str]:
     if isinstance(cfg.get("layer_types"), list) and cfg["layer_types"]:
         return compress_pattern([str(t) for t in cfg["layer_types"]])
+    if cfg.get("attention_chunk_size") and isinstance(cfg.get("no_rope_layers"), list):
+        # Llama 4: RoPE layers attend within a chunk, NoPE layers globally
+        flags = cfg["no_rope_layers"]
+        return compress_pattern(
+            ["sliding_attention" if f else "full_attention" for f in flags[:num_layers]]
+        )
+    if model_type == "gemma2" and cfg.get("sliding_window"):
+        return ["sliding_attention", "full_attention"]
+    if model_type.startswith("gemma3") and cfg.get("sliding_window_pattern"):
+        every = int(cfg["sliding_window_pattern"])
+        return ["sliding_attention"] * (every - 1) + ["full_attention"]
     interval = cfg.get("full_attention_interval")
     if interval and cfg.get("linear_num_value_heads"):
         return ["linear_attention"] * (int(interval) - 1) + ["full_attention"]
@@ -82,16 +113,121 @@ def _moe(cfg: dict[str, Any]) -> dict[str, Any] | None:
         moe["first_dense_layers"] = int(cfg["first_k_dense_replace"])
     if cfg.get("model_type") == "gpt_oss":
         moe["expert_bias"] = True
+    if str(cfg.get("model_type", "")).startswith("llama4"):
+        moe["num_shared_experts"] = 1  # one shared expert as wide as a routed one
     return moe
 
 
-def _weight_dtype(cfg: dict[str, Any], outer: dict[str, Any]) -> str:
+def _compressed_tensors_format(quant: dict[str, Any]) -> str:
+    """The weight format of a compressed-tensors (llm-compressor) quantization_config."""
+    fmt = str(quant.get("format", "")).lower()
+    if "nvfp4" in fmt:
+        return "nvfp4"
+    groups = quant.get("config_groups") or {}
+    for group in groups.values():
+        weights = group.get("weights") or {}
+        acts = group.get("input_activations")
+        bits = int(weights.get("num_bits", 0))
+        kind = str(weights.get("type", "int")).lower()
+        if kind == "float" and bits == 8:
+            return "fp8"
+        if kind == "float" and bits == 4:
+            return "nvfp4"
+        if bits == 4:
+            return "w4a16"
+        if bits == 8:
+            return "int8" if acts else "w8a16-int8"
+    return "compressed-tensors"
+
+
+def quant_of_config(cfg: dict[str, Any], outer: dict[str, Any] | None = None) -> str:
+    """The catalog weight format a config.json's ``quantization_config`` describes, or its
+    torch dtype (bf16/fp16) when it has none. An unknown method comes back as its own
+    name, for the caller to report."""
+    outer = outer or {}
     quant = cfg.get("quantization_config") or outer.get("quantization_config") or {}
     method = str(quant.get("quant_method", "")).lower()
-    if method in {"fp8", "mxfp4", "awq", "gptq"}:
-        return {"awq": "awq-int4", "gptq": "gptq-int4"}.get(method, method)
+    bits = int(quant.get("bits") or quant.get("w_bit") or 4)
+    if method in ("fp8", "fbgemm_fp8", "mxfp4"):
+        return "mxfp4" if method == "mxfp4" else "fp8"
+    if method == "awq":
+        return "awq-int4"
+    if method == "gptq":
+        return "gptq-int4" if bits == 4 else "w8a16-int8"
+    if method in ("auto-round", "intel/auto-round", "autoround"):
+        return "w4a16"
+    if method == "compressed-tensors":
+        return _compressed_tensors_format(quant)
+    if method == "modelopt":
+        algo = str(quant.get("quant_algo", "")).upper()
+        return {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo, f"modelopt-{algo.lower()}")
+    if method == "bitsandbytes":
+        return "bnb-nf4" if quant.get("load_in_4bit", True) else "w8a16-int8"
+    if method:
+        return method
     raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or "bf16")
     return DTYPE_NAMES.get(raw, raw if raw in {"bf16", "fp16"} else "bf16")
+
+
+def fetch_hub_config(repo: str) -> dict[str, Any]:
+    """A repo's config.json from the Hugging Face Hub (``HF_ENDPOINT``; ``HF_TOKEN`` for
+    gated repos), cached under capsim's cache folder so it is fetched once."""
+    import os
+
+    import httpx
+
+    from capsim.catalog.resolve import (
+        DEFAULT_HF_ENDPOINT,
+        FETCH_TIMEOUT_S,
+        HF_ENDPOINT_ENV,
+        cache_dir,
+    )
+
+    cached = cache_dir() / "hf" / repo / "config.json"
+    if cached.is_file():
+        return read_config(cached)
+    endpoint = os.environ.get(HF_ENDPOINT_ENV, DEFAULT_HF_ENDPOINT).rstrip("/")
+    url = f"{endpoint}/{repo}/resolve/main/config.json"
+    headers = {}
+    if os.environ.get("HF_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
+    offline_hint = (
+        "this machine cannot reach the Hub: download the model's config.json and pass its "
+        "path, e.g. --model ./config.json"
+    )
+    try:
+        response = httpx.get(url, headers=headers, timeout=FETCH_TIMEOUT_S, follow_redirects=True)
+    except httpx.HTTPError as exc:
+        raise CapsimUserError(
+            f"model '{repo}' is not in the catalog and the Hugging Face Hub could not be "
+            f"reached ({type(exc).__name__})",
+            hint=offline_hint,
+        ) from None
+    if response.status_code in (401, 403):
+        raise CapsimUserError(
+            f"the Hub refused config.json of '{repo}' (HTTP {response.status_code}): a gated "
+            "or private repo",
+            hint="set HF_TOKEN to a token with access, or pass the config.json path",
+        )
+    if response.status_code == 404:
+        raise CapsimUserError(
+            f"no model '{repo}' on the Hugging Face Hub (or it has no config.json)",
+            hint="check the id, or pass a catalog name (capsim models) or a config.json path",
+        )
+    if response.status_code != 200:
+        raise CapsimUserError(
+            f"the Hub answered HTTP {response.status_code} for config.json of '{repo}'",
+            hint=offline_hint,
+        )
+    try:
+        config = response.json()
+    except ValueError:
+        raise CapsimUserError(f"config.json of '{repo}' from the Hub is not JSON") from None
+    if not isinstance(config, dict):
+        raise CapsimUserError(f"config.json of '{repo}' from the Hub is not a JSON object")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(response.text, encoding="utf-8")
+    return config
 
 
 def model_from_hf_config(
@@ -126,9 +262,12 @@ def model_from_hf_config(
         ),
         "attention_bias": bool(cfg.get("attention_bias", model_type in QWEN2_FAMILY)),
         "attn_output_gate": bool(cfg.get("attn_output_gate", False)),
-        "dtype": _weight_dtype(cfg, config),
+        "dtype": quant_of_config(cfg, config),
     }
-    if cfg.get("intermediate_size") and model_type != "gpt_oss":
+    hybrid = _hybrid_patterns(cfg)
+    if cfg.get("intermediate_size_mlp"):  # Llama 4: dense layers' width
+        entry["intermediate_size"] = int(cfg["intermediate_size_mlp"])
+    elif cfg.get("intermediate_size") and model_type != "gpt_oss":
         entry["intermediate_size"] = int(cfg["intermediate_size"])
     if cfg.get("kv_lora_rank"):
         entry["mla"] = {
@@ -141,9 +280,31 @@ def model_from_hf_config(
         entry["head_dim"] = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
     else:
         entry["head_dim"] = int(cfg.get("head_dim") or hidden // heads)
-    entry["layer_pattern"] = _layer_pattern(cfg, model_type, num_layers)
+    if hybrid:
+        entry["layer_pattern"], entry["ffn_pattern"] = hybrid
+    else:
+        entry["layer_pattern"] = _layer_pattern(cfg, model_type, num_layers)
     if "sliding_attention" in entry["layer_pattern"]:
-        entry["sliding_window"] = int(cfg["sliding_window"])
+        entry["sliding_window"] = int(cfg.get("sliding_window") or cfg["attention_chunk_size"])
+    if "mamba" in entry["layer_pattern"]:
+        entry["mamba"] = {
+            "num_heads": int(cfg["mamba_num_heads"]),
+            "head_dim": int(cfg["mamba_head_dim"]),
+            "state_size": int(cfg["ssm_state_size"]),
+            "n_groups": int(cfg.get("n_groups", 1)),
+            "conv_kernel": int(cfg.get("conv_kernel", 4)),
+        }
+    if str(cfg.get("mlp_hidden_act", "")).lower() in {"relu2", "squared_relu"}:
+        entry["mlp_gated"] = False
+    step = cfg.get("interleave_moe_layer_step")
+    if step and int(step) > 1 and (cfg.get("num_local_experts") or cfg.get("num_experts")):
+        entry["ffn_pattern"] = ["dense"] * (int(step) - 1) + ["moe"]
+    if cfg.get("index_topk"):
+        entry["sparse_attention"] = {
+            "index_n_heads": int(cfg["index_n_heads"]),
+            "index_head_dim": int(cfg["index_head_dim"]),
+            "index_topk": int(cfg["index_topk"]),
+        }
     if "linear_attention" in entry["layer_pattern"]:
         entry["linear_attention"] = {
             "num_key_heads": int(cfg["linear_num_key_heads"]),

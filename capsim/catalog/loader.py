@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from capsim.catalog.schemas import GPU, EfficiencyProfile, Model, QuantFormat
 from capsim.errors import CatalogError, UnknownNameError, close_matches, normalise_name
+from capsim.notices import notice
 
 ENV_VAR = "CAPSIM_DB"
 SECTIONS: dict[str, type[BaseModel]] = {
@@ -89,6 +90,24 @@ def load_entry(path: Path, schema: type[T]) -> T:
         ) from None
 
 
+def entry_keys(entry) -> set[str]:
+    """Normalised aliases of an entry, and for a model its Hugging Face id and the ids of
+    its published checkpoints."""
+    keys = {normalise_name(a) for a in entry.aliases}
+    if isinstance(entry, Model):
+        keys.add(normalise_name(entry.hf_id))
+        keys.update(normalise_name(c.hf_id) for c in entry.checkpoints)
+    return keys
+
+
+def _alias_rank(entry, key: str) -> int:
+    """Where ``key`` stands among an entry's aliases (0 = first); large if absent."""
+    for i, alias in enumerate(entry.aliases):
+        if normalise_name(alias) == key:
+            return i
+    return 1_000
+
+
 @dataclass
 class Section(Generic[T]):
     """One kind of catalog entry, with lookup by name or alias."""
@@ -110,15 +129,30 @@ class Section(Generic[T]):
     def __len__(self) -> int:
         return len(self.entries)
 
-    def get(self, name: str) -> T:
-        """Look an entry up by name or alias, ignoring case and separators."""
+    def find(self, name: str) -> T | None:
+        """An entry by name, alias or (models) Hugging Face id, ignoring case and
+        separators; None when nothing matches. An alias several entries share (a family
+        name such as 'h100') picks the entry that lists it first among its aliases (else
+        the first by name) and leaves a notice naming the alternatives."""
         key = normalise_name(name)
         for entry in self.entries.values():
             if normalise_name(entry.name) == key:
                 return entry
-        for entry in self.entries.values():
-            if any(normalise_name(a) == key for a in entry.aliases):
-                return entry
+        matches = [e for e in self.entries.values() if key in entry_keys(e)]
+        if not matches:
+            return None
+        if len(matches) > 1:
+            matches.sort(key=lambda e: (_alias_rank(e, key), e.name))
+            others = ", ".join(e.name for e in matches[1:])
+            notice(f"'{name}' is ambiguous: using {matches[0].name} (also: {others})")
+        return matches[0]
+
+    def get(self, name: str) -> T:
+        """Look an entry up as ``find`` does; an unknown name is a user error with
+        did-you-mean suggestions."""
+        found = self.find(name)
+        if found is not None:
+            return found
         owner = {n: n for n in self.entries}
         owner.update({a: e.name for e in self.entries.values() for a in e.aliases})
         suggestions = list(dict.fromkeys(owner[c] for c in close_matches(name, owner, limit=6)))

@@ -421,6 +421,11 @@ class QuantFormat(Strict):
     lm_head_bits: float | None = Field(
         default=None, gt=0, description="Bits/weight of the output head if not unquantized_bits"
     )
+    repo_suffixes: list[str] = Field(
+        default_factory=list,
+        description="Endings of Hugging Face repo ids for checkpoints in this format "
+        "('FP8-Dynamic', 'AWQ-4bit', 'Q4_K_M'), so an id names its format",
+    )
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None
 

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from capsim.catalog.loader import ENV_VAR, Catalog, load_catalog
+from capsim.catalog.resolve import ResolvedModel
 from capsim.errors import CapsimUserError
 
 EXIT_USER_ERROR = 2
@@ -101,8 +102,11 @@ def user_errors(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            print_notices()
+            return result
         except CapsimUserError as exc:
+            print_notices()
             err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
             if exc.suggestions:
                 err_console.print(
@@ -115,12 +119,33 @@ def user_errors(func):
     return wrapper
 
 
+def print_notices() -> None:
+    """What capsim inferred for the user (capsim.notices), one line each on stderr."""
+    from capsim.notices import take_notices
+
+    for text in take_notices():
+        err_console.print(f"[dim]note:[/] {text}", highlight=False, soft_wrap=True)
+
+
 global_db: list[Path] = []
 
 
 def catalog(db: list[Path] | None) -> Catalog:
     """The catalog with the top-level and the command's --db directories laid over it."""
     return load_catalog([*global_db, *(db or [])])
+
+
+def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
+    """Resolve ``--model`` values (catalog names, Hugging Face ids, config.json paths) and
+    return the catalog with any imported models laid over it, so that worker processes,
+    which reload the catalog from its folders, see them too."""
+    from capsim.catalog.resolve import resolve_model
+
+    resolved = [resolve_model(name, cat) for name in names]
+    overlays = [r.overlay for r in resolved if r.overlay is not None]
+    if overlays and overlays[0] not in cat.directories:
+        cat = load_catalog([*cat.directories[1:], overlays[0]])
+    return cat, resolved
 
 
 def save_figure(fig, path: Path) -> None:

@@ -33,6 +33,7 @@ from capsim.cli.common import (
     parse_acceptance,
     parse_overrides,
     print_json,
+    resolve_models,
     user_errors,
 )
 from capsim.cli.importers import import_app
@@ -239,8 +240,8 @@ def models_list(ctx: typer.Context, json_out: JsonOption = False, db: DbOption =
 @user_errors
 def models_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> None:
     """Show one model's dimensions and derived figures (parameters, weights, KV per token)."""
-    cat = catalog(db)
-    m = cat.model(name)
+    cat, (ref,) = resolve_models(catalog(db), [name])
+    m = cat.model(ref.name)
     derived = model_derived(m, cat)
     if json_out:
         print_json({**m.model_dump(mode="json"), "derived": derived})
@@ -394,10 +395,10 @@ def fit_cmd(
     db: DbOption = None,
 ) -> None:
     """Does MODEL fit on GPU? Weights, activations, KV cache capacity per GPU."""
-    cat = catalog(db)
+    cat, (ref,) = resolve_models(catalog(db), [model])
     g = cat.gpu(gpu)
-    m = cat.model(model)
-    fmt = cat.quant(quant or m.dtype)
+    m = cat.model(ref.name)
+    fmt = cat.quant(quant or ref.quant or m.dtype)
     total_gpus = gpus if gpus is not None else tp
     if total_gpus < 1 or total_gpus % tp:
         raise CapsimUserError(
@@ -561,7 +562,9 @@ def explain_cmd(
     spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
     overrides = parse_overrides(set_values)
     g = cat.gpu(gpu)
-    m = cat.model(model)
+    cat, (ref,) = resolve_models(cat, [model])
+    m = cat.model(ref.name)
+    quant = quant or ref.quant
     # the format predict would run: the release format if it fits, else the first that does
     fit_options = dict(
         kv_dtype=kv_dtype,

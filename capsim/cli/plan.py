@@ -9,7 +9,15 @@ import typer
 from rich import box
 from rich.table import Table
 
-from capsim.cli.common import DbOption, JsonOption, catalog, console, print_json, save_figure
+from capsim.cli.common import (
+    DbOption,
+    JsonOption,
+    catalog,
+    console,
+    print_json,
+    resolve_models,
+    save_figure,
+)
 from capsim.cli.predict import split_list
 from capsim.engine.router import ROUTER_POLICIES
 from capsim.errors import CapsimUserError, close_matches
@@ -209,8 +217,9 @@ def plan_cmd(
             "--router-latency-ms must be >= 0 and --router-capacity-rps > 0",
             hint="e.g. --router-latency-ms 2 --router-capacity-rps 500",
         )
+    cat, refs = resolve_models(cat, split_list(model))
     req = PlanRequest(
-        models=tuple(cat.model(m).name for m in split_list(model)),
+        models=tuple(r.name for r in refs),
         agents=agents,
         input_tokens=input_tokens,
         output_tokens=output_tokens,

@@ -27,6 +27,7 @@ from capsim.cli.common import (
     console,
     parse_acceptance,
     parse_overrides,
+    resolve_models,
     save_figure,
 )
 from capsim.engine.router import ROUTER_POLICIES
@@ -369,9 +370,10 @@ def predict_cmd(
         tps = [int(v) for v in split_list(tp)]
     except ValueError:
         raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
+    cat, models = resolve_models(cat, split_list(model))
     combos = itertools.product(
         split_list(gpu),
-        split_list(model),
+        models,
         split_list(quant) if quant else [None],
         tps,
         split_list(kv_dtype),
@@ -380,8 +382,8 @@ def predict_cmd(
     for g, m, q, t, kv in combos:
         config = PredictConfig(
             gpu=g,
-            model=m,
-            quant=q,
+            model=m.name,
+            quant=q or m.quant,
             gpus=gpus,
             tp=t,
             dp=dp,

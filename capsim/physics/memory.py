@@ -117,6 +117,11 @@ def check_tensor_parallel(model: Model, tp: int) -> None:
             "divisor such as "
             + ", ".join(str(d) for d in (1, 2, 4, 8) if model.num_attention_heads % d == 0),
         )
+    mb = model.mamba
+    if mb is not None and mb.num_heads % tp:
+        raise CapsimUserError(
+            f"tensor parallel size {tp} does not divide {model.name}'s {mb.num_heads} Mamba heads"
+        )
     la = model.linear_attention
     if la is not None and (la.num_key_heads % tp or la.num_value_heads % tp):
         raise CapsimUserError(
@@ -196,6 +201,15 @@ def kv_layout(model: Model, kv_dtype: str = "auto", tp: int = 1) -> KVLayout:
         conv = (la.conv_kernel_dim - 1) * conv_channels * ACTIVATION_BYTES
         per_type["linear_attention_state_per_sequence"] = recurrent + conv
         state = n_linear * (recurrent + conv)
+    n_mamba = model.count_layers("mamba")
+    if n_mamba:
+        mb = model.mamba
+        assert mb is not None
+        ssm = mb.num_heads / tp * mb.head_dim * mb.state_size * mb.state_dtype_bytes
+        conv_channels = (mb.inner_size + 2 * mb.n_groups * mb.state_size) / tp
+        conv = (mb.conv_kernel - 1) * conv_channels * ACTIVATION_BYTES
+        per_type["mamba_state_per_sequence"] = ssm + conv
+        state += n_mamba * (ssm + conv)
     return KVLayout(
         full_bytes_per_token=n_full * attn_layer,
         sliding_bytes_per_token=n_sliding * attn_layer,
@@ -240,6 +254,7 @@ def weight_bytes(
         "experts": (p.routed_experts + p.shared_experts) * _format_bits(fmt, "experts") / 8 / tp,
         "router": p.router * fmt.unquantized_bits / 8,
         "norms": p.norms * fmt.unquantized_bits / 8,
+        "vision": p.vision * fmt.unquantized_bits / 8 / tp,
         "mtp": 0.0,
     }
     if include_mtp and p.mtp:

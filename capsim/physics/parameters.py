@@ -11,12 +11,24 @@ Formulas (gated-SiLU FFNs as in Llama/Qwen/DeepSeek/GLM/gpt-oss; h = hidden size
   plus q/k/v biases when ``attention_bias``.
 * MLA (DeepSeek-V3): q_a = h*r_q, q_b = r_q*H*(d_nope+d_rope), kv_a = h*(r_kv+d_rope),
   kv_b = r_kv*H*(d_nope+d_v), o = H*d_v*h, plus the two latent norms.
-* Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention): in_proj_qkvz = h*(2*nk*dk + 2*nv*dv),
+* Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention):
+  in_proj_qkvz = h*(2*nk*dk + 2*nv*dv),
   in_proj_ba = h*2*nv, out_proj = nv*dv*h (quantisable projections); conv1d =
   (2*nk*dk + nv*dv)*kernel, A_log and dt_bias = 2*nv, gated norm = dv (small, kept 16-bit).
-* Dense FFN: 3*h*I.  One expert: 3*h*I_moe (+ 2*I_moe + h biases for gpt-oss).
+* Mamba-2 (Nemotron-H): in_proj = h*(2*d_inner + 2*groups*state + heads), out_proj =
+  d_inner*h (quantisable); conv1d = (d_inner + 2*groups*state)*(kernel + 1) with its bias,
+  A_log, D and dt_bias = 3*heads, gated norm = d_inner (small, kept 16-bit).
+* DeepSeek sparse attention (V3.2) adds its indexer to each attention layer: a query
+  projection from the q latent (r_q*heads_i*d_i), a key projection h*d_i, a head-weight
+  projection h*heads_i and the key norm (2*d_i).
+* Dense FFN: 3*h*I gated (SwiGLU/GeGLU), 2*h*I without a gate (``mlp_gated`` false, e.g.
+  Nemotron-H's squared ReLU).  One expert: the same at I_moe (+ 2*I_moe + h biases for
+  gpt-oss). Each layer's FFN is dense, routed experts or none (``Model.ffn_kind``).
   Router: h*E per MoE layer; Qwen-style shared expert gate: h per layer.
-* Norms: 2*h per layer + h final (q/k norms of 2*d per attention layer where present are
+* Vision tower of a vision-language model: the parameter count its source states
+  (``vision.params_b``), kept apart from the text model's total.
+* Norms: h per block (mixer and FFN) + h final (q/k norms of 2*d per attention layer where
+  present are
   folded in as negligible).
 * MTP module (DeepSeek-V3 / Qwen3.5 / GLM-4.5): one extra decoder layer with full attention
   and the model's FFN, plus the 2h*h projection that joins embedding and hidden state and
@@ -49,6 +61,7 @@ class ParameterBreakdown:
     routed_experts_active: int
     expert_params_per_expert: int
     moe_layers: int
+    vision: int = 0
 
     @property
     def total(self) -> int:
@@ -65,6 +78,11 @@ class ParameterBreakdown:
             + self.router
             + self.norms
         )
+
+    @property
+    def total_with_vision(self) -> int:
+        """All weights including a vision-language model's image tower."""
+        return self.total + self.vision
 
     @property
     def active(self) -> int:
@@ -93,6 +111,7 @@ class ParameterBreakdown:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d.update(
             total=self.total,
+            total_with_vision=self.total_with_vision,
             active=self.active,
             active_excluding_embedding=self.active_excluding_embedding,
         )
@@ -113,7 +132,7 @@ def attention_params(model: Model) -> int:
         kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
         kv += m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
         o = heads * m.v_head_dim * h
-        return q + kv + o
+        return q + kv + o + indexer_params(model)
     d = model.head_dim
     q_width = heads * d * (2 if model.attn_output_gate else 1)
     kv_width = model.num_kv_heads * d
@@ -121,6 +140,30 @@ def attention_params(model: Model) -> int:
     if model.attention_bias:
         params += q_width + 2 * kv_width
     return params
+
+
+def indexer_params(model: Model) -> int:
+    """Weights of DeepSeek sparse attention's lightning indexer in one layer (0 without)."""
+    sa = model.sparse_attention
+    if sa is None:
+        return 0
+    h = model.hidden_size
+    q_in = model.mla.q_lora_rank if model.mla and model.mla.q_lora_rank else h
+    width = sa.index_n_heads * sa.index_head_dim
+    return q_in * width + h * sa.index_head_dim + h * sa.index_n_heads + 2 * sa.index_head_dim
+
+
+def mamba_params(model: Model) -> tuple[int, int]:
+    """(projection weights, small 16-bit weights) of one Mamba-2 layer."""
+    mb = model.mamba
+    if mb is None:
+        return 0, 0
+    h = model.hidden_size
+    inner = mb.inner_size
+    bc = 2 * mb.n_groups * mb.state_size
+    proj = h * (2 * inner + bc + mb.num_heads) + inner * h
+    small = (inner + bc) * (mb.conv_kernel + 1) + 3 * mb.num_heads + inner
+    return proj, small
 
 
 def linear_attention_params(model: Model) -> tuple[int, int]:
@@ -137,15 +180,15 @@ def linear_attention_params(model: Model) -> tuple[int, int]:
     return proj, small
 
 
-def ffn_params(hidden: int, width: int) -> int:
-    """Gated (SwiGLU) FFN: gate, up and down projections."""
-    return 3 * hidden * width
+def ffn_params(hidden: int, width: int, gated: bool = True) -> int:
+    """FFN weights: gate, up and down projections (gated), or up and down."""
+    return (3 if gated else 2) * hidden * width
 
 
 def expert_params(model: Model) -> int:
     """Weights of one routed expert."""
     assert model.moe is not None
-    p = ffn_params(model.hidden_size, model.moe.moe_intermediate_size)
+    p = ffn_params(model.hidden_size, model.moe.moe_intermediate_size, model.mlp_gated)
     if model.moe.expert_bias:
         p += 2 * model.moe.moe_intermediate_size + model.hidden_size
     return p
@@ -154,12 +197,16 @@ def expert_params(model: Model) -> int:
 def layer_ffn_params(model: Model, layer: int) -> dict[str, int]:
     """FFN weights of one layer, split into mlp / shared / routed / router / active."""
     h = model.hidden_size
-    moe = model.moe
-    if moe is None or layer < moe.first_dense_layers:
+    kind = model.ffn_kind(layer)
+    if kind == "none":
+        return {}
+    if kind == "dense":
         assert model.intermediate_size is not None
-        return {"mlp": ffn_params(h, model.intermediate_size)}
+        return {"mlp": ffn_params(h, model.intermediate_size, model.mlp_gated)}
+    moe = model.moe
+    assert moe is not None
     per_expert = expert_params(model)
-    shared = moe.num_shared_experts * ffn_params(h, moe.shared_width)
+    shared = moe.num_shared_experts * ffn_params(h, moe.shared_width, model.mlp_gated)
     router = h * moe.num_experts + (h if moe.num_shared_experts else 0)
     return {
         "shared": shared,
@@ -186,20 +233,26 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
         0,
     )
     moe_layers = 0
+    blocks = 0
     attn = attention_params(model)
     la_proj, la_small = linear_attention_params(model)
+    mamba_proj, mamba_small = mamba_params(model)
     for layer, kind in enumerate(model.layer_types):
         if kind == "linear_attention":
             totals["linear_attention"] += la_proj
             totals["linear_attention_small"] += la_small
-        else:
+        elif kind == "mamba":
+            totals["linear_attention"] += mamba_proj
+            totals["linear_attention_small"] += mamba_small
+        elif kind != "none":
             totals["attention"] += attn
         ffn = layer_ffn_params(model, layer)
         if "routed" in ffn:
             moe_layers += 1
         for key, value in ffn.items():
             totals[key] += value
-    norms = 2 * h * model.num_layers + h
+        blocks += (kind != "none") + bool(ffn)
+    norms = h * blocks + h
     embeddings = model.vocab_size * h
     lm_head = 0 if model.tie_word_embeddings else model.vocab_size * h
 
@@ -210,6 +263,7 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
         ffn_total = ffn.get("mlp", 0) + ffn.get("shared", 0) + ffn.get("routed", 0)
         ffn_total += ffn.get("router", 0)
         mtp = model.mtp_layers * (attn + ffn_total + 2 * h * h + 5 * h)
+    vision = round(model.vision.params_b * 1e9) if model.vision else 0
 
     per_expert = expert_params(model) if model.moe else 0
     return ParameterBreakdown(
@@ -227,4 +281,5 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
         routed_experts_active=totals["routed_active"],
         expert_params_per_expert=per_expert,
         moe_layers=moe_layers,
+        vision=vision,
     )

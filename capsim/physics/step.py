@@ -41,7 +41,8 @@ head_dim per (query, key) pair (QK^T and PV); a chunk of n new tokens on c cache
 n c + n (n + 1) / 2 pairs per full-attention layer, and a sliding window caps each query's
 keys at the window. MLA in its absorbed form costs 2 x heads x (kv_lora + rope) +
 2 x heads x kv_lora per pair. A Gated DeltaNet layer costs about 6 x value_heads x
-key_dim x value_dim per token (state update and read-out).
+key_dim x value_dim per token (state update and read-out), a Mamba-2 layer 6 x heads x
+head_dim x state_size.
 """
 
 from __future__ import annotations
@@ -224,8 +225,11 @@ class StepModel:
             shared_and_routed = breakdown.routed_experts + breakdown.shared_experts
             routed_share = breakdown.routed_experts / shared_and_routed
         self.routed_bytes_all = parts["experts"] * routed_share
-        # everything read every step: all but the embedding table and the routed experts
-        self.dense_weight_bytes = sum(parts.values()) - parts["embeddings"] - self.routed_bytes_all
+        # everything read every step: all but the embedding table, the routed experts and
+        # a vision tower (text-only steps never run it)
+        self.dense_weight_bytes = (
+            sum(parts.values()) - parts["embeddings"] - parts["vision"] - self.routed_bytes_all
+        )
         self.moe_layers = breakdown.moe_layers
         self.expert_slice_bytes = (
             self.routed_bytes_all / (self.moe_layers * model.moe.num_experts)
@@ -261,6 +265,15 @@ class StepModel:
             if la
             else 0.0
         )
+        mb = model.mamba
+        if mb is not None:  # Mamba-2 SSM: state update and read-out, per head
+            self.linear_flops_per_token += (
+                6.0
+                * model.count_layers("mamba")
+                * (mb.num_heads / tp)
+                * mb.head_dim
+                * mb.state_size
+            )
 
         # --- KV layout
         self.kv = kv_layout(model, dep.kv_dtype, tp)

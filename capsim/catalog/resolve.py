@@ -1,0 +1,241 @@
+"""What a user means by a model: a catalog name, a Hugging Face id, or a config.json.
+
+``resolve_model`` turns the string a user passes to ``--model`` into a catalog model and,
+where the string says it, a weight format:
+
+1. a path to a config.json (or a folder holding one): imported as a model;
+2. a catalog name, alias, Hugging Face id or the id of a published checkpoint of a
+   catalog model (``Qwen/Qwen3-8B-FP8`` -> qwen3-8b in fp8);
+3. a quantised repo of a catalog model, recognised by its ending (``-AWQ-4bit``,
+   ``-GPTQ-Int4``, ``-FP8-Dynamic``, GGUF quant names; the ``repo_suffixes`` of each weight
+   format in hardware_db/quant_formats/) and the rest of its name
+   (``cpatonn/Qwen3-Coder-30B-A3B-Instruct-AWQ-4bit`` -> qwen3-coder-30b-a3b in awq-int4);
+4. any other ``org/name`` id: its config.json is fetched once from the Hugging Face Hub
+   (``HF_ENDPOINT``, default https://huggingface.co; ``HF_TOKEN`` for gated repos) and
+   cached, with its ``quantization_config`` read for the format.
+
+Imported models are written as catalog entries into an overlay folder (under the user's
+cache directory, ``CAPSIM_CACHE_DIR`` to move it), which the caller lays over the catalog
+so worker processes see them too. Every inference leaves a notice (capsim.notices).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from capsim.catalog.loader import Catalog
+from capsim.catalog.schemas import Model
+from capsim.errors import CapsimUserError, UnknownNameError, normalise_name
+from capsim.notices import notice
+
+HF_ENDPOINT_ENV = "HF_ENDPOINT"
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+CACHE_ENV = "CAPSIM_CACHE_DIR"
+FETCH_TIMEOUT_S = 10.0
+"""Seconds to wait for the Hub before calling the machine offline."""
+
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(:[\w.\-]+)?$")
+"""org/name, optionally with llama.cpp's ':QUANT' tag (``-hf org/name:Q4_K_M``)."""
+
+VARIANT_SUFFIXES = ("instruct", "chat", "it", "base", "hf")
+"""Name endings that distinguish a release's variants but not its architecture, tried
+off one at a time when a repo's base name is not in the catalog."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model reference resolved: the catalog name to simulate, the weight format the
+    reference implies (None: it implies none), and the overlay folder holding an imported
+    entry (None for built-in models)."""
+
+    name: str
+    quant: str | None = None
+    overlay: Path | None = None
+
+
+def cache_dir() -> Path:
+    """capsim's cache folder: ``CAPSIM_CACHE_DIR`` or the platform's user cache dir."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("capsim"))
+
+
+def overlay_dir() -> Path:
+    """The catalog overlay that imported models are written into."""
+    return cache_dir() / "catalog"
+
+
+def imported_name(hf_id: str) -> str:
+    """Catalog name of a model imported from a Hub id: 'org--name', lower-case."""
+    return hf_id.replace("/", "--").lower()
+
+
+def _strip_format(base: str, catalog: Catalog) -> tuple[str, str | None, str | None]:
+    """(base name without a format ending, the format, the ending) for a repo name."""
+    key = base.lower()
+    best: tuple[int, str, str] | None = None
+    for fmt in catalog.quant_formats:
+        for suffix in fmt.repo_suffixes:
+            s = suffix.lower()
+            ends = any(key.endswith(sep + s) for sep in "-_.")
+            if ends and (best is None or len(s) > best[0]):
+                best = (len(s), fmt.name, suffix)
+    if best is None:
+        return base, None, None
+    length, fmt_name, suffix = best
+    return base[: -(length + 1)], fmt_name, suffix
+
+
+def _catalog_by_base(base: str, catalog: Catalog) -> Model | None:
+    """A catalog model whose name, alias or repo base name is ``base``, trying it with
+    variant endings (-Instruct, -Chat, -it...) removed one at a time."""
+    candidates = [base]
+    current = base
+    while True:
+        for suffix in VARIANT_SUFFIXES:
+            if current.lower().endswith("-" + suffix):
+                current = current[: -(len(suffix) + 1)]
+                candidates.append(current)
+                break
+        else:
+            break
+    for cand in candidates:
+        key = normalise_name(cand)
+        for model in catalog.models:
+            keys = {normalise_name(model.name), normalise_name(model.hf_id.split("/")[-1])}
+            keys.update(normalise_name(a.split("/")[-1]) for a in model.aliases)
+            keys.update(normalise_name(c.hf_id.split("/")[-1]) for c in model.checkpoints)
+            if key in keys:
+                return model
+    return None
+
+
+def _quant_tag(text: str) -> tuple[str, str | None]:
+    """Split llama.cpp's 'org/name:QUANT' into ('org/name', 'QUANT')."""
+    if ":" in text and "/" in text:
+        repo, _, tag = text.partition(":")
+        return repo, tag
+    return text, None
+
+
+def _format_of_tag(tag: str, catalog: Catalog) -> str:
+    fmt = catalog.quant_formats.find(tag)
+    if fmt is None:
+        fmt = catalog.quant_formats.find("gguf-" + tag)
+    if fmt is None:
+        raise UnknownNameError(
+            f"unknown quant tag ':{tag}'", hint="run 'capsim quants' for the weight formats"
+        )
+    return fmt.name
+
+
+def resolve_model(text: str, catalog: Catalog, offline: bool = False) -> ResolvedModel:
+    """Resolve a ``--model`` value (see the module docstring). ``offline`` forbids the
+    Hub fetch. Raises a user error with a hint when nothing matches."""
+    text = text.strip()
+    path = Path(text).expanduser()
+    if text.endswith(".json") or (path.is_dir() and (path / "config.json").is_file()):
+        return _import_config_path(path, catalog)
+
+    repo, tag = _quant_tag(text)
+    direct = catalog.models.find(repo)
+    if direct is not None:
+        quant = _format_of_tag(tag, catalog) if tag else _checkpoint_format(direct, repo)
+        if quant:
+            notice(f"'{text}' is {direct.name} in {quant}")
+        return ResolvedModel(direct.name, quant)
+
+    if "/" in repo or tag:
+        base = repo.split("/")[-1]
+        stripped, fmt_name, suffix = _strip_format(base, catalog)
+        model = _catalog_by_base(stripped, catalog)
+        if model is not None:
+            quant = _format_of_tag(tag, catalog) if tag else fmt_name
+            if quant:
+                how = f":{tag}" if tag else f"'-{suffix}'"
+                notice(f"'{text}' is {model.name}; weight format {quant} inferred from {how}")
+            else:
+                notice(f"'{text}' is {model.name}")
+            return ResolvedModel(model.name, quant)
+    if HF_ID.match(text):
+        return _import_from_hub(repo, tag, catalog, offline)
+    catalog.models.get(text)  # raises the usual unknown-name error with suggestions
+    raise AssertionError("unreachable")
+
+
+def _checkpoint_format(model: Model, repo: str) -> str | None:
+    key = normalise_name(repo)
+    for ckpt in model.checkpoints:
+        if normalise_name(ckpt.hf_id) == key:
+            return ckpt.quant
+    return None
+
+
+def _import_config_path(path: Path, catalog: Catalog) -> ResolvedModel:
+    from capsim.catalog.hf_import import read_config
+
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file():
+        raise CapsimUserError(
+            f"config file '{path}' does not exist",
+            hint="pass the path of a model's config.json, or a folder that holds one",
+        )
+    config = read_config(config_path)
+    name = normalise_name(config_path.parent.name or "model") or "model"
+    hf_id = str(config.get("_name_or_path") or f"local/{config_path.parent.name or name}")
+    model_name = f"local--{name}"
+    resolved = _write_imported(config, model_name, hf_id, str(config_path), catalog)
+    notice(f"'{path}' imported as {model_name} from its config.json")
+    return resolved
+
+
+def _import_from_hub(repo: str, tag: str | None, catalog: Catalog, offline: bool) -> ResolvedModel:
+    from capsim.catalog.hf_import import fetch_hub_config
+
+    name = imported_name(repo)
+    cached = overlay_dir() / "models" / f"{name}.yaml"
+    if cached.is_file():
+        from capsim.catalog.loader import load_entry
+
+        model = load_entry(cached, Model)
+        quant = _format_of_tag(tag, catalog) if tag else _imported_format(model)
+        notice(f"'{repo}' read from capsim's cache ({cached})")
+        return ResolvedModel(model.name, quant, overlay_dir())
+    if offline:
+        raise CapsimUserError(
+            f"model '{repo}' is not in the catalog and fetching is off",
+            hint="pass the model's config.json path to --model",
+        )
+    config = fetch_hub_config(repo)
+    resolved = _write_imported(config, name, repo, f"the Hugging Face Hub ({repo})", catalog)
+    quant = _format_of_tag(tag, catalog) if tag else resolved.quant
+    notice(f"'{repo}' fetched from the Hugging Face Hub and cached as {name}")
+    return ResolvedModel(resolved.name, quant, resolved.overlay)
+
+
+def _imported_format(model: Model) -> str | None:
+    return model.dtype if model.dtype not in ("bf16", "fp16") else None
+
+
+def _write_imported(
+    config: dict, name: str, hf_id: str, source: str, catalog: Catalog
+) -> ResolvedModel:
+    from capsim.catalog.hf_import import model_from_hf_config, write_model_yaml
+
+    model = model_from_hf_config(config, name, hf_id=hf_id, source=source)
+    if model.dtype not in {f.name for f in catalog.quant_formats}:
+        raise CapsimUserError(
+            f"{hf_id} is stored as '{model.dtype}', a weight format capsim does not know",
+            hint="pass --quant with a format from 'capsim quants'",
+        )
+    write_model_yaml(model, overlay_dir())
+    quant = _imported_format(model)
+    if quant:
+        notice(f"{hf_id}: weight format {quant} read from its quantization_config")
+    return ResolvedModel(model.name, quant, overlay_dir())
