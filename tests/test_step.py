@@ -312,7 +312,8 @@ def test_eager_step_is_the_longer_of_gpu_work_and_launches():
     # one sequence of a 32B dense model on one GPU: 64 layers x 80 us of launches hide
     # behind ~20 ms of weight reads, so eager costs what graphs cost
     fast = {"layer_overhead_eager_us": 80.0}
-    graphs = model_step(**dense, params=fast).step([1], [100])
+    # async scheduling off for the graph run: eager mode always runs the host serially
+    graphs = model_step(**dense, params=fast, async_scheduling=False).step([1], [100])
     eager = model_step(**dense, cuda_graphs=False, params=fast).step([1], [100])
     assert eager.t_dispatch == pytest.approx(64 * 80e-6)
     assert eager.t_dispatch < eager.t_total / 2
@@ -581,3 +582,35 @@ def test_steps_above_the_largest_graph_launch_compiled_code():
     # so does a platform without CUDA graphs
     none = model_step(quant="awq-int4", params={"cuda_graph_max_tokens": 0})
     assert none.step([1], [100]).t_dispatch == pytest.approx(48 * p.layer_overhead_eager_us * 1e-6)
+
+
+def test_async_scheduling_hides_host_work_under_the_gpu():
+    """With async scheduling a share of the host's work runs while the GPU executes, so a
+    GPU-bound step costs its GPU time plus the serial rest; without it they add up."""
+    p = {"async_host_overlap": 0.75, "step_overhead_us": 1000.0, "per_sequence_overhead_us": 0}
+    serial = model_step(params=p, async_scheduling=False).step([1], [100])
+    overlapped = model_step(params=p).step([1], [100])
+    gpu = serial.t_total - 1e-3
+    assert gpu > 0.75e-3  # GPU-bound: the hidden 0.75 ms fits under the GPU's work
+    assert overlapped.t_total == pytest.approx(gpu + 0.25e-3, rel=1e-9)
+    # eager mode is serial whatever the flag says
+    eager_on = model_step(params=p, cuda_graphs=False).step([1], [100])
+    eager_off = model_step(params=p, cuda_graphs=False, async_scheduling=False).step([1], [100])
+    assert eager_on.t_total == pytest.approx(eager_off.t_total, rel=1e-12)
+
+
+def test_custom_allreduce_on_nvswitch_costs_microseconds_not_tens():
+    """Decode-sized all-reduces on 8 NVSwitch-joined H100s take the one-shot custom
+    kernel's ~7 us (vLLM PR 37756 / 24532 priors); --disable-custom-all-reduce falls back
+    to NCCL's ring, whose latency grows with hops; PCIe hosts never use the custom path."""
+    sm = model_step(gpu="h100-sxm", model="llama-3.3-70b", tp=8)
+    p = sm.params
+    nbytes = 4 * 8192 * 2  # four tokens of a hidden size 8192, bf16
+    one_shot = p.custom_allreduce_latency_us * 1e-6 + 7 * nbytes / (450e9 * p.allreduce_efficiency)
+    assert float(sm.allreduce_seconds(nbytes)) == pytest.approx(one_shot, rel=1e-9)
+    nccl = model_step(gpu="h100-sxm", model="llama-3.3-70b", tp=8, custom_allreduce=False)
+    ring = (p.allreduce_latency_us + 14 * p.hop_latency_nvlink_us) * 1e-6
+    assert float(nccl.allreduce_seconds(nbytes)) > ring
+    assert float(nccl.allreduce_seconds(nbytes)) > 3 * float(sm.allreduce_seconds(nbytes))
+    pcie = model_step(gpu="rtx4090", model="llama-3.1-8b", tp=2)
+    assert not pcie.custom_allreduce

@@ -101,6 +101,8 @@ def scenario_config(
         max_num_seqs=int(flags["max_num_seqs"]) if "max_num_seqs" in flags else None,
         gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)),
         enforce_eager=bool(flags.get("enforce_eager", False)),
+        async_scheduling=bool(flags.get("async_scheduling", True)),
+        custom_allreduce=not bool(flags.get("disable_custom_all_reduce", False)),
         max_num_batched_tokens=(
             int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
         ),

@@ -502,9 +502,20 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
             "attention: memory | compute",
             f"{step.t_attention_memory * ms:.3f} | {step.t_attention_compute * ms:.3f} ms",
         ),
-        ("communication (all-reduce)", f"{step.t_communication * ms:.3f} ms"),
+        (
+            "communication (all-reduce)",
+            f"{step.t_communication * ms:.3f} ms"
+            + (f" ({step.allreduce_algorithm})" if step.allreduce_algorithm else ""),
+        ),
         ("overhead (step, sequences, layers)", f"{step.t_overhead * ms:.3f} ms"),
     ]
+    if step.t_host_hidden > 0:
+        rows.append(
+            (
+                "host work hidden by async scheduling",
+                f"{step.t_host_hidden * ms:.3f} of {step.t_host * ms:.3f} ms",
+            )
+        )
     if step.t_dispatch:
         rows.append(("eager launches (CPU, overlap the GPU)", f"{step.t_dispatch * ms:.3f} ms"))
     if step.t_draft:
@@ -545,6 +556,16 @@ def explain_cmd(
     ] = None,
     interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    async_scheduling: Annotated[
+        bool,
+        typer.Option(
+            "--async-scheduling/--no-async-scheduling",
+            help="Schedule the next step while the GPU runs this one (vLLM's default)",
+        ),
+    ] = True,
+    disable_custom_all_reduce: Annotated[
+        bool, typer.Option("--disable-custom-all-reduce", help="NCCL for every all-reduce")
+    ] = False,
     profile: Annotated[
         str,
         typer.Option(
@@ -581,6 +602,8 @@ def explain_cmd(
         interconnect=interconnect,
         cuda_graphs=not enforce_eager,
         spec=spec_cfg,
+        async_scheduling=async_scheduling,
+        custom_allreduce=not disable_custom_all_reduce,
     )
     params, fitted = resolve_params(cat, g, profile, overrides)
     sm = build_step_model(cat, g, m, dep, params)
@@ -610,6 +633,7 @@ def explain_cmd(
                     "output_tok_s": batch * per_seq / decode.t_total,
                 },
                 "prefill": {**prefill.to_dict(), "prefill_tok_s": chunk / prefill.t_total},
+                "frontend_s_per_request": sm.frontend_seconds(chunk),
             }
         )
         return
@@ -626,6 +650,12 @@ def explain_cmd(
         for row in step_rows(step, out, ridge):
             table.add_row(*row)
         console.print(table)
+    frontend = sm.frontend_seconds(chunk)
+    console.print(
+        f"front end (API server, tokenizer, streaming): {frontend * 1e3:.1f} ms per request of "
+        f"{chunk:,} prompt tokens, added to TTFT and end-to-end latency",
+        highlight=False,
+    )
     if quant in (None, "auto"):
         console.print(f"weight format {quant_reason}", highlight=False)
     if fit_note:

@@ -334,6 +334,16 @@ def predict_cmd(
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching")] = True,
     power_limit: Annotated[float | None, typer.Option("--power-limit", help="W")] = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    async_scheduling: Annotated[
+        bool,
+        typer.Option(
+            "--async-scheduling/--no-async-scheduling",
+            help="Schedule the next step while the GPU runs this one (vLLM's default)",
+        ),
+    ] = True,
+    disable_custom_all_reduce: Annotated[
+        bool, typer.Option("--disable-custom-all-reduce", help="NCCL for every all-reduce")
+    ] = False,
     router: Annotated[
         str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
     ] = "round_robin",
@@ -411,6 +421,8 @@ def predict_cmd(
             prefix_caching=prefix_caching,
             power_limit_w=power_limit,
             enforce_eager=enforce_eager,
+            async_scheduling=async_scheduling,
+            custom_allreduce=not disable_custom_all_reduce,
             router=router,
             seed=seed,
             profile=profile,

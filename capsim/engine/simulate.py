@@ -83,6 +83,12 @@ class PredictConfig(BaseModel):
     prefix_caching: bool = True
     power_limit_w: float | None = None
     enforce_eager: bool = False
+    async_scheduling: bool = Field(
+        True, description="False = --no-async-scheduling (host work runs between steps)"
+    )
+    custom_allreduce: bool = Field(
+        True, description="False = --disable-custom-all-reduce (NCCL for every all-reduce)"
+    )
     router: RouterPolicy = "round_robin"
     router_latency_s: float = 0.0
     router_capacity_rps: float | None = None
@@ -209,6 +215,8 @@ def build_setup(
         max_num_seqs=fit.max_num_seqs,
         max_num_batched_tokens=fit.max_num_batched_tokens,
         spec=spec,
+        async_scheduling=config.async_scheduling,
+        custom_allreduce=config.custom_allreduce,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(
@@ -399,6 +407,9 @@ def run_replicas(
     for rep in replicas:
         rep.scheduler.sync_requests()
     requests = driver.requests
+    # rows hold the engine's times (the saturation derivation relies on them); the front
+    # end's latency is added to what a client sees in measure_level and in the records
+    frontend = setup.step_model.frontend_seconds
     rows = [
         (
             r.send,
@@ -419,8 +430,10 @@ def run_replicas(
             RequestRecord.model_construct(
                 request_id=str(r.rid),
                 send=r.send,
-                first_token=r.first_token,
-                finish=r.finish,
+                first_token=None
+                if r.first_token is None
+                else r.first_token + frontend(r.prompt_len),
+                finish=None if r.finish is None else r.finish + frontend(r.prompt_len),
                 input_tokens=r.prompt_len,
                 output_tokens=r.output_len if r.finish is not None else int(r.generated),
                 first_scheduled=r.first_scheduled,
@@ -472,7 +485,7 @@ def simulate_level(
     ``partition=False`` simulates them together. Both give the same results."""
     started = time.perf_counter()
     runs = level_runs(setup, workload, seed, keep_records, partition, workers, catalog)
-    return measure_level(runs, workload, keep_records, started)
+    return measure_level(runs, workload, keep_records, started, setup.step_model.frontend_seconds)
 
 
 def level_runs(
@@ -517,11 +530,37 @@ def level_runs(
     return runs
 
 
+def client_rows(rows: list[tuple], frontend) -> list[tuple]:
+    """Request rows as a client sees them: the front end's latency (``frontend(prompt
+    tokens)``, seconds: API server, tokenizer, streaming) added to the first token and the
+    finish. It does not hold a closed-loop client back: a few ms against a request's
+    seconds."""
+    out = []
+    for send, first, finish, prompt, *rest in rows:
+        delay = frontend(prompt)
+        out.append(
+            (
+                send,
+                None if first is None else first + delay,
+                None if finish is None else finish + delay,
+                prompt,
+                *rest,
+            )
+        )
+    return out
+
+
 def measure_level(
-    runs: list[ReplicaRun], workload: Workload, keep_records: bool, started: float
+    runs: list[ReplicaRun],
+    workload: Workload,
+    keep_records: bool,
+    started: float,
+    frontend=None,
 ) -> LevelResult:
-    """One level's result from the runs of its replicas (all together, or apart)."""
-    table = RequestTable.from_rows([row for run in runs for row in run.rows])
+    """One level's result from the runs of its replicas (all together, or apart), with the
+    front end's latency (a function of the prompt length, seconds) added where given."""
+    rows = [row for run in runs for row in run.rows]
+    table = RequestTable.from_rows(client_rows(rows, frontend) if frontend else rows)
     values = np.concatenate([run.itl_values for run in runs])
     weights = np.concatenate([run.itl_weights for run in runs])
     level = workload.concurrency if workload.concurrency is not None else workload.rate
@@ -631,7 +670,9 @@ def closed_level(
     above it are derived from that run)."""
     started = time.perf_counter()
     (run,) = level_runs(setup, workload, seed, keep_records)
-    result = measure_level([run], workload, keep_records, started)
+    result = measure_level(
+        [run], workload, keep_records, started, setup.step_model.frontend_seconds
+    )
     return result, run if is_saturated(run) else None
 
 
@@ -670,7 +711,13 @@ def sweep_saturating(
 
     def derived(w: Workload) -> LevelResult:
         started = time.perf_counter()
-        result = measure_level([derive_run(base, w.concurrency)], w, keep_records, started)
+        result = measure_level(
+            [derive_run(base, w.concurrency)],
+            w,
+            keep_records,
+            started,
+            setup.step_model.frontend_seconds,
+        )
         result.service_of = float(base_level)
         return result
 

@@ -98,6 +98,15 @@ class EfficiencyParams(BaseModel):
     per_sequence_overhead_us: float = Field(
         12.0, ge=0, description="Per scheduled sequence per step: bookkeeping, sampling (us)"
     )
+    async_host_overlap: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="With async scheduling, the share of the host's per-step work "
+        "(scheduling, input preparation) that runs while the GPU executes the previous "
+        "step (vLLM PR 19970, after NanoFlow); the rest (the sync on sampled tokens, output "
+        "handling) stays serial. Engineering prior; calibration decides",
+    )
     layer_overhead_graph_us: float = Field(
         20.0,
         ge=0,
@@ -161,8 +170,39 @@ class EfficiencyParams(BaseModel):
         "NCCL launch; CUDA graphs capture it), overlapping the GPU's work like the layer "
         "launches (us)",
     )
+    custom_allreduce_latency_us: float = Field(
+        7.0,
+        ge=0,
+        description="Fixed cost of one one-shot custom all-reduce inside a CUDA graph on "
+        "GPUs joined all-to-all (us). Prior: vLLM PR 37756, B300 'ca_1stage' 7-9 us for "
+        "16-256 KiB; vLLM PR 24532, H100 TP=4 0.5 MB in 10 us; SGLang PR 2904, H100 TP 2-8 "
+        "small messages 3.7-5.9 us (its kernel) and 8.7-11.8 us (vLLM's, without graphs)",
+    )
+    two_shot_allreduce_latency_us: float = Field(
+        13.0,
+        ge=0,
+        description="Fixed cost of one two-shot custom or symmetric-memory all-reduce (us). "
+        "Prior: vLLM PR 37756 (B300) symm_mem_multimem 13-15 us and ca_2stage 19-22 us for "
+        "16-256 KiB; vLLM PR 24111 (H100 TP=6) multimem 0.5 MB in 13 us",
+    )
     hop_latency_nvlink_us: float = Field(2.0, ge=0, description="Per ring hop over NVLink (us)")
     hop_latency_pcie_us: float = Field(6.0, ge=0, description="Per ring hop over PCIe (us)")
+    # --- front end (API server, tokenizer, streaming)
+    frontend_request_ms: float = Field(
+        10.0,
+        ge=0,
+        description="Latency a request spends outside the engine's steps, per request (ms): "
+        "HTTP and request validation in the API server, chat-template rendering, the hop to "
+        "the engine core, detokenising and streaming the first chunk. Added to TTFT and "
+        "end-to-end latency. Engineering prior (per engine in hardware_db/engines/)",
+    )
+    tokenize_us_per_token: float = Field(
+        1.0,
+        ge=0,
+        description="Tokenizer time per prompt token before the request reaches the "
+        "engine (us; a Rust fast tokenizer encodes on the order of a million tokens a "
+        "second on one core). Added to TTFT and end-to-end latency",
+    )
     # --- power
     compute_power_exponent: float = Field(
         0.8,
@@ -199,9 +239,11 @@ class EfficiencyParams(BaseModel):
                 "weight_only_compute_factor",
             ],
             "moe": ["moe_routing_skew", "l2_reuse_strength"],
+            "frontend": ["frontend_request_ms", "tokenize_us_per_token"],
             "overhead": [
                 "step_overhead_us",
                 "per_sequence_overhead_us",
+                "async_host_overlap",
                 "layer_overhead_graph_us",
                 "layer_overhead_eager_us",
                 "layer_overhead_compiled_us",
@@ -212,6 +254,8 @@ class EfficiencyParams(BaseModel):
                 "allreduce_efficiency",
                 "allreduce_latency_us",
                 "allreduce_eager_launch_us",
+                "custom_allreduce_latency_us",
+                "two_shot_allreduce_latency_us",
                 "hop_latency_nvlink_us",
                 "hop_latency_pcie_us",
             ],

@@ -58,7 +58,11 @@ from capsim.errors import CapsimUserError
 from capsim.physics.communication import (
     ALLREDUCES_PER_LAYER,
     choose_interconnect,
+    custom_allreduce_usable,
+    one_shot_allreduce_seconds,
     ring_allreduce_seconds,
+    topology_of,
+    two_shot_allreduce_seconds,
 )
 from capsim.physics.cuda_graphs import capture_sizes, padded_tokens
 from capsim.physics.efficiency import EfficiencyParams
@@ -82,6 +86,15 @@ class Deployment(BaseModel):
     kv_dtype: str = Field("auto", description="KV cache dtype")
     power_limit_w: float | None = Field(None, gt=0, description="Board power cap, W")
     interconnect: str = Field("auto", description="auto, nvlink, pcie or infinity-fabric")
+    custom_allreduce: bool = Field(
+        True, description="False = --disable-custom-all-reduce (NCCL for every all-reduce)"
+    )
+    async_scheduling: bool = Field(
+        True,
+        description="The engine schedules step n+1 while the GPU runs step n (vLLM's "
+        "default since PR 27614; with EAGLE/MTP since PR 31998). Has no effect in eager "
+        "mode or with n-gram or draft-model speculation, where vLLM runs it serially",
+    )
     cuda_graphs: bool = Field(True, description="False = --enforce-eager")
     max_num_seqs: int = Field(
         256, ge=1, description="The engine's sequence limit (sets its CUDA-graph sizes)"
@@ -147,6 +160,9 @@ class StepBreakdown:
     t_draft: float
     t_total: float
     bound: str
+    t_host: float = 0.0  # the host's per-step work (part of t_overhead)
+    t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
+    allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)
 
     @property
     def bytes_total(self) -> float:
@@ -307,8 +323,11 @@ class StepModel:
 
         # --- communication
         self.link = choose_interconnect(gpu, tp, dep.interconnect)
+        self.custom_allreduce = custom_allreduce_usable(self.link, dep.custom_allreduce)
         if self.link is not None:
-            hop = p.hop_latency_nvlink_us if self.link.kind == "nvlink" else p.hop_latency_pcie_us
+            # a hop through the host's PCIe root costs more than one over a GPU link
+            through_host = topology_of(self.link) == "host"
+            hop = p.hop_latency_pcie_us if through_host else p.hop_latency_nvlink_us
             if self.link.latency_us is not None:
                 hop = self.link.latency_us
             self.hop_latency_us = hop
@@ -316,6 +335,12 @@ class StepModel:
 
         # --- overheads
         self.layers = model.num_layers
+        spec = dep.spec
+        self.async_host = (
+            dep.async_scheduling
+            and dep.cuda_graphs
+            and (spec is None or spec.method in ("mtp", "eagle"))
+        )
         self._context_free_cache: dict[
             tuple[float, int, int], tuple[float, float, float, float, float]
         ] = {}
@@ -379,15 +404,13 @@ class StepModel:
         """communication_seconds for one token count, seconds."""
         if self.link is None:
             return 0.0
-        n = self.deployment.tp
-        nbytes = tokens * self.model.hidden_size * ACTIVATION_BYTES
+        return float(self.communication_seconds(tokens))
+
+    def frontend_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
+        """Latency a request spends outside the engine's steps (API server, tokenizer,
+        streaming), seconds; it adds to the request's TTFT and end-to-end time."""
         p = self.params
-        fixed = (p.allreduce_latency_us + 2 * (n - 1) * self.hop_latency_us) * 1e-6
-        volume = 2.0 * (n - 1) / n * nbytes
-        per_call = fixed + volume / (
-            self.link.bandwidth_gb_s_per_direction * 1e9 * p.allreduce_efficiency
-        )
-        return self.allreduces_per_step * per_call
+        return p.frontend_request_ms * 1e-3 + p.tokenize_us_per_token * 1e-6 * prompt_tokens
 
     def kernel_floor_us(self, tokens: float) -> float:
         """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
@@ -435,16 +458,55 @@ class StepModel:
         t = np.asarray(tokens, dtype=float)
         if self.link is None:
             return np.zeros_like(t)
-        nbytes = t * self.model.hidden_size * ACTIVATION_BYTES
-        per_call = ring_allreduce_seconds(
-            nbytes,
-            self.deployment.tp,
-            self.link.bandwidth_gb_s_per_direction,
-            self.params.allreduce_efficiency,
-            self.params.allreduce_latency_us,
-            self.hop_latency_us,
+        return self.allreduces_per_step * self.allreduce_seconds(
+            t * self.model.hidden_size * ACTIVATION_BYTES
         )
-        return self.allreduces_per_step * per_call
+
+    def allreduce_algorithm(self, nbytes: float) -> str:
+        """Which all-reduce this TP group runs for ``nbytes`` (the fastest; see
+        ``allreduce_seconds``): 'one-shot custom', 'two-shot custom' or 'NCCL ring'."""
+        if self.link is None:
+            return ""
+        p = self.params
+        n = self.deployment.tp
+        bw = self.link.bandwidth_gb_s_per_direction
+        eff = p.allreduce_efficiency
+        times = {
+            "NCCL ring": float(
+                ring_allreduce_seconds(
+                    nbytes, n, bw, eff, p.allreduce_latency_us, self.hop_latency_us
+                )
+            )
+        }
+        if self.custom_allreduce:
+            times["one-shot custom"] = float(
+                one_shot_allreduce_seconds(nbytes, n, bw, eff, p.custom_allreduce_latency_us)
+            )
+            times["two-shot custom"] = float(
+                two_shot_allreduce_seconds(nbytes, n, bw, eff, p.two_shot_allreduce_latency_us)
+            )
+        return min(times, key=times.get)
+
+    def allreduce_seconds(self, nbytes: float | np.ndarray) -> np.ndarray:
+        """One all-reduce of ``nbytes`` in this TP group, seconds: the fastest of NCCL's
+        ring and, where peer-to-peer custom all-reduce runs, its one-shot and two-shot
+        kernels (physics/communication.py)."""
+        p = self.params
+        n = self.deployment.tp
+        bw = self.link.bandwidth_gb_s_per_direction
+        eff = p.allreduce_efficiency
+        best = ring_allreduce_seconds(
+            nbytes, n, bw, eff, p.allreduce_latency_us, self.hop_latency_us
+        )
+        if self.custom_allreduce:
+            best = np.minimum(
+                best, one_shot_allreduce_seconds(nbytes, n, bw, eff, p.custom_allreduce_latency_us)
+            )
+            best = np.minimum(
+                best,
+                two_shot_allreduce_seconds(nbytes, n, bw, eff, p.two_shot_allreduce_latency_us),
+            )
+        return best
 
     def draft_seconds(self, sequences: int, context: np.ndarray) -> float:
         """Time the drafter spends proposing k tokens for ``sequences`` sequences."""
@@ -591,9 +653,19 @@ class StepModel:
         serial = (1.0 - self.params.launch_overlap) * np.minimum(gpu, dispatch)
         return np.maximum(gpu, dispatch) + serial
 
+    def _with_host(self, host, device):
+        """A step's duration from its host work and its device work (GPU kernels or their
+        launches, and drafting), seconds, scalars or arrays. Without async scheduling they
+        add up; with it the CPU prepares the next step while the GPU runs this one, so the
+        share ``async_host_overlap`` of the host's work hides under the device's."""
+        if not self.async_host:
+            return host + device
+        hidden = self.params.async_host_overlap * host
+        return np.maximum(device, hidden) + (host - hidden)
+
     def _total(self, t: dict[str, float]) -> float:
         both = self._overlapped(self._gpu(t), t["t_dispatch"])
-        return t["t_host"] + float(both) + t["t_draft"]
+        return float(self._with_host(t["t_host"], float(both) + t["t_draft"]))
 
     def _draft_for(self, drafting_sequences: int, new_tokens, context) -> float:
         if not drafting_sequences or self.deployment.spec is None:
@@ -661,10 +733,14 @@ class StepModel:
             att_mem + kv_read / self.kv_bw, att_cmp + attention_flops / self.attention_flops_rate
         )
         gpu = gpu + attention
-        if not dispatch:
-            return host + gpu + draft
-        serial = (1.0 - self.params.launch_overlap) * min(gpu, dispatch)
-        return host + max(gpu, dispatch) + serial + draft  # _overlapped, for scalars
+        if dispatch:
+            serial = (1.0 - self.params.launch_overlap) * min(gpu, dispatch)
+            gpu = max(gpu, dispatch) + serial  # _overlapped, for scalars
+        device = gpu + draft
+        if not self.async_host:
+            return host + device
+        hidden = self.params.async_host_overlap * host
+        return max(device, hidden) + (host - hidden)  # _with_host, for scalars
 
     def step(
         self,
@@ -732,6 +808,14 @@ class StepModel:
             t_draft=t["t_draft"],
             t_total=self._total(t),
             bound=max(terms, key=terms.get),
+            t_host=t["t_host"],
+            t_host_hidden=t["t_host"]
+            + float(self._overlapped(self._gpu(t), t["t_dispatch"]))
+            + t["t_draft"]
+            - self._total(t),
+            allreduce_algorithm=self.allreduce_algorithm(
+                t["graph_tokens"] * self.model.hidden_size * ACTIVATION_BYTES
+            ),
         )
 
     @property
@@ -785,12 +869,10 @@ class StepModel:
             att_mem + kv_read / self.kv_bw,
             att_cmp + self.pair_flops * attn / self.attention_flops_rate,
         )
-        times = host + (
-            gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
-        )
+        device = gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
         if self.deployment.spec is not None:
-            times += self._draft_run(seqs, ctx_sum, ctx)
-        return times
+            device = device + self._draft_run(seqs, ctx_sum, ctx)
+        return self._with_host(host, device)
 
     def _context_free(
         self, tokens: float, seqs: int, logits: int
