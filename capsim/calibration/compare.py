@@ -40,6 +40,9 @@ class ComparedPoint:
     metric: str
     measured: float
     predicted: float
+    gpu: str = ""
+    engine: str = ""
+    statistic: str = "mean"
 
     @property
     def error(self) -> float:
@@ -53,8 +56,9 @@ def output_mean_for(sc: Scenario, level: int) -> float | None:
 
 
 def mape_of(errors) -> float:
-    """Mean absolute percentage error of signed relative errors, in percent; NaN for none."""
-    values = [abs(e) for e in errors]
+    """Mean absolute percentage error of signed relative errors, in percent; NaN for none
+    (non-finite errors are left out)."""
+    values = [abs(e) for e in errors if math.isfinite(e)]
     return 100.0 * float(np.mean(values)) if values else float("nan")
 
 
@@ -165,8 +169,75 @@ def compare_scenario(
             p.metric,
             p.value,
             float(point_value(by_level[p.concurrency], p.metric, p.statistic)),
+            sc.gpu,
+            sc.engine,
+            p.statistic,
         )
         for p in sc.points
+    ]
+
+
+@dataclass
+class SkippedScenario:
+    """A measured scenario capsim could not simulate, and why (one line)."""
+
+    dataset: str
+    scenario: str
+    points: int
+    reason: str
+
+
+def compare_or_skip(
+    datasets: list[PublishedDataset],
+    catalog: Catalog,
+    overrides: dict[str, float] | None = None,
+) -> tuple[list[ComparedPoint], list[SkippedScenario]]:
+    """Every scenario compared, except those capsim cannot simulate (an unknown GPU,
+    model or format, a deployment that does not fit, prompts longer than the context),
+    which are returned with the reason instead of stopping the whole comparison."""
+    from capsim.errors import CapsimUserError
+
+    points: list[ComparedPoint] = []
+    skipped: list[SkippedScenario] = []
+    for ds in datasets:
+        for sc in ds.scenarios:
+            try:
+                points += compare_scenario(ds, sc, catalog, overrides=overrides)
+            except CapsimUserError as exc:
+                skipped.append(SkippedScenario(ds.name, sc.name, len(sc.points), exc.message))
+    return points, skipped
+
+
+METRIC_KINDS = {
+    "output_tok_s": "throughput",
+    "total_tok_s": "throughput",
+    "per_request_output_tok_s": "throughput",
+    "request_throughput_rps": "throughput",
+    "tpot_s": "TPOT",
+    "itl_s": "TPOT",
+    "decode_tok_s": "TPOT",
+    "ttft_s": "TTFT",
+    "prompt_tok_s": "TTFT",
+    "e2e_s": "E2E",
+}
+"""Which acceptance family a published metric belongs to (a decode rate is 1 / TPOT, a
+prompt rate the prompt over TTFT)."""
+
+
+def error_summary(points: list[ComparedPoint], key) -> list[dict]:
+    """Median and mean absolute error (percent) of the points grouped by ``key(point)``."""
+    groups: dict[str, list[float]] = {}
+    for p in points:
+        if math.isfinite(p.error):
+            groups.setdefault(key(p), []).append(abs(p.error))
+    return [
+        {
+            "group": name,
+            "points": len(errs),
+            "median_abs_error_percent": 100.0 * float(np.median(errs)),
+            "mape_percent": 100.0 * float(np.mean(errs)),
+        }
+        for name, errs in sorted(groups.items())
     ]
 
 

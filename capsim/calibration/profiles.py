@@ -41,6 +41,9 @@ class PointResidual(BaseModel):
     measured: float
     predicted: float
     error: float
+    gpu: str = ""
+    engine: str = ""
+    statistic: str = "mean"
 
 
 class Profile(BaseModel):

@@ -41,6 +41,11 @@ class MeasuredStepModel:
         self.decode_advance = 1.0
         self.draft = None
 
+    def frontend_seconds(self, prompt_tokens: float) -> float:
+        """No front-end latency: a measured step table already holds what the server
+        took (seconds)."""
+        return 0.0
+
     def decode_seconds(self, sequences: float) -> float:
         if sequences <= 0:
             return 0.0

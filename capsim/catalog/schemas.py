@@ -150,6 +150,9 @@ class GPU(Strict):
     )
     price: Price | None = None
     cloud_price: CloudPrice | None = None
+    listed: bool = Field(
+        default=True, description="Shown in default listings (False: test or host entries)"
+    )
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None
 
@@ -337,6 +340,7 @@ class Model(Strict):
     )
     vision: VisionSpec | None = None
     checkpoints: list[Checkpoint] = Field(default_factory=list)
+    listed: bool = Field(default=True, description="Shown in default listings (False: test models)")
     mtp_layers: int = Field(default=0, ge=0, description="Multi-token-prediction layers")
     max_position_embeddings: int | None = None
     dtype: str = Field(default="bf16", description="Native weight dtype of the release")

@@ -182,3 +182,39 @@ def parse_acceptance(text: str | None) -> float | list[float] | None:
             hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
         ) from None
     return values[0] if len(values) == 1 else values
+
+
+def fitted_table(
+    title: str,
+    columns: list[tuple[str, str, bool]],
+    rows: list[list[str]],
+    width: int | None = None,
+):
+    """A rich Table whose values are never cut: ``columns`` are (header, justify,
+    optional); while the table is wider than the terminal, optional columns are dropped,
+    widest first, and the caption says which (``--json`` has every field)."""
+    from rich.table import Table
+
+    width = width or console.width
+    keep = list(range(len(columns)))
+
+    def needed(idx: list[int]) -> int:
+        # a cell's text plus one space each side and one border; plus the outer border
+        return 1 + sum(3 + max([len(columns[i][0])] + [len(r[i]) for r in rows]) for i in idx)
+
+    dropped: list[str] = []
+    while needed(keep) > width:
+        optional = [i for i in keep if columns[i][2]]
+        if not optional:
+            break
+        widest = max(optional, key=lambda i: max([len(columns[i][0])] + [len(r[i]) for r in rows]))
+        keep.remove(widest)
+        dropped.append(columns[widest][0])
+    caption = f"not shown for width: {', '.join(dropped)} (see --json)" if dropped else None
+    table = Table(title=title, caption=caption)
+    for i in keep:
+        name, justify, _ = columns[i]
+        table.add_column(name, justify=justify, no_wrap=True, overflow="fold")
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    return table

@@ -28,6 +28,7 @@ from capsim.cli.common import (
     SetOption,
     catalog,
     console,
+    fitted_table,
     fmt_num,
     global_db,
     parse_acceptance,
@@ -71,6 +72,11 @@ app.add_typer(probe_app, name="probe")
 app.add_typer(import_app, name="import")
 
 
+AllOption = Annotated[
+    bool, typer.Option("--all", help="Include test models and the CPU host entry")
+]
+
+
 @app.callback()
 def main(db: DbOption = None) -> None:
     """capsim: capacity simulator for self-hosted LLM serving."""
@@ -82,30 +88,40 @@ def main(db: DbOption = None) -> None:
 
 @gpus_app.callback(invoke_without_command=True)
 @user_errors
-def gpus_list(ctx: typer.Context, json_out: JsonOption = False, db: DbOption = None) -> None:
+def gpus_list(
+    ctx: typer.Context,
+    json_out: JsonOption = False,
+    show_all: AllOption = False,
+    db: DbOption = None,
+) -> None:
     """List GPUs: memory, bandwidth, cache, tensor throughput, power and price."""
     if ctx.invoked_subcommand:
         return
     cat = catalog(db)
+    gpus = [g for g in cat.gpus if show_all or g.listed]
     if json_out:
-        print_json([g.model_dump(mode="json") for g in cat.gpus])
+        print_json([g.model_dump(mode="json") for g in gpus])
         return
-    table = Table(title=f"GPUs ({len(cat.gpus)}); 'capsim gpus show NAME' for details")
-    table.add_column("name", no_wrap=True)
-    for col in ("GB", "GB/s", "L2 MB", "BF16 TF", "FP8 TF", "TDP W", "USD (date)"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for g in cat.gpus:
-        table.add_row(
-            g.name,
-            fmt_num(g.memory_gb, 0),
-            fmt_num(g.memory_bandwidth_gb_s, 0),
-            fmt_num(g.l2_cache_mb, 0),
-            fmt_num(g.tensor_tflops.bf16, 0),
-            fmt_num(g.tensor_tflops.fp8, 0),
-            fmt_num(g.tdp_w, 0),
-            f"{g.price.usd:,.0f} ({g.price.date.year})" if g.price else "—",
+    columns = [("name", "left", False)] + [
+        (col, "right", col in ("L2 MB", "FP8 TF", "TDP W"))
+        for col in ("GB", "GB/s", "L2 MB", "BF16 TF", "FP8 TF", "TDP W", "USD (date)")
+    ]
+    rows = []
+    for g in gpus:
+        rows.append(
+            [
+                g.name,
+                fmt_num(g.memory_gb, 0),
+                fmt_num(g.memory_bandwidth_gb_s, 0),
+                fmt_num(g.l2_cache_mb, 0),
+                fmt_num(g.tensor_tflops.bf16, 0),
+                fmt_num(g.tensor_tflops.fp8, 0),
+                fmt_num(g.tdp_w, 0),
+                f"{g.price.usd:,.0f} ({g.price.date.year})" if g.price else "—",
+            ]
         )
-    console.print(table)
+    title = f"GPUs ({len(gpus)}); 'capsim gpus show NAME' for details"
+    console.print(fitted_table(title, columns, rows))
 
 
 def gpu_derived(g: GPU) -> dict[str, Any]:
@@ -193,14 +209,20 @@ def model_derived(m: Model, cat: Catalog) -> dict[str, Any]:
 
 @models_app.callback(invoke_without_command=True)
 @user_errors
-def models_list(ctx: typer.Context, json_out: JsonOption = False, db: DbOption = None) -> None:
+def models_list(
+    ctx: typer.Context,
+    json_out: JsonOption = False,
+    show_all: AllOption = False,
+    db: DbOption = None,
+) -> None:
     """List models with their computed total and active parameters."""
     if ctx.invoked_subcommand:
         return
     cat = catalog(db)
+    models = [m for m in cat.models if show_all or m.listed]
     if json_out:
         out = []
-        for m in cat.models:
+        for m in models:
             p = parameter_breakdown(m)
             out.append(
                 {
@@ -211,10 +233,14 @@ def models_list(ctx: typer.Context, json_out: JsonOption = False, db: DbOption =
             )
         print_json(out)
         return
-    table = Table(title=f"Models ({len(cat.models)})")
-    for col in ("name", "HF id", "type", "layers", "total B", "active B", "KV KiB/tok", "ctx"):
-        table.add_column(col, justify="left" if col in ("name", "HF id", "type") else "right")
-    for m in cat.models:
+    headers = ("name", "HF id", "type", "layers", "total B", "active B", "KV KiB/tok", "ctx")
+    optional = ("HF id", "ctx", "KV KiB/tok", "layers")
+    columns = [
+        (col, "left" if col in ("name", "HF id", "type") else "right", col in optional)
+        for col in headers
+    ]
+    rows = []
+    for m in models:
         p = parameter_breakdown(m)
         kind = "MoE" if m.is_moe else "dense"
         if m.mla:
@@ -223,17 +249,20 @@ def models_list(ctx: typer.Context, json_out: JsonOption = False, db: DbOption =
             kind += "+linear"
         if "sliding_attention" in m.layer_pattern:
             kind += "+SWA"
-        table.add_row(
-            m.name,
-            m.hf_id,
-            kind,
-            str(m.num_layers),
-            f"{p.total / 1e9:.1f}",
-            f"{p.active / 1e9:.1f}",
-            f"{kv_layout(m).bytes_per_token / 1024:.0f}",
-            f"{m.max_position_embeddings:,}" if m.max_position_embeddings else "—",
+        rows.append(
+            [
+                m.name,
+                m.hf_id,
+                kind,
+                str(m.num_layers),
+                f"{p.total / 1e9:.1f}",
+                f"{p.active / 1e9:.1f}",
+                f"{kv_layout(m).bytes_per_token / 1024:.0f}",
+                f"{m.max_position_embeddings:,}" if m.max_position_embeddings else "—",
+            ]
         )
-    console.print(table)
+    title = f"Models ({len(models)}); 'capsim models show NAME' for details"
+    console.print(fitted_table(title, columns, rows))
 
 
 @models_app.command("show")

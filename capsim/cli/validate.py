@@ -10,7 +10,15 @@ import typer
 from rich import box
 from rich.table import Table
 
-from capsim.calibration.compare import ComparedPoint, compare_dataset, mape, mape_of
+from capsim.calibration.compare import (
+    METRIC_KINDS,
+    ComparedPoint,
+    compare_dataset,
+    compare_or_skip,
+    error_summary,
+    mape,
+    mape_of,
+)
 from capsim.calibration.fit import check_fittable, cross_validate, fit_profile
 from capsim.calibration.published import load_published
 from capsim.cli.common import (
@@ -75,6 +83,27 @@ def calibrated_errors(
                 }
             )
     return rows
+
+
+def summary_markdown(summaries: dict[str, list[dict]], skipped) -> str:
+    """Median and mean absolute errors per accelerator, metric family and engine, and the
+    scenarios that could not be simulated, as Markdown."""
+    lines = []
+    for title, rows in summaries.items():
+        lines += [
+            "",
+            f"| {title.removeprefix('by_')} | points | median abs. error | MAPE |",
+            "|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['group']} | {r['points']} | {r['median_abs_error_percent']:.1f}% | "
+                f"{r['mape_percent']:.1f}% |"
+            )
+    if skipped:
+        lines += ["", f"{len(skipped)} scenario(s) not simulated:"]
+        lines += [f"- {s.dataset} / {s.scenario} ({s.points} points): {s.reason}" for s in skipped]
+    return "\n".join(lines)
 
 
 def point_key(p: ComparedPoint) -> tuple[str, int, str]:
@@ -291,9 +320,12 @@ def validate_cmd(
         console.print(table)
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
-    points: list[ComparedPoint] = []
-    for ds in loaded:
-        points += compare_dataset(ds, cat, overrides=overrides)
+    points, skipped = compare_or_skip(loaded, cat, overrides=overrides)
+    summaries = {
+        "by_accelerator": error_summary(points, lambda p: p.gpu),
+        "by_metric": error_summary(points, lambda p: METRIC_KINDS.get(p.metric, p.metric)),
+        "by_engine": error_summary(points, lambda p: p.engine),
+    }
     if plot_path is not None:
         title = "with --set" if overrides else "uncalibrated"
         plot_parity({title: [(p.dataset, p.measured, p.predicted) for p in points]}, plot_path)
@@ -302,11 +334,16 @@ def validate_cmd(
             {
                 "points": [{**p.__dict__, "error": p.error} for p in points],
                 "mape_percent": mape(points),
+                **summaries,
+                "skipped": [s.__dict__ for s in skipped],
             }
         )
         return
     if md:
         console.print(markdown(points), markup=False, highlight=False, soft_wrap=True)
+        console.print(
+            summary_markdown(summaries, skipped), markup=False, highlight=False, soft_wrap=True
+        )
         return
     table = Table(title="capsim validate: predicted vs measured", box=box.SIMPLE_HEAD)
     for col in ("scenario", "C", "metric", "measured", "predicted", "error"):
@@ -321,4 +358,5 @@ def validate_cmd(
             f"{100 * p.error:+.1f}%",
         )
     console.print(table)
+    console.print(summary_markdown(summaries, skipped), markup=False, highlight=False)
     console.print(f"MAPE over {len(points)} points: {mape(points):.1f}%")

@@ -1,0 +1,171 @@
+"""Model references: catalog names, Hugging Face ids, quantised repos, config.json paths and
+a (local, fake) Hugging Face Hub. No test here touches the network."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.catalog.loader import load_catalog
+from capsim.catalog.resolve import resolve_model
+from capsim.cli.main import app
+from capsim.errors import CapsimUserError
+from capsim.notices import take_notices
+
+CAT = load_catalog()
+
+MISTRAL_LIKE = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 32768,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own capsim cache and no reachable Hub unless it starts one."""
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: refused at once
+    take_notices()
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """A local stand-in for the Hub's file endpoint: /ORG/NAME/resolve/main/config.json."""
+    served: dict[str, dict] = {
+        "acme/Widget-8B": MISTRAL_LIKE,
+        "acme/Widget-8B-FP8": {
+            **MISTRAL_LIKE,
+            "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+        },
+    }
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            repo = self.path.removeprefix("/").removesuffix("/resolve/main/config.json")
+            if repo in served and self.path.endswith("/resolve/main/config.json"):
+                body = json.dumps(served[repo]).encode()
+                self.send_response(200)
+            else:
+                body = b'{"error": "Entry not found"}'
+                self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    yield hits
+    server.shutdown()
+    server.server_close()
+
+
+def test_catalog_names_and_ids_resolve_to_the_same_model():
+    for text in ("qwen3-8b", "Qwen/Qwen3-8B", "qwen/qwen3-8b"):
+        assert resolve_model(text, CAT).name == "qwen3-8b"
+        assert resolve_model(text, CAT).quant is None
+
+
+def test_a_quantised_repo_names_its_model_and_format():
+    ref = resolve_model("cpatonn/Qwen3-Coder-30B-A3B-Instruct-AWQ-4bit", CAT)
+    assert (ref.name, ref.quant) == ("qwen3-coder-30b-a3b", "awq-int4")
+    assert any("awq-int4" in n and "inferred" in n for n in take_notices())
+    ref = resolve_model("Qwen/Qwen3-8B-FP8", CAT)
+    assert (ref.name, ref.quant) == ("qwen3-8b", "fp8")
+
+
+def test_llama_cpp_quant_tags_name_a_gguf_format():
+    ref = resolve_model("unsloth/Qwen3-8B-GGUF:Q4_K_M", CAT)
+    assert (ref.name, ref.quant) == ("qwen3-8b", "gguf-q4_k_m")
+
+
+def test_unknown_id_offline_is_a_user_error_with_the_config_hint():
+    with pytest.raises(CapsimUserError) as err:
+        resolve_model("acme/Nothing-Like-It-7B", CAT)
+    assert "config.json" in err.value.hint
+
+
+def test_unknown_id_is_fetched_once_from_the_hub_and_cached(fake_hub):
+    ref = resolve_model("acme/Widget-8B", CAT)
+    assert ref.name == "acme--widget-8b" and ref.quant is None and ref.overlay is not None
+    overlaid = load_catalog([ref.overlay])
+    model = overlaid.model(ref.name)
+    assert (model.num_layers, model.hidden_size, model.num_kv_heads) == (32, 4096, 8)
+    again = resolve_model("acme/Widget-8B", CAT)
+    assert again.name == ref.name
+    assert len(fake_hub) == 1  # the second resolution read the cache
+    fp8 = resolve_model("acme/Widget-8B-FP8", CAT)
+    assert fp8.quant == "fp8"  # from its quantization_config
+
+
+def test_a_missing_repo_on_the_hub_says_so(fake_hub):
+    with pytest.raises(CapsimUserError) as err:
+        resolve_model("acme/Missing-3B", CAT)
+    assert "no model" in err.value.message
+
+
+def test_config_json_path_works_offline(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(MISTRAL_LIKE))
+    ref = resolve_model(str(folder / "config.json"), CAT)
+    assert ref.overlay is not None
+    assert load_catalog([ref.overlay]).model(ref.name).vocab_size == 32768
+
+
+def test_predict_with_an_id_says_what_it_inferred():
+    out = CliRunner().invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "Qwen/Qwen3-8B-FP8",
+            "--concurrency",
+            "1",
+            "--requests",
+            "2",
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    assert "fp8" in out.output
+    payload = json.loads(out.stdout[out.stdout.index("{") :])
+    assert payload["results"][0]["quant"] == "fp8"
+
+
+def test_predict_with_an_unknown_id_offline_exits_2_with_the_hint():
+    out = CliRunner().invoke(app, ["fit", "--gpu", "rtx3090", "--model", "acme/Nothing-Like-It-7B"])
+    assert out.exit_code == 2
+    assert "config.json" in out.output
+    assert "Traceback" not in out.output
+
+
+def test_an_ambiguous_gpu_family_name_picks_one_with_a_notice():
+    gpu = CAT.gpus.find("h100")
+    assert gpu is not None and gpu.name == "h100-sxm"
+    notes = take_notices()
+    if len([g for g in CAT.gpus if "h100" in [a.lower() for a in g.aliases]]) > 1:
+        assert notes and "ambiguous" in notes[0]
