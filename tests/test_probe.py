@@ -12,7 +12,12 @@ from typer.testing import CliRunner
 
 from capsim.cli.main import app
 from capsim.probe.mock_server import free_port, spawn
-from capsim.probe.prometheus import acceptance_per_position, counter_deltas, parse_metrics
+from capsim.probe.prometheus import (
+    acceptance_per_position,
+    counter_deltas,
+    parse_exposition,
+    parse_metrics,
+)
 from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
 
@@ -144,6 +149,23 @@ def test_prometheus_parsing_and_deltas():
     deltas = counter_deltas(before, after)
     assert deltas["vllm:generation_tokens_total"] == 100
     assert acceptance_per_position(deltas) == pytest.approx([0.8, 0.4])
+
+
+def test_parse_exposition_skips_and_counts_garbage():
+    text = (
+        "# HELP vllm:generation_tokens_total tokens\n"
+        'vllm:generation_tokens_total{model_name="m"} 10\n'
+        "<html>\n"
+        'vllm:num_requests_running{model_name="m"} abc\n'
+        "\n"
+        'vllm:num_requests_running{model_name="m"} 2\n'
+    )
+    parsed = parse_exposition(text)
+    assert parsed.values == {
+        "vllm:generation_tokens_total": 10.0,
+        "vllm:num_requests_running": 2.0,
+    }
+    assert parsed.skipped == 2 and parsed.first_skipped == "<html>"
 
 
 def test_probe_cli_errors(mock_url):
