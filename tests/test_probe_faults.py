@@ -328,3 +328,49 @@ def test_an_old_summary_still_loads():
     summary, _ = load_run(Path("calibration/runs/cpu-vllm-tiny-qwen3.json"))
     assert all(lv.outcomes == {} for lv in summary.levels)  # written before outcomes
     assert level_outcomes(summary.levels[0]) == {"ok": summary.levels[0].metrics.completed}
+
+
+# calibration and validate refuse levels with too many failures ---------------------
+
+
+def run_with_failures(tmp_path, failed: int, requests: int = 20) -> Path:
+    """The recorded CPU run with its first level rewritten to ``failed`` timeouts."""
+    src = Path("calibration/runs/cpu-vllm-tiny-qwen3.json")
+    summary, _ = load_run(src)
+    lv = summary.levels[0]
+    lv.metrics.requests, lv.metrics.failed = requests, failed
+    lv.outcomes = {"ok": lv.metrics.completed, "timeout": failed}
+    lv.errors = {"timeout (between chunks)": failed}
+    out = tmp_path / "failing.json"
+    out.write_text(summary.model_dump_json())
+    out.with_suffix(".jsonl").write_text(src.with_suffix(".jsonl").read_text())
+    return out
+
+
+def test_calibration_refuses_a_level_with_too_many_failures(tmp_path):
+    from capsim.calibration.published import dataset_from_run
+    from capsim.errors import CapsimUserError
+
+    clean = dataset_from_run(run_with_failures(tmp_path, failed=1))  # 5%: allowed
+    path = run_with_failures(tmp_path, failed=2)  # 10%: refused
+    with pytest.raises(CapsimUserError) as exc:
+        dataset_from_run(path)
+    assert "more than 5% of requests failed: C=1 run 0: 2 of 20 failed (2 timeout)" in str(
+        exc.value
+    )
+    assert "--accept-failures" in exc.value.hint
+    accepted = dataset_from_run(path, accept_failures=True)
+    assert accepted.scenarios[0].points == clean.scenarios[0].points
+
+
+@pytest.mark.parametrize("command", ["validate", "calibrate"])
+def test_validate_and_calibrate_need_accept_failures(command, tmp_path):
+    path = run_with_failures(tmp_path, failed=3)
+    args = [command, str(path)]
+    if command == "calibrate":
+        args += ["--out", str(tmp_path / "profile.yaml")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "3 of 20 failed" in r.stderr and "Traceback" not in r.output
+    if command == "validate":
+        r = CliRunner().invoke(app, [*args, "--accept-failures"])
+        assert r.exit_code == 0, r.output

@@ -27,6 +27,10 @@ from capsim.metrics import OUTCOMES, LevelMetrics, RequestRecord, legacy_outcome
 
 RUN_FORMAT = "capsim-run/1"
 
+FAILURE_SHARE_LIMIT = 0.05
+"""The largest share of a level's requests that may fail for calibration and validation to
+use the level without ``--accept-failures``."""
+
 
 class Deployment(BaseModel):
     """What the user states about the server (the probe cannot see the hardware)."""
@@ -137,6 +141,27 @@ def failure_text(outcomes: dict[str, int]) -> str:
     """``5 http_error, 2 timeout`` (the failures, most first); empty when none."""
     failed = sorted(((n, k) for k, n in outcomes.items() if k != "ok"), key=lambda x: -x[0])
     return ", ".join(f"{n} {k}" for n, k in failed)
+
+
+def check_failure_share(summary: RunSummary, path: Path, accept: bool = False) -> None:
+    """Refuse a run with a level whose failed share exceeds FAILURE_SHARE_LIMIT (its ok
+    requests alone may not show the server as it was), unless ``accept``."""
+    if accept:
+        return
+    bad = []
+    for lv in summary.levels:
+        m = lv.metrics
+        if m.requests and m.failed / m.requests > FAILURE_SHARE_LIMIT:
+            bad.append(
+                f"C={lv.concurrency} run {lv.run}: {m.failed} of {m.requests} failed "
+                f"({failure_text(level_outcomes(lv))})"
+            )
+    if bad:
+        raise CapsimUserError(
+            f"run '{path}' has levels where more than {FAILURE_SHARE_LIMIT:.0%} of requests "
+            f"failed: {'; '.join(bad)}",
+            hint="probe again, or pass --accept-failures to use their ok requests anyway",
+        )
 
 
 class RunSummary(BaseModel):
