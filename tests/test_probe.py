@@ -129,6 +129,23 @@ def test_torn_last_line_is_skipped(tmp_path, mock_url):
     assert summary.levels[0].metrics.completed == 2
 
 
+def test_summarize_keeps_server_counters_and_refuses_bad_records(tmp_path, mock_url):
+    cfg = ProbeConfig(
+        url=mock_url, model="mock-model", concurrency=[1, 2], requests=2, output_tokens=5
+    )
+    summary = run_probe(cfg, tmp_path / "s.json")
+    rebuilt = summarize_log(tmp_path / "s.jsonl")
+    for got, want in zip(rebuilt.levels, summary.levels, strict=True):
+        assert got.server_deltas == want.server_deltas
+        assert got.server_deltas["vllm:generation_tokens_total"] == 10
+        assert got.outcomes == want.outcomes == {"ok": 2}
+    log = tmp_path / "s.jsonl"
+    bad = '{"type":"request","concurrency":1,"run":0,"request_id":"z","send":0,"outcome":"meh"}'
+    log.write_text(log.read_text() + bad + "\n")
+    r = CliRunner().invoke(app, ["probe", "summarize", str(log)])
+    assert r.exit_code == 2 and "request 'z' is not a capsim record" in r.stderr
+
+
 def test_prometheus_parsing_and_deltas():
     before = parse_metrics(
         'vllm:generation_tokens_total{model_name="m"} 10\n'

@@ -72,7 +72,7 @@ def print_run(summary: RunSummary, path: Path) -> None:
             totals[k] = totals.get(k, 0) + n
         tokens = server_tokens(lv)
         if tokens is None:
-            why = lv.metrics_note or "the server's /metrics has no generation-token counter"
+            why = lv.metrics_note or "no generation-token counter recorded from /metrics"
             missing.setdefault(why, []).append(label)
         elif lv.metrics_note:
             notes.append(f"{label}: {lv.metrics_note}")

@@ -233,21 +233,33 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def summarize_log(path: Path) -> RunSummary:
-    """Rebuild a run's summary from its JSONL: every level that has request records."""
+    """Rebuild a run's summary from its JSONL: every level that has request records, with
+    the server's counters where the level finished (its ``level`` event)."""
     events = read_events(path.with_suffix(".jsonl"))
     headers = [e for e in events if e.get("type") == "header"]
     if not headers:
         raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
     header = RunHeader.model_validate({k: v for k, v in headers[0].items() if k != "type"})
     groups: dict[tuple[int, int], list[RequestRecord]] = {}
+    server: dict[tuple[int, int], dict[str, Any]] = {}  # what each level event kept
     for e in events:
+        if e.get("type") == "level":
+            server[(int(e["concurrency"]), int(e.get("run", 0)))] = {
+                k: e[k] for k in ("server_deltas", "server_peaks", "metrics_note") if k in e
+            }
         if e.get("type") != "request":
             continue
         key = (int(e["concurrency"]), int(e.get("run", 0)))
         record = {k: v for k, v in e.items() if k not in ("type", "concurrency", "run")}
-        groups.setdefault(key, []).append(RequestRecord.model_validate(record))
+        try:
+            groups.setdefault(key, []).append(RequestRecord.model_validate(record))
+        except ValueError as exc:
+            raise CapsimUserError(
+                f"'{path}': request {record.get('request_id')!r} is not a capsim record: "
+                f"{str(exc).splitlines()[0]}"
+            ) from None
     levels = [
-        summarize_level(records, c, run, header.workload)
+        summarize_level(records, c, run, header.workload, **server.get((c, run), {}))
         for (c, run), records in sorted(groups.items())
     ]
     return RunSummary(header=header, levels=levels, complete=False)
