@@ -30,11 +30,49 @@ Per level (a set of requests run under one load):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PERCENTILES = (50, 90, 99)
+
+Outcome = Literal[
+    "ok",
+    "http_error",
+    "timeout",
+    "connection_error",
+    "malformed_stream",
+    "incomplete",
+    "server_error_event",
+    "interrupted",
+    "failed",
+]
+OUTCOMES: tuple[str, ...] = Outcome.__args__
+"""How a request ended. Only ``ok`` enters the metrics; README's "Request outcomes" says
+what each means. ``failed`` is a failure recorded without an outcome (a run file written
+before outcomes existed, or an imported tool's error) whose reason names none of the others.
+"""
+
+_LEGACY_REASONS = (
+    ("http", "http_error"),
+    ("timeout", "timeout"),
+    ("connection", "connection_error"),
+    ("server error", "server_error_event"),
+    ("no tokens", "incomplete"),
+    ("interrupted", "interrupted"),
+)
+
+
+def legacy_outcome(error: str | None, first_token: float | None) -> str:
+    """The outcome of a finished record that has none (read as before outcomes existed:
+    ok when it succeeded, else the failure its reason names)."""
+    if error is None:
+        return "ok" if first_token is not None else "incomplete"
+    for prefix, outcome in _LEGACY_REASONS:
+        if error.startswith(prefix):
+            return outcome
+    return "failed"
 
 
 class RequestRecord(BaseModel):
@@ -53,16 +91,33 @@ class RequestRecord(BaseModel):
     output_tokens: int = 0
     first_scheduled: float | None = None
     cached_tokens: int = Field(0, description="Prompt tokens served from the prefix cache")
-    error: str | None = None
+    outcome: Outcome | None = Field(
+        None,
+        description="How the request ended (OUTCOMES); None while it is in flight. A "
+        "finished record read without one gets it from its error (legacy_outcome)",
+    )
+    error: str | None = Field(
+        None, description="Why a request that is not ok failed, beginning with its kind"
+    )
+    http_status: int | None = Field(None, description="HTTP status the server answered (probe)")
+    max_tokens: int | None = Field(None, description="Output tokens asked for (probe)")
+    finish_reason: str | None = Field(None, description="The server's finish_reason (probe)")
     chunk_times: list[float] | None = Field(
         None, description="Arrival time of each streamed chunk (probe)"
     )
     chunk_tokens: list[int] | None = Field(None, description="Tokens in each streamed chunk")
     session_id: str | None = None
 
+    @model_validator(mode="after")
+    def _outcome_of_legacy_record(self) -> RequestRecord:
+        if self.outcome is None and (self.finish is not None or self.error is not None):
+            self.outcome = legacy_outcome(self.error, self.first_token)
+        return self
+
     @property
     def ok(self) -> bool:
-        return self.error is None and self.finish is not None and self.first_token is not None
+        """Whether the request completed as asked: the only requests the metrics count."""
+        return self.outcome == "ok" and self.finish is not None and self.first_token is not None
 
     @property
     def ttft(self) -> float | None:

@@ -12,7 +12,12 @@ from typer.testing import CliRunner
 
 from capsim.cli.main import app
 from capsim.probe.mock_server import free_port, spawn
-from capsim.probe.prometheus import acceptance_per_position, counter_deltas, parse_metrics
+from capsim.probe.prometheus import (
+    acceptance_per_position,
+    counter_deltas,
+    parse_exposition,
+    parse_metrics,
+)
 from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
 
@@ -124,6 +129,23 @@ def test_torn_last_line_is_skipped(tmp_path, mock_url):
     assert summary.levels[0].metrics.completed == 2
 
 
+def test_summarize_keeps_server_counters_and_refuses_bad_records(tmp_path, mock_url):
+    cfg = ProbeConfig(
+        url=mock_url, model="mock-model", concurrency=[1, 2], requests=2, output_tokens=5
+    )
+    summary = run_probe(cfg, tmp_path / "s.json")
+    rebuilt = summarize_log(tmp_path / "s.jsonl")
+    for got, want in zip(rebuilt.levels, summary.levels, strict=True):
+        assert got.server_deltas == want.server_deltas
+        assert got.server_deltas["vllm:generation_tokens_total"] == 10
+        assert got.outcomes == want.outcomes == {"ok": 2}
+    log = tmp_path / "s.jsonl"
+    bad = '{"type":"request","concurrency":1,"run":0,"request_id":"z","send":0,"outcome":"meh"}'
+    log.write_text(log.read_text() + bad + "\n")
+    r = CliRunner().invoke(app, ["probe", "summarize", str(log)])
+    assert r.exit_code == 2 and "request 'z' is not a capsim record" in r.stderr
+
+
 def test_prometheus_parsing_and_deltas():
     before = parse_metrics(
         'vllm:generation_tokens_total{model_name="m"} 10\n'
@@ -144,6 +166,23 @@ def test_prometheus_parsing_and_deltas():
     deltas = counter_deltas(before, after)
     assert deltas["vllm:generation_tokens_total"] == 100
     assert acceptance_per_position(deltas) == pytest.approx([0.8, 0.4])
+
+
+def test_parse_exposition_skips_and_counts_garbage():
+    text = (
+        "# HELP vllm:generation_tokens_total tokens\n"
+        'vllm:generation_tokens_total{model_name="m"} 10\n'
+        "<html>\n"
+        'vllm:num_requests_running{model_name="m"} abc\n'
+        "\n"
+        'vllm:num_requests_running{model_name="m"} 2\n'
+    )
+    parsed = parse_exposition(text)
+    assert parsed.values == {
+        "vllm:generation_tokens_total": 10.0,
+        "vllm:num_requests_running": 2.0,
+    }
+    assert parsed.skipped == 2 and parsed.first_skipped == "<html>"
 
 
 def test_probe_cli_errors(mock_url):

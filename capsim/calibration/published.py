@@ -160,13 +160,16 @@ def load_dataset(path: Path) -> PublishedDataset:
         raise CapsimUserError(format_validation_error(path, exc)) from None
 
 
-def dataset_from_run(path: Path) -> PublishedDataset:
+def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedDataset:
     """A probe run file as a dataset: one point per level and run (output tok/s), with
-    the deployment the user stated and the KV capacity the server reported."""
+    the deployment the user stated and the KV capacity the server reported. A run with a
+    level where too many requests failed is refused unless ``accept_failures``
+    (capsim.probe.runfile.check_failure_share)."""
     from capsim.probe.prometheus import acceptance_per_position
-    from capsim.probe.runfile import load_run
+    from capsim.probe.runfile import check_failure_share, load_run
 
     summary, _ = load_run(path)
+    check_failure_share(summary, path, accept_failures)
     h = summary.header
     dep = h.deployment
     if not dep.gpu:
@@ -236,9 +239,12 @@ def dataset_from_run(path: Path) -> PublishedDataset:
     )
 
 
-def load_published(paths: list[Path] | None = None) -> list[PublishedDataset]:
+def load_published(
+    paths: list[Path] | None = None, accept_failures: bool = False
+) -> list[PublishedDataset]:
     """Datasets from the given files or directories (default: calibration/published/);
-    probe run files (.json with a .jsonl beside them) are read as datasets too."""
+    probe run files (.json with a .jsonl beside them) are read as datasets too
+    (``accept_failures`` as dataset_from_run's)."""
     targets = paths or [published_dir()]
     files: list[Path] = []
     for target in targets:
@@ -251,5 +257,6 @@ def load_published(paths: list[Path] | None = None) -> list[PublishedDataset]:
     if not files:
         raise CapsimUserError("no published datasets found", hint="pass a YAML file or folder")
     return [
-        dataset_from_run(f) if f.suffix in (".json", ".jsonl") else load_dataset(f) for f in files
+        dataset_from_run(f, accept_failures) if f.suffix in (".json", ".jsonl") else load_dataset(f)
+        for f in files
     ]

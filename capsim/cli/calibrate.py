@@ -19,6 +19,7 @@ from capsim.calibration.fit import (
 from capsim.calibration.kernels import KERNEL_FIT, fit_kernel_params, load_kernel_dataset
 from capsim.calibration.published import load_published
 from capsim.cli.common import (
+    AcceptFailuresOption,
     DbOption,
     JsonOption,
     PriorWeightOption,
@@ -48,13 +49,14 @@ def calibrate_cmd(
         ),
     ] = None,
     prior_weight: PriorWeightOption = 0.0,
+    accept_failures: AcceptFailuresOption = False,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
     """Fit efficiency parameters per hardware class with scipy least_squares."""
     cat = catalog(db)
     names = None if fit is None else tuple(split_list(fit))
-    groups = group_by_class(load_published(datasets), cat)
+    groups = group_by_class(load_published(datasets, accept_failures), cat)
     if out.suffix == ".yaml" and len(groups) > 1:
         raise CapsimUserError(
             f"the datasets span {len(groups)} hardware classes ({', '.join(groups)})",

@@ -14,6 +14,7 @@ from rich.console import Console
 from capsim.catalog.loader import ENV_VAR, Catalog, load_catalog
 from capsim.catalog.resolve import ResolvedModel
 from capsim.errors import CapsimUserError
+from capsim.probe.runfile import FAILURE_SHARE_LIMIT
 
 EXIT_USER_ERROR = 2
 
@@ -48,6 +49,14 @@ PriorWeightOption = Annotated[
         min=0.0,
         help="Pull each fitted parameter towards its prior: moving it across its whole "
         "range costs like one point this far off in log units (default 0, off)",
+    ),
+]
+AcceptFailuresOption = Annotated[
+    bool,
+    typer.Option(
+        "--accept-failures",
+        help=f"Use probe-run levels where more than {FAILURE_SHARE_LIMIT:.0%} of requests "
+        "failed (their ok requests only); refused by default",
     ),
 ]
 SetOption = Annotated[

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -14,7 +16,15 @@ from capsim.cli.common import JsonOption, console, err_console, print_json, user
 from capsim.cli.predict import parse_levels
 from capsim.errors import CapsimUserError
 from capsim.physics.speculative import parse_spec
-from capsim.probe.runfile import Deployment, RunSummary, summarize_log
+from capsim.probe.prometheus import GENERATION_COUNTERS
+from capsim.probe.runfile import (
+    Deployment,
+    LevelSummary,
+    RunSummary,
+    failure_text,
+    level_outcomes,
+    summarize_log,
+)
 
 probe_app = typer.Typer(
     help="Measure a real server (vLLM, SGLang, llama.cpp, any OpenAI-compatible one).",
@@ -22,7 +32,18 @@ probe_app = typer.Typer(
 )
 
 
+def server_tokens(level: LevelSummary) -> float | None:
+    """Output tokens the server's counters gained over the level (vLLM, SGLang or
+    llama.cpp), or None when /metrics gave none."""
+    for name in GENERATION_COUNTERS:
+        if name in level.server_deltas:
+            return level.server_deltas[name]
+    return None
+
+
 def print_run(summary: RunSummary, path: Path) -> None:
+    """The run as a table: one row per level, counting only ok requests in the metrics;
+    failures by outcome in their row; footnotes for what /metrics could not give."""
     table = Table(
         title=f"{summary.header.model} at {summary.header.url} ({summary.header.workload}); {path}",
         box=box.SIMPLE_HEAD,
@@ -30,33 +51,76 @@ def print_run(summary: RunSummary, path: Path) -> None:
     for col in (
         "C",
         "run",
-        "done",
+        "ok",
         "failed",
         "out tok/s",
         "per req",
         "TTFT p50 ms",
         "TPOT ms",
         "server gen tokens",
+        "failures",
     ):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="left" if col == "failures" else "right")
+    totals: dict[str, int] = {}
+    missing: dict[str, list[str]] = {}  # why the server's token count is missing: levels
+    notes = []
     for lv in summary.levels:
         m = lv.metrics
+        label = f"C={lv.concurrency} run {lv.run}"
+        outcomes = level_outcomes(lv)
+        for k, n in outcomes.items():
+            totals[k] = totals.get(k, 0) + n
+        tokens = server_tokens(lv)
+        if tokens is None:
+            why = lv.metrics_note or "no generation-token counter recorded from /metrics"
+            missing.setdefault(why, []).append(label)
+        elif lv.metrics_note:
+            notes.append(f"{label}: {lv.metrics_note}")
+        failures = failure_text(outcomes)
         table.add_row(
             str(lv.concurrency),
             str(lv.run),
             str(m.completed),
-            str(m.failed),
+            f"[yellow]{m.failed}[/]" if m.failed else "0",
             f"{m.output_tok_s:,.1f}",
             "—"
             if m.per_request_output_tok_s.mean is None
             else f"{m.per_request_output_tok_s.mean:,.1f}",
             "—" if m.ttft_ms.p50 is None else f"{m.ttft_ms.p50:,.0f}",
             "—" if m.tpot_ms.mean is None else f"{m.tpot_ms.mean:,.2f}",
-            f"{lv.server_deltas.get('vllm:generation_tokens_total', float('nan')):,.0f}",
+            "—¹" if tokens is None else f"{tokens:,.0f}",
+            f"[yellow]{m.failed / m.requests:.0%}: {failures}[/]" if failures else "",
         )
     console.print(table)
+    if totals:
+        console.print(
+            "outcomes: "
+            + ", ".join(f"{k} {n}" for k, n in totals.items())
+            + " (the metrics count ok requests only)",
+            highlight=False,
+        )
+    for why, levels in missing.items():
+        where = "" if len(levels) == len(summary.levels) else f" ({', '.join(levels)})"
+        console.print(f"¹ no server token count{where}: {why}", highlight=False)
+    for note in notes:
+        console.print(note, highlight=False)
     if not summary.complete:
         console.print("[yellow]the run did not complete; the file holds what was measured[/]")
+
+
+def probe_config(**fields):
+    """A ProbeConfig, with a value its schema refuses reported as the flag it came from
+    (exit 2), not a traceback."""
+    from capsim.probe.runner import ProbeConfig
+
+    try:
+        return ProbeConfig(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        flag = "--" + name.removesuffix("_s").replace("_", "-") + ": " if name else ""
+        message = first["msg"].removeprefix("Value error, ")
+        raise CapsimUserError(f"{flag}{message[0].lower()}{message[1:]}") from None
 
 
 def parse_flags(values: list[str] | None) -> dict[str, str]:
@@ -94,7 +158,35 @@ def probe_cmd(
     ] = "OPENAI_API_KEY",
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--natural-stop")] = True,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup")] = True,
-    timeout: Annotated[float, typer.Option("--timeout", help="Per request, seconds")] = 600.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Longest a request may take in all, seconds")
+    ] = 600.0,
+    connect_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--connect-timeout",
+            help="Longest to open a connection, seconds [default: 10, at most --timeout]",
+            show_default=False,
+        ),
+    ] = None,
+    first_byte_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--first-byte-timeout",
+            help="Longest from sending to the first streamed event (queueing and prefill), "
+            "seconds [default: 300, at most --timeout]",
+            show_default=False,
+        ),
+    ] = None,
+    chunk_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--chunk-timeout",
+            help="Longest silence between two streamed events, seconds [default: 60, at most "
+            "--timeout]",
+            show_default=False,
+        ),
+    ] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Stated hardware")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus")] = None,
     tp: Annotated[int | None, typer.Option("--tp")] = None,
@@ -116,7 +208,7 @@ def probe_cmd(
     """Probe a server at several concurrency levels and write a run file."""
     if ctx.invoked_subcommand:
         return
-    from capsim.probe.runner import ProbeConfig, run_probe
+    from capsim.probe.runner import run_probe
 
     if not url or not model:
         raise CapsimUserError(
@@ -129,7 +221,15 @@ def probe_cmd(
         raise CapsimUserError(f"unknown workload '{workload}'", hint="use closed or batch")
     if endpoint not in ("completions", "chat"):
         raise CapsimUserError(f"unknown endpoint '{endpoint}'", hint="use completions or chat")
-    config = ProbeConfig(
+    for flag, value in (
+        ("--timeout", timeout),
+        ("--connect-timeout", connect_timeout),
+        ("--first-byte-timeout", first_byte_timeout),
+        ("--chunk-timeout", chunk_timeout),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise CapsimUserError(f"{flag} needs a positive number of seconds, not {value:g}")
+    config = probe_config(
         url=url,
         model=model,
         endpoint=endpoint,
@@ -144,6 +244,9 @@ def probe_cmd(
         warmup=warmup,
         api_key_env=api_key_env,
         timeout_s=timeout,
+        connect_timeout_s=connect_timeout,
+        first_byte_timeout_s=first_byte_timeout,
+        chunk_timeout_s=chunk_timeout,
         deployment=Deployment(
             gpu=gpu,
             gpus=gpus,
@@ -174,9 +277,11 @@ def probe_cmd(
             )
             state["failed"] = 0
         elif event == "request" and "task" in state:
-            if info["record"].error:
+            if not info["record"].ok:
                 state["failed"] += 1
             progress.update(state["task"], advance=1, failed=state["failed"])
+        elif event == "warning":
+            progress.console.print(f"[yellow]warning:[/] {info['message']}", highlight=False)
 
     try:
         with progress:

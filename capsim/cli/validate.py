@@ -22,6 +22,7 @@ from capsim.calibration.compare import (
 from capsim.calibration.fit import check_fittable, cross_validate, fit_profile
 from capsim.calibration.published import load_published
 from capsim.cli.common import (
+    AcceptFailuresOption,
     DbOption,
     JsonOption,
     PriorWeightOption,
@@ -236,6 +237,7 @@ def validate_cmd(
     plot_path: Annotated[
         Path | None, typer.Option("--plot", help="Write a parity plot (PNG) of every point")
     ] = None,
+    accept_failures: AcceptFailuresOption = False,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -250,7 +252,7 @@ def validate_cmd(
         )
     if prior_weight and not calibrated:
         raise CapsimUserError("--prior-weight applies to fits: add --calibrated")
-    loaded = load_published(datasets)
+    loaded = load_published(datasets, accept_failures)
     if calibrated:
         names = None if fit is None else tuple(split_list(fit))
         if names is not None:

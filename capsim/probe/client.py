@@ -5,15 +5,24 @@ Each request streams (``stream: true``) with ``stream_options.include_usage`` an
 and a chunk that carries several tokens (speculative decoding) counts them all. Servers
 without continuous usage count one token per chunk, and the final usage gives the exact
 total. The API key comes from an environment variable and is never printed or stored.
+
+Every request ends with an outcome (capsim.metrics.OUTCOMES). It is ``ok`` only when the
+stream ended with ``[DONE]`` after a ``finish_reason``, every event parsed, the usage agrees
+with the tokens streamed, and an ``ignore_eos`` request got every token it asked for;
+anything else is recorded as the fault it is, with the chunks measured before it.
+The event stream is decoded by httpx-sse (the SSE format: ``data:`` fields, comments,
+multi-line events).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
 
 from capsim.metrics import RequestRecord
 
@@ -47,17 +56,173 @@ def endpoint_path(endpoint: str) -> str:
     return "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
 
 
-def chunk_text(obj: dict) -> tuple[str, str]:
-    """(answer text, reasoning text) of one streamed chunk."""
-    choices = obj.get("choices") or []
-    if not choices:
-        return "", ""
-    choice = choices[0]
+@dataclass(frozen=True)
+class Timeouts:
+    """Limits of one request, in seconds.
+
+    * ``connect``: opening the TCP connection.
+    * ``first_byte``: from sending the request until the first event of the stream (or the
+      headers of an error answer); it covers queueing and prefill.
+    * ``chunk``: the longest silence between two events of the stream after the first.
+    * ``total``: the whole request, from sending to the end of the stream.
+    """
+
+    connect: float = 10.0
+    first_byte: float = 300.0
+    chunk: float = 60.0
+    total: float = 600.0
+
+
+EXCERPT = 200
+"""Characters of a server's text kept in a failure's reason."""
+
+
+def excerpt(text: str, limit: int = EXCERPT) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def chunk_text(choice: dict) -> tuple[str, str]:
+    """(answer text, reasoning text) of one streamed choice."""
     if "text" in choice:
         return choice.get("text") or "", ""
-    delta = choice.get("delta") or {}
+    delta = _typed(choice, "delta", dict) or {}
     reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
     return delta.get("content") or "", reasoning
+
+
+def _typed(obj: dict, key: str, kind: type):
+    """``obj[key]`` if absent, null or of ``kind``; a chunk of another shape is malformed."""
+    value = obj.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ValueError(f"'{key}' is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"token count {value!r} is not a non-negative integer")
+    return value
+
+
+class StreamReader:
+    """Takes a request's events one at a time and decides how the request ended."""
+
+    def __init__(self, spec: RequestSpec, record: RequestRecord):
+        self.spec = spec
+        self.record = record
+        self.usage_tokens = 0  # cumulative completion tokens the usage reported so far
+        self.exact = True  # every chunk with tokens carried a cumulative usage
+        self.usage_seen = False
+        self.done = False
+        self.failure: tuple[str, str] | None = None
+
+    def fail(self, outcome: str, reason: str) -> None:
+        if self.failure is None:
+            self.failure = (outcome, reason)
+
+    def feed(self, event: ServerSentEvent, now: float) -> bool:
+        """Take one event (arrived at ``now``, seconds); True when the stream is over."""
+        data = event.data.strip()
+        if event.event == "error":
+            self.fail("server_error_event", f"server error: {excerpt(data)}")
+            return True
+        if data == "[DONE]":
+            self.done = True
+            return True
+        if not data:
+            return False
+        try:
+            obj = json.loads(data)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            return self._chunk(obj, now)
+        except ValueError as exc:
+            self.fail(
+                "malformed_stream",
+                f"malformed stream: after {self.streamed} tokens ({str(exc)[:80]}): "
+                f"data: {excerpt(data)}",
+            )
+            return True
+
+    @property
+    def streamed(self) -> int:
+        return sum(self.record.chunk_tokens or [])
+
+    def _chunk(self, obj: dict, now: float) -> bool:
+        record = self.record
+        if obj.get("error"):
+            err = obj["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            self.fail("server_error_event", f"server error: {excerpt(str(message))}")
+            return True
+        choices = _typed(obj, "choices", list) or []
+        usage = _typed(obj, "usage", dict) or {}
+        choice = choices[0] if choices else {}
+        if not isinstance(choice, dict):
+            raise ValueError(f"a choice is {type(choice).__name__}, not dict")
+        answer, reasoning = chunk_text(choice)
+        tokens = None
+        if usage.get("completion_tokens") is not None:
+            total = _count(usage["completion_tokens"])
+            if total < self.usage_tokens:
+                raise ValueError(f"usage fell from {self.usage_tokens} to {total} tokens")
+            # this chunk's tokens: what the usage counts beyond the tokens already streamed
+            # (a server that reports usage only at the end counts one per chunk till then)
+            tokens = max(total - self.streamed, 0)
+            self.usage_tokens = total
+            self.usage_seen = True
+            record.output_tokens = total
+        if usage.get("prompt_tokens") is not None:
+            record.input_tokens = _count(usage["prompt_tokens"])
+        details = _typed(usage, "prompt_tokens_details", dict) or {}
+        if details.get("cached_tokens"):
+            record.cached_tokens = _count(details["cached_tokens"])
+        if choices and (answer or reasoning or tokens):
+            if tokens is None:
+                self.exact = False
+            record.chunk_times.append(now)
+            record.chunk_tokens.append(1 if tokens is None else tokens)
+            if record.first_token is None:
+                record.first_token = now
+            if answer and record.first_answer_token is None:
+                record.first_answer_token = now
+        if choice.get("finish_reason"):
+            record.finish_reason = str(choice["finish_reason"])
+        return False
+
+    def outcome(self) -> tuple[str, str | None]:
+        """(outcome, reason) of a stream that ended without a transport fault."""
+        if self.failure is not None:
+            return self.failure
+        record, streamed = self.record, self.streamed
+        if not self.usage_seen:
+            record.output_tokens = streamed
+        if not self.done:
+            return "incomplete", (
+                f"incomplete: the stream ended without [DONE] after {streamed} tokens"
+                + ("" if record.finish_reason else " and without a finish_reason")
+            )
+        if record.finish_reason is None:
+            return "incomplete", f"incomplete: [DONE] after {streamed} tokens, no finish_reason"
+        if record.finish_reason == "error":
+            return "server_error_event", f"server error: finish_reason 'error' after {streamed}"
+        if record.finish_reason == "abort":
+            return "incomplete", f"incomplete: the server aborted it after {streamed} tokens"
+        if record.first_token is None:
+            return "incomplete", "incomplete: no tokens: the stream ended without output"
+        if self.usage_seen and (
+            record.output_tokens < streamed or (self.exact and record.output_tokens != streamed)
+        ):
+            return "malformed_stream", (
+                f"malformed stream: the usage says {record.output_tokens} completion tokens, "
+                f"the stream carried {streamed}"
+            )
+        if self.spec.ignore_eos and record.output_tokens < self.spec.max_tokens:
+            return "incomplete", (
+                f"incomplete: {record.output_tokens} of {self.spec.max_tokens} tokens with "
+                f"ignore_eos (finish_reason '{record.finish_reason}')"
+            )
+        return "ok", None
 
 
 async def stream_one(
@@ -68,75 +233,88 @@ async def stream_one(
     spec: RequestSpec,
     clock,
     headers: dict[str, str] | None = None,
+    timeouts: Timeouts | None = None,
 ) -> RequestRecord:
-    """Send one streaming request and time every chunk (times from ``clock()``)."""
+    """Send one streaming request and time every chunk (times in seconds from
+    ``clock()``). Never raises for what the server does: every fault becomes the record's
+    outcome. ``timeouts`` bounds the first byte, the gaps and the total (the client's
+    own ``httpx.Timeout`` bounds connecting)."""
+    limits = timeouts or Timeouts()
     record = RequestRecord(
-        request_id=spec.request_id, send=clock(), chunk_times=[], chunk_tokens=[]
+        request_id=spec.request_id,
+        send=clock(),
+        chunk_times=[],
+        chunk_tokens=[],
+        max_tokens=spec.max_tokens,
     )
-    completion_so_far = 0
-    first_answer = None
+    reader = StreamReader(spec, record)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limits.total
+    armed = ""  # which limit the deadline now enforces
+
+    def arm(deadline: asyncio.Timeout, limit: str, seconds: float) -> None:
+        nonlocal armed
+        at = loop.time() + seconds
+        armed = limit if at < end else "total"
+        deadline.reschedule(min(at, end))
+
+    outcome, reason = "ok", None
     try:
-        async with client.stream(
-            "POST",
-            url + endpoint_path(endpoint),
-            json=build_payload(spec, model, endpoint),
-            headers=headers,
-        ) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")[:300]
-                record.error = f"http {response.status_code}: {body}"
-                record.finish = clock()
-                return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                now = clock()
-                try:
-                    obj = json.loads(data)
-                except json.JSONDecodeError:
-                    continue
-                if obj.get("error"):
-                    record.error = f"server error: {str(obj['error'])[:200]}"
-                    break
-                answer, reasoning = chunk_text(obj)
-                usage = obj.get("usage") or {}
-                tokens = None
-                if usage.get("completion_tokens") is not None:
-                    tokens = int(usage["completion_tokens"]) - completion_so_far
-                    completion_so_far = int(usage["completion_tokens"])
-                    record.output_tokens = completion_so_far
-                if usage.get("prompt_tokens") is not None:
-                    record.input_tokens = int(usage["prompt_tokens"])
-                if usage.get("prompt_tokens_details"):
-                    cached = (usage["prompt_tokens_details"] or {}).get("cached_tokens")
-                    if cached:
-                        record.cached_tokens = int(cached)
-                if answer or reasoning or (tokens and obj.get("choices")):
-                    count = tokens if tokens is not None else 1
-                    if count > 0 or answer or reasoning:
-                        record.chunk_times.append(now)
-                        record.chunk_tokens.append(max(count, 1 if tokens is None else count))
-                    if record.first_token is None:
-                        record.first_token = now
-                    if answer and first_answer is None:
-                        first_answer = now
-            record.finish = clock()
+        async with asyncio.timeout(None) as deadline:
+            arm(deadline, "first byte", limits.first_byte)
+            async with client.stream(
+                "POST",
+                url + endpoint_path(endpoint),
+                json=build_payload(spec, model, endpoint),
+                headers=headers,
+            ) as response:
+                record.http_status = response.status_code
+                if response.status_code != 200:
+                    outcome, reason = "http_error", await _http_error(response)
+                else:
+                    async for event in EventSource(response).aiter_sse():
+                        now = clock()
+                        arm(deadline, "between chunks", limits.chunk)
+                        if reader.feed(event, now):
+                            break
+                    outcome, reason = reader.outcome()
+    except TimeoutError:
+        outcome, reason = "timeout", _timeout_reason(armed, limits, reader.streamed)
     except httpx.TimeoutException as exc:
-        record.error = f"timeout: {exc.__class__.__name__}"
-        record.finish = clock()
+        limit = "connect" if isinstance(exc, httpx.ConnectTimeout) else exc.__class__.__name__
+        outcome, reason = "timeout", f"timeout ({limit}): {exc.__class__.__name__}"
+    except (SSEError, httpx.DecodingError) as exc:
+        outcome, reason = "malformed_stream", f"malformed stream: {excerpt(str(exc))}"
     except httpx.HTTPError as exc:
-        record.error = f"connection: {exc.__class__.__name__}: {str(exc)[:150]}"
-        record.finish = clock()
-    if record.error is None:
-        if record.output_tokens == 0:
-            record.output_tokens = sum(record.chunk_tokens or [])
-        if record.first_token is None:
-            record.error = "no tokens: the stream ended without output"
-    record.first_answer_token = first_answer
+        outcome, reason = (
+            "connection_error",
+            (
+                f"connection: {exc.__class__.__name__} after {reader.streamed} tokens: "
+                f"{str(exc)[:150]}"
+            ),
+        )
+    record.finish = clock()
+    if outcome != "ok" and not reader.usage_seen:
+        record.output_tokens = reader.streamed
+    record.outcome = outcome
+    record.error = reason
     return record
+
+
+def _timeout_reason(limit: str, limits: Timeouts, streamed: int) -> str:
+    """``timeout (LIMIT): ...`` for the limit whose deadline passed."""
+    if limit == "total":
+        return f"timeout (total): not finished within {limits.total:g} s ({streamed} tokens)"
+    seconds = limits.first_byte if limit == "first byte" else limits.chunk
+    return f"timeout ({limit}): nothing for {seconds:g} s after {streamed} tokens"
+
+
+async def _http_error(response: httpx.Response) -> str:
+    """``http STATUS: [Retry-After VALUE: ]body excerpt`` of an answer that is not 200."""
+    body = (await response.aread()).decode(errors="replace").strip()
+    retry = response.headers.get("retry-after")
+    wait = f"Retry-After {retry}: " if retry else ""
+    return f"http {response.status_code}: {wait}{excerpt(body, 300)}"
 
 
 class Clock:

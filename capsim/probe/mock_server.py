@@ -2,10 +2,11 @@
 
 It is a test double, not a model: ``/v1/completions`` and ``/v1/chat/completions`` stream
 ``max_tokens`` tokens (the word ``tok``), one chunk per token, with vLLM-style
-``continuous_usage_stats``; each token takes ``token_delay_s + per_stream_delay_s x
-active streams``, so aggregate throughput rises and then flattens with concurrency like a
-batching server's. It also answers ``/v1/models``, ``/tokenize`` (one token per word) and
-``/metrics`` with vLLM-named counters and gauges. Standard library only (asyncio streams).
+``continuous_usage_stats``, ``finish_reason`` on the last token and ``[DONE]``; each token
+takes ``token_delay_s + per_stream_delay_s x active streams``, so aggregate throughput
+rises and then flattens with concurrency like a batching server's. It also answers
+``/v1/models``, ``/tokenize`` (one token per word) and ``/metrics`` with vLLM-named
+counters and gauges. Standard library only (asyncio streams).
 
 Run it alone with ``python -m capsim.probe.mock_server --port 8123``.
 """
@@ -75,10 +76,11 @@ async def _stream(writer: asyncio.StreamWriter, state: MockState, req: dict, cha
         for i in range(n):
             await asyncio.sleep(state.token_delay_s + state.per_stream_delay_s * state.active)
             state.generation_tokens_total += 1
+            reason = "length" if i == n - 1 else None  # as vLLM: on the last token
             if chat:
-                choice = {"index": 0, "delta": {"content": " tok"}, "finish_reason": None}
+                choice = {"index": 0, "delta": {"content": " tok"}, "finish_reason": reason}
             else:
-                choice = {"index": 0, "text": " tok", "finish_reason": None}
+                choice = {"index": 0, "text": " tok", "finish_reason": reason}
             body = {
                 "id": "x",
                 "object": "chunk",

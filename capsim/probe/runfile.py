@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.errors import CapsimUserError
-from capsim.metrics import LevelMetrics, RequestRecord, level_metrics
+from capsim.metrics import OUTCOMES, LevelMetrics, RequestRecord, legacy_outcome, level_metrics
 
 RUN_FORMAT = "capsim-run/1"
+
+FAILURE_SHARE_LIMIT = 0.05
+"""The largest share of a level's requests that may fail for calibration and validation to
+use the level without ``--accept-failures``."""
 
 
 class Deployment(BaseModel):
@@ -80,7 +85,83 @@ class LevelSummary(BaseModel):
     server_peaks: dict[str, float] = Field(
         default_factory=dict, description="Largest gauge values sampled during the level"
     )
-    errors: dict[str, int] = Field(default_factory=dict, description="Failed requests by reason")
+    errors: dict[str, int] = Field(
+        default_factory=dict, description="Failed requests by reason (the error's first part)"
+    )
+    outcomes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Requests by outcome (capsim.metrics.OUTCOMES), ok included; empty in "
+        "run files written before outcomes were recorded (see level_outcomes)",
+    )
+    metrics_note: str | None = Field(
+        None, description="What went wrong scraping /metrics over the level, if anything"
+    )
+
+
+def failure_reason(error: str) -> str:
+    """The kind of a failure, as ``errors`` counts it: its reason up to the first colon
+    (``http 500``, ``timeout (between chunks)``, ``malformed stream``)."""
+    return error.split(":")[0]
+
+
+def summarize_level(
+    records: list[RequestRecord], concurrency: int, run: int, workload: str, **server: Any
+) -> LevelSummary:
+    """A level's summary from its records: metrics of the ok requests, counts per outcome
+    and per failure reason; ``server`` passes LevelSummary's /metrics fields."""
+    outcomes = Counter(r.outcome if r.outcome else "failed" for r in records)
+    errors = Counter(failure_reason(r.error) for r in records if not r.ok and r.error)
+    return LevelSummary(
+        concurrency=concurrency,
+        run=run,
+        errors=dict(errors),
+        outcomes={k: outcomes[k] for k in OUTCOMES if outcomes[k]},
+        metrics=level_metrics(records, concurrency, workload),
+        **server,
+    )
+
+
+def level_outcomes(level: LevelSummary) -> dict[str, int]:
+    """Requests by outcome; for a level recorded before outcomes, from its completed count
+    and failure reasons (read as legacy_outcome reads a record)."""
+    if level.outcomes:
+        return dict(level.outcomes)
+    out: Counter[str] = Counter()
+    if level.metrics.completed:
+        out["ok"] = level.metrics.completed
+    for reason, n in level.errors.items():
+        out[legacy_outcome(reason, None)] += n
+    unexplained = level.metrics.failed - sum(level.errors.values())
+    if unexplained > 0:
+        out["failed"] += unexplained
+    return {k: out[k] for k in OUTCOMES if out[k]}
+
+
+def failure_text(outcomes: dict[str, int]) -> str:
+    """``5 http_error, 2 timeout`` (the failures, most first); empty when none."""
+    failed = sorted(((n, k) for k, n in outcomes.items() if k != "ok"), key=lambda x: -x[0])
+    return ", ".join(f"{n} {k}" for n, k in failed)
+
+
+def check_failure_share(summary: RunSummary, path: Path, accept: bool = False) -> None:
+    """Refuse a run with a level whose failed share exceeds FAILURE_SHARE_LIMIT (its ok
+    requests alone may not show the server as it was), unless ``accept``."""
+    if accept:
+        return
+    bad = []
+    for lv in summary.levels:
+        m = lv.metrics
+        if m.requests and m.failed / m.requests > FAILURE_SHARE_LIMIT:
+            bad.append(
+                f"C={lv.concurrency} run {lv.run}: {m.failed} of {m.requests} failed "
+                f"({failure_text(level_outcomes(lv))})"
+            )
+    if bad:
+        raise CapsimUserError(
+            f"run '{path}' has levels where more than {FAILURE_SHARE_LIMIT:.0%} of requests "
+            f"failed: {'; '.join(bad)}",
+            hint="probe again, or pass --accept-failures to use their ok requests anyway",
+        )
 
 
 class RunSummary(BaseModel):
@@ -152,33 +233,35 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def summarize_log(path: Path) -> RunSummary:
-    """Rebuild a run's summary from its JSONL: every level that has request records."""
+    """Rebuild a run's summary from its JSONL: every level that has request records, with
+    the server's counters where the level finished (its ``level`` event)."""
     events = read_events(path.with_suffix(".jsonl"))
     headers = [e for e in events if e.get("type") == "header"]
     if not headers:
         raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
     header = RunHeader.model_validate({k: v for k, v in headers[0].items() if k != "type"})
     groups: dict[tuple[int, int], list[RequestRecord]] = {}
+    server: dict[tuple[int, int], dict[str, Any]] = {}  # what each level event kept
     for e in events:
+        if e.get("type") == "level":
+            server[(int(e["concurrency"]), int(e.get("run", 0)))] = {
+                k: e[k] for k in ("server_deltas", "server_peaks", "metrics_note") if k in e
+            }
         if e.get("type") != "request":
             continue
         key = (int(e["concurrency"]), int(e.get("run", 0)))
         record = {k: v for k, v in e.items() if k not in ("type", "concurrency", "run")}
-        groups.setdefault(key, []).append(RequestRecord.model_validate(record))
-    levels = []
-    for (c, run), records in sorted(groups.items()):
-        errors: dict[str, int] = {}
-        for r in records:
-            if r.error:
-                errors[r.error.split(":")[0]] = errors.get(r.error.split(":")[0], 0) + 1
-        levels.append(
-            LevelSummary(
-                concurrency=c,
-                run=run,
-                errors=errors,
-                metrics=level_metrics(records, c, header.workload),
-            )
-        )
+        try:
+            groups.setdefault(key, []).append(RequestRecord.model_validate(record))
+        except ValueError as exc:
+            raise CapsimUserError(
+                f"'{path}': request {record.get('request_id')!r} is not a capsim record: "
+                f"{str(exc).splitlines()[0]}"
+            ) from None
+    levels = [
+        summarize_level(records, c, run, header.workload, **server.get((c, run), {}))
+        for (c, run), records in sorted(groups.items())
+    ]
     return RunSummary(header=header, levels=levels, complete=False)
 
 

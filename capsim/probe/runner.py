@@ -8,30 +8,30 @@ Workloads mean what they mean in the simulator (capsim.engine.workloads):
 
 Per level the server's ``/metrics`` is scraped before, every ``metrics_interval_s`` during,
 and after, so the run records counter increases (tokens, preemptions, prefix-cache hits,
-speculative acceptance per position) and gauge peaks (running, waiting, KV usage). Records
-are written the moment each request ends; on Ctrl-C the requests still in flight are
-written as failed with reason ``interrupted``, and a dead server ends the run with what it
-had.
+speculative acceptance per position) and gauge peaks (running, waiting, KV usage); a scrape
+that fails or has unparseable lines is noted in the level (``metrics_note``) and warned
+about once. Records are written the moment each request ends, each with its outcome (see
+capsim.probe.client); on Ctrl-C the requests still in flight are written with outcome
+``interrupted``, and a dead server ends the run with what it had.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections import Counter
 from typing import Literal
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capsim.engine.lengths import parse_length
 from capsim.errors import CapsimUserError
-from capsim.metrics import RequestRecord, level_metrics
-from capsim.probe.client import Clock, RequestSpec, stream_one
-from capsim.probe.prometheus import counter_deltas, gauge_peaks, parse_metrics
+from capsim.metrics import RequestRecord
+from capsim.probe.client import Clock, RequestSpec, Timeouts, stream_one
+from capsim.probe.prometheus import ScrapeLog, counter_deltas, gauge_peaks, parse_exposition
 from capsim.probe.prompts import PromptFactory
-from capsim.probe.runfile import Deployment, LevelSummary, RunHeader, RunSummary, RunWriter
+from capsim.probe.runfile import Deployment, RunHeader, RunSummary, RunWriter, summarize_level
 
 
 class ProbeConfig(BaseModel):
@@ -53,9 +53,44 @@ class ProbeConfig(BaseModel):
     ignore_eos: bool = True
     warmup: bool = True
     api_key_env: str | None = "OPENAI_API_KEY"
-    timeout_s: float = Field(600.0, gt=0)
+    timeout_s: float = Field(600.0, gt=0, description="Whole request, seconds")
+    connect_timeout_s: float | None = Field(
+        None, gt=0, description="Opening a connection, seconds (default 10, at most timeout_s)"
+    )
+    first_byte_timeout_s: float | None = Field(
+        None, gt=0, description="Send to first event, seconds (default 300, at most timeout_s)"
+    )
+    chunk_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Longest gap between events, seconds (default 60, at most timeout_s)",
+    )
     metrics_interval_s: float = Field(1.0, gt=0)
     deployment: Deployment = Field(default_factory=Deployment)
+
+    @model_validator(mode="after")
+    def _limits_within_total(self) -> ProbeConfig:
+        for name, value in (
+            ("first-byte", self.first_byte_timeout_s),
+            ("chunk", self.chunk_timeout_s),
+            ("connect", self.connect_timeout_s),
+        ):
+            if value is not None and value > self.timeout_s:
+                raise ValueError(
+                    f"the {name} timeout ({value:g} s) is longer than the total timeout "
+                    f"({self.timeout_s:g} s), which would always end the request first"
+                )
+        return self
+
+    def timeouts(self) -> Timeouts:
+        """The per-request limits; an unset one is its default, capped at the total."""
+        default = Timeouts()
+        return Timeouts(
+            connect=self.connect_timeout_s or min(default.connect, self.timeout_s),
+            first_byte=self.first_byte_timeout_s or min(default.first_byte, self.timeout_s),
+            chunk=self.chunk_timeout_s or min(default.chunk, self.timeout_s),
+            total=self.timeout_s,
+        )
 
     def requests_for(self, c: int) -> int:
         if self.requests is not None:
@@ -77,16 +112,45 @@ class Prober:
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.prompts = PromptFactory(self.url, config.model, config.endpoint)
         self.in_flight: dict[str, tuple[RequestRecord, int, int]] = {}
+        self.timeouts = config.timeouts()
+        self.scrapes = ScrapeLog()
+        self.warned: set[str] = set()
         # progress(event, **info): "level" when a level starts (total requests), "request"
-        # when one ends (its record); the CLI draws a rich progress bar from these
+        # when one ends (its record), "warning" once per kind of /metrics trouble (message);
+        # the CLI draws a rich progress bar from these and prints the warnings
         self.progress = progress or (lambda event, **info: None)
 
+    def warn_once(self, kind: str, message: str) -> None:
+        if kind not in self.warned:
+            self.warned.add(kind)
+            self.progress("warning", message=message)
+
     async def scrape(self, client: httpx.AsyncClient) -> dict:
+        """The server's known /metrics series ({} when the scrape fails); failures and
+        unparseable lines go to ``self.scrapes`` and are warned about once."""
         try:
             r = await client.get(self.url + "/metrics", headers=self.headers, timeout=10)
-            return parse_metrics(r.text) if r.status_code == 200 else {}
-        except httpx.HTTPError:
-            return {}
+        except httpx.HTTPError as exc:
+            problem = exc.__class__.__name__
+        else:
+            if r.status_code == 200:
+                exposition = self.scrapes.add(parse_exposition(r.text))
+                if exposition.skipped:
+                    self.warn_once(
+                        "unparseable",
+                        f"{self.url}/metrics has lines that are not Prometheus text (first: "
+                        f"{exposition.first_skipped!r}); they are skipped and counted in "
+                        "each level's metrics_note",
+                    )
+                return exposition.values
+            problem = f"HTTP {r.status_code}"
+        self.scrapes.fail(problem)
+        self.warn_once(
+            "scrape",
+            f"{self.url}/metrics failed ({problem}); the server's counters are not recorded "
+            "where it fails",
+        )
+        return {}
 
     async def discover(self, client: httpx.AsyncClient) -> dict:
         """What the server says about itself."""
@@ -147,10 +211,17 @@ class Prober:
         prompt: str | list[int],
     ) -> RequestRecord:
         spec = RequestSpec(key, prompt, max_tokens, self.cfg.ignore_eos)
-        placeholder = RequestRecord(request_id=key, send=self.clock())
+        placeholder = RequestRecord(request_id=key, send=self.clock(), max_tokens=max_tokens)
         self.in_flight[key] = (placeholder, c, run)
         record = await stream_one(
-            client, self.url, self.cfg.model, self.cfg.endpoint, spec, self.clock, self.headers
+            client,
+            self.url,
+            self.cfg.model,
+            self.cfg.endpoint,
+            spec,
+            self.clock,
+            self.headers,
+            self.timeouts,
         )
         self.in_flight.pop(key, None)
         if isinstance(prompt, str) and record.input_tokens:
@@ -196,7 +267,7 @@ class Prober:
     @staticmethod
     def _check_alive(records: list[RequestRecord]) -> None:
         recent = records[-4:]
-        if len(recent) >= 2 and all((r.error or "").startswith("connection") for r in recent):
+        if len(recent) >= 2 and all(r.outcome == "connection_error" for r in recent):
             raise ServerGone(recent[-1].error)
 
     async def warmup(self, client: httpx.AsyncClient, n: int) -> None:
@@ -208,7 +279,14 @@ class Prober:
             )
             spec = RequestSpec(f"warmup-{i}", prompt, 8, self.cfg.ignore_eos)
             await stream_one(
-                client, self.url, self.cfg.model, self.cfg.endpoint, spec, self.clock, self.headers
+                client,
+                self.url,
+                self.cfg.model,
+                self.cfg.endpoint,
+                spec,
+                self.clock,
+                self.headers,
+                self.timeouts,
             )
 
         await asyncio.gather(*(one(i) for i in range(n)))
@@ -227,7 +305,8 @@ class Prober:
             max_connections=max(cfg.concurrency) + 16,
             max_keepalive_connections=max(cfg.concurrency) + 16,
         )
-        timeout = httpx.Timeout(cfg.timeout_s, connect=30.0)
+        # connecting is httpx's to time; stream_one times the first byte, gaps and total
+        timeout = httpx.Timeout(None, connect=self.timeouts.connect)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             server = await self.discover(client)
             header = RunHeader(
@@ -252,6 +331,7 @@ class Prober:
                     await self.warmup(client, min(max(cfg.concurrency), 4))
                 for run in range(cfg.runs):
                     for c in cfg.concurrency:
+                        self.scrapes = ScrapeLog()
                         before = await self.scrape(client)
                         samples: list[dict] = []
                         stop = asyncio.Event()
@@ -262,15 +342,15 @@ class Prober:
                             stop.set()
                             await sampler
                         after = await self.scrape(client)
-                        errors = Counter((r.error or "").split(":")[0] for r in records if r.error)
                         writer.add_level(
-                            LevelSummary(
-                                concurrency=c,
-                                run=run,
-                                errors=dict(errors),
-                                metrics=level_metrics(records, c, cfg.workload),
+                            summarize_level(
+                                records,
+                                c,
+                                run,
+                                cfg.workload,
                                 server_deltas=counter_deltas(before, after),
                                 server_peaks=gauge_peaks([before, *samples, after]),
+                                metrics_note=self.scrapes.note(),
                             )
                         )
                 complete = True
@@ -278,6 +358,7 @@ class Prober:
                 pass
             finally:
                 for placeholder, c, run in list(self.in_flight.values()):
+                    placeholder.outcome = "interrupted"
                     placeholder.error = "interrupted: the run stopped before it finished"
                     placeholder.finish = self.clock()
                     writer.request(placeholder, c, run)
