@@ -21,9 +21,11 @@ from capsim.physics.step import (
     Deployment,
     StepModel,
     _pairs,
+    _roofline_scalar,
     build_step_model,
     compute_dtype_for,
     default_efficiency,
+    roofline,
 )
 
 CAT = load_catalog()
@@ -330,7 +332,7 @@ def test_eager_step_is_the_longer_of_gpu_work_and_launches():
     launches = (64 * 1000 + 2 * 64 * p.allreduce_eager_launch_us) * 1e-6
     assert tp2.step([1], [100]).t_total == pytest.approx(tp2.host_seconds(1) + launches)
     # a 2,048-token prefill chunk is GPU-bound: launches hidden
-    gpu = StepModel._gpu(slow._terms(*slow._aggregate([2048], [0]), 1, 0.0))
+    gpu = slow._gpu(slow._terms(*slow._aggregate([2048], [0]), 1, 0.0))
     assert gpu > 64e-3
     assert slow.step([2048], [0]).t_total == pytest.approx(slow.host_seconds(1) + gpu)
     # where the dispatching thread runs each operator (launch_overlap 0), they add up
@@ -339,7 +341,7 @@ def test_eager_step_is_the_longer_of_gpu_work_and_launches():
         cuda_graphs=False,
         params={"layer_overhead_eager_us": 1000.0, "launch_overlap": 0.0},
     )
-    decode_gpu = StepModel._gpu(serial._terms(*serial._aggregate([1], [100]), 1, 0.0))
+    decode_gpu = serial._gpu(serial._terms(*serial._aggregate([1], [100]), 1, 0.0))
     assert serial.step([1], [100]).t_total == pytest.approx(
         serial.host_seconds(1) + decode_gpu + 64e-3
     )
@@ -614,3 +616,57 @@ def test_custom_allreduce_on_nvswitch_costs_microseconds_not_tens():
     assert float(nccl.allreduce_seconds(nbytes)) > 3 * float(sm.allreduce_seconds(nbytes))
     pcie = model_step(gpu="rtx4090", model="llama-3.1-8b", tp=2)
     assert not pcie.custom_allreduce
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    m=st.floats(0, 1.0, allow_nan=False),
+    c=st.floats(0, 1.0, allow_nan=False),
+    bump=st.floats(0, 0.5, allow_nan=False),
+    p=st.floats(1, 80, allow_nan=False),
+)
+def test_smooth_roofline_bounds_and_monotonicity(m, c, bump, p):
+    """The smooth roofline is never below the plain max, at most 2^(1/p) times it, and
+    grows with either time (so more bandwidth or compute is never slower)."""
+    t = float(roofline(m, c, p))
+    assert t >= max(m, c) - 1e-15
+    assert t <= max(m, c) * 2 ** (1 / p) + 1e-15
+    assert float(roofline(m + bump, c, p)) >= t - 1e-15
+    assert float(roofline(m, c + bump, p)) >= t - 1e-15
+    assert _roofline_scalar(m, c, p) == pytest.approx(t, rel=1e-12, abs=1e-18)
+
+
+def test_gemm_efficiency_by_rows_by_hand():
+    sm = model_step(
+        gpu="h100-sxm",
+        model="llama-3.1-8b",
+        params={"compute_efficiency": 0.5, "prefill_compute_efficiency": 0.7},
+    )
+    assert sm.gemm_efficiency(1) == 0.5
+    assert sm.gemm_efficiency(512) == 0.5
+    assert sm.gemm_efficiency(8192) == 0.7
+    assert sm.gemm_efficiency(100_000) == 0.7
+    # 2,048 rows are half-way between 512 and 8,192 on a log scale
+    assert sm.gemm_efficiency(2048) == pytest.approx(0.6)
+
+
+def test_a_big_prefill_chunk_runs_at_the_prefill_efficiency():
+    """An 8,192-token prefill chunk of a dense 8B model is compute-bound: its dense GEMM
+    time is FLOPs over peak x prefill_compute_efficiency, not the decode-shaped rate."""
+    params = {"compute_efficiency": 0.4, "prefill_compute_efficiency": 0.8}
+    sm = model_step(gpu="h100-sxm", model="llama-3.1-8b", params=params)
+    step = sm.step([8192], [0])
+    expected = 8192 * sm.dense_flops_per_token + sm.lm_head_flops_per_token
+    assert step.t_dense_compute == pytest.approx(expected / (sm.gemm_peak * 0.8), rel=1e-9)
+
+
+def test_a_mesh_lends_a_small_group_only_its_own_links():
+    """MI300X's xGMI joins each GPU to each of 7 peers with one link (448 GB/s each way in
+    all): two GPUs share one link (64 GB/s), eight use all seven."""
+    from capsim.physics.communication import group_bandwidth_gb_s
+
+    link = CAT.gpu("mi300x").interconnect("infinity-fabric")
+    assert group_bandwidth_gb_s(link, 2) == pytest.approx(64.0)
+    assert group_bandwidth_gb_s(link, 8) == pytest.approx(448.0)
+    nvswitch = CAT.gpu("h100-sxm").interconnect("nvlink")
+    assert group_bandwidth_gb_s(nvswitch, 2) == group_bandwidth_gb_s(nvswitch, 8)

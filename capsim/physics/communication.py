@@ -99,6 +99,17 @@ def topology_of(link: Interconnect) -> str:
     return "host"
 
 
+def group_bandwidth_gb_s(link: Interconnect, n: int) -> float:
+    """Bandwidth one GPU of an n-GPU group drives toward its peers, GB/s per direction. A
+    switch gives each GPU its whole bandwidth whatever the group; a mesh (MI300X-style
+    xGMI: one link to each of max_gpus - 1 peers, ``bandwidth_gb_s_per_direction`` their
+    sum) lends a group of n only its n - 1 links; a bridge or the host link is what it is."""
+    bw = link.bandwidth_gb_s_per_direction or 0.0
+    if topology_of(link) == "mesh" and link.max_gpus and link.max_gpus > 2:
+        return bw * min(n - 1, link.max_gpus - 1) / (link.max_gpus - 1)
+    return bw
+
+
 def custom_allreduce_usable(link: Interconnect | None, enabled: bool = True) -> bool:
     """Whether vLLM's custom (peer-to-peer) all-reduce runs over this link."""
     return enabled and link is not None and topology_of(link) in ("switch", "mesh")

@@ -54,7 +54,30 @@ class EfficiencyParams(BaseModel):
     )
     # --- compute
     compute_efficiency: float = Field(
-        0.60, gt=0, le=1, description="Fraction of dense tensor peak large GEMMs achieve"
+        0.60,
+        gt=0,
+        le=1,
+        description="Fraction of dense tensor peak decode-shaped GEMMs (up to 512 rows) "
+        "achieve; larger ones approach prefill_compute_efficiency",
+    )
+    prefill_compute_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of dense tensor peak GEMMs of 8,192 rows or more (prefill "
+        "chunks) achieve; log-linear from compute_efficiency at 512 rows. None: no more than "
+        "compute_efficiency (no measurement says more). Set per class from measured large "
+        "matmuls: the best BF16 matmul reaches 80% of peak on H100 SXM, 86% on A100 SXM, 60% "
+        "on MI300X (ml-engineering's MAMF table); a model's own shapes reach less",
+    )
+    roofline_sharpness: float = Field(
+        3.0,
+        ge=1,
+        le=64,
+        description="Exponent p of the smooth roofline (t_mem^p + t_flop^p)^(1/p) per kernel "
+        "class: near the ridge point memory and compute overlap imperfectly (p = 3 costs a "
+        "balanced kernel 26% more than the plain max; 64 and above is the max). Engineering "
+        "prior; calibration decides",
     )
     attention_compute_efficiency: float = Field(
         0.45, gt=0, le=1, description="Fraction of tensor peak prefill attention achieves"
@@ -235,6 +258,8 @@ class EfficiencyParams(BaseModel):
             ],
             "compute": [
                 "compute_efficiency",
+                "prefill_compute_efficiency",
+                "roofline_sharpness",
                 "attention_compute_efficiency",
                 "weight_only_compute_factor",
             ],

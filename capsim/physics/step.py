@@ -10,10 +10,10 @@ do not overlap with them:
       + max(t_gpu, t_dispatch)                 the GPU's work, or launching it (eager)
       + t_draft                                the speculative drafter, when enabled
 
-    t_gpu = max(t_mem, t_flop)[dense weights]  attention/GDN projections, dense FFN,
+    t_gpu = R(t_mem, t_flop)[dense weights]    attention/GDN projections, dense FFN,
                                                shared experts, router, lm_head
-      + max(t_mem, t_flop)[routed experts]     only the experts some token routed to
-      + max(t_mem, t_flop)[attention]          KV/state reads and writes vs attention FLOPs
+      + R(t_mem, t_flop)[routed experts]       only the experts some token routed to
+      + R(t_mem, t_flop)[attention]            KV/state reads and writes vs attention FLOPs
       + t_comm                                 2 all-reduces per layer when TP > 1
       + t_floor                                per layer: graph gaps, MoE routing kernels
 
@@ -26,9 +26,17 @@ their sum. A big model on one GPU hides the launches behind its weight reads; sp
 ranks, each GPU's work shrinks but the launches do not, and the step becomes bound by the
 CPU. With CUDA graphs the step is one launch (``t_dispatch`` = 0).
 
+R is a smooth roofline, (t_mem^p + t_flop^p)^(1/p) with p = ``roofline_sharpness``: a
+kernel far from the ridge point costs its bound, one near it costs more than either (memory
+and compute never overlap perfectly), and p -> infinity is the plain max.
+
 Memory terms divide bytes by peak bandwidth x an efficiency; compute terms divide FLOPs by
-the dense tensor peak of the GEMM's data type x an efficiency; a power limit scales both
-(see power.py). All byte and FLOP counts are per GPU of one tensor-parallel group.
+the dense tensor peak of the GEMM's data type x an efficiency that grows with the GEMM's
+rows M (``gemm_efficiency``): ``compute_efficiency`` for decode-shaped GEMMs of up to 512
+rows, ``prefill_compute_efficiency`` from 8,192 rows (prefill chunks), log-linear between.
+A routed expert's GEMM has the tokens routed to it as rows, so MoE prefill stays
+decode-shaped. A power limit scales both (see power.py). All byte and FLOP counts are per
+GPU of one tensor-parallel group.
 
 CUDA graphs: a step whose tokens fit a captured graph runs padded to that graph's size
 (physics/cuda_graphs.py), so the GEMMs, the all-reduces and (``moe_padding_routed``) the
@@ -47,6 +55,7 @@ head_dim x state_size.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -59,6 +68,7 @@ from capsim.physics.communication import (
     ALLREDUCES_PER_LAYER,
     choose_interconnect,
     custom_allreduce_usable,
+    group_bandwidth_gb_s,
     one_shot_allreduce_seconds,
     ring_allreduce_seconds,
     topology_of,
@@ -186,6 +196,34 @@ class StepBreakdown:
             units="bytes and FLOPs per GPU; times in seconds",
         )
         return d
+
+
+DECODE_GEMM_ROWS = 512
+"""Rows up to which a GEMM runs at ``compute_efficiency`` (the decode-shaped regime the
+H100/H200 kernel measurements cover)."""
+PREFILL_GEMM_ROWS = 8192
+"""Rows from which a GEMM runs at ``prefill_compute_efficiency`` (a full prefill chunk)."""
+
+
+def roofline(t_mem, t_flop, sharpness: float):
+    """Smooth roofline of a kernel class, seconds: (t_mem^p + t_flop^p)^(1/p) with p =
+    ``sharpness`` (scalars or arrays). Never less than the larger of the two, at most
+    2^(1/p) times it (where they are equal); monotone in both."""
+    if sharpness >= 64:
+        return np.maximum(t_mem, t_flop)
+    hi = np.maximum(t_mem, t_flop)
+    lo = np.minimum(t_mem, t_flop)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(hi > 0, lo / np.where(hi > 0, hi, 1.0), 0.0)
+    return hi * (1.0 + ratio**sharpness) ** (1.0 / sharpness)
+
+
+def _roofline_scalar(t_mem: float, t_flop: float, sharpness: float) -> float:
+    """``roofline`` for two floats, without numpy (the simulation's hot path)."""
+    hi, lo = (t_mem, t_flop) if t_mem >= t_flop else (t_flop, t_mem)
+    if hi <= 0.0 or sharpness >= 64:
+        return hi
+    return hi * (1.0 + (lo / hi) ** sharpness) ** (1.0 / sharpness)
 
 
 def _pairs(context: np.ndarray, new: np.ndarray, window: float | None = None) -> np.ndarray:
@@ -318,13 +356,17 @@ class StepModel:
         self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
         self.expert_bw = bandwidth * p.moe_bandwidth_efficiency * format_bw
         self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
-        self.gemm_flops = peak * 1e12 * compute_scale * p.compute_efficiency * gemm_factor
+        # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
+        self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
+        self.gemm_flops = self.gemm_peak * p.compute_efficiency  # decode-shaped rate
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
 
         # --- communication
         self.link = choose_interconnect(gpu, tp, dep.interconnect)
         self.custom_allreduce = custom_allreduce_usable(self.link, dep.custom_allreduce)
+        self.link_gb_s = 0.0
         if self.link is not None:
+            self.link_gb_s = group_bandwidth_gb_s(self.link, tp)
             # a hop through the host's PCIe root costs more than one over a GPU link
             through_host = topology_of(self.link) == "host"
             hop = p.hop_latency_pcie_us if through_host else p.hop_latency_nvlink_us
@@ -406,6 +448,20 @@ class StepModel:
             return 0.0
         return float(self.communication_seconds(tokens))
 
+    def gemm_efficiency(self, rows: float) -> float:
+        """Fraction of tensor peak a GEMM with ``rows`` rows (tokens) reaches:
+        ``compute_efficiency`` up to DECODE_GEMM_ROWS, ``prefill_compute_efficiency`` from
+        PREFILL_GEMM_ROWS, log-linear between (tile and wave quantisation waste less of a
+        big GEMM)."""
+        p = self.params
+        large = p.prefill_compute_efficiency or p.compute_efficiency
+        if rows <= DECODE_GEMM_ROWS:
+            return p.compute_efficiency
+        if rows >= PREFILL_GEMM_ROWS:
+            return large
+        share = math.log(rows / DECODE_GEMM_ROWS) / math.log(PREFILL_GEMM_ROWS / DECODE_GEMM_ROWS)
+        return p.compute_efficiency + share * (large - p.compute_efficiency)
+
     def frontend_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
         """Latency a request spends outside the engine's steps (API server, tokenizer,
         streaming), seconds; it adds to the request's TTFT and end-to-end time."""
@@ -469,7 +525,7 @@ class StepModel:
             return ""
         p = self.params
         n = self.deployment.tp
-        bw = self.link.bandwidth_gb_s_per_direction
+        bw = self.link_gb_s
         eff = p.allreduce_efficiency
         times = {
             "NCCL ring": float(
@@ -493,7 +549,7 @@ class StepModel:
         kernels (physics/communication.py)."""
         p = self.params
         n = self.deployment.tp
-        bw = self.link.bandwidth_gb_s_per_direction
+        bw = self.link_gb_s
         eff = p.allreduce_efficiency
         best = ring_allreduce_seconds(
             nbytes, n, bw, eff, p.allreduce_latency_us, self.hop_latency_us
@@ -533,7 +589,7 @@ class StepModel:
         kv_pass = np.asarray(context_sum, dtype=float) * self.kv_bytes_per_layer_token
         t_mem = bytes_per_pass / self.dense_bw + kv_pass / self.kv_bw
         t_flop = sequences * self.draft_layer_flops_per_token / self.gemm_flops
-        per_pass = np.maximum(t_mem, t_flop) * p.drafter_layer_cost
+        per_pass = roofline(t_mem, t_flop, p.roofline_sharpness) * p.drafter_layer_cost
         launch = (
             p.layer_overhead_graph_us
             if self.deployment.cuda_graphs
@@ -620,9 +676,10 @@ class StepModel:
             "linear_flops": dense_flops + expert_flops,
             "attn_flops": attn_flops,
             "t_dense_mem": dense_bytes / self.dense_bw,
-            "t_dense_cmp": dense_flops / self.gemm_flops,
+            "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph)),
             "t_exp_mem": expert_bytes / self.expert_bw,
-            "t_exp_cmp": expert_flops / self.gemm_flops,
+            "t_exp_cmp": expert_flops
+            / (self.gemm_peak * self.gemm_efficiency(self.rows_per_expert(routed, touched))),
             "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
             "t_att_cmp": attn_flops / self.attention_flops_rate,
             "t_comm": t_comm,
@@ -632,19 +689,26 @@ class StepModel:
             "t_draft": draft_time,
         }
 
-    @staticmethod
-    def _roofline(t: dict[str, float]) -> float:
-        """Weights, experts and attention, each the larger of memory and compute time (s)."""
+    def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
+        """Rows of one routed expert's GEMM: the token-expert pairs of a step spread over
+        the experts they touch."""
+        if not touched or self.model.moe is None:
+            return 0.0
+        return routed_tokens * self.model.moe.experts_per_token / touched
+
+    def _roofline(self, t: dict[str, float]) -> float:
+        """Weights, experts and attention, each its smooth roofline of memory and compute
+        time (s)."""
+        p = self.params.roofline_sharpness
         return (
-            max(t["t_dense_mem"], t["t_dense_cmp"])
-            + max(t["t_exp_mem"], t["t_exp_cmp"])
-            + max(t["t_att_mem"], t["t_att_cmp"])
+            _roofline_scalar(t["t_dense_mem"], t["t_dense_cmp"], p)
+            + _roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p)
+            + _roofline_scalar(t["t_att_mem"], t["t_att_cmp"], p)
         )
 
-    @classmethod
-    def _gpu(cls, t: dict[str, float]) -> float:
+    def _gpu(self, t: dict[str, float]) -> float:
         """The GPU's work in a step (s): rooflines, communication and the kernel floor."""
-        return cls._roofline(t) + t["t_comm"] + t["t_floor"]
+        return self._roofline(t) + t["t_comm"] + t["t_floor"]
 
     def _overlapped(self, gpu, dispatch):
         """A step's GPU work and eager launches together (s, scalars or arrays): the longer
@@ -729,8 +793,10 @@ class StepModel:
         attention_flops = self.pair_flops * (
             self.full_layers * pairs + self.sliding_layers * pairs_windowed
         )
-        attention = max(
-            att_mem + kv_read / self.kv_bw, att_cmp + attention_flops / self.attention_flops_rate
+        attention = _roofline_scalar(
+            att_mem + kv_read / self.kv_bw,
+            att_cmp + attention_flops / self.attention_flops_rate,
+            self.params.roofline_sharpness,
         )
         gpu = gpu + attention
         if dispatch:
@@ -865,9 +931,10 @@ class StepModel:
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(
             float(seqs * width), seqs, logits
         )
-        attention = np.maximum(
+        attention = roofline(
             att_mem + kv_read / self.kv_bw,
             att_cmp + self.pair_flops * attn / self.attention_flops_rate,
+            self.params.roofline_sharpness,
         )
         device = gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
         if self.deployment.spec is not None:
@@ -888,8 +955,8 @@ class StepModel:
         if cached is None:
             t = self._terms(tokens, seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
             gpu = (
-                max(t["t_dense_mem"], t["t_dense_cmp"])
-                + max(t["t_exp_mem"], t["t_exp_cmp"])
+                _roofline_scalar(t["t_dense_mem"], t["t_dense_cmp"], self.params.roofline_sharpness)
+                + _roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], self.params.roofline_sharpness)
                 + t["t_comm"]
                 + t["t_floor"]
             )
