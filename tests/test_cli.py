@@ -366,3 +366,11 @@ def test_validate_calibrated_reports_both_cross_validations(tmp_path):
     r = invoke("validate", str(path), "--calibrated", "--fit", "step_overhed_us")
     assert r.exit_code == 2 and "cannot fit" in r.stderr
     assert "did you mean: step_overhead_us" in r.stderr
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    r = invoke("--version")
+    assert r.exit_code == 0
+    assert r.stdout.strip() == f"capsim {version('capsim')}"

@@ -42,6 +42,16 @@ MaxModelLenOption = Annotated[
 GpuMemoryUtilizationOption = Annotated[
     float, typer.Option("--gpu-memory-utilization", help="vLLM's memory fraction")
 ]
+AsyncSchedulingOption = Annotated[
+    bool,
+    typer.Option(
+        "--async-scheduling/--no-async-scheduling",
+        help="Schedule the next step while the GPU runs this one (vLLM's default)",
+    ),
+]
+DisableCustomAllReduceOption = Annotated[
+    bool, typer.Option("--disable-custom-all-reduce", help="NCCL for every all-reduce")
+]
 PriorWeightOption = Annotated[
     float,
     typer.Option(

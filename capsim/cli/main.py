@@ -18,8 +18,11 @@ from capsim.catalog.hf_import import model_from_hf_config, read_config, write_mo
 from capsim.catalog.loader import ENV_VAR, Catalog, user_db_dirs
 from capsim.catalog.schemas import DTYPES, GPU, Model
 from capsim.cli.calibrate import calibrate_cmd, calibrate_kernels_cmd
+from capsim.cli.capacity import capacity_cmd
 from capsim.cli.common import (
+    AsyncSchedulingOption,
     DbOption,
+    DisableCustomAllReduceOption,
     GpuMemoryUtilizationOption,
     JsonOption,
     MaxModelLenOption,
@@ -77,8 +80,29 @@ AllOption = Annotated[
 ]
 
 
+def print_version(value: bool) -> None:
+    """--version: the installed capsim's version, then exit."""
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("capsim")
+        except PackageNotFoundError:
+            text = "unknown (not installed)"
+        console.print(f"capsim {text}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def main(db: DbOption = None) -> None:
+def main(
+    db: DbOption = None,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """capsim: capacity simulator for self-hosted LLM serving."""
     global_db[:] = list(db or [])
 
@@ -585,16 +609,8 @@ def explain_cmd(
     ] = None,
     interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
-    async_scheduling: Annotated[
-        bool,
-        typer.Option(
-            "--async-scheduling/--no-async-scheduling",
-            help="Schedule the next step while the GPU runs this one (vLLM's default)",
-        ),
-    ] = True,
-    disable_custom_all_reduce: Annotated[
-        bool, typer.Option("--disable-custom-all-reduce", help="NCCL for every all-reduce")
-    ] = False,
+    async_scheduling: AsyncSchedulingOption = True,
+    disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     profile: Annotated[
         str,
         typer.Option(
@@ -696,6 +712,7 @@ app.command("validate")(user_errors(validate_cmd))
 app.command("calibrate")(user_errors(calibrate_cmd))
 app.command("calibrate-kernels")(user_errors(calibrate_kernels_cmd))
 app.command("plan")(user_errors(plan_cmd))
+app.command("capacity")(user_errors(capacity_cmd))
 
 
 def run() -> None:

@@ -16,7 +16,9 @@ from rich import box
 from rich.table import Table
 
 from capsim.cli.common import (
+    AsyncSchedulingOption,
     DbOption,
+    DisableCustomAllReduceOption,
     GpuMemoryUtilizationOption,
     JsonOption,
     MaxModelLenOption,
@@ -334,16 +336,8 @@ def predict_cmd(
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching")] = True,
     power_limit: Annotated[float | None, typer.Option("--power-limit", help="W")] = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
-    async_scheduling: Annotated[
-        bool,
-        typer.Option(
-            "--async-scheduling/--no-async-scheduling",
-            help="Schedule the next step while the GPU runs this one (vLLM's default)",
-        ),
-    ] = True,
-    disable_custom_all_reduce: Annotated[
-        bool, typer.Option("--disable-custom-all-reduce", help="NCCL for every all-reduce")
-    ] = False,
+    async_scheduling: AsyncSchedulingOption = True,
+    disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     router: Annotated[
         str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
     ] = "round_robin",

@@ -1,0 +1,147 @@
+"""capsim capacity: the largest number of concurrent agents a deployment serves within
+service-level objectives, the binding constraint, and what would serve more."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from capsim.cli.common import (
+    DbOption,
+    JsonOption,
+    MaxModelLenOption,
+    MaxNumSeqsOption,
+    catalog,
+    console,
+    fitted_table,
+    print_json,
+    resolve_models,
+)
+from capsim.cli.predict import split_list
+from capsim.engine.simulate import PredictConfig
+from capsim.errors import CapsimUserError
+
+
+def _fmt(value: float, digits: int) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
+
+
+def capacity_cmd(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU name(s), comma-separated")],
+    model: Annotated[str, typer.Option("--model", help="Model name(s) or Hugging Face id(s)")],
+    min_agent_tok_s: Annotated[
+        float | None, typer.Option("--min-agent-tok-s", help="Each agent gets at least (tok/s)")
+    ] = None,
+    max_ttft_p90: Annotated[
+        float | None, typer.Option("--max-ttft-p90", help="TTFT 90th percentile at most (s)")
+    ] = None,
+    max_tpot: Annotated[
+        float | None, typer.Option("--max-tpot", help="Mean time per output token at most (ms)")
+    ] = None,
+    max_e2e_p90: Annotated[
+        float | None, typer.Option("--max-e2e-p90", help="End-to-end p90 at most (s)")
+    ] = None,
+    quant: Annotated[str | None, typer.Option("--quant", help="Weight format")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto or fp8")] = "auto",
+    input_tokens: Annotated[str, typer.Option("--input-tokens")] = "1024",
+    output_tokens: Annotated[str, typer.Option("--output-tokens")] = "512",
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_model_len: MaxModelLenOption = None,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
+    ] = "auto",
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """How many concurrent agents can this box serve within the objectives? Searches the
+    closed-loop concurrency (steady state: the start-up burst is left out) and names what
+    stops it."""
+    from capsim.planner.capacity import Objectives, capacity
+
+    try:
+        objectives = Objectives(
+            min_agent_tok_s=min_agent_tok_s,
+            max_ttft_p90_s=max_ttft_p90,
+            max_tpot_ms=max_tpot,
+            max_e2e_p90_s=max_e2e_p90,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = {
+            "min_agent_tok_s": "--min-agent-tok-s",
+            "max_ttft_p90_s": "--max-ttft-p90",
+            "max_tpot_ms": "--max-tpot",
+            "max_e2e_p90_s": "--max-e2e-p90",
+        }[first["loc"][0]]
+        raise CapsimUserError(f"{flag} must be a positive number, not {first['input']}") from None
+    if tp < 1 or (gpus is not None and gpus < 1):
+        raise CapsimUserError("--tp and --gpus must be at least 1")
+    cat, refs = resolve_models(catalog(db), split_list(model))
+    answers = []
+    for g, ref in itertools.product(split_list(gpu), refs):
+        config = PredictConfig(
+            gpu=g,
+            model=ref.name,
+            quant=quant or ref.quant,
+            gpus=gpus,
+            tp=tp,
+            kv_dtype=kv_dtype,
+            workload="closed",
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            profile=profile,
+        )
+        answers.append(capacity(config, objectives, cat))
+    if json_out:
+        print_json({"objectives": objectives.model_dump(), "answers": [asdict(a) for a in answers]})
+        return
+    for a in answers:
+        label = f"{a.model} {a.quant} on {a.gpus}x {a.gpu}"
+        rows = [
+            [
+                str(p.concurrency),
+                "yes" if p.ok else "no",
+                _fmt(p.agent_tok_s, 1),
+                _fmt(p.output_tok_s, 0),
+                _fmt(p.ttft_p90_s, 2),
+                _fmt(p.tpot_ms, 1),
+                _fmt(p.e2e_p90_s, 1),
+                f"{100 * p.peak_kv_usage:.0f}%",
+            ]
+            for p in a.curve
+        ]
+        columns = [
+            ("agents", "right", False),
+            ("meets", "left", False),
+            ("agent tok/s", "right", False),
+            ("total tok/s", "right", True),
+            ("TTFT p90 s", "right", False),
+            ("TPOT ms", "right", True),
+            ("E2E p90 s", "right", True),
+            ("KV peak", "right", True),
+        ]
+        console.print(fitted_table(f"capsim capacity: {label}", columns, rows))
+        if a.max_concurrency:
+            console.print(
+                f"[bold]{label} serves at most {a.max_concurrency} agents[/] within the "
+                "objectives.",
+                highlight=False,
+            )
+        else:
+            console.print(f"[bold]{label} cannot serve even one agent[/] within the objectives.")
+        console.print(f"binding: {a.binding} (the engine is limited by {a.limiter})")
+        for s in a.suggestions:
+            console.print(f"  to serve more: {s}", highlight=False)
+        for n in a.notes:
+            console.print(f"note: {n}", highlight=False)

@@ -1,0 +1,230 @@
+"""How many concurrent agents a deployment serves within service-level objectives.
+
+``capacity`` searches the closed-loop concurrency: it doubles C until a level misses an
+objective (or the engine runs out of room), then bisects between the last level that met
+every objective and the first that did not. Each level is a steady-state simulation: the
+requests sent in the start-up burst (the first C) are left out of the latency
+percentiles, since a server that is already busy never sees all C clients arrive at once.
+
+The answer names the binding constraint at the first failing level (which objective it
+missed, and what limits the engine there: KV-cache room, the sequence limit, or the
+resource the decode step is bound by) and what would let it serve more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.catalog.loader import Catalog
+from capsim.engine.simulate import LevelResult, PredictConfig, build_setup, predict
+from capsim.errors import CapsimUserError
+
+MAX_CONCURRENCY = 8192
+"""Largest concurrency the search tries (agents)."""
+
+KV_FULL = 0.98
+"""Peak KV-cache use from which a level counts as KV-bound (fraction of blocks)."""
+
+
+class Objectives(BaseModel):
+    """Service-level objectives; None = not required. Units in each field's name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_agent_tok_s: float | None = Field(None, gt=0, description="Per-agent output tok/s")
+    max_ttft_p90_s: float | None = Field(None, gt=0, description="TTFT, 90th percentile, s")
+    max_tpot_ms: float | None = Field(None, gt=0, description="Mean time per output token, ms")
+    max_e2e_p90_s: float | None = Field(None, gt=0, description="End-to-end p90, s")
+
+    def any(self) -> bool:
+        return any(v is not None for v in self.model_dump().values())
+
+
+@dataclass
+class CapacityPoint:
+    """One simulated level, with steady-state figures (start-up burst left out)."""
+
+    concurrency: int
+    agent_tok_s: float  # mean output tok/s one agent sees while its request runs
+    output_tok_s: float  # the whole deployment
+    ttft_p90_s: float
+    tpot_ms: float
+    e2e_p90_s: float
+    peak_kv_usage: float
+    preemptions: int
+    misses: list[str] = field(default_factory=list)  # the objectives it misses
+
+    @property
+    def ok(self) -> bool:
+        return not self.misses
+
+
+@dataclass
+class CapacityAnswer:
+    """The largest concurrency that meets every objective, and why not more."""
+
+    gpu: str
+    model: str
+    quant: str
+    gpus: int
+    max_concurrency: int  # 0: even one agent misses an objective
+    binding: str  # what stops it at the next level
+    limiter: str  # what the engine runs out of there
+    suggestions: list[str]
+    curve: list[CapacityPoint]
+    notes: list[str] = field(default_factory=list)
+
+
+def _steady(values: np.ndarray, q: float) -> float:
+    values = values[np.isfinite(values)]
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+def measure_point(level: LevelResult, objectives: Objectives) -> CapacityPoint:
+    """Steady-state figures of a simulated level: the first C requests sent (the start-up
+    burst) are left out of the latency statistics when there are enough others."""
+    c = int(level.level)
+    records = sorted(level.records or [], key=lambda r: r.send)
+    steady = records[c:] if len(records) >= 2 * c else records
+    done = [r for r in steady if r.ok]
+    ttft = np.array([r.ttft for r in done], dtype=float)
+    e2e = np.array([r.e2e for r in done], dtype=float)
+    tpot = np.array([r.tpot for r in done if r.tpot is not None], dtype=float)
+    rates = np.array([r.output_tokens / r.e2e for r in done if r.e2e], dtype=float)
+    point = CapacityPoint(
+        concurrency=c,
+        agent_tok_s=float(rates.mean()) if rates.size else 0.0,
+        output_tok_s=level.metrics.output_tok_s,
+        ttft_p90_s=_steady(ttft, 90),
+        tpot_ms=float(tpot.mean() * 1e3) if tpot.size else math.nan,
+        e2e_p90_s=_steady(e2e, 90),
+        peak_kv_usage=level.peak_kv_usage,
+        preemptions=level.preemptions,
+    )
+    o = objectives
+    if o.min_agent_tok_s is not None and not point.agent_tok_s >= o.min_agent_tok_s:
+        point.misses.append(f"per-agent {point.agent_tok_s:.2f} < {o.min_agent_tok_s:g} tok/s")
+    if o.max_ttft_p90_s is not None and not point.ttft_p90_s <= o.max_ttft_p90_s:
+        point.misses.append(f"TTFT p90 {point.ttft_p90_s:.2f} > {o.max_ttft_p90_s:g} s")
+    if o.max_tpot_ms is not None and not point.tpot_ms <= o.max_tpot_ms:
+        point.misses.append(f"TPOT {point.tpot_ms:.1f} > {o.max_tpot_ms:g} ms")
+    if o.max_e2e_p90_s is not None and not point.e2e_p90_s <= o.max_e2e_p90_s:
+        point.misses.append(f"E2E p90 {point.e2e_p90_s:.1f} > {o.max_e2e_p90_s:g} s")
+    return point
+
+
+def capacity(
+    config: PredictConfig,
+    objectives: Objectives,
+    catalog: Catalog | None = None,
+    requests_per_agent: int = 8,
+) -> CapacityAnswer:
+    """The largest closed-loop concurrency of ``config``'s deployment that meets every
+    objective (see the module docstring). ``requests_per_agent`` requests per agent are
+    simulated at each level (at least 64)."""
+    if not objectives.any():
+        raise CapsimUserError(
+            "capacity needs at least one objective",
+            hint="e.g. --min-agent-tok-s 20 --max-ttft-p90 2",
+        )
+    if config.workload != "closed":
+        raise CapsimUserError("capacity searches a closed loop of agents (--workload closed)")
+    setup = build_setup(config, catalog)
+    engine_seqs = setup.scheduler.max_num_seqs * setup.dp
+    cache: dict[int, CapacityPoint] = {}
+
+    def at(c: int) -> CapacityPoint:
+        if c not in cache:
+            cfg = config.model_copy(
+                update={"concurrency": [c], "requests": max(requests_per_agent * c, 64)}
+            )
+            result = predict(cfg, catalog, keep_records=True, workers=1)
+            cache[c] = measure_point(result.levels[0], objectives)
+        return cache[c]
+
+    # double until a level misses, or the engine and its queue are far past full
+    good, bad = 0, None
+    c = 1
+    while c <= MAX_CONCURRENCY:
+        if at(c).ok:
+            good = c
+            if c >= 4 * engine_seqs:  # every agent beyond this only queues
+                break
+            c *= 2
+        else:
+            bad = c
+            break
+    if bad is not None:
+        lo, hi = good, bad
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if at(mid).ok:
+                lo = mid
+            else:
+                hi = mid
+        good, bad = lo, hi
+    curve = [cache[k] for k in sorted(cache)]
+    first_miss = cache[bad] if bad is not None else None
+    limiter = _limiter(setup, first_miss or cache[good], engine_seqs)
+    binding = "; ".join(first_miss.misses) if first_miss else "none within the search"
+    notes = []
+    if bad is None:
+        notes.append(
+            f"every level up to {good} agents meets the objectives; beyond "
+            f"{4 * engine_seqs} agents the engine only queues them"
+        )
+    return CapacityAnswer(
+        gpu=setup.gpu.name,
+        model=setup.model.name,
+        quant=setup.fmt.name,
+        gpus=setup.dp * config.tp,
+        max_concurrency=good,
+        binding=binding,
+        limiter=limiter,
+        suggestions=_suggestions(limiter, setup, config),
+        curve=curve,
+        notes=notes,
+    )
+
+
+def _limiter(setup, point: CapacityPoint, engine_seqs: int) -> str:
+    """What the engine runs out of at a level: KV cache, its sequence limit, or the
+    resource its decode step is bound by."""
+    if point.peak_kv_usage >= KV_FULL or point.preemptions:
+        return "KV cache"
+    if point.concurrency > engine_seqs:
+        return "max_num_seqs"
+    batch = max(1, math.ceil(point.concurrency / setup.dp))
+    cfg = setup.config
+    context = _mean_length(cfg.input_tokens) + _mean_length(cfg.output_tokens) / 2
+    step, _ = setup.step_model.decode_step(np.full(batch, context))
+    return {"memory": "memory bandwidth", "compute": "compute"}.get(step.bound, step.bound)
+
+
+def _mean_length(spec: str) -> float:
+    from capsim.engine.lengths import parse_length
+
+    return float(parse_length(spec).mean)
+
+
+def _suggestions(limiter: str, setup, config: PredictConfig) -> list[str]:
+    out = []
+    if limiter == "KV cache":
+        if config.kv_dtype == "auto":
+            out.append("--kv-dtype fp8 holds twice the tokens in the same memory")
+        out.append("a smaller weight format leaves more memory for the KV cache")
+        out.append(f"another GPU (--gpus {2 * setup.dp * config.tp}) adds a replica's cache")
+    elif limiter == "max_num_seqs":
+        out.append("raise --max-num-seqs: the engine queues agents beyond it")
+    elif limiter in ("memory bandwidth", "compute"):
+        out.append(f"another replica (--gpus {2 * setup.dp * config.tp}) doubles the {limiter}")
+        if limiter == "memory bandwidth" and setup.fmt.bits_per_weight > 5:
+            out.append("a 4-bit weight format reads fewer bytes per step")
+        out.append("a GPU with more " + ("bandwidth" if limiter != "compute" else "TFLOPS"))
+    else:
+        out.append(f"the step is bound by {limiter}: a faster host or fewer, larger steps")
+    return out

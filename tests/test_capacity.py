@@ -1,0 +1,62 @@
+"""capsim capacity: the largest concurrency that meets the objectives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.catalog.loader import load_catalog
+from capsim.cli.main import app
+from capsim.engine.simulate import PredictConfig
+from capsim.errors import CapsimUserError
+from capsim.planner.capacity import Objectives, capacity
+
+CAT = load_catalog()
+BASE = dict(
+    gpu="rtx3090",
+    model="qwen3-coder-30b-a3b",
+    quant="awq-int4",
+    input_tokens="256",
+    output_tokens="128",
+)
+
+
+def test_the_answer_meets_the_objectives_and_one_more_agent_does_not():
+    objectives = Objectives(min_agent_tok_s=60)
+    answer = capacity(PredictConfig(**BASE), objectives, CAT)
+    by_c = {p.concurrency: p for p in answer.curve}
+    c = answer.max_concurrency
+    assert c >= 1
+    assert by_c[c].ok and by_c[c].agent_tok_s >= 60
+    assert not by_c[c + 1].ok  # the bisection ends on adjacent levels
+    assert "per-agent" in answer.binding
+    # every level the search tried below the answer met the objective too (monotone here)
+    assert all(p.ok for k, p in by_c.items() if k <= c)
+    assert answer.suggestions
+
+
+def test_an_objective_nobody_meets_gives_zero():
+    answer = capacity(PredictConfig(**BASE), Objectives(max_ttft_p90_s=1e-4), CAT)
+    assert answer.max_concurrency == 0
+    assert "TTFT" in answer.binding
+
+
+def test_capacity_needs_an_objective():
+    with pytest.raises(CapsimUserError):
+        capacity(PredictConfig(**BASE), Objectives(), CAT)
+
+
+def test_the_cli_answers_in_json_and_refuses_bad_objectives():
+    runner = CliRunner()
+    args = ["capacity", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b"]
+    args += ["--input-tokens", "256", "--output-tokens", "128"]
+    r = runner.invoke(app, [*args, "--min-agent-tok-s", "60", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["answers"][0]["max_concurrency"] >= 1
+    r = runner.invoke(app, [*args, "--min-agent-tok-s", "-3"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "objective" in r.output
