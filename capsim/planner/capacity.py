@@ -107,7 +107,7 @@ def measure_point(level: LevelResult, objectives: Objectives) -> CapacityPoint:
     )
     o = objectives
     if o.min_agent_tok_s is not None and not point.agent_tok_s >= o.min_agent_tok_s:
-        point.misses.append(f"per-agent {point.agent_tok_s:.2f} < {o.min_agent_tok_s:g} tok/s")
+        point.misses.append(f"per-agent {point.agent_tok_s:.3f} < {o.min_agent_tok_s:g} tok/s")
     if o.max_ttft_p90_s is not None and not point.ttft_p90_s <= o.max_ttft_p90_s:
         point.misses.append(f"TTFT p90 {point.ttft_p90_s:.2f} > {o.max_ttft_p90_s:g} s")
     if o.max_tpot_ms is not None and not point.tpot_ms <= o.max_tpot_ms:
