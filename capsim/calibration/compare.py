@@ -43,6 +43,7 @@ class ComparedPoint:
     gpu: str = ""
     engine: str = ""
     statistic: str = "mean"
+    scored: bool = True  # False: the dataset is reference only (reference_only says why)
 
     @property
     def error(self) -> float:
@@ -172,6 +173,7 @@ def compare_scenario(
             sc.gpu,
             sc.engine,
             p.statistic,
+            ds.reference_only is None,
         )
         for p in sc.points
     ]

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.calibration.published import calibration_dir
-from capsim.catalog.loader import Catalog
+from capsim.catalog.loader import Catalog, load_yaml_text
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import default_efficiency
@@ -44,6 +44,7 @@ class PointResidual(BaseModel):
     gpu: str = ""
     engine: str = ""
     statistic: str = "mean"
+    scored: bool = True
 
 
 class Profile(BaseModel):
@@ -98,7 +99,7 @@ def load_profile(path: Path) -> Profile:
 
 @functools.lru_cache(maxsize=64)
 def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
-    return Profile.model_validate(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
+    return Profile.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
 
 
 def profiles_dir() -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from capsim.catalog.loader import format_validation_error
+from capsim.catalog.loader import format_validation_error, load_yaml_text
 from capsim.catalog.schemas import Source
 from capsim.errors import CapsimUserError
 
@@ -132,6 +132,11 @@ class PublishedDataset(Strict):
     flags_quote: str | None = None
     power_table: dict | None = None
     claims: list[dict] = Field(default_factory=list)
+    reference_only: str | None = Field(
+        None,
+        description="Why this source is shown but left out of the corpus's error summaries "
+        "(e.g. an engine generation capsim does not model); None = scored",
+    )
     scenarios: list[Scenario]
 
 
@@ -151,7 +156,7 @@ def published_dir() -> Path:
 
 def load_dataset(path: Path) -> PublishedDataset:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml_text(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise CapsimUserError(f"cannot read dataset '{path}': {exc}") from None
     try:

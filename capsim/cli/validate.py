@@ -91,9 +91,10 @@ def summary_markdown(summaries: dict[str, list[dict]], skipped) -> str:
     scenarios that could not be simulated, as Markdown."""
     lines = []
     for title, rows in summaries.items():
+        name = title.removeprefix("by_").replace("_", " ")
         lines += [
             "",
-            f"| {title.removeprefix('by_')} | points | median abs. error | MAPE |",
+            f"| {name} | points | median abs. error | MAPE |",
             "|---|---|---|---|",
         ]
         for r in rows:
@@ -323,10 +324,12 @@ def validate_cmd(
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
     points, skipped = compare_or_skip(loaded, cat, overrides=overrides)
+    scored = [p for p in points if p.scored]
     summaries = {
-        "by_accelerator": error_summary(points, lambda p: p.gpu),
-        "by_metric": error_summary(points, lambda p: METRIC_KINDS.get(p.metric, p.metric)),
-        "by_engine": error_summary(points, lambda p: p.engine),
+        "by_accelerator": error_summary(scored, lambda p: p.gpu),
+        "by_metric": error_summary(scored, lambda p: METRIC_KINDS.get(p.metric, p.metric)),
+        "by_engine": error_summary(scored, lambda p: p.engine),
+        "reference_only": error_summary([p for p in points if not p.scored], lambda p: p.dataset),
     }
     if plot_path is not None:
         title = "with --set" if overrides else "uncalibrated"

@@ -530,26 +530,6 @@ def level_runs(
     return runs
 
 
-def client_rows(rows: list[tuple], frontend) -> list[tuple]:
-    """Request rows as a client sees them: the front end's latency (``frontend(prompt
-    tokens)``, seconds: API server, tokenizer, streaming) added to the first token and the
-    finish. It does not hold a closed-loop client back: a few ms against a request's
-    seconds."""
-    out = []
-    for send, first, finish, prompt, *rest in rows:
-        delay = frontend(prompt)
-        out.append(
-            (
-                send,
-                None if first is None else first + delay,
-                None if finish is None else finish + delay,
-                prompt,
-                *rest,
-            )
-        )
-    return out
-
-
 def measure_level(
     runs: list[ReplicaRun],
     workload: Workload,
@@ -559,8 +539,14 @@ def measure_level(
 ) -> LevelResult:
     """One level's result from the runs of its replicas (all together, or apart), with the
     front end's latency (a function of the prompt length, seconds) added where given."""
-    rows = [row for run in runs for row in run.rows]
-    table = RequestTable.from_rows(client_rows(rows, frontend) if frontend else rows)
+    table = RequestTable.from_rows([row for run in runs for row in run.rows])
+    if frontend is not None:
+        # as a client sees them: the front end's latency (API server, tokenizer, streaming)
+        # is added to the first token and the finish; it does not hold a closed-loop
+        # client back (a few ms against a request's seconds)
+        delay = frontend(table.input_tokens)
+        table.first_token = table.first_token + delay
+        table.finish = table.finish + delay
     values = np.concatenate([run.itl_values for run in runs])
     weights = np.concatenate([run.itl_weights for run in runs])
     level = workload.concurrency if workload.concurrency is not None else workload.rate

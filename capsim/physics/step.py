@@ -209,12 +209,11 @@ def roofline(t_mem, t_flop, sharpness: float):
     """Smooth roofline of a kernel class, seconds: (t_mem^p + t_flop^p)^(1/p) with p =
     ``sharpness`` (scalars or arrays). Never less than the larger of the two, at most
     2^(1/p) times it (where they are equal); monotone in both."""
-    if sharpness >= 64:
-        return np.maximum(t_mem, t_flop)
     hi = np.maximum(t_mem, t_flop)
+    if sharpness >= 64:
+        return hi
     lo = np.minimum(t_mem, t_flop)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(hi > 0, lo / np.where(hi > 0, hi, 1.0), 0.0)
+    ratio = np.divide(lo, hi, out=np.zeros_like(hi, dtype=float), where=hi > 0)
     return hi * (1.0 + ratio**sharpness) ** (1.0 / sharpness)
 
 
