@@ -234,3 +234,15 @@ def test_leave_one_point_out_predicts_each_point_without_it():
         r.error for r in inside.residuals if (r.scenario, r.concurrency) == ("moe", 1)
     )
     assert odd_inside > odd + 0.02
+
+
+def test_a_profile_applies_the_parameters_it_was_fitted_with_held():
+    """consumer-ampere-vllm was fitted with host work in series: it holds
+    async_host_overlap at 0, so applying it restores that physics under its fitted values."""
+    from capsim.calibration.profiles import find_profile
+
+    profile = find_profile("auto", "consumer-ampere")
+    assert profile.held == {"async_host_overlap": 0.0}
+    params = profile.params(CAT, "rtx3090")
+    assert params.async_host_overlap == 0.0
+    assert params.step_overhead_us == pytest.approx(profile.parameters["step_overhead_us"].value)

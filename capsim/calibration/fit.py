@@ -49,6 +49,10 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_routing_skew": (0.0, 2.0),
     "compute_power_exponent": (0.0, 4.0),
     "bandwidth_power_exponent": (0.0, 4.0),
+    "async_host_overlap": (0.0, 1.0),
+    "prefill_compute_efficiency": (0.02, 1.0),
+    "custom_allreduce_latency_us": (0.0, 100.0),
+    "frontend_request_ms": (0.0, 500.0),
 }
 """Parameters calibration may fit, with their bounds (units as in EfficiencyParams)."""
 

@@ -58,6 +58,11 @@ class Profile(BaseModel):
     created: str = Field(default_factory=lambda: dt.date.today().isoformat())
     fitted_from: list[str]
     parameters: dict[str, FittedParameter]
+    held: dict[str, float] = Field(
+        default_factory=dict,
+        description="Parameters held at a value for the fit (not fitted), applied with it: "
+        "the physics the fitted values assume",
+    )
     log_residual_sd: float = Field(description="Spread of log(predicted/measured), for bands")
     cv_log_residual_sd: float | None = Field(
         None, description="The same, leaving one concurrency level out (cross-validated)"
@@ -79,7 +84,7 @@ class Profile(BaseModel):
     def params(self, catalog: Catalog, gpu_name: str) -> EfficiencyParams:
         """The GPU's default parameters with this profile's fitted values laid over."""
         base = default_efficiency(catalog.gpu(gpu_name), catalog)
-        return base.with_overrides(self.fitted_values)
+        return base.with_overrides({**self.held, **self.fitted_values})
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -686,6 +686,7 @@ class StepModel:
             "t_floor": t_floor,
             "t_dispatch": t_dispatch,
             "t_draft": draft_time,
+            "decode_only": tokens <= seqs * self.decode_width,
         }
 
     def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
@@ -716,19 +717,22 @@ class StepModel:
         serial = (1.0 - self.params.launch_overlap) * np.minimum(gpu, dispatch)
         return np.maximum(gpu, dispatch) + serial
 
-    def _with_host(self, host, device):
+    def _with_host(self, host, device, decode_only: bool = True):
         """A step's duration from its host work and its device work (GPU kernels or their
         launches, and drafting), seconds, scalars or arrays. Without async scheduling they
         add up; with it the CPU prepares the next step while the GPU runs this one, so the
-        share ``async_host_overlap`` of the host's work hides under the device's."""
-        if not self.async_host:
+        share ``async_host_overlap`` of the host's work hides under the device's. vLLM's
+        async scheduling overlaps decode steps only: a step with prefill tokens runs its
+        host work serially (vLLM PR 27914: 'only optimizes the decode stage and has no
+        effect on the prefill stage')."""
+        if not self.async_host or not decode_only:
             return host + device
         hidden = self.params.async_host_overlap * host
         return np.maximum(device, hidden) + (host - hidden)
 
     def _total(self, t: dict[str, float]) -> float:
         both = self._overlapped(self._gpu(t), t["t_dispatch"])
-        return float(self._with_host(t["t_host"], float(both) + t["t_draft"]))
+        return float(self._with_host(t["t_host"], float(both) + t["t_draft"], t["decode_only"]))
 
     def _draft_for(self, drafting_sequences: int, new_tokens, context) -> float:
         if not drafting_sequences or self.deployment.spec is None:
@@ -802,8 +806,8 @@ class StepModel:
             serial = (1.0 - self.params.launch_overlap) * min(gpu, dispatch)
             gpu = max(gpu, dispatch) + serial  # _overlapped, for scalars
         device = gpu + draft
-        if not self.async_host:
-            return host + device
+        if not self.async_host or tokens > seqs * self.decode_width:
+            return host + device  # no overlap with prefill in the step
         hidden = self.params.async_host_overlap * host
         return max(device, hidden) + (host - hidden)  # _with_host, for scalars
 
