@@ -208,32 +208,42 @@ def fitted_table(
     columns: list[tuple[str, str, bool]],
     rows: list[list[str]],
     width: int | None = None,
+    caption: str | None = None,
+    cell_padding: int = 3,
+    **table_options,
 ):
     """A rich Table whose values are never cut: ``columns`` are (header, justify,
     optional); while the table is wider than the terminal, optional columns are dropped,
-    widest first, and the caption says which (``--json`` has every field)."""
+    widest first, and the caption says which (``--json`` has every field). Headers may
+    span lines ("TTFT\\np90 ms"); ``table_options`` go to rich's Table."""
     from rich.table import Table
 
     width = width or console.width
     keep = list(range(len(columns)))
 
+    def column_width(i: int) -> int:
+        header = max(len(line) for line in columns[i][0].split("\n"))
+        return max([header] + [len(r[i]) for r in rows])
+
     def needed(idx: list[int]) -> int:
-        # a cell's text plus one space each side and one border; plus the outer border
-        return 1 + sum(3 + max([len(columns[i][0])] + [len(r[i]) for r in rows]) for i in idx)
+        # a cell's text plus its padding and border (``cell_padding``); plus the outer border
+        return 1 + sum(cell_padding + column_width(i) for i in idx)
 
     dropped: list[str] = []
     while needed(keep) > width:
         optional = [i for i in keep if columns[i][2]]
         if not optional:
             break
-        widest = max(optional, key=lambda i: max([len(columns[i][0])] + [len(r[i]) for r in rows]))
+        widest = max(optional, key=column_width)
         keep.remove(widest)
-        dropped.append(columns[widest][0])
-    caption = f"not shown for width: {', '.join(dropped)} (see --json)" if dropped else None
-    table = Table(title=title, caption=caption)
+        dropped.append(columns[widest][0].replace("-\n", "").replace("\n", " "))
+    notes = [caption] if caption else []
+    if dropped:
+        notes.append(f"not shown for width: {', '.join(dropped)} (see --json)")
+    table = Table(title=title, caption="; ".join(notes) or None, **table_options)
     for i in keep:
         name, justify, _ = columns[i]
-        table.add_column(name, justify=justify, no_wrap=True, overflow="fold")
+        table.add_column(name, justify=justify, no_wrap=True, min_width=column_width(i))
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     return table

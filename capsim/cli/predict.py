@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.table import Table
 
 from capsim.cli.common import (
     AsyncSchedulingOption,
@@ -27,6 +26,7 @@ from capsim.cli.common import (
     SetOption,
     catalog,
     console,
+    fitted_table,
     parse_acceptance,
     parse_overrides,
     resolve_models,
@@ -159,33 +159,26 @@ def print_table(console, results: list[PredictResult]) -> None:
         title += f"\n{label(first)}, KV cache {first.kv_capacity_tokens:,} tokens"
         title += f", profile {first.profile}" if first.profile else ", uncalibrated"
     banded = any(r.profile for r in results)
-    table = Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        caption="total tok/s, ITL, queueing and p99s: --json or --csv",
-    )
-    if many:
-        table.add_column("configuration", no_wrap=True)
     level_name = "rate\nreq/s" if first.config.workload == "open" else "C"
-    headers = [
-        level_name,
-        "out\ntok/s",
-        "per req\ntok/s",
-        "TTFT\np50 ms",
-        "TTFT\np90 ms",
-        "TPOT\nms",
-        "E2E\np50 s",
-        "KV\npeak",
-        "pre-\nempt",
-    ]
+    # (header, optional): optional columns give way first on a narrow terminal
+    headers = [(level_name, False), ("out\ntok/s", False)]
     if banded:
-        headers.insert(2, "80%\nband")
+        headers.append(("80%\nband", False))
+    headers += [
+        ("per req\ntok/s", False),
+        ("TTFT\np50 ms", True),
+        ("TTFT\np90 ms", False),
+        ("TPOT\nms", False),
+        ("E2E\np50 s", True),
+        ("KV\npeak", True),
+        ("pre-\nempt", True),
+    ]
     if closed_like:
-        headers += ["cont-\nention", "vs\nserial"]
-    for col in headers:
-        table.add_column(col, justify="right", no_wrap=True, min_width=len(col.split()[0]))
+        headers += [("cont-\nention", True), ("vs\nserial", True)]
+    columns = [(name, "right", optional) for name, optional in headers]
+    if many:
+        columns.insert(0, ("configuration", "left", False))
+    rows = []
     for result in results:
         for lv in result.levels:
             m = lv.metrics
@@ -215,7 +208,17 @@ def print_table(console, results: list[PredictResult]) -> None:
                     "—" if lv.contention is None else f"{lv.contention:.0%}",
                     "—" if lv.speedup_vs_serial is None else f"{lv.speedup_vs_serial:.1f}x",
                 ]
-            table.add_row(*row)
+            rows.append(row)
+    table = fitted_table(
+        title,
+        columns,
+        rows,
+        caption="total tok/s, ITL, queueing and p99s: --json or --csv",
+        cell_padding=2,  # SIMPLE_HEAD with collapsed padding: two spaces between columns
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     console.print(table)
     for result in results:
         if result.config.quant in (None, "auto"):
