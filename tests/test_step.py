@@ -670,3 +670,34 @@ def test_a_mesh_lends_a_small_group_only_its_own_links():
     assert group_bandwidth_gb_s(link, 8) == pytest.approx(448.0)
     nvswitch = CAT.gpu("h100-sxm").interconnect("nvlink")
     assert group_bandwidth_gb_s(nvswitch, 2) == group_bandwidth_gb_s(nvswitch, 8)
+
+
+def test_drafting_passes_by_hand():
+    """A chain of k = 3 drafts runs a draft-extend pass over the 4 verified positions of
+    each sequence, then two single-token passes; a tree with topk 4 and 8 verified
+    positions runs its later passes over 4 tokens a sequence."""
+    chain = parse_spec("eagle:3")
+    assert chain.verify_width == 4
+    assert chain.draft_pass_tokens(10) == [40, 10, 10]
+    tree = parse_spec("eagle:3:topk=4:verify=8")
+    assert (tree.topk, tree.verify_width) == (4, 8)
+    assert tree.draft_pass_tokens(10) == [80, 40, 40]
+    with pytest.raises(CapsimUserError):
+        parse_spec("eagle:3:width=2")
+    with pytest.raises(CapsimUserError):
+        parse_spec("eagle:3:verify=3")  # fewer positions than a chain verifies
+
+
+def test_speculation_gains_less_as_the_batch_grows():
+    """Verifying k + 1 positions per sequence costs compute that a big batch can no longer
+    hide under the weight reads, so MTP's speedup over plain decoding shrinks with C."""
+    plain = model_step(gpu="h100-sxm", model="qwen3.5-27b", quant="fp8")
+    mtp = model_step(
+        gpu="h100-sxm", model="qwen3.5-27b", quant="fp8", spec=parse_spec("mtp:2", 0.8)
+    )
+    gains = [
+        mtp.decode_tokens_per_second(b, 2048) / plain.decode_tokens_per_second(b, 2048)
+        for b in (1, 64, 256)
+    ]
+    assert gains[0] > gains[1] > gains[2]
+    assert gains[0] > 1.8 and gains[2] < 0.85 * gains[0]

@@ -35,6 +35,11 @@ class SpecConfig(BaseModel):
         acceptance: a constant conditional acceptance rate, or one unconditional rate per
             drafted position (non-increasing).
         draft_model: catalog name of the draft model (method 'draft').
+        topk: branches the drafter keeps per step (1 = a chain; above 1, an EAGLE-style
+            tree, SGLang's --speculative-eagle-topk).
+        verify_tokens: positions the target verifies per sequence per step (SGLang's
+            --speculative-num-draft-tokens); default k + 1 for a chain, 1 + k x topk for
+            a tree.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -43,9 +48,13 @@ class SpecConfig(BaseModel):
     num_tokens: int = Field(ge=1, le=16)
     acceptance: float | tuple[float, ...] = 0.7
     draft_model: str | None = None
+    topk: int = Field(1, ge=1, le=16)
+    verify_tokens: int | None = Field(None, ge=2, le=256)
 
     @model_validator(mode="after")
     def _check(self) -> SpecConfig:
+        if self.verify_tokens is not None and self.verify_tokens < self.num_tokens + 1:
+            raise ValueError("verify_tokens must be at least num_tokens + 1")
         rates = position_acceptance(self.num_tokens, self.acceptance)
         if np.any(rates < 0) or np.any(rates > 1):
             raise ValueError("acceptance rates must be within [0, 1]")
@@ -58,6 +67,20 @@ class SpecConfig(BaseModel):
     @property
     def expected_tokens_per_step(self) -> float:
         return expected_tokens_per_step(self.num_tokens, self.acceptance)
+
+    @property
+    def verify_width(self) -> int:
+        """Positions the target model verifies per sequence per step."""
+        if self.verify_tokens is not None:
+            return self.verify_tokens
+        return 1 + self.num_tokens * self.topk
+
+    def draft_pass_tokens(self, sequences: int) -> list[int]:
+        """Tokens of each drafter forward pass for ``sequences`` sequences (MTP/EAGLE):
+        first a draft-extend pass over every verified position (the drafter consumes the
+        tokens the target just checked), then k - 1 passes over topk tokens per sequence
+        (vLLM's EAGLE proposer with a padded drafter batch; SGLang's EAGLE worker)."""
+        return [sequences * self.verify_width] + [sequences * self.topk] * (self.num_tokens - 1)
 
 
 def position_acceptance(k: int, acceptance: float | tuple[float, ...] | list[float]) -> np.ndarray:
@@ -78,19 +101,30 @@ def expected_tokens_per_step(k: int, acceptance: float | tuple[float, ...] | lis
     return 1.0 + float(position_acceptance(k, acceptance).sum())
 
 
+SPEC_OPTIONS = {"topk": "topk", "verify": "verify_tokens"}
+"""``--spec`` options after K: topk=N (tree branches), verify=N (positions verified)."""
+
+
 def parse_spec(text: str, acceptance: float | list[float] | None = None) -> SpecConfig:
-    """Parse ``--spec`` values like 'mtp:2', 'eagle:3', 'ngram:4', 'draft:qwen3-8b:4'."""
+    """Parse ``--spec`` values like 'mtp:2', 'eagle:3', 'ngram:4', 'draft:qwen3-8b:4', and
+    EAGLE trees as 'eagle:3:topk=4:verify=8' (SGLang's num-steps, eagle-topk and
+    num-draft-tokens)."""
     parts = text.split(":")
     try:
         if parts[0] == "draft":
-            if len(parts) != 3:
+            if len(parts) < 3:
                 raise ValueError
-            method, draft, k = "draft", parts[1], int(parts[2])
+            method, draft, k, extra = "draft", parts[1], int(parts[2]), parts[3:]
         else:
-            if len(parts) != 2:
+            if len(parts) < 2:
                 raise ValueError
-            method, draft, k = parts[0], None, int(parts[1])
+            method, draft, k, extra = parts[0], None, int(parts[1]), parts[2:]
         values: dict = {"method": method, "num_tokens": k, "draft_model": draft}
+        for option in extra:
+            key, sep, value = option.partition("=")
+            if not sep or key not in SPEC_OPTIONS:
+                raise ValueError(f"unknown option '{option}' (topk=N or verify=N)")
+            values[SPEC_OPTIONS[key]] = int(value)
         if acceptance is not None:
             values["acceptance"] = tuple(acceptance) if isinstance(acceptance, list) else acceptance
         return SpecConfig(**values)
@@ -98,5 +132,6 @@ def parse_spec(text: str, acceptance: float | list[float] | None = None) -> Spec
         detail = str(exc).splitlines()[-1] if str(exc) else "malformed"
         raise CapsimUserError(
             f"cannot read --spec '{text}' ({detail})",
-            hint="use METHOD:K such as mtp:2, eagle:3, ngram:4, or draft:MODEL:K",
+            hint="use METHOD:K such as mtp:2, eagle:3, ngram:4, or draft:MODEL:K; an EAGLE "
+            "tree as eagle:3:topk=4:verify=8",
         ) from None

@@ -579,24 +579,26 @@ class StepModel:
         return float(self._layer_draft_seconds(sequences, np.sum(context + 1)))
 
     def _layer_draft_seconds(self, sequences: int, context_sum: float | np.ndarray) -> np.ndarray:
-        """MTP/EAGLE drafting: k passes of one decoder layer plus the lm_head over
-        ``sequences`` tokens, reading that layer's KV for ``context_sum`` tokens."""
+        """MTP/EAGLE drafting, seconds: passes of one decoder layer plus the lm_head
+        (``SpecConfig.draft_pass_tokens``: a draft-extend pass over the verified positions,
+        then k - 1 passes of topk tokens a sequence), each reading the layer's weights,
+        its KV for ``context_sum`` tokens, and computing its tokens."""
         p = self.params
-        k = self.deployment.spec.num_tokens
-        touched = float(self.experts_touched(sequences)) if self.draft_routed_slice else 0.0
-        bytes_per_pass = self.draft_layer_bytes + touched * self.draft_routed_slice
         kv_pass = np.asarray(context_sum, dtype=float) * self.kv_bytes_per_layer_token
-        t_mem = bytes_per_pass / self.dense_bw + kv_pass / self.kv_bw
-        t_flop = sequences * self.draft_layer_flops_per_token / self.gemm_flops
-        per_pass = roofline(t_mem, t_flop, p.roofline_sharpness) * p.drafter_layer_cost
         launch = (
-            p.layer_overhead_graph_us
-            if self.deployment.cuda_graphs
-            else (p.layer_overhead_eager_us)
+            p.layer_overhead_graph_us if self.deployment.cuda_graphs else p.layer_overhead_eager_us
         )
-        per_pass = per_pass + launch * 1e-6
-        per_pass = per_pass + float(self.communication_seconds(sequences)) / max(self.layers, 1)
-        return k * per_pass
+        total = 0.0
+        for tokens in self.deployment.spec.draft_pass_tokens(sequences):
+            touched = float(self.experts_touched(tokens)) if self.draft_routed_slice else 0.0
+            bytes_per_pass = self.draft_layer_bytes + touched * self.draft_routed_slice
+            t_mem = bytes_per_pass / self.dense_bw + kv_pass / self.kv_bw
+            rate = self.gemm_peak * self.gemm_efficiency(tokens)
+            t_flop = tokens * self.draft_layer_flops_per_token / rate
+            per_pass = roofline(t_mem, t_flop, p.roofline_sharpness) * p.drafter_layer_cost
+            comm = float(self.communication_seconds(tokens)) / max(self.layers, 1)
+            total = total + per_pass + launch * 1e-6 + comm
+        return total
 
     # ------------------------------------------------------------------ the step
 
@@ -891,7 +893,7 @@ class StepModel:
     def decode_width(self) -> int:
         """Tokens each decoding sequence processes per step (1, or k + 1 when speculating)."""
         spec = self.deployment.spec
-        return 1 if spec is None else spec.num_tokens + 1
+        return 1 if spec is None else spec.verify_width
 
     @property
     def decode_advance(self) -> float:
@@ -998,7 +1000,7 @@ class StepModel:
         spec = self.deployment.spec
         if spec is None:
             return self.step(np.ones_like(c), c), 1.0
-        width = spec.num_tokens + 1
+        width = spec.verify_width
         step = self.step(
             np.full_like(c, width), c, logits_tokens=width * len(c), drafting_sequences=len(c)
         )
