@@ -88,7 +88,10 @@ def test_dense_weight_read_by_hand():
     step = sm.step([1], [0])
     assert step.weight_bytes == pytest.approx(sum(parts.values()) - parts["embeddings"])
     assert step.expert_bytes == 0
-    assert step.t_dense_memory == pytest.approx(step.weight_bytes / (936e9 * 0.80))
+    # the weights plus the sampler's three passes over one position's float32 logits
+    sampler = 1 * m.vocab_size * 4 * 3
+    assert step.sampler_bytes == sampler
+    assert step.t_dense_memory == pytest.approx((step.weight_bytes + sampler) / (936e9 * 0.80))
 
 
 def test_kv_read_write_by_hand():

@@ -538,6 +538,7 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
     ]
     if step.state_bytes:
         rows.append(("linear-attention state traffic", f"{step.state_bytes / GB:.4f} GB"))
+    rows.append(("sampler logits traffic (float32)", f"{step.sampler_bytes / GB:.4f} GB"))
     rows += [
         (
             "FLOPs (linear + attention)",

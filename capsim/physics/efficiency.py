@@ -210,6 +210,15 @@ class EfficiencyParams(BaseModel):
     )
     hop_latency_nvlink_us: float = Field(2.0, ge=0, description="Per ring hop over NVLink (us)")
     hop_latency_pcie_us: float = Field(6.0, ge=0, description="Per ring hop over PCIe (us)")
+    sampler_logit_passes: float = Field(
+        3.0,
+        ge=0,
+        le=20,
+        description="Passes over the float32 logits per sampled position (vocab x 4 bytes "
+        "each): the lm_head writes them, softmax/penalties and top-k/top-p read them. "
+        "Negligible for one sequence, a few hundred microseconds a step for hundreds of "
+        "sequences of a 150-250K vocabulary. Engineering prior",
+    )
     # --- front end (API server, tokenizer, streaming)
     frontend_request_ms: float = Field(
         10.0,

@@ -170,6 +170,7 @@ class StepBreakdown:
     t_draft: float
     t_total: float
     bound: str
+    sampler_bytes: float = 0.0  # the sampler's passes over the logits (in t_dense_memory)
     t_host: float = 0.0  # the host's per-step work (part of t_overhead)
     t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
     allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)
@@ -653,6 +654,8 @@ class StepModel:
         if touched and self.params.l2_reuse_strength:
             expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
         dense_bytes = self.dense_weight_bytes if tokens else 0.0
+        # the sampler's passes over float32 logits (the driver rank holds the whole vocab)
+        sampler_bytes = logits * self.model.vocab_size * 4.0 * self.params.sampler_logit_passes
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
         kv_write = tokens * kv.bytes_per_token
         state = 2.0 * seqs * kv.state_bytes_per_sequence  # read and written once per step
@@ -676,7 +679,8 @@ class StepModel:
             "state": state,
             "linear_flops": dense_flops + expert_flops,
             "attn_flops": attn_flops,
-            "t_dense_mem": dense_bytes / self.dense_bw,
+            "sampler_bytes": sampler_bytes,
+            "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
             "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph)),
             "t_exp_mem": expert_bytes / self.expert_bw,
             "t_exp_cmp": expert_flops
@@ -879,6 +883,7 @@ class StepModel:
             t_draft=t["t_draft"],
             t_total=self._total(t),
             bound=max(terms, key=terms.get),
+            sampler_bytes=t["sampler_bytes"],
             t_host=t["t_host"],
             t_host_hidden=t["t_host"]
             + float(self._overlapped(self._gpu(t), t["t_dispatch"]))
