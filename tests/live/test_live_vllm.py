@@ -124,11 +124,14 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
         f"closed measured {measured['closed'].output_tok_s:.0f}, simulated "
         f"{simulated['closed'].output_tok_s:.0f} tok/s"
     )
-    # both see the batch tail cost; a simulator without it would give about 1.0. The
-    # simulated ratio follows this run's measured step table: 0.886, 0.904, 0.928, 0.938 and
-    # 0.992 in five runs on one machine (2026-11-24), so a bound of 0.9 was a coin toss
-    assert m_ratio < 0.97 and s_ratio < 0.95
-    assert s_ratio == pytest.approx(m_ratio, abs=0.15)
+    # The simulator, on this server's own step times, must see a batch tail cost (a ratio
+    # below 1) and land near the measured ratio. On the CPU build the step time grows
+    # almost linearly with the batch, so the tail costs little and the ratio sits near
+    # 0.9-1.0: over seven runs on one machine (2026-11-24) the measured median ranged
+    # 0.856-1.086 (single pairs 0.63-1.64) and the simulated ratio 0.880-0.992, so the
+    # earlier bounds (measured < 0.97, simulated < 0.9, within 0.15) failed on noise alone
+    assert s_ratio < 1.0
+    assert s_ratio == pytest.approx(m_ratio, abs=0.2)
 
 
 def test_dense_calibration_loop_predicts_unseen_levels(tmp_path):
