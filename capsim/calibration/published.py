@@ -39,6 +39,13 @@ ENGINES = ("vllm", "sglang", "llama.cpp", "trt-llm", "other")
 """Serving engines a measured scenario can name."""
 
 
+def one_of(value: str, allowed: tuple[str, ...], what: str) -> str:
+    """``value`` if it is one of ``allowed``, else a validation error naming them."""
+    if value not in allowed:
+        raise ValueError(f"unknown {what} '{value}'; known: {', '.join(allowed)}")
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,16 +63,12 @@ class MeasuredPoint(Strict):
     @field_validator("statistic")
     @classmethod
     def _known_statistic(cls, v: str) -> str:
-        if v not in STATISTICS:
-            raise ValueError(f"unknown statistic '{v}'; known: {', '.join(STATISTICS)}")
-        return v
+        return one_of(v, STATISTICS, "statistic")
 
     @field_validator("metric")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in POINT_METRICS:
-            raise ValueError(f"unknown metric '{v}'; known: {', '.join(POINT_METRICS)}")
-        return v
+        return one_of(v, POINT_METRICS, "metric")
 
 
 class Scenario(Strict):
@@ -106,9 +109,7 @@ class Scenario(Strict):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        if v not in ENGINES:
-            raise ValueError(f"unknown engine '{v}'; known: {', '.join(ENGINES)}")
-        return v
+        return one_of(v, ENGINES, "engine")
 
 
 class WorkloadDescription(Strict):

@@ -200,6 +200,19 @@ class Prober:
 
         return dict(await asyncio.gather(*(build(k) for k in keys)))
 
+    async def stream(self, client: httpx.AsyncClient, spec: RequestSpec) -> RequestRecord:
+        """One streaming request to the server under test, with the run's limits."""
+        return await stream_one(
+            client,
+            self.url,
+            self.cfg.model,
+            self.cfg.endpoint,
+            spec,
+            self.clock,
+            self.headers,
+            self.timeouts,
+        )
+
     async def one(
         self,
         client,
@@ -213,16 +226,7 @@ class Prober:
         spec = RequestSpec(key, prompt, max_tokens, self.cfg.ignore_eos)
         placeholder = RequestRecord(request_id=key, send=self.clock(), max_tokens=max_tokens)
         self.in_flight[key] = (placeholder, c, run)
-        record = await stream_one(
-            client,
-            self.url,
-            self.cfg.model,
-            self.cfg.endpoint,
-            spec,
-            self.clock,
-            self.headers,
-            self.timeouts,
-        )
+        record = await self.stream(client, spec)
         self.in_flight.pop(key, None)
         if isinstance(prompt, str) and record.input_tokens:
             self.prompts.observe(len(prompt.split()), record.input_tokens)
@@ -277,17 +281,7 @@ class Prober:
             prompt = await self.prompts.prompt(
                 client, f"warmup-{i}", min(self.cfg.input_tokens, 64)
             )
-            spec = RequestSpec(f"warmup-{i}", prompt, 8, self.cfg.ignore_eos)
-            await stream_one(
-                client,
-                self.url,
-                self.cfg.model,
-                self.cfg.endpoint,
-                spec,
-                self.clock,
-                self.headers,
-                self.timeouts,
-            )
+            await self.stream(client, RequestSpec(f"warmup-{i}", prompt, 8, self.cfg.ignore_eos))
 
         await asyncio.gather(*(one(i) for i in range(n)))
 
