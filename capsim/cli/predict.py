@@ -109,7 +109,8 @@ def point_dict(result: PredictResult, level) -> dict[str, Any]:
         "prefix_cache_hit_rate": level.prefix_cache_hit_rate,
         "contention": level.contention,
         "speedup_vs_serial": level.speedup_vs_serial,
-        "band_80": level.band_80,
+        "band_80": {k: {"low": lo, "high": hi} for k, (lo, hi) in (level.band_80 or {}).items()},
+        "band_source": level.band_source,
         "service_of": level.service_of,
     }
 
@@ -158,7 +159,7 @@ def print_table(console, results: list[PredictResult]) -> None:
     if not many:
         title += f"\n{label(first)}, KV cache {first.kv_capacity_tokens:,} tokens"
         title += f", profile {first.profile}" if first.profile else ", uncalibrated"
-    banded = any(r.profile for r in results)
+    banded = any(lv.band_80 and "output_tok_s" in lv.band_80 for r in results for lv in r.levels)
     level_name = "rate\nreq/s" if first.config.workload == "open" else "C"
     # (header, optional): optional columns give way first on a narrow terminal
     headers = [(level_name, False), ("out\ntok/s", False)]
@@ -237,7 +238,11 @@ def write_csv(results: list[PredictResult]) -> str:
             for key, value in point.items():
                 if isinstance(value, dict):
                     for sub, v in value.items():
-                        flat[f"{key}_{sub}"] = v
+                        if isinstance(v, dict):  # a band: its low and high edges
+                            for edge, x in v.items():
+                                flat[f"{key}_{sub}_{edge}"] = x
+                        else:
+                            flat[f"{key}_{sub}"] = v
                 else:
                     flat[key] = value
             if writer is None:

@@ -29,6 +29,7 @@ from capsim.cli.common import (
     SetOption,
     catalog,
     console,
+    err_console,
     parse_overrides,
     print_json,
     save_figure,
@@ -238,6 +239,14 @@ def validate_cmd(
     plot_path: Annotated[
         Path | None, typer.Option("--plot", help="Write a parity plot (PNG) of every point")
     ] = None,
+    write_bands: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-bands",
+            help="Write the uncalibrated 80% bands (per hardware class and metric family) "
+            "that predict uses without a profile, e.g. calibration/bands/uncalibrated.yaml",
+        ),
+    ] = None,
     accept_failures: AcceptFailuresOption = False,
     json_out: JsonOption = False,
     db: DbOption = None,
@@ -324,6 +333,15 @@ def validate_cmd(
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
     points, skipped = compare_or_skip(loaded, cat, overrides=overrides)
+    if write_bands is not None:
+        from capsim.calibration.bands import build_band_table, save_band_table
+
+        classes = {g.name: g.hardware_class for g in cat.gpus}
+        try:
+            save_band_table(build_band_table(points, classes), write_bands)
+        except OSError as exc:
+            raise CapsimUserError(f"cannot write bands '{write_bands}': {exc.strerror}") from None
+        err_console.print(f"wrote {write_bands}", highlight=False)
     scored = [p for p in points if p.scored]
     summaries = {
         "by_accelerator": error_summary(scored, lambda p: p.gpu),

@@ -300,8 +300,12 @@ class LevelResult(BaseModel):
         None, description="Time to run these requests one at a time / this level's wall clock"
     )
     band_80: dict[str, tuple[float, float]] | None = Field(
-        None, description="80% prediction band per throughput figure (with a profile)"
+        None,
+        description="80% prediction band per figure (throughput from a calibration profile "
+        "where one applies; otherwise, and for latencies always, from the uncalibrated "
+        "model's errors on the published corpus)",
     )
+    band_source: str | None = Field(None, description="Where each band comes from")
     records: list[RequestRecord] | None = None
 
 
@@ -807,6 +811,7 @@ def predict(
             for w in workloads
         ]
     add_relative_figures(setup, config, results)
+    add_corpus_bands(results, setup.gpu.hardware_class)
     if setup.profile is not None:
         add_bands(results, setup.profile.band_sd)
     return PredictResult(
@@ -828,17 +833,72 @@ BAND_Z = 1.2815515655446004
 """Standard normal quantile of 0.9: an 80% two-sided band."""
 
 
+BAND_FIGURES = {
+    "output_tok_s": "throughput",
+    "total_tok_s": "throughput",
+    "per_request_output_tok_s": "throughput",
+    "ttft_p50_ms": "TTFT",
+    "ttft_p90_ms": "TTFT",
+    "tpot_ms": "TPOT",
+    "e2e_p50_s": "E2E",
+}
+"""Figures that get a band, and the metric family whose corpus errors set it."""
+
+
+def _band_values(m: LevelMetrics) -> dict[str, float | None]:
+    return {
+        "output_tok_s": m.output_tok_s,
+        "total_tok_s": m.total_tok_s,
+        "per_request_output_tok_s": m.per_request_output_tok_s.mean,
+        "ttft_p50_ms": m.ttft_ms.p50,
+        "ttft_p90_ms": m.ttft_ms.p90,
+        "tpot_ms": m.tpot_ms.mean,
+        "e2e_p50_s": m.e2e_s.p50,
+    }
+
+
+def add_corpus_bands(results: list[LevelResult], hardware_class: str) -> None:
+    """80% bands on every figure from the uncalibrated model's errors on the published
+    corpus (calibration/bands/uncalibrated.yaml): the hardware class's own where it has
+    enough points, else the pooled corpus's."""
+    from capsim.calibration.bands import load_band_table
+
+    table = load_band_table()
+    if table is None:
+        return
+    pooled = set()
+    for r in results:
+        bands = {}
+        for name, value in _band_values(r.metrics).items():
+            band, fallback = table.band(hardware_class, BAND_FIGURES[name])
+            if band is None or value is None:
+                continue
+            if fallback:
+                pooled.add(BAND_FIGURES[name])
+            bands[name] = (value * band.low, value * band.high)
+        r.band_80 = bands or None
+        r.band_source = "uncalibrated errors on the published corpus (" + (
+            f"pooled over all classes for {', '.join(sorted(pooled))}; {hardware_class} "
+            "for the rest)"
+            if pooled
+            else f"{hardware_class})"
+        )
+
+
 def add_bands(results: list[LevelResult], log_sd: float) -> None:
-    """80% bands from the profile's log-residual spread: figure x exp(+-1.2816 sd)."""
+    """80% bands on the throughput figures from the profile's log-residual spread:
+    figure x exp(+-1.2816 sd); the latencies keep their corpus bands."""
     factor = math.exp(BAND_Z * log_sd)
     for r in results:
-        m = r.metrics
-        values = {
-            "output_tok_s": m.output_tok_s,
-            "total_tok_s": m.total_tok_s,
-            "per_request_output_tok_s": m.per_request_output_tok_s.mean,
-        }
-        r.band_80 = {k: (v / factor, v * factor) for k, v in values.items() if v is not None}
+        values = _band_values(r.metrics)
+        bands = dict(r.band_80 or {})
+        for k in ("output_tok_s", "total_tok_s", "per_request_output_tok_s"):
+            if values[k] is not None:
+                bands[k] = (values[k] / factor, values[k] * factor)
+        r.band_80 = bands
+        r.band_source = "throughput: the calibration profile's residuals; latencies: " + (
+            r.band_source or "none"
+        )
 
 
 def add_relative_figures(setup: Setup, config: PredictConfig, results: list[LevelResult]):

@@ -135,7 +135,8 @@ class Evaluated:
     meets_slo: bool
     reasons: list[str]
     output_band_80: tuple[float, float] | None = None
-    """80% prediction band of output tok/s where a calibration profile applies."""
+    """80% prediction band of output tok/s (from a calibration profile where one applies,
+    else from the uncalibrated errors on the published corpus)."""
 
 
 def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate], int]:

@@ -1,0 +1,124 @@
+"""Uncalibrated prediction bands: how far the uncalibrated model has been off on the
+published corpus, per hardware class and metric family, as multiplicative factors.
+
+``capsim validate --write-bands`` compares every scored corpus point and stores, for each
+(hardware class, metric family) with at least ``MIN_POINTS`` points, the 10th and 90th
+percentiles of measured / predicted; a family with too few points in a class falls back to
+the pooled corpus, and says so. ``predict`` multiplies each figure by those factors when
+no calibration profile applies, so a prediction always states its 80% band, and the band
+carries the model's known bias (an asymmetric band around a biased prediction).
+
+The bands describe errors on the corpus the model was compared with (in-sample); they
+are not yet measured to hold out of sample (issue 19's coverage check).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.calibration.compare import METRIC_KINDS, ComparedPoint
+
+MIN_POINTS = 15
+"""Points a (class, family) needs for its own band; fewer use the pooled corpus."""
+
+POOLED = "all"
+"""The hardware-class key of the pooled bands."""
+
+LOW_Q, HIGH_Q = 10.0, 90.0
+"""Percentiles of measured / predicted that bound the 80% band."""
+
+
+class Band(BaseModel):
+    """An 80% band as factors on a prediction: [low x predicted, high x predicted]."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    points: int = Field(ge=1, description="Corpus points it was measured on")
+
+
+class BandTable(BaseModel):
+    """Bands by hardware class (or 'all') and metric family (throughput, TPOT, TTFT, E2E)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    created: str = Field(default_factory=lambda: dt.date.today().isoformat())
+    note: str = ""
+    bands: dict[str, dict[str, Band]]
+
+    def band(self, hardware_class: str, family: str) -> tuple[Band | None, bool]:
+        """The band for a class and family, and whether it is the pooled fallback."""
+        own = self.bands.get(hardware_class, {}).get(family)
+        if own is not None:
+            return own, False
+        return self.bands.get(POOLED, {}).get(family), True
+
+
+def _band(ratios: list[float]) -> Band:
+    r = np.asarray(ratios, dtype=float)
+    return Band(
+        low=float(np.percentile(r, LOW_Q)), high=float(np.percentile(r, HIGH_Q)), points=r.size
+    )
+
+
+def _ratio(p: ComparedPoint) -> float | None:
+    """measured / predicted in the direction of the figure: for a rate as given; for a
+    latency the same (a band on a latency scales it alike)."""
+    if not (p.predicted > 0 and math.isfinite(p.predicted) and p.measured > 0):
+        return None
+    return p.measured / p.predicted
+
+
+def build_band_table(points: list[ComparedPoint], gpu_class: dict[str, str]) -> BandTable:
+    """Bands from compared corpus points (reference-only ones left out); ``gpu_class``
+    maps a GPU name to its hardware class."""
+    by_key: dict[tuple[str, str], list[float]] = {}
+    for p in points:
+        ratio = _ratio(p)
+        family = METRIC_KINDS.get(p.metric)
+        if not p.scored or ratio is None or family is None:
+            continue
+        # decode and prompt rates are the inverse of TPOT and TTFT: flip them
+        if p.metric in ("decode_tok_s", "prompt_tok_s"):
+            ratio = 1.0 / ratio
+        by_key.setdefault((POOLED, family), []).append(ratio)
+        by_key.setdefault((gpu_class.get(p.gpu, "?"), family), []).append(ratio)
+    bands: dict[str, dict[str, Band]] = {}
+    for (cls, family), ratios in sorted(by_key.items()):
+        if cls == POOLED or len(ratios) >= MIN_POINTS:
+            bands.setdefault(cls, {})[family] = _band(ratios)
+    return BandTable(
+        bands=bands,
+        note=f"{sum(len(v) for (c, _), v in by_key.items() if c == POOLED)} scored corpus "
+        "points, uncalibrated; 10th and 90th percentiles of measured / predicted",
+    )
+
+
+def default_bands_path() -> Path:
+    from capsim.calibration.published import calibration_dir
+
+    return calibration_dir() / "bands" / "uncalibrated.yaml"
+
+
+def load_band_table(path: Path | None = None) -> BandTable | None:
+    """The shipped (or given) band table, or None when there is none."""
+    from capsim.catalog.loader import load_yaml_text
+
+    target = path or default_bands_path()
+    if not target.is_file():
+        return None
+    return BandTable.model_validate(load_yaml_text(target.read_text(encoding="utf-8")))
+
+
+def save_band_table(table: BandTable, path: Path) -> Path:
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(table.model_dump(mode="json"), sort_keys=False))
+    return path
