@@ -92,6 +92,8 @@ def summary_markdown(summaries: dict[str, list[dict]], skipped) -> str:
     scenarios that could not be simulated, as Markdown."""
     lines = []
     for title, rows in summaries.items():
+        if not rows:
+            continue
         name = title.removeprefix("by_").replace("_", " ")
         lines += [
             "",
