@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from capsim.calibration.compare import ComparedPoint, compare_dataset, compare_datasets
 from capsim.calibration.profiles import FittedParameter, PointResidual, Profile
@@ -224,6 +223,8 @@ def solve(
         r = problem.residuals(x)
         r = r if fitted is None else r[fitted]
         return np.concatenate((r, prior_weight * (x - prior) / span)) if pull else r
+
+    from scipy.optimize import least_squares  # heavy: imported where fits run
 
     result = least_squares(
         loss_residuals,

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from scipy.optimize import least_squares
 
 from capsim.calibration.compare import mape
 from capsim.calibration.fit import bounds_and_start, check_fittable, jacobian_std
@@ -171,6 +170,8 @@ def fit_kernel_params(
     def residuals(x) -> np.ndarray:
         pts = compare_kernels(sub, catalog, params_for(x))
         return np.array([np.log(p.predicted_us / p.measured_us) for p in pts])
+
+    from scipy.optimize import least_squares  # heavy: imported where fits run
 
     result = least_squares(residuals, x0, bounds=(lower, upper), x_scale=upper - lower)
     std = jacobian_std(result.jac, result.fun)

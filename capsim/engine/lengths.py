@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.special import ndtri
 
 from capsim.errors import CapsimUserError
 
@@ -76,6 +75,8 @@ class LengthSpec:
             return np.full(u.shape, self.a)
         if self.kind == "uniform":
             return self.a + (self.b - self.a) * u
+        if self.kind in ("normal", "lognormal"):
+            from scipy.special import ndtri  # the normal quantile; scipy loads only here
         if self.kind == "normal":
             return np.minimum(self.a + self.b * ndtri(u), self.maximum)
         if self.kind == "lognormal":
