@@ -130,8 +130,9 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     # 0.9-1.0: over seven runs on one machine (2026-11-24) the measured median ranged
     # 0.856-1.086 (single pairs 0.63-1.64) and the simulated ratio 0.880-0.992, so the
     # earlier bounds (measured < 0.97, simulated < 0.9, within 0.15) failed on noise alone;
-    # over eight runs the two differed by up to 0.18, so seven pairs and a 0.25 allowance
-    assert s_ratio < 1.0
+    # over eight runs the two differed by up to 0.18, so seven pairs and a 0.25 allowance.
+    # (A clean-clone CI run simulated 0.998: on this server's near-linear step times the tail
+    # can cost nothing, so the simulated ratio is not bounded below 1 either.)
     assert s_ratio == pytest.approx(m_ratio, abs=0.25)
 
 
