@@ -148,7 +148,8 @@ def resolve_model(text: str, catalog: Catalog, offline: bool = False) -> Resolve
     if direct is not None:
         quant = _format_of_tag(tag, catalog) if tag else _checkpoint_format(direct, repo)
         if quant:
-            notice(f"'{text}' is {direct.name} in {quant}")
+            how = f"its ':{tag}' tag" if tag else "the id (a published checkpoint)"
+            notice(f"'{text}' is {direct.name}; weight format {quant} inferred from {how}")
         return ResolvedModel(direct.name, quant)
 
     if "/" in repo or tag:
