@@ -15,6 +15,7 @@ are not yet measured to hold out of sample (issue 19's coverage check).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 from pathlib import Path
 
@@ -107,13 +108,22 @@ def default_bands_path() -> Path:
 
 
 def load_band_table(path: Path | None = None) -> BandTable | None:
-    """The shipped (or given) band table, or None when there is none."""
+    """The shipped (or given) band table, or None when there is none. Parsed once per file
+    version (path, size, modification time): predict asks for it at every call, and the
+    planner and the capacity search call predict many times."""
+    target = path or default_bands_path()
+    try:
+        stat = target.stat()
+    except OSError:
+        return None
+    return _load_band_version(str(target.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_band_version(path: str, mtime_ns: int, size: int) -> BandTable:
     from capsim.catalog.loader import load_yaml_text
 
-    target = path or default_bands_path()
-    if not target.is_file():
-        return None
-    return BandTable.model_validate(load_yaml_text(target.read_text(encoding="utf-8")))
+    return BandTable.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
 
 
 def save_band_table(table: BandTable, path: Path) -> Path:

@@ -539,18 +539,16 @@ def measure_level(
     workload: Workload,
     keep_records: bool,
     started: float,
-    frontend=None,
+    frontend,
 ) -> LevelResult:
-    """One level's result from the runs of its replicas (all together, or apart), with the
-    front end's latency (a function of the prompt length, seconds) added where given."""
+    """One level's result from the runs of its replicas (all together, or apart), as a
+    client sees them: ``frontend(prompt tokens)``, the front end's latency in seconds (API
+    server, tokenizer, streaming), is added to each first token and finish. It does not
+    hold a closed-loop client back (a few ms against a request's seconds)."""
     table = RequestTable.from_rows([row for run in runs for row in run.rows])
-    if frontend is not None:
-        # as a client sees them: the front end's latency (API server, tokenizer, streaming)
-        # is added to the first token and the finish; it does not hold a closed-loop
-        # client back (a few ms against a request's seconds)
-        delay = frontend(table.input_tokens)
-        table.first_token = table.first_token + delay
-        table.finish = table.finish + delay
+    delay = frontend(table.input_tokens)
+    table.first_token = table.first_token + delay
+    table.finish = table.finish + delay
     values = np.concatenate([run.itl_values for run in runs])
     weights = np.concatenate([run.itl_weights for run in runs])
     level = workload.concurrency if workload.concurrency is not None else workload.rate

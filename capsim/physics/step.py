@@ -358,7 +358,6 @@ class StepModel:
         self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
         # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
         self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
-        self.gemm_flops = self.gemm_peak * p.compute_efficiency  # decode-shaped rate
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
 
         # --- communication
@@ -518,50 +517,43 @@ class StepModel:
             t * self.model.hidden_size * ACTIVATION_BYTES
         )
 
-    def allreduce_algorithm(self, nbytes: float) -> str:
-        """Which all-reduce this TP group runs for ``nbytes`` (the fastest; see
-        ``allreduce_seconds``): 'one-shot custom', 'two-shot custom' or 'NCCL ring'."""
-        if self.link is None:
-            return ""
+    def _allreduce_times(self, nbytes: float | np.ndarray) -> dict[str, np.ndarray]:
+        """Time of one all-reduce of ``nbytes`` by each algorithm this TP group can run,
+        seconds: NCCL's ring, and where peer-to-peer custom all-reduce runs its one-shot
+        and two-shot kernels (physics/communication.py)."""
         p = self.params
         n = self.deployment.tp
         bw = self.link_gb_s
         eff = p.allreduce_efficiency
         times = {
-            "NCCL ring": float(
-                ring_allreduce_seconds(
-                    nbytes, n, bw, eff, p.allreduce_latency_us, self.hop_latency_us
-                )
+            "NCCL ring": ring_allreduce_seconds(
+                nbytes, n, bw, eff, p.allreduce_latency_us, self.hop_latency_us
             )
         }
         if self.custom_allreduce:
-            times["one-shot custom"] = float(
-                one_shot_allreduce_seconds(nbytes, n, bw, eff, p.custom_allreduce_latency_us)
+            times["one-shot custom"] = one_shot_allreduce_seconds(
+                nbytes, n, bw, eff, p.custom_allreduce_latency_us
             )
-            times["two-shot custom"] = float(
-                two_shot_allreduce_seconds(nbytes, n, bw, eff, p.two_shot_allreduce_latency_us)
+            times["two-shot custom"] = two_shot_allreduce_seconds(
+                nbytes, n, bw, eff, p.two_shot_allreduce_latency_us
             )
-        return min(times, key=times.get)
+        return times
+
+    def allreduce_algorithm(self, nbytes: float) -> str:
+        """Which all-reduce this TP group runs for ``nbytes``: the fastest of
+        ``_allreduce_times`` ('NCCL ring', 'one-shot custom' or 'two-shot custom')."""
+        if self.link is None:
+            return ""
+        times = self._allreduce_times(nbytes)
+        return min(times, key=lambda name: float(times[name]))
 
     def allreduce_seconds(self, nbytes: float | np.ndarray) -> np.ndarray:
-        """One all-reduce of ``nbytes`` in this TP group, seconds: the fastest of NCCL's
-        ring and, where peer-to-peer custom all-reduce runs, its one-shot and two-shot
-        kernels (physics/communication.py)."""
-        p = self.params
-        n = self.deployment.tp
-        bw = self.link_gb_s
-        eff = p.allreduce_efficiency
-        best = ring_allreduce_seconds(
-            nbytes, n, bw, eff, p.allreduce_latency_us, self.hop_latency_us
-        )
-        if self.custom_allreduce:
-            best = np.minimum(
-                best, one_shot_allreduce_seconds(nbytes, n, bw, eff, p.custom_allreduce_latency_us)
-            )
-            best = np.minimum(
-                best,
-                two_shot_allreduce_seconds(nbytes, n, bw, eff, p.two_shot_allreduce_latency_us),
-            )
+        """One all-reduce of ``nbytes`` in this TP group, seconds: the fastest algorithm
+        (``_allreduce_times``)."""
+        times = list(self._allreduce_times(nbytes).values())
+        best = times[0]
+        for t in times[1:]:
+            best = np.minimum(best, t)
         return best
 
     def draft_seconds(self, sequences: int, context: np.ndarray) -> float:
@@ -692,7 +684,7 @@ class StepModel:
             "t_floor": t_floor,
             "t_dispatch": t_dispatch,
             "t_draft": draft_time,
-            "decode_only": tokens <= seqs * self.decode_width,
+            "decode_only": self._decode_only(tokens, seqs),
         }
 
     def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
@@ -723,6 +715,11 @@ class StepModel:
         serial = (1.0 - self.params.launch_overlap) * np.minimum(gpu, dispatch)
         return np.maximum(gpu, dispatch) + serial
 
+    def _decode_only(self, tokens: float, seqs: int) -> bool:
+        """Whether a step of ``tokens`` over ``seqs`` sequences only decodes (no prefill
+        chunk in it: at most the decode width per sequence)."""
+        return tokens <= seqs * self.decode_width
+
     def _with_host(self, host, device, decode_only: bool = True):
         """A step's duration from its host work and its device work (GPU kernels or their
         launches, and drafting), seconds, scalars or arrays. Without async scheduling they
@@ -736,9 +733,14 @@ class StepModel:
         hidden = self.params.async_host_overlap * host
         return np.maximum(device, hidden) + (host - hidden)
 
-    def _total(self, t: dict[str, float]) -> float:
-        both = self._overlapped(self._gpu(t), t["t_dispatch"])
-        return float(self._with_host(t["t_host"], float(both) + t["t_draft"], t["decode_only"]))
+    def _device(self, t: dict[str, float]) -> float:
+        """A step's device work (s): the GPU's work or its eager launches, and drafting."""
+        return float(self._overlapped(self._gpu(t), t["t_dispatch"])) + t["t_draft"]
+
+    def _total(self, t: dict[str, float], device: float | None = None) -> float:
+        """A step's duration (s) from its terms (``device``: their _device, if known)."""
+        device = self._device(t) if device is None else device
+        return float(self._with_host(t["t_host"], device, t["decode_only"]))
 
     def _draft_for(self, drafting_sequences: int, new_tokens, context) -> float:
         if not drafting_sequences or self.deployment.spec is None:
@@ -812,7 +814,7 @@ class StepModel:
             serial = (1.0 - self.params.launch_overlap) * min(gpu, dispatch)
             gpu = max(gpu, dispatch) + serial  # _overlapped, for scalars
         device = gpu + draft
-        if not self.async_host or tokens > seqs * self.decode_width:
+        if not self.async_host or not self._decode_only(tokens, seqs):
             return host + device  # no overlap with prefill in the step
         hidden = self.params.async_host_overlap * host
         return max(device, hidden) + (host - hidden)  # _with_host, for scalars
@@ -848,6 +850,8 @@ class StepModel:
         }
         if t["t_dispatch"] > self._gpu(t) and self.params.launch_overlap > 0:
             terms["CPU launches"] = t["t_dispatch"]
+        device = self._device(t)
+        total = self._total(t, device)
         return StepBreakdown(
             sequences=seqs,
             tokens=int(tokens),
@@ -881,14 +885,11 @@ class StepModel:
             t_overhead=t["t_host"] + t["t_floor"],
             t_dispatch=t["t_dispatch"],
             t_draft=t["t_draft"],
-            t_total=self._total(t),
+            t_total=total,
             bound=max(terms, key=terms.get),
             sampler_bytes=t["sampler_bytes"],
             t_host=t["t_host"],
-            t_host_hidden=t["t_host"]
-            + float(self._overlapped(self._gpu(t), t["t_dispatch"]))
-            + t["t_draft"]
-            - self._total(t),
+            t_host_hidden=t["t_host"] + device - total,
             allreduce_algorithm=self.allreduce_algorithm(
                 t["graph_tokens"] * self.model.hidden_size * ACTIVATION_BYTES
             ),
