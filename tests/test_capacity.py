@@ -60,3 +60,12 @@ def test_the_cli_answers_in_json_and_refuses_bad_objectives():
     assert r.exit_code == 2 and "Traceback" not in r.output
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "objective" in r.output
+
+
+def test_a_value_the_schema_refuses_names_its_flag_without_a_traceback():
+    for command in ("capacity", "predict"):
+        args = [command, "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--max-num-seqs"]
+        extra = ["--min-agent-tok-s", "30"] if command == "capacity" else []
+        r = CliRunner().invoke(app, [*args, "0", *extra])
+        assert r.exit_code == 2, r.output
+        assert "--max-num-seqs" in r.output and "Traceback" not in r.output

@@ -36,6 +36,9 @@ SECTIONS: dict[str, type[BaseModel]] = {
 
 T = TypeVar("T", GPU, Model, QuantFormat, EfficiencyProfile)
 
+LIST_COMMANDS = {"gpus": "gpus", "models": "models", "quant_formats": "quants"}
+"""The capsim command that lists each section's entries."""
+
 
 def builtin_db_dir() -> Path:
     """The built-in catalog directory.
@@ -170,8 +173,8 @@ class Section(Generic[T]):
         singular = self.kind.rstrip("s").replace("_", " ")
         raise UnknownNameError(
             f"unknown {singular} '{name}'",
-            hint=f"run 'capsim {self.kind.replace('_', '-')}' to list them, or add a YAML "
-            "file with --db DIR",
+            hint=f"run 'capsim {LIST_COMMANDS.get(self.kind, self.kind)}' to list them, or "
+            "add a YAML file with --db DIR",
             suggestions=suggestions,
         )
 

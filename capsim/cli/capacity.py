@@ -19,11 +19,11 @@ from capsim.cli.common import (
     catalog,
     console,
     fitted_table,
+    predict_config,
     print_json,
     resolve_models,
 )
 from capsim.cli.predict import split_list
-from capsim.engine.simulate import PredictConfig
 from capsim.errors import CapsimUserError
 
 
@@ -87,7 +87,7 @@ def capacity_cmd(
     cat, refs = resolve_models(catalog(db), split_list(model))
     answers = []
     for g, ref in itertools.product(split_list(gpu), refs):
-        config = PredictConfig(
+        config = predict_config(
             gpu=g,
             model=ref.name,
             quant=quant or ref.quant,

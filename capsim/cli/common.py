@@ -138,6 +138,24 @@ def user_errors(func):
     return wrapper
 
 
+def predict_config(**fields):
+    """A PredictConfig from CLI values; a value its schema refuses (``--max-num-seqs 0``)
+    is a user error naming the flag and the limit, not a pydantic traceback."""
+    from pydantic import ValidationError
+
+    from capsim.engine.simulate import PredictConfig
+
+    try:
+        return PredictConfig(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        raise CapsimUserError(
+            f"{flag} {first['input']!r}: {first['msg'].lower()}",
+            hint=f"see 'capsim predict --help' for {flag}",
+        ) from None
+
+
 def print_notices() -> None:
     """What capsim inferred for the user (capsim.notices), one line each on stderr."""
     from capsim.notices import take_notices

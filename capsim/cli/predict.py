@@ -29,11 +29,12 @@ from capsim.cli.common import (
     fitted_table,
     parse_acceptance,
     parse_overrides,
+    predict_config,
     resolve_models,
     save_figure,
 )
 from capsim.engine.router import ROUTER_POLICIES
-from capsim.engine.simulate import PredictConfig, PredictResult, predict
+from capsim.engine.simulate import PredictResult, predict
 from capsim.errors import CapsimUserError
 from capsim.physics.speculative import parse_spec
 
@@ -392,7 +393,7 @@ def predict_cmd(
     )
     results = []
     for g, m, q, t, kv in combos:
-        config = PredictConfig(
+        config = predict_config(
             gpu=g,
             model=m.name,
             quant=q or m.quant,
