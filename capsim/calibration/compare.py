@@ -193,10 +193,12 @@ def compare_or_skip(
     datasets: list[PublishedDataset],
     catalog: Catalog,
     overrides: dict[str, float] | None = None,
+    advance=None,
 ) -> tuple[list[ComparedPoint], list[SkippedScenario]]:
     """Every scenario compared, except those capsim cannot simulate (an unknown GPU,
     model or format, a deployment that does not fit, prompts longer than the context),
-    which are returned with the reason instead of stopping the whole comparison."""
+    which are returned with the reason instead of stopping the whole comparison.
+    ``advance()``, if given, is called after each scenario (a progress bar)."""
     from capsim.errors import CapsimUserError
 
     points: list[ComparedPoint] = []
@@ -207,6 +209,8 @@ def compare_or_skip(
                 points += compare_scenario(ds, sc, catalog, overrides=overrides)
             except CapsimUserError as exc:
                 skipped.append(SkippedScenario(ds.name, sc.name, len(sc.points), exc.message))
+            if advance is not None:
+                advance()
     return points, skipped
 
 

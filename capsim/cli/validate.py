@@ -334,7 +334,21 @@ def validate_cmd(
         console.print(table)
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
-    points, skipped = compare_or_skip(loaded, cat, overrides=overrides)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    scenarios = sum(len(ds.scenarios) for ds in loaded)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("simulating measured scenarios", total=scenarios)
+        points, skipped = compare_or_skip(
+            loaded, cat, overrides=overrides, advance=lambda: bar.advance(task)
+        )
     if write_bands is not None:
         from capsim.calibration.bands import build_band_table, save_band_table
 
