@@ -104,10 +104,19 @@ def scenario_config(
         spec=parse_spec(sc.spec, sc.spec_acceptance) if sc.spec else None,
         power_limit_w=sc.power_limit_w,
         max_num_seqs=int(flags["max_num_seqs"]) if "max_num_seqs" in flags else None,
-        gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)),
+        gpu_memory_utilization=(
+            float(flags["gpu_memory_utilization"]) if "gpu_memory_utilization" in flags else None
+        ),
         enforce_eager=bool(flags.get("enforce_eager", False)),
-        async_scheduling=bool(flags.get("async_scheduling", True)),
-        custom_allreduce=not bool(flags.get("disable_custom_all_reduce", False)),
+        async_scheduling=bool(flags["async_scheduling"]) if "async_scheduling" in flags else None,
+        custom_allreduce=(
+            not bool(flags["disable_custom_all_reduce"])
+            if "disable_custom_all_reduce" in flags
+            else None
+        ),
+        engine=ENGINE_SIMULATED.get(sc.engine, sc.engine),
+        offline=bool(flags.get("offline", False)),
+        ubatch_tokens=int(flags["ubatch_tokens"]) if "ubatch_tokens" in flags else None,
         max_num_batched_tokens=(
             int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
         ),
@@ -118,6 +127,10 @@ def scenario_config(
         efficiency_overrides=overrides or {},
     )
 
+
+ENGINE_SIMULATED = {"other": "vllm", "trt-llm": "vllm"}
+"""The catalog engine a scenario's ``engine`` is simulated as, where the two differ: an
+engine capsim has no entry for ('other') runs as vLLM."""
 
 LATENCY_METRICS = {"ttft_s": "ttft_ms", "tpot_s": "tpot_ms", "itl_s": "itl_ms", "e2e_s": "e2e_s"}
 """Published latency metric -> the level's distribution of it, and that distribution's

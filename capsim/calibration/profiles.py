@@ -81,9 +81,10 @@ class Profile(BaseModel):
         """The fitted value of each parameter, by name."""
         return {k: p.value for k, p in self.parameters.items()}
 
-    def params(self, catalog: Catalog, gpu_name: str) -> EfficiencyParams:
-        """The GPU's default parameters with this profile's fitted values laid over."""
-        base = default_efficiency(catalog.gpu(gpu_name), catalog)
+    def params(self, catalog: Catalog, gpu_name: str, engine=None) -> EfficiencyParams:
+        """The GPU's default parameters (with ``engine``'s priors) with this profile's
+        fitted values laid over."""
+        base = default_efficiency(catalog.gpu(gpu_name), catalog, engine)
         return base.with_overrides({**self.held, **self.fitted_values})
 
     def save(self, path: Path) -> Path:
@@ -111,13 +112,14 @@ def profiles_dir() -> Path:
     return calibration_dir() / "profiles"
 
 
-def find_profile(spec: str | None, hardware_class: str) -> Profile | None:
+def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") -> Profile | None:
     """Resolve ``--profile``: a path, a name in calibration/profiles, ``auto`` (the profile
-    of the GPU's hardware class, if one exists) or ``none``."""
+    fitted for the GPU's hardware class under this serving engine, if one exists) or
+    ``none``."""
     if spec in (None, "none"):
         return None
     if spec == "auto":
-        path = profiles_dir() / f"{hardware_class}-vllm.yaml"
+        path = profiles_dir() / f"{hardware_class}-{engine}.yaml"
         return load_profile(path) if path.exists() else None
     path = Path(spec)
     if not path.exists():

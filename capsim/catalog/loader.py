@@ -6,6 +6,7 @@ Layout of a catalog directory (the built-in one and any user one alike)::
     models/<name>.yaml         one model per file       (schema: Model)
     quant_formats/<name>.yaml  one weight format a file (schema: QuantFormat)
     efficiency/<class>.yaml    default efficiency parameters of one hardware class
+    engines/<name>.yaml        one serving engine a file (schema: Engine)
 
 User directories come from ``--db DIR`` and the ``CAPSIM_DB`` environment variable
 (several directories separated by ``os.pathsep``). Their entries are laid over the
@@ -22,7 +23,7 @@ from typing import Generic, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from capsim.catalog.schemas import GPU, EfficiencyProfile, Model, QuantFormat
+from capsim.catalog.schemas import GPU, EfficiencyProfile, Engine, Model, QuantFormat
 from capsim.errors import CatalogError, UnknownNameError, close_matches, normalise_name
 from capsim.notices import notice
 
@@ -32,11 +33,17 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "models": Model,
     "quant_formats": QuantFormat,
     "efficiency": EfficiencyProfile,
+    "engines": Engine,
 }
 
-T = TypeVar("T", GPU, Model, QuantFormat, EfficiencyProfile)
+T = TypeVar("T", GPU, Model, QuantFormat, EfficiencyProfile, Engine)
 
-LIST_COMMANDS = {"gpus": "gpus", "models": "models", "quant_formats": "quants"}
+LIST_COMMANDS = {
+    "gpus": "gpus",
+    "models": "models",
+    "quant_formats": "quants",
+    "engines": "engines",
+}
 """The capsim command that lists each section's entries."""
 
 
@@ -187,6 +194,7 @@ class Catalog:
     models: Section[Model]
     quant_formats: Section[QuantFormat]
     efficiency: Section[EfficiencyProfile]
+    engines: Section[Engine]
     directories: list[Path]
 
     def gpu(self, name: str) -> GPU:
@@ -197,6 +205,9 @@ class Catalog:
 
     def quant(self, name: str) -> QuantFormat:
         return self.quant_formats.get(name)
+
+    def engine(self, name: str) -> Engine:
+        return self.engines.get(name)
 
 
 def user_db_dirs(explicit: list[Path] | None = None) -> list[Path]:
@@ -247,5 +258,6 @@ def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
         models=sections["models"],
         quant_formats=sections["quant_formats"],
         efficiency=sections["efficiency"],
+        engines=sections["engines"],
         directories=list(dirs),
     )

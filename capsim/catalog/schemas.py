@@ -1,4 +1,4 @@
-"""Pydantic schemas of the catalog: GPUs, models and weight formats.
+"""Pydantic schemas of the catalog: GPUs, models, weight formats and serving engines.
 
 Units are part of every field name or description. Every entry carries ``sources``: where
 its figures came from. A figure that no source gives is ``None`` (null in YAML), never a
@@ -462,3 +462,95 @@ class EfficiencyProfile(Strict):
     )
     rationale: str = Field(description="Why these values: what they were read or derived from")
     sources: list[Source] = Field(min_length=1)
+
+
+class BatchDefaults(Strict):
+    """One row of a serving engine's default scheduler limits: it applies to GPUs of at
+    least ``min_memory_gb`` that ``except_gpus`` does not name (an engine's rows are read
+    in order and the first that applies wins)."""
+
+    min_memory_gb: float = Field(0, ge=0, description="Smallest GPU memory (GB) of the row")
+    except_gpus: list[str] = Field(
+        default_factory=list, description="GPU catalog names (prefixes) the row skips"
+    )
+    max_num_batched_tokens: int = Field(ge=1, description="Token budget of one step")
+    max_num_seqs: int = Field(ge=1, description="Most sequences scheduled in one step")
+    cuda_graph_max_batch: int | None = Field(
+        None,
+        ge=0,
+        description="Largest batch (sequences) the engine captures a CUDA graph for, where "
+        "the engine sizes it by GPU (SGLang's cuda_graph_max_bs); None: the engine's rule",
+    )
+    cuda_graph_max_batch_tp4: int | None = Field(
+        None, ge=0, description="The same at tensor-parallel size 4 or more, where it differs"
+    )
+
+    def applies_to(self, gpu_name: str, memory_gb: float) -> bool:
+        return memory_gb >= self.min_memory_gb and not any(
+            gpu_name.startswith(prefix) for prefix in self.except_gpus
+        )
+
+
+GraphCapture = Literal["vllm", "sglang", "single-token", "none"]
+"""How an engine captures CUDA graphs: vLLM's capture sizes (up to 512 tokens, 1,024 on
+datacenter Blackwell), SGLang's batch sizes (up to cuda_graph_max_bs sequences), a graph
+for single-token steps only (llama.cpp), or none."""
+
+
+class Engine(Strict):
+    """A serving engine (hardware_db/engines/): how it batches, launches and overlaps work.
+
+    ``params`` lays efficiency parameters over the hardware class's for every GPU this
+    engine runs on; ``class_params`` lays more over those for one hardware class. Both are
+    priors with sources, like the hardware-class files; calibration profiles replace them.
+    """
+
+    name: str = Field(description="Catalog key, e.g. 'vllm', 'llama.cpp'")
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    batch_defaults: list[BatchDefaults] = Field(
+        min_length=1, description="Default token budget and sequence limit, by GPU memory"
+    )
+    graph_capture: GraphCapture = Field(description="Which steps run in a CUDA graph")
+    ubatch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Physical batch (tokens): a step of more tokens runs as several passes of "
+        "at most this many, each reading the weights again (llama.cpp's n_ubatch); None = one",
+    )
+    mixes_prefill_and_decode: bool = Field(
+        True,
+        description="Whether a step carries prefill chunks and decodes together (vLLM's and "
+        "llama.cpp's chunked prefill); False: prefill batches run apart (SGLang's default)",
+    )
+    async_scheduling: bool = Field(
+        description="Whether the engine prepares step n+1 on the CPU while the GPU runs step "
+        "n by default (async_host_overlap then applies)"
+    )
+    custom_allreduce: bool = Field(
+        description="Whether tensor-parallel all-reduces can use peer-to-peer custom kernels"
+    )
+    memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Share of GPU memory the engine budgets for weights, activations and KV "
+        "cache by default (vLLM's gpu_memory_utilization)",
+    )
+    params: dict[str, float] = Field(default_factory=dict)
+    class_params: dict[str, dict[str, float]] = Field(default_factory=dict)
+    rationale: str = Field(description="Why these values: what they were read or derived from")
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+
+    def batch_limits(self, gpu_name: str, memory_gb: float) -> BatchDefaults:
+        """The first ``batch_defaults`` row that applies to this GPU (the last row when
+        none does)."""
+        for row in self.batch_defaults:
+            if row.applies_to(gpu_name, memory_gb):
+                return row
+        return self.batch_defaults[-1]
+
+    def efficiency_overrides(self, hardware_class: str) -> dict[str, float]:
+        """Efficiency parameters this engine sets on a GPU of ``hardware_class``."""
+        return {**self.params, **self.class_params.get(hardware_class, {})}

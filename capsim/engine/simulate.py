@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.calibration.profiles import find_profile
 from capsim.catalog.loader import Catalog, load_catalog, process_catalog
-from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
 from capsim.engine.replica import Replica
@@ -78,16 +78,32 @@ class PredictConfig(BaseModel):
         None, ge=1, description="Default: vLLM's for the GPU"
     )
     max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Share of GPU memory the engine may use (None: its own)"
+    )
     spec: SpecConfig | None = None
     prefix_caching: bool = True
     power_limit_w: float | None = None
     enforce_eager: bool = False
-    async_scheduling: bool = Field(
-        True, description="False = --no-async-scheduling (host work runs between steps)"
+    async_scheduling: bool | None = Field(
+        None,
+        description="False = --no-async-scheduling (host work runs between steps); None: "
+        "the engine's default",
     )
-    custom_allreduce: bool = Field(
-        True, description="False = --disable-custom-all-reduce (NCCL for every all-reduce)"
+    custom_allreduce: bool | None = Field(
+        None,
+        description="False = --disable-custom-all-reduce (NCCL for every all-reduce); None: "
+        "the engine's default",
+    )
+    engine: str = Field("vllm", description="Serving engine (hardware_db/engines/)")
+    ubatch_tokens: int | None = Field(
+        None, ge=1, description="Physical batch, tokens (llama.cpp's -ub; None: the engine's)"
+    )
+    offline: bool = Field(
+        False,
+        description="Requests go straight to the engine (llama-bench, vllm bench "
+        "throughput/latency, an in-process LLM.generate): no API server, tokenizer or "
+        "streaming latency in TTFT and end-to-end time",
     )
     router: RouterPolicy = "round_robin"
     router_latency_s: float = 0.0
@@ -143,24 +159,91 @@ def resolve_format(
     return fmt, reason, memory_fit(gpu, model, fmt, tp=tp, **fit_options)
 
 
+OFFLINE_OVERRIDES = {"frontend_request_ms": 0.0, "tokenize_us_per_token": 0.0}
+"""What an offline run (no API server) sets: no front-end latency."""
+
+
 def resolve_params(
     cat: Catalog,
     gpu: GPU,
     profile_spec: str | None,
     overrides: dict[str, float] | None = None,
     params: EfficiencyParams | None = None,
+    engine: Engine | None = None,
+    offline: bool = False,
 ) -> tuple[EfficiencyParams, object]:
     """The efficiency parameters a prediction uses, and the calibration profile they came
     from (None if none): ``params`` if given, else ``profile_spec``'s profile for the GPU's
-    hardware class (auto, none, a name or a path), else the class defaults; ``overrides``
-    laid over whichever it was."""
-    profile = None if params is not None else find_profile(profile_spec, gpu.hardware_class)
+    hardware class and the engine (auto, none, a name or a path), else the class defaults
+    with the engine's priors laid over them; ``overrides`` laid over whichever it was, and
+    with ``offline`` no front-end latency."""
+    engine_name = engine.name if engine is not None else "vllm"
+    profile = None
+    if params is None:
+        profile = find_profile(profile_spec, gpu.hardware_class, engine_name)
     if profile is not None:
-        params = profile.params(cat, gpu.name)
-    params = params or default_efficiency(gpu, cat)
+        params = profile.params(cat, gpu.name, engine)
+    params = params or default_efficiency(gpu, cat, engine)
     if overrides:
         params = params.with_overrides(overrides)
+    if offline:
+        params = params.with_overrides(OFFLINE_OVERRIDES)
     return params, profile
+
+
+def engine_deployment(
+    engine: Engine,
+    gpu: GPU,
+    *,
+    tp: int,
+    quant: str,
+    kv_dtype: str = "auto",
+    power_limit_w: float | None = None,
+    interconnect: str = "auto",
+    enforce_eager: bool = False,
+    spec: SpecConfig | None = None,
+    async_scheduling: bool | None = None,
+    custom_allreduce: bool | None = None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    ubatch_tokens: int | None = None,
+) -> Deployment:
+    """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
+    graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
+    defaults the flags (None) leave to it."""
+    row = engine.batch_limits(gpu.name, gpu.memory_gb)
+    graph_batch = row.cuda_graph_max_batch
+    if tp >= 4 and row.cuda_graph_max_batch_tp4 is not None:
+        graph_batch = row.cuda_graph_max_batch_tp4
+    return Deployment(
+        tp=tp,
+        quant=quant,
+        kv_dtype=kv_dtype,
+        power_limit_w=power_limit_w,
+        interconnect=interconnect,
+        cuda_graphs=not enforce_eager,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        spec=spec,
+        async_scheduling=engine.async_scheduling if async_scheduling is None else async_scheduling,
+        custom_allreduce=engine.custom_allreduce if custom_allreduce is None else custom_allreduce,
+        engine=engine.name,
+        graph_capture=engine.graph_capture,
+        cuda_graph_max_batch=graph_batch,
+        ubatch_tokens=ubatch_tokens or engine.ubatch_tokens,
+    )
+
+
+def engine_fit_options(engine: Engine, gpu: GPU, **options) -> dict:
+    """memory_fit options with the engine's defaults where ``options`` leave them None:
+    its memory share and its default token budget and sequence limit for this GPU."""
+    row = engine.batch_limits(gpu.name, gpu.memory_gb)
+    utilization = options.pop("gpu_memory_utilization", None)
+    return dict(
+        options,
+        gpu_memory_utilization=engine.memory_utilization if utilization is None else utilization,
+        default_limits=(row.max_num_batched_tokens, row.max_num_seqs),
+    )
 
 
 def build_setup(
@@ -190,7 +273,10 @@ def build_setup(
     else:
         dp = config.dp or 1
     spec = config.spec
-    fit_options = dict(
+    engine = cat.engine(config.engine)
+    fit_options = engine_fit_options(
+        engine,
+        gpu,
         kv_dtype=config.kv_dtype,
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=config.max_model_len,
@@ -204,19 +290,24 @@ def build_setup(
         require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     num_blocks = capacity // BLOCK_SIZE_TOKENS
-    params, profile = resolve_params(cat, gpu, config.profile, config.efficiency_overrides, params)
-    dep = Deployment(
+    params, profile = resolve_params(
+        cat, gpu, config.profile, config.efficiency_overrides, params, engine, config.offline
+    )
+    dep = engine_deployment(
+        engine,
+        gpu,
         tp=tp,
         quant=fmt.name,
         kv_dtype=config.kv_dtype,
         power_limit_w=config.power_limit_w,
         interconnect=config.interconnect,
-        cuda_graphs=not config.enforce_eager,
-        max_num_seqs=fit.max_num_seqs,
-        max_num_batched_tokens=fit.max_num_batched_tokens,
+        enforce_eager=config.enforce_eager,
         spec=spec,
         async_scheduling=config.async_scheduling,
         custom_allreduce=config.custom_allreduce,
+        max_num_seqs=fit.max_num_seqs,
+        max_num_batched_tokens=fit.max_num_batched_tokens,
+        ubatch_tokens=config.ubatch_tokens,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

@@ -1,5 +1,9 @@
 """CUDA-graph capture sizes and the padding they impose on a step's token count.
 
+Each serving engine captures its own sizes (``graph_sizes`` picks by the engine's
+``graph_capture``): vLLM's below, SGLang's batch sizes (``sglang_capture_sizes``), a graph
+for single-token steps only (llama.cpp) or none.
+
 vLLM (V1) captures one CUDA graph per token count in ``cudagraph_capture_sizes`` and pads a
 step's tokens up to the smallest captured size that holds them; a step with more tokens
 than the largest size runs without a graph and without padding. The default sizes
@@ -68,3 +72,59 @@ def padded_tokens(tokens: float, sizes: tuple[int, ...]) -> float:
     if not sizes or tokens > sizes[-1] or tokens <= 0:
         return tokens
     return float(sizes[bisect_left(sizes, tokens)])
+
+
+def sglang_capture_sizes(max_batch: int, decode_query_len: int = 1) -> tuple[int, ...]:
+    """Token counts SGLang's decode CUDA graphs hold, ascending: one graph per batch size
+    (sequences) in its default list up to ``max_batch`` (cuda_graph_max_bs), each holding
+    ``decode_query_len`` tokens a sequence (SGLang server_args
+    ``_generate_cuda_graph_batch_sizes``: [1, 2, 4, 8, 12] + 16..256 step 8 + 272..<512
+    step 16 + 512.. step 32; with speculation 1..8, 10..32 step 2, 40..64 step 4, 72..256
+    step 8, 272.. step 16)."""
+    if max_batch <= 0:
+        return ()
+    if decode_query_len > 1:
+        batches = [
+            *range(1, 9),
+            *range(10, 33, 2),
+            *range(40, 65, 4),
+            *range(72, 257, 8),
+            *range(272, max_batch + 1, 16),
+        ]
+    else:
+        batches = [
+            1,
+            2,
+            4,
+            8,
+            12,
+            *range(16, 257, 8),
+            *range(272, 512, 16),
+            *range(512, max_batch + 1, 32),
+        ]
+    return tuple(sorted({b * decode_query_len for b in batches if b <= max_batch}))
+
+
+def graph_sizes(
+    scheme: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None = None,
+    decode_query_len: int = 1,
+    ceiling: int = DEFAULT_MAX_CAPTURE_TOKENS,
+    max_batch: int | None = None,
+) -> tuple[int, ...]:
+    """Token counts an engine runs in CUDA graphs, ascending, by its ``graph_capture``
+    scheme: 'vllm' (``capture_sizes``), 'sglang' (``sglang_capture_sizes`` up to
+    ``max_batch`` sequences, at most max_num_seqs), 'single-token' (one decoding sequence
+    a step: llama.cpp captures graphs for batch-1 decode only) or 'none'. ``ceiling`` 0
+    (a platform without CUDA graphs) gives none under every scheme."""
+    if ceiling <= 0 or scheme == "none":
+        return ()
+    if scheme == "vllm":
+        return capture_sizes(max_num_seqs, max_num_batched_tokens, decode_query_len, ceiling)
+    if scheme == "sglang":
+        batch = min(max_batch if max_batch is not None else 160, max_num_seqs)
+        return sglang_capture_sizes(batch, decode_query_len)
+    if scheme == "single-token":
+        return (decode_query_len,)
+    raise ValueError(f"unknown CUDA-graph scheme '{scheme}'")

@@ -348,6 +348,7 @@ def memory_fit(
     enforce_eager: bool = False,
     include_mtp: bool = False,
     reserve: RuntimeReserve = DEFAULT_RESERVE,
+    default_limits: tuple[int, int] | None = None,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -365,13 +366,15 @@ def memory_fit(
             max_model_len if given, else 4096 tokens (capped by what fits).
         enforce_eager: no CUDA graphs (their memory is not reserved).
         include_mtp: load the MTP module (speculative decoding with MTP).
+        default_limits: the serving engine's (max_num_batched_tokens, max_num_seqs) for
+            this GPU where the flags leave them unset (default: vLLM's).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
             hint="vLLM's default is 0.9",
         )
-    default_batched, default_seqs = vllm_default_batch_limits(gpu)
+    default_batched, default_seqs = default_limits or vllm_default_batch_limits(gpu)
     max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
     if max_num_seqs < 1:
         raise CapsimUserError(f"max_num_seqs must be at least 1, got {max_num_seqs}")

@@ -62,7 +62,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.catalog.loader import Catalog
-from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
 from capsim.errors import CapsimUserError
 from capsim.physics.communication import (
     ALLREDUCES_PER_LAYER,
@@ -74,7 +74,7 @@ from capsim.physics.communication import (
     topology_of,
     two_shot_allreduce_seconds,
 )
-from capsim.physics.cuda_graphs import capture_sizes, padded_tokens
+from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
 from capsim.physics.moe import expected_distinct_experts
@@ -113,13 +113,33 @@ class Deployment(BaseModel):
         None, ge=1, description="The engine's token budget (caps its CUDA-graph sizes)"
     )
     spec: SpecConfig | None = None
+    engine: str = Field("vllm", description="The serving engine (hardware_db/engines/)")
+    graph_capture: str = Field(
+        "vllm", description="The engine's CUDA-graph sizes: vllm, sglang, single-token, none"
+    )
+    cuda_graph_max_batch: int | None = Field(
+        None, ge=0, description="Largest batch the engine captures a graph for (SGLang)"
+    )
+    ubatch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Physical batch, tokens: a larger step runs as several passes, each "
+        "reading the weights (llama.cpp's n_ubatch); None = one pass",
+    )
 
 
-def default_efficiency(gpu: GPU, catalog: Catalog | None = None) -> EfficiencyParams:
-    """Generic efficiency parameters overlaid with the GPU's hardware-class file."""
+def default_efficiency(
+    gpu: GPU, catalog: Catalog | None = None, engine: Engine | None = None
+) -> EfficiencyParams:
+    """Generic efficiency parameters overlaid with the GPU's hardware-class file, then the
+    serving engine's priors for that class (hardware_db/engines/)."""
     params = EfficiencyParams()
     if catalog is not None and gpu.hardware_class in catalog.efficiency.entries:
         params = params.with_overrides(catalog.efficiency.entries[gpu.hardware_class].params)
+    if engine is not None:
+        extra = engine.efficiency_overrides(gpu.hardware_class)
+        if extra:
+            params = params.with_overrides(extra)
     return params
 
 
@@ -387,11 +407,13 @@ class StepModel:
         ] = {}
         # --- CUDA graphs: the sizes the engine captures (none in eager mode)
         self.graph_sizes = (
-            capture_sizes(
+            graph_sizes(
+                dep.graph_capture,
                 dep.max_num_seqs,
                 dep.max_num_batched_tokens,
                 self.decode_width,
                 p.cuda_graph_max_tokens,
+                dep.cuda_graph_max_batch,
             )
             if dep.cuda_graphs
             else ()
@@ -641,11 +663,13 @@ class StepModel:
         kv = self.kv
         graph = padded_tokens(tokens, self.graph_sizes) if pad else tokens
         routed = tokens + (graph - tokens) * self.params.moe_padding_routed
-        touched = self.experts_touched_scalar(routed) if tokens else 0.0
-        expert_bytes = self.moe_layers * touched * self.expert_slice_bytes
+        passes = self.passes(tokens)
+        # each pass (ubatch) routes its own tokens and reads the weights again
+        touched = self.experts_touched_scalar(routed / passes) if tokens else 0.0
+        expert_bytes = passes * self.moe_layers * touched * self.expert_slice_bytes
         if touched and self.params.l2_reuse_strength:
             expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
-        dense_bytes = self.dense_weight_bytes if tokens else 0.0
+        dense_bytes = passes * self.dense_weight_bytes if tokens else 0.0
         # the sampler's passes over float32 logits (the driver rank holds the whole vocab)
         sampler_bytes = logits * self.model.vocab_size * 4.0 * self.params.sampler_logit_passes
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
@@ -657,10 +681,10 @@ class StepModel:
             self.pair_flops * (self.full_layers * pairs + self.sliding_layers * pairs_windowed)
             + tokens * self.linear_flops_per_token
         )
-        t_comm = self.communication_scalar(graph) if tokens else 0.0
+        t_comm = passes * self.communication_scalar(graph / passes) if tokens else 0.0
         t_host = self.host_seconds(seqs) if seqs else 0.0
-        t_floor = self.kernel_floor_us(tokens) * 1e-6 if seqs else 0.0
-        t_dispatch = self.dispatch_seconds(tokens) if seqs else 0.0
+        t_floor = passes * self.kernel_floor_us(tokens) * 1e-6 if seqs else 0.0
+        t_dispatch = passes * self.dispatch_seconds(tokens / passes) if seqs else 0.0
         return {
             "graph_tokens": graph,
             "touched": touched,
@@ -673,10 +697,13 @@ class StepModel:
             "attn_flops": attn_flops,
             "sampler_bytes": sampler_bytes,
             "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
-            "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph)),
+            "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph / passes)),
             "t_exp_mem": expert_bytes / self.expert_bw,
             "t_exp_cmp": expert_flops
-            / (self.gemm_peak * self.gemm_efficiency(self.rows_per_expert(routed, touched))),
+            / (
+                self.gemm_peak
+                * self.gemm_efficiency(self.rows_per_expert(routed / passes, touched))
+            ),
             "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
             "t_att_cmp": attn_flops / self.attention_flops_rate,
             "t_comm": t_comm,
@@ -686,6 +713,14 @@ class StepModel:
             "t_draft": draft_time,
             "decode_only": self._decode_only(tokens, seqs),
         }
+
+    def passes(self, tokens: float) -> int:
+        """Passes a step of ``tokens`` tokens runs as: 1, or with a physical batch
+        (``ubatch_tokens``, llama.cpp's n_ubatch) one per ubatch it needs."""
+        ubatch = self.deployment.ubatch_tokens
+        if not ubatch or tokens <= ubatch:
+            return 1
+        return math.ceil(tokens / ubatch)
 
     def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
         """Rows of one routed expert's GEMM: the token-expert pairs of a step spread over
