@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from capsim.cli.common import (
     DbOption,
+    EngineOption,
     JsonOption,
     MaxModelLenOption,
     MaxNumSeqsOption,
@@ -55,6 +56,7 @@ def capacity_cmd(
     max_num_seqs: MaxNumSeqsOption = None,
     max_model_len: MaxModelLenOption = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    engine: EngineOption = "vllm",
     profile: Annotated[
         str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
     ] = "auto",
@@ -85,6 +87,7 @@ def capacity_cmd(
     if tp < 1 or (gpus is not None and gpus < 1):
         raise CapsimUserError("--tp and --gpus must be at least 1")
     cat, refs = resolve_models(catalog(db), split_list(model))
+    cat.engine(engine)
     answers = []
     for g, ref in itertools.product(split_list(gpu), refs):
         config = predict_config(
@@ -100,6 +103,7 @@ def capacity_cmd(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
+            engine=engine,
             profile=profile,
         )
         answers.append(capacity(config, objectives, cat))

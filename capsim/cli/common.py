@@ -40,13 +40,36 @@ MaxModelLenOption = Annotated[
     int | None, typer.Option("--max-model-len", help="Longest sequence (default: auto)")
 ]
 GpuMemoryUtilizationOption = Annotated[
-    float, typer.Option("--gpu-memory-utilization", help="vLLM's memory fraction")
+    float | None,
+    typer.Option(
+        "--gpu-memory-utilization",
+        help="Fraction of GPU memory the engine takes (default: the engine's, 0.9 for vLLM)",
+    ),
 ]
 AsyncSchedulingOption = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         "--async-scheduling/--no-async-scheduling",
-        help="Schedule the next step while the GPU runs this one (vLLM's default)",
+        help="Schedule the next step while the GPU runs this one (default: the engine's; "
+        "on for vLLM and SGLang)",
+        show_default=False,
+    ),
+]
+EngineOption = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="Serving engine: vllm, sglang or llama.cpp (list: capsim engines). Sets the "
+        "batch defaults, CUDA-graph sizes and kernel priors",
+    ),
+]
+UbatchOption = Annotated[
+    int | None,
+    typer.Option(
+        "--ubatch-size",
+        min=1,
+        help="Tokens per forward pass of a large batch (llama.cpp's -ub; default: the "
+        "engine's, 512 for llama.cpp, none for vLLM)",
     ),
 ]
 DisableCustomAllReduceOption = Annotated[

@@ -23,12 +23,14 @@ from capsim.cli.common import (
     AsyncSchedulingOption,
     DbOption,
     DisableCustomAllReduceOption,
+    EngineOption,
     GpuMemoryUtilizationOption,
     JsonOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     SetOption,
+    UbatchOption,
     catalog,
     console,
     fitted_table,
@@ -45,7 +47,12 @@ from capsim.cli.plan import plan_cmd
 from capsim.cli.predict import predict_cmd
 from capsim.cli.probe import probe_app
 from capsim.cli.validate import validate_cmd
-from capsim.engine.simulate import resolve_format, resolve_params
+from capsim.engine.simulate import (
+    engine_deployment,
+    engine_fit_options,
+    resolve_format,
+    resolve_params,
+)
 from capsim.errors import CapsimUserError
 from capsim.physics.memory import (
     GB,
@@ -58,7 +65,7 @@ from capsim.physics.memory import (
 )
 from capsim.physics.parameters import parameter_breakdown
 from capsim.physics.speculative import parse_spec
-from capsim.physics.step import Deployment, StepBreakdown, build_step_model
+from capsim.physics.step import StepBreakdown, build_step_model
 
 app = typer.Typer(
     name="capsim",
@@ -416,6 +423,33 @@ def quants_list(json_out: JsonOption = False, db: DbOption = None) -> None:
     console.print(table)
 
 
+@app.command("engines")
+@user_errors
+def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
+    """List serving engines and the defaults capsim simulates for each."""
+    cat = catalog(db)
+    if json_out:
+        print_json([e.model_dump(mode="json") for e in cat.engines])
+        return
+    table = Table(title="Serving engines (pass with --engine)")
+    for col in ("name", "step tokens / sequences", "graphs", "ubatch", "mixes prefill"):
+        table.add_column(col, overflow="fold")
+    for e in cat.engines:
+        limits = "\n".join(
+            f"{row.max_num_batched_tokens}/{row.max_num_seqs}"
+            + (f" (>= {row.min_memory_gb:g} GB)" if row.min_memory_gb else "")
+            for row in e.batch_defaults
+        )
+        table.add_row(
+            e.name,
+            limits,
+            e.graph_capture,
+            str(e.ubatch_tokens or "-"),
+            "yes" if e.mixes_prefill_and_decode else "no",
+        )
+    console.print(table)
+
+
 # ----------------------------------------------------------------------------- fit
 
 
@@ -432,7 +466,7 @@ def fit_cmd(
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto, bf16, fp16, fp8")] = "auto",
-    gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = None,
     max_model_len: MaxModelLenOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
@@ -444,6 +478,7 @@ def fit_cmd(
     mtp: Annotated[
         bool, typer.Option("--mtp", help="Load the MTP module (MTP speculation)")
     ] = False,
+    engine: EngineOption = "vllm",
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -469,6 +504,7 @@ def fit_cmd(
         enforce_eager=enforce_eager,
         include_mtp=mtp,
     )
+    options = engine_fit_options(cat.engine(engine), g, **options)
     result = memory_fit(g, m, fmt, tp=tp, **options)
     if json_out:
         print_json({**result.to_dict(), "gpus": total_gpus, "dp_replicas": replicas})
@@ -610,8 +646,10 @@ def explain_cmd(
     ] = None,
     interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
-    async_scheduling: AsyncSchedulingOption = True,
+    async_scheduling: AsyncSchedulingOption = None,
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
+    engine: EngineOption = "vllm",
+    ubatch_size: UbatchOption = None,
     profile: Annotated[
         str,
         typer.Option(
@@ -629,29 +667,35 @@ def explain_cmd(
     spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
     overrides = parse_overrides(set_values)
     g = cat.gpu(gpu)
+    eng = cat.engine(engine)
     cat, (ref,) = resolve_models(cat, [model])
     m = cat.model(ref.name)
     quant = quant or ref.quant
     # the format predict would run: the release format if it fits, else the first that does
-    fit_options = dict(
+    fit_options = engine_fit_options(
+        eng,
+        g,
         kv_dtype=kv_dtype,
         enforce_eager=enforce_eager,
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
     )
     fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
-    dep = Deployment(
+    dep = engine_deployment(
+        eng,
+        g,
         tp=tp,
         quant=fmt.name,
         kv_dtype=kv_dtype,
         power_limit_w=power_limit,
         interconnect=interconnect,
-        cuda_graphs=not enforce_eager,
+        enforce_eager=enforce_eager,
         spec=spec_cfg,
         async_scheduling=async_scheduling,
-        custom_allreduce=not disable_custom_all_reduce,
+        custom_allreduce=False if disable_custom_all_reduce else None,
+        ubatch_tokens=ubatch_size,
     )
-    params, fitted = resolve_params(cat, g, profile, overrides)
+    params, fitted = resolve_params(cat, g, profile, overrides, engine=eng)
     sm = build_step_model(cat, g, m, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)

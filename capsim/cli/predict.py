@@ -18,12 +18,14 @@ from capsim.cli.common import (
     AsyncSchedulingOption,
     DbOption,
     DisableCustomAllReduceOption,
+    EngineOption,
     GpuMemoryUtilizationOption,
     JsonOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     SetOption,
+    UbatchOption,
     catalog,
     console,
     fitted_table,
@@ -337,7 +339,7 @@ def predict_cmd(
     max_num_seqs: MaxNumSeqsOption = None,
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_model_len: MaxModelLenOption = None,
-    gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = None,
     spec: Annotated[str | None, typer.Option("--spec", help="e.g. mtp:2, ngram:4")] = None,
     spec_acceptance: Annotated[
         str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
@@ -345,8 +347,18 @@ def predict_cmd(
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching")] = True,
     power_limit: Annotated[float | None, typer.Option("--power-limit", help="W")] = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
-    async_scheduling: AsyncSchedulingOption = True,
+    async_scheduling: AsyncSchedulingOption = None,
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
+    engine: EngineOption = "vllm",
+    ubatch_size: UbatchOption = None,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            help="No API server in the loop (vllm bench throughput, llama-bench): no "
+            "HTTP, tokenisation or streaming time",
+        ),
+    ] = False,
     router: Annotated[
         str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
     ] = "round_robin",
@@ -360,9 +372,10 @@ def predict_cmd(
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG chart")] = None,
     db: DbOption = None,
 ) -> None:
-    """Simulate N concurrent clients against a vLLM-like server and report throughput
-    and latency per level."""
+    """Simulate N concurrent clients against a vLLM, SGLang or llama.cpp server and report
+    throughput and latency per level."""
     cat = catalog(db)
+    cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):
         raise CapsimUserError(
             f"unknown workload '{workload}'",
@@ -425,7 +438,10 @@ def predict_cmd(
             power_limit_w=power_limit,
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
-            custom_allreduce=not disable_custom_all_reduce,
+            custom_allreduce=False if disable_custom_all_reduce else None,
+            engine=engine,
+            ubatch_tokens=ubatch_size,
+            offline=offline,
             router=router,
             seed=seed,
             profile=profile,

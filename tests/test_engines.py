@@ -1,0 +1,108 @@
+"""Serving engines as catalog data: their batch defaults, CUDA-graph schemes, micro-batches,
+and the --engine flag."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from capsim.catalog.loader import load_catalog
+from capsim.cli.main import app
+from capsim.engine.simulate import engine_deployment, engine_fit_options
+from capsim.physics.cuda_graphs import graph_sizes, sglang_capture_sizes
+from capsim.physics.step import build_step_model, default_efficiency
+
+runner = CliRunner()
+CAT = load_catalog()
+
+
+def test_engines_listing_and_aliases():
+    r = runner.invoke(app, ["engines", "--json"])
+    assert r.exit_code == 0, r.output
+    names = {e["name"] for e in json.loads(r.stdout)}
+    assert {"vllm", "sglang", "llama.cpp"} <= names
+    assert CAT.engine("sgl").name == "sglang"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "tokens", "graph_batch"),
+    [("rtx3090", 2048, 24), ("a100-40g", 4096, 32), ("h100-sxm", 8192, 256), ("b200", 16384, 512)],
+)
+def test_sglang_defaults_follow_its_memory_tiers(gpu, tokens, graph_batch):
+    g = CAT.gpu(gpu)
+    row = CAT.engine("sglang").batch_limits(g.name, g.memory_gb)
+    assert (row.max_num_batched_tokens, row.cuda_graph_max_batch) == (tokens, graph_batch)
+
+
+def test_vllm_defaults_unchanged_a100_keeps_the_small_budget():
+    vllm = CAT.engine("vllm")
+    h100, a100 = CAT.gpu("h100-sxm"), CAT.gpu("a100-80g")
+    assert vllm.batch_limits(h100.name, h100.memory_gb).max_num_batched_tokens == 8192
+    assert vllm.batch_limits(a100.name, a100.memory_gb).max_num_batched_tokens == 2048
+
+
+def test_sglang_capture_list_by_hand():
+    assert sglang_capture_sizes(24) == (1, 2, 4, 8, 12, 16, 24)
+    sizes = sglang_capture_sizes(300)
+    assert sizes[-3:] == (256, 272, 288)
+    # with speculation (query length 3) every graph holds 3 tokens per sequence
+    assert sglang_capture_sizes(8, decode_query_len=3) == tuple(3 * b for b in range(1, 9))
+
+
+def test_llama_cpp_graphs_cover_one_sequence_only():
+    assert graph_sizes("single-token", max_num_seqs=4) == (1,)
+    assert graph_sizes("none", max_num_seqs=4) == ()
+
+
+def _step_model(engine: str, gpu: str = "h100-sxm", model: str = "llama-3.1-8b"):
+    eng, g, m = CAT.engine(engine), CAT.gpu(gpu), CAT.model(model)
+    dep = engine_deployment(eng, g, tp=1, quant="bf16", max_num_seqs=64)
+    return build_step_model(CAT, g, m, dep, default_efficiency(g, CAT, eng))
+
+
+def test_llama_cpp_prefill_runs_in_ubatch_passes():
+    sm = _step_model("llama.cpp")
+    assert sm.passes(512) == 1 and sm.passes(513) == 2 and sm.passes(2048) == 4
+    one = sm.step(np.array([512]), np.array([0]))
+    four = sm.step(np.array([2048]), np.array([0]))
+    # each 512-token pass reads the weights again
+    assert four.weight_bytes == pytest.approx(4 * one.weight_bytes, rel=1e-9)
+    vllm = _step_model("vllm").step(np.array([2048]), np.array([0]))
+    assert vllm.weight_bytes == pytest.approx(one.weight_bytes, rel=1e-9)
+
+
+def test_engine_defaults_reach_memory_fit():
+    g = CAT.gpu("h100-sxm")
+    opts = engine_fit_options(CAT.engine("sglang"), g, kv_dtype="auto")
+    assert opts["gpu_memory_utilization"] == pytest.approx(0.88)
+    opts = engine_fit_options(CAT.engine("sglang"), g, gpu_memory_utilization=0.5)
+    assert opts["gpu_memory_utilization"] == 0.5
+    assert opts["default_limits"] == (8192, 1024)
+
+
+def test_unknown_engine_is_exit_2_with_suggestion():
+    r = runner.invoke(
+        app, ["predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--engine", "sglng"]
+    )
+    assert r.exit_code == 2
+    assert "sglang" in r.stderr and "Traceback" not in r.output
+
+
+def test_engine_changes_the_prediction():
+    def run(engine):
+        r = runner.invoke(
+            app,
+            [
+                *("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--quant", "awq-int4"),
+                *("--concurrency", "4", "--requests", "24", "--engine", engine, "--json"),
+            ],
+        )
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["results"][0]
+
+    vllm, llama = run("vllm"), run("llama.cpp")
+    assert llama["config"]["engine"] == "llama.cpp"
+    assert vllm["points"][0]["output_tok_s"] != llama["points"][0]["output_tok_s"]
