@@ -147,6 +147,8 @@ def label(result: PredictResult) -> str:
         text += f" kv={c.kv_dtype}"
     if c.spec:
         text += f" {c.spec.method}:{c.spec.num_tokens}"
+    if c.engine != "vllm":
+        text += f" ({c.engine})"
     return text
 
 
