@@ -8,7 +8,8 @@ import pytest
 from capsim.calibration.bands import MIN_POINTS, POOLED, build_band_table, load_band_table
 from capsim.calibration.compare import ComparedPoint
 from capsim.catalog.loader import load_catalog
-from capsim.engine.simulate import BAND_FIGURES, PredictConfig, predict
+from capsim.engine.bands import BAND_FIGURES
+from capsim.engine.simulate import PredictConfig, predict
 
 CAT = load_catalog()
 

@@ -23,9 +23,21 @@ from typing import Literal
 
 import numpy as np
 
-from capsim.calibration.compare import ComparedPoint, compare_dataset, compare_datasets
+from capsim.calibration.compare import (
+    ENGINE_SIMULATED,
+    ComparedPoint,
+    compare_dataset,
+    compare_datasets,
+)
 from capsim.calibration.profiles import FittedParameter, PointResidual, Profile
 from capsim.calibration.published import PublishedDataset
+from capsim.calibration.selection import (
+    CANDIDATE_FIT,
+    IDENTIFIABLE_RSE,
+    fit_warnings,
+    point_weights,
+    select_parameters,
+)
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.efficiency import EfficiencyParams
@@ -114,7 +126,8 @@ class FitProblem:
         points = compare_datasets(self.datasets, self.catalog, params, self.pool)
         self.evaluations += 1
         self.last = points
-        return np.array([np.log(p.predicted / p.measured) for p in points])
+        weights = np.sqrt(point_weights(points))
+        return weights * np.array([np.log(p.predicted / p.measured) for p in points])
 
 
 @contextmanager
@@ -137,8 +150,18 @@ def bounds_and_start(
     base values, clipped into the bounds)."""
     lower = np.array([FIT_BOUNDS[n][0] for n in names])
     upper = np.array([FIT_BOUNDS[n][1] for n in names])
-    x0 = np.clip(np.array([getattr(base, n) for n in names], dtype=float), lower, upper)
+    x0 = np.clip(np.array([prior_value(base, n) for n in names], dtype=float), lower, upper)
     return lower, upper, x0
+
+
+INHERITED_PRIORS = {"prefill_compute_efficiency": "compute_efficiency"}
+"""Parameters whose unset value (None) means another's: their prior is that one's."""
+
+
+def prior_value(base: EfficiencyParams, name: str) -> float:
+    """A parameter's prior in ``base``, following INHERITED_PRIORS where it is unset."""
+    value = getattr(base, name)
+    return getattr(base, INHERITED_PRIORS[name]) if value is None else value
 
 
 def start_point(
@@ -242,11 +265,18 @@ def solve(
     return LeastSquaresFit(result.x, jac, problem.residuals(result.x))
 
 
+def fit_candidates(hw_class: str, catalog: Catalog) -> list[str]:
+    """What a calibration without --fit chooses from: the class's own list, then every
+    CANDIDATE_FIT term."""
+    return list(dict.fromkeys([*class_fit(hw_class, catalog), *CANDIDATE_FIT]))
+
+
 def fit_setup(
     datasets: list[PublishedDataset], catalog: Catalog, fit: tuple[str, ...] | None
 ) -> tuple[str, list[str], EfficiencyParams]:
     """The hardware class of ``datasets`` (one), the parameters to fit (None: the class's
-    default set) and the class's default efficiency parameters to fit them from."""
+    candidates, to be chosen from by select_parameters) and the class's default efficiency
+    parameters (with the datasets' engine's priors) to fit them from."""
     classes = {hardware_class_of(ds, catalog) for ds in datasets}
     if len(classes) != 1:
         raise CapsimUserError(
@@ -254,10 +284,12 @@ def fit_setup(
             hint="fit one profile per hardware class",
         )
     hw_class = classes.pop()
-    gpu = catalog.gpu(datasets[0].scenarios[0].gpu)
-    fit = class_fit(hw_class, catalog) if fit is None else fit
+    scenario = datasets[0].scenarios[0]
+    gpu = catalog.gpu(scenario.gpu)
+    engine = catalog.engines.find(ENGINE_SIMULATED.get(scenario.engine, scenario.engine))
+    fit = fit_candidates(hw_class, catalog) if fit is None else fit
     check_fittable(fit)
-    return hw_class, list(fit), default_efficiency(gpu, catalog)
+    return hw_class, list(fit), default_efficiency(gpu, catalog, engine)
 
 
 def fit_profile(
@@ -274,45 +306,104 @@ def fit_profile(
     ``start`` (e.g. a fit on more points, to converge in fewer evaluations), pulled
     towards the priors by ``prior_weight`` (see DEFAULT_PRIOR_WEIGHT)."""
     hw_class, names, base = fit_setup(datasets, catalog, fit)
-    lower, upper, x0 = bounds_and_start(names, base)
-    scale = upper - lower
-    x_start = start_point(names, x0, lower, upper, start)
+    held_reasons: dict[str, str] = {}
     with scenario_pool(datasets) as pool:
+        if fit is None:
+            names, held_reasons = choose_parameters(datasets, catalog, names, base, pool)
+        lower, upper, x0 = bounds_and_start(names, base)
+        scale = upper - lower
+        x_start = start_point(names, x0, lower, upper, start)
         problem = FitProblem(datasets, catalog, names, base, pool=pool)
-        optimum = solve(
-            problem, x_start, lower, upper, max_evaluations, prior=x0, prior_weight=prior_weight
-        )
-    r = optimum.residuals
+        if names:
+            optimum = solve(
+                problem, x_start, lower, upper, max_evaluations, prior=x0, prior_weight=prior_weight
+            )
+            x, jac = optimum.x, optimum.jac
+            r = optimum.residuals
+        else:
+            x, jac = x0, np.zeros((0, 0))
+            r = problem.residuals(x0)
     n, p = r.size, len(names)
-    jac = optimum.jac
     dof = max(n - p, 1)
-    std = jacobian_std(jac, r)
-    column_norm = np.linalg.norm(jac, axis=0) * scale
+    std = jacobian_std(jac, r) if names else np.zeros(0)
+    column_norm = np.linalg.norm(jac, axis=0) * scale if names else np.zeros(0)
     parameters = {}
     for i, param in enumerate(names):
-        weak = column_norm[i] < 1e-3 or std[i] > 0.5 * scale[i]
-        value = float(optimum.x[i])  # the joint optimum; a weak direction stays near its prior
+        value = float(x[i])  # the joint optimum; a weak direction stays near its prior
+        at_bound = bool(min(value - lower[i], upper[i] - value) <= 0.01 * scale[i])
+        rse = std[i] / max(abs(value), 1e-12)
+        weak = column_norm[i] < 1e-3 or not rse < IDENTIFIABLE_RSE or at_bound
         parameters[param] = FittedParameter(
             value=value,
             prior=float(x0[i]),
             std=None if not np.isfinite(std[i]) else float(std[i]),
             identifiable=not weak,
             bounds=(float(lower[i]), float(upper[i])),
+            at_bound=at_bound,
         )
     problem.pool = None  # closed: the last evaluation runs here
     final = problem.residuals(np.array([parameters[n].value for n in names]))
-    residuals = [PointResidual(**asdict(pt), error=pt.error) for pt in problem.last]
+    points = problem.last
+    errors = np.array([pt.error for pt in points])
+    warnings = fit_warnings(points, errors)
+    warnings += [
+        f"{n} ended at its bound {parameters[n].value:g} (range {parameters[n].bounds[0]:g}-"
+        f"{parameters[n].bounds[1]:g}): the physics it stands for may be missing or wrong"
+        for n in names
+        if parameters[n].at_bound
+    ]
+    residuals = [PointResidual(**asdict(pt), error=pt.error) for pt in points]
     return Profile(
         name=name,
         hardware_class=hw_class,
         fitted_from=[ds.name for ds in datasets],
         parameters=parameters,
+        held_reasons=held_reasons,
         log_residual_sd=float(np.sqrt(float(final @ final) / dof)),
+        metric_log_sd=metric_log_sd(points),
         points=n,
         residuals=residuals,
+        warnings=warnings,
         note=f"least_squares (soft_l1, f_scale {ROBUST_SCALE}), {problem.evaluations} evaluations"
         + (f", pulled towards the priors with weight {prior_weight:g}" if prior_weight else ""),
     )
+
+
+def metric_log_sd(points: list[ComparedPoint]) -> dict[str, float]:
+    """Root-mean-square log error of the points per acceptance family (throughput, TTFT,
+    TPOT, E2E): each family's own spread, for its bands."""
+    from capsim.calibration.compare import METRIC_KINDS
+
+    groups: dict[str, list[float]] = {}
+    for pt in points:
+        if pt.predicted > 0 and pt.measured > 0:
+            family = METRIC_KINDS.get(pt.metric, "throughput")
+            groups.setdefault(family, []).append(np.log(pt.predicted / pt.measured))
+    return {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in sorted(groups.items())}
+
+
+def choose_parameters(
+    datasets: list[PublishedDataset],
+    catalog: Catalog,
+    candidates: list[str],
+    base: EfficiencyParams,
+    pool: Executor | None,
+) -> tuple[list[str], dict[str, str]]:
+    """select_parameters over ``candidates`` on these datasets: the names to fit, and why
+    each other candidate is held at its prior. At most a third of the distinct measured
+    (level, metric) pairs are fitted (at least one)."""
+    lower, upper, x0 = bounds_and_start(candidates, base)
+    problem = FitProblem(datasets, catalog, candidates, base, pool=pool)
+    distinct = {
+        (sc.name, p.concurrency, p.metric, p.statistic)
+        for ds in datasets
+        for sc in ds.scenarios
+        for p in sc.points
+    }
+    chosen = select_parameters(
+        problem.residuals, candidates, x0, lower, upper, max(1, len(distinct) // 3)
+    )
+    return chosen.fitted, chosen.held
 
 
 def group_by_class(datasets: list[PublishedDataset], catalog: Catalog) -> dict[str, list]:

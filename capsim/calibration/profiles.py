@@ -29,6 +29,7 @@ class FittedParameter(BaseModel):
     std: float | None = Field(None, description="Standard error from the Jacobian")
     identifiable: bool
     bounds: tuple[float, float]
+    at_bound: bool = Field(False, description="The fit stopped within 1% of a bound")
 
 
 class PointResidual(BaseModel):
@@ -63,7 +64,18 @@ class Profile(BaseModel):
         description="Parameters held at a value for the fit (not fitted), applied with it: "
         "the physics the fitted values assume",
     )
+    held_reasons: dict[str, str] = Field(
+        default_factory=dict,
+        description="Candidates the data could not pin, held at their priors, and why",
+    )
     log_residual_sd: float = Field(description="Spread of log(predicted/measured), for bands")
+    metric_log_sd: dict[str, float] = Field(
+        default_factory=dict,
+        description="The same per metric family (throughput, TTFT, TPOT, E2E)",
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="Where the fit is poor: metric, levels, bounds"
+    )
     cv_log_residual_sd: float | None = Field(
         None, description="The same, leaving one concurrency level out (cross-validated)"
     )

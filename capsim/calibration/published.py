@@ -7,6 +7,7 @@ capsim metric (see capsim.metrics) and quotes the text it was read from.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
@@ -166,8 +167,62 @@ def load_dataset(path: Path) -> PublishedDataset:
         raise CapsimUserError(format_validation_error(path, exc)) from None
 
 
+RUN_METRICS = (
+    ("output_tok_s", "mean"),
+    ("total_tok_s", "mean"),
+    ("ttft_s", "median"),
+    ("ttft_s", "mean"),
+    ("tpot_s", "mean"),
+    ("itl_s", "mean"),
+    ("e2e_s", "mean"),
+)
+"""What a probe run contributes per level: every metric it measured (throughput, and the
+latencies of the completed requests as capsim.metrics computes them for the simulator)."""
+
+
+def run_level_points(m, concurrency: int, run: int) -> list[MeasuredPoint]:
+    """The points of one probed level (``m``: its LevelMetrics), one per RUN_METRICS entry
+    the level measured."""
+    from capsim.calibration.compare import point_value
+
+    points = []
+    for metric, statistic in RUN_METRICS:
+        value = point_value(m, metric, statistic)
+        if not (value > 0 and math.isfinite(value)):
+            continue
+        unit = "tok/s" if metric.endswith("tok_s") else "s"
+        points.append(
+            MeasuredPoint(
+                concurrency=concurrency,
+                metric=metric,
+                statistic=statistic,
+                value=value,
+                quote=f"capsim probe, run {run}: {metric} {statistic} {value:.4g} {unit} "
+                f"({m.completed} requests)",
+            )
+        )
+    return points
+
+
+def run_model_reference(served: str, server: dict) -> str:
+    """What a probed model is simulated as: its served name where the catalog knows it,
+    else the checkpoint the server reports it loaded (/v1/models 'root': a local folder
+    with a config.json, or a Hugging Face id), which the simulator imports."""
+    from capsim.catalog.loader import load_catalog
+    from capsim.catalog.resolve import looks_like_model_reference
+
+    if load_catalog().models.find(served) is not None:
+        return served
+    for entry in server.get("models") or []:
+        root = entry.get("root")
+        if entry.get("id") == served and root and looks_like_model_reference(str(root)):
+            return str(root)
+    return served
+
+
 def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedDataset:
-    """A probe run file as a dataset: one point per level and run (output tok/s), with
+    """A probe run file as a dataset: points per level and run for every metric it
+    measured (RUN_METRICS), with
     the deployment the user stated and the KV capacity the server reported. A run with a
     level where too many requests failed is refused unless ``accept_failures``
     (capsim.probe.runfile.check_failure_share)."""
@@ -195,15 +250,10 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
     if "max_model_len" not in flags and h.server.get("max_model_len"):
         flags["max_model_len"] = int(h.server["max_model_len"])
     points = [
-        MeasuredPoint(
-            concurrency=lv.concurrency,
-            metric="output_tok_s",
-            value=lv.metrics.output_tok_s,
-            quote=f"capsim probe, run {lv.run}: {lv.metrics.output_tok_s:.1f} output tok/s "
-            f"({lv.metrics.completed} requests)",
-        )
+        point
         for lv in summary.levels
         if lv.metrics.completed and lv.metrics.output_tok_s > 0
+        for point in run_level_points(lv.metrics, lv.concurrency, lv.run)
     ]
     if not points:
         raise CapsimUserError(f"run '{path}' has no completed level to calibrate on")
@@ -226,12 +276,13 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
             input_tokens=str(h.input_tokens or 1024),
             output_tokens=str(h.output_tokens or 512),
         ),
-        metric_definition="capsim's output_tok_s (shared with the simulator)",
+        metric_definition="capsim's level metrics (capsim.metrics, shared with the simulator): "
+        "output and total tok/s, TTFT median and mean, TPOT, ITL and end-to-end mean",
         scenarios=[
             Scenario(
                 name=h.model,
                 gpu=dep.gpu,
-                model=h.model,
+                model=run_model_reference(h.model, h.server),
                 quant=dep.quant or "auto",
                 tp=dep.tp or 1,
                 kv_dtype=dep.kv_dtype or "auto",

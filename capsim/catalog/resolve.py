@@ -170,6 +170,30 @@ def resolve_model(text: str, catalog: Catalog, offline: bool = False) -> Resolve
     raise AssertionError("unreachable")
 
 
+def looks_like_model_reference(text: str) -> bool:
+    """Whether ``text`` names a model by a config.json path, a folder holding one, or a
+    Hugging Face id (rather than by a catalog name)."""
+    path = Path(text).expanduser()
+    return (
+        text.endswith(".json")
+        or (path.is_dir() and (path / "config.json").is_file())
+        or bool(HF_ID.match(text))
+    )
+
+
+def resolve_into(catalog: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
+    """Resolve model references (catalog names, Hugging Face ids, config.json paths) and
+    return the catalog with any imported models laid over it, so that worker processes,
+    which reload the catalog from its folders, see them too."""
+    from capsim.catalog.loader import load_catalog
+
+    resolved = [resolve_model(name, catalog) for name in names]
+    overlays = [r.overlay for r in resolved if r.overlay is not None]
+    if overlays and overlays[0] not in catalog.directories:
+        catalog = load_catalog([*catalog.directories[1:], overlays[0]])
+    return catalog, resolved
+
+
 def _checkpoint_format(model: Model, repo: str) -> str | None:
     key = normalise_name(repo)
     for ckpt in model.checkpoints:

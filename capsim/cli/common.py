@@ -196,16 +196,10 @@ def catalog(db: list[Path] | None) -> Catalog:
 
 
 def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
-    """Resolve ``--model`` values (catalog names, Hugging Face ids, config.json paths) and
-    return the catalog with any imported models laid over it, so that worker processes,
-    which reload the catalog from its folders, see them too."""
-    from capsim.catalog.resolve import resolve_model
+    """Resolve ``--model`` values (see capsim.catalog.resolve.resolve_into)."""
+    from capsim.catalog.resolve import resolve_into
 
-    resolved = [resolve_model(name, cat) for name in names]
-    overlays = [r.overlay for r in resolved if r.overlay is not None]
-    if overlays and overlays[0] not in cat.directories:
-        cat = load_catalog([*cat.directories[1:], overlays[0]])
-    return cat, resolved
+    return resolve_into(cat, names)
 
 
 def save_figure(fig, path: Path) -> None:

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.calibration.profiles import find_profile
 from capsim.catalog.loader import Catalog, load_catalog, process_catalog
+from capsim.catalog.resolve import looks_like_model_reference, resolve_into
 from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
+from capsim.engine.bands import add_corpus_bands, add_profile_bands
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
 from capsim.engine.replica import Replica
@@ -256,6 +258,9 @@ def build_setup(
     ``params`` replaces the GPU's default efficiency parameters (e.g. a fitted profile);
     ``config.efficiency_overrides`` then apply on top."""
     cat = catalog or load_catalog()
+    if cat.models.find(config.model) is None and looks_like_model_reference(config.model):
+        cat, resolved = resolve_into(cat, [config.model])
+        config = config.model_copy(update={"model": resolved[0].name})
     gpu = cat.gpu(config.gpu)
     model = cat.model(config.model)
     tp = config.tp
@@ -902,7 +907,7 @@ def predict(
     add_relative_figures(setup, config, results)
     add_corpus_bands(results, setup.gpu.hardware_class)
     if setup.profile is not None:
-        add_bands(results, setup.profile.band_sd)
+        add_profile_bands(results, setup.profile, rerun_with(config, catalog, setup))
     return PredictResult(
         config=config,
         gpu=setup.gpu.name,
@@ -918,76 +923,15 @@ def predict(
     )
 
 
-BAND_Z = 1.2815515655446004
-"""Standard normal quantile of 0.9: an 80% two-sided band."""
+def rerun_with(config: PredictConfig, catalog, setup: Setup) -> Callable:
+    """A function that runs this prediction's levels again with some efficiency parameters
+    overridden (for the profile's parameter uncertainty), in this process, without bands."""
 
+    def rerun(overrides: dict[str, float]) -> list[LevelResult]:
+        params = setup.step_model.params.with_overrides(overrides)
+        return predict(config, catalog, params=params, workers=1).levels
 
-BAND_FIGURES = {
-    "output_tok_s": "throughput",
-    "total_tok_s": "throughput",
-    "per_request_output_tok_s": "throughput",
-    "ttft_p50_ms": "TTFT",
-    "ttft_p90_ms": "TTFT",
-    "tpot_ms": "TPOT",
-    "e2e_p50_s": "E2E",
-}
-"""Figures that get a band, and the metric family whose corpus errors set it."""
-
-
-def _band_values(m: LevelMetrics) -> dict[str, float | None]:
-    return {
-        "output_tok_s": m.output_tok_s,
-        "total_tok_s": m.total_tok_s,
-        "per_request_output_tok_s": m.per_request_output_tok_s.mean,
-        "ttft_p50_ms": m.ttft_ms.p50,
-        "ttft_p90_ms": m.ttft_ms.p90,
-        "tpot_ms": m.tpot_ms.mean,
-        "e2e_p50_s": m.e2e_s.p50,
-    }
-
-
-def add_corpus_bands(results: list[LevelResult], hardware_class: str) -> None:
-    """80% bands on every figure from the uncalibrated model's errors on the published
-    corpus (calibration/bands/uncalibrated.yaml): the hardware class's own where it has
-    enough points, else the pooled corpus's."""
-    from capsim.calibration.bands import load_band_table
-
-    table = load_band_table()
-    if table is None:
-        return
-    pooled = set()
-    for r in results:
-        bands = {}
-        for name, value in _band_values(r.metrics).items():
-            band, fallback = table.band(hardware_class, BAND_FIGURES[name])
-            if band is None or value is None:
-                continue
-            if fallback:
-                pooled.add(BAND_FIGURES[name])
-            bands[name] = (value * band.low, value * band.high)
-        r.band_80 = bands or None
-        r.band_source = "uncalibrated errors on the published corpus (" + (
-            f"pooled over all classes for {', '.join(sorted(pooled))}; {hardware_class} "
-            "for the rest)"
-            if pooled
-            else f"{hardware_class})"
-        )
-
-
-def add_bands(results: list[LevelResult], log_sd: float) -> None:
-    """80% bands on the throughput figures from the profile's log-residual spread:
-    figure x exp(+-1.2816 sd); the latencies keep their corpus bands."""
-    factor = math.exp(BAND_Z * log_sd)
-    for r in results:
-        values = _band_values(r.metrics)
-        bands = dict(r.band_80 or {})
-        for k in ("output_tok_s", "total_tok_s", "per_request_output_tok_s"):
-            if values[k] is not None:
-                bands[k] = (values[k] / factor, values[k] * factor)
-        r.band_80 = bands
-        r.band_source = "throughput: the calibration profile's residuals; latencies: " + (
-            r.band_source or "none"
-        )
+    return rerun
 
 
 def add_relative_figures(setup: Setup, config: PredictConfig, results: list[LevelResult]):

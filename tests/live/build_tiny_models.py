@@ -88,8 +88,39 @@ def build(out_dir: Path) -> None:
         **common,
     )
     Qwen3MoeForCausalLM(moe_config).to(torch.bfloat16).save_pretrained(moe_dir)
-    print(f"built {dense_dir} and {moe_dir}")
+    build_llama(out_dir)
+    print(f"built {dense_dir}, {moe_dir} and {out_dir / 'tiny-llama'}")
+
+
+def build_llama(out_dir: Path) -> None:
+    """The third shape: a Llama-family model three times as deep and twice as wide as the
+    Qwen3 pair (12 layers, hidden 512, 8 query and 4 KV heads, tied embeddings; 36M
+    parameters), so the calibration loop is tried on a shape no class default was set on."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    path = out_dir / "tiny-llama"
+    path.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(path)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=12,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+        eos_token_id=0,
+        bos_token_id=0,
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[2] == "llama":
+        build_llama(Path(sys.argv[1]))
+        sys.exit(0)
     build(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models"))

@@ -20,6 +20,8 @@ if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
 fi
 if [ ! -f "$MODELS/tiny-qwen3-moe/config.json" ]; then
   "$VENV/bin/python" tests/live/build_tiny_models.py "$MODELS"
+elif [ ! -f "$MODELS/tiny-llama/config.json" ]; then  # a cache from before the third shape
+  "$VENV/bin/python" tests/live/build_tiny_models.py "$MODELS" llama
 fi
 
 PID=""
@@ -70,4 +72,10 @@ start_server tiny-qwen3-moe 8302
 record_run tiny-qwen3-moe 8302
 CAPSIM_LIVE_MOE_URL=http://127.0.0.1:8302 CAPSIM_LIVE_MOE_PID=$PID \
   "$ROOT/.venv/bin/python" -m pytest -m live tests/live -k "moe or killing" -p no:cacheprovider -rP
+stop_server
+
+start_server tiny-llama 8303
+record_run tiny-llama 8303
+CAPSIM_LIVE_LLAMA_URL=http://127.0.0.1:8303 "$ROOT/.venv/bin/python" -m pytest -m live \
+  tests/live -k llama -p no:cacheprovider -rP
 stop_server

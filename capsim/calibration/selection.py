@@ -1,0 +1,194 @@
+"""Which parameters a calibration can pin, from the data: metric weights, the Jacobian of
+the measured points with respect to each candidate parameter, and the tests that decide
+what to fit, what to hold at its prior, and when a fit is poor.
+
+A candidate is fitted when moving it by SENSITIVITY_STEP of its scale changes the points'
+log residuals by at least MIN_EFFECT (root mean square) and its column of the Jacobian is
+not mostly explained by the columns already chosen (the part left over is at least
+COLLINEARITY of the column); candidates are taken in the order in which they explain the
+misfit at the priors (orthogonal matching pursuit), so the term the data point at comes
+first. The others are held at their priors, with the reason.
+After the fit a parameter counts as identifiable when its relative standard error is below
+IDENTIFIABLE_RSE and it did not stop at a bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+METRIC_WEIGHTS: dict[tuple[str, str], float] = {
+    ("output_tok_s", "mean"): 1.0,
+    ("total_tok_s", "mean"): 0.5,
+    ("ttft_s", "median"): 1.0,
+    ("ttft_s", "mean"): 0.5,
+    ("tpot_s", "mean"): 1.0,
+    ("itl_s", "mean"): 0.5,
+    ("e2e_s", "mean"): 0.5,
+}
+"""Weight of a point's log residual by (metric, statistic); 1 for anything not listed.
+Output tok/s, TTFT p50 and TPOT carry full weight: together they pin decode and prefill
+apart. Total tok/s, TTFT mean, ITL and E2E mostly repeat them (total = output x (1 + in/out)
+in a closed loop, ITL ~ TPOT, E2E ~ TTFT + out x TPOT), so they count half, as a check."""
+
+CANDIDATE_FIT = (
+    "bandwidth_efficiency",
+    "moe_bandwidth_efficiency",
+    "compute_efficiency",
+    "prefill_compute_efficiency",
+    "attention_compute_efficiency",
+    "step_overhead_us",
+    "per_sequence_overhead_us",
+    "layer_overhead_eager_us",
+    "layer_overhead_graph_us",
+    "frontend_request_ms",
+    "allreduce_latency_us",
+    "custom_allreduce_latency_us",
+)
+"""Parameters a calibration considers besides its hardware class's own list: every term of
+the step time that a probe's metrics can move."""
+
+SENSITIVITY_STEP = 0.3
+"""Relative move of a parameter (of its prior, or 5% of its range where the prior is 0)
+used to measure its effect on the points."""
+
+MIN_EFFECT = 0.02
+"""A candidate is fitted only if a SENSITIVITY_STEP move changes the points' log residuals
+by at least this much, root mean square (2%): less is below what a probe resolves."""
+
+COLLINEARITY = 0.25
+"""A candidate is fitted only if at least this share of its Jacobian column is independent
+of the columns chosen before it: else the data cannot tell the two apart."""
+
+IDENTIFIABLE_RSE = 0.3
+"""A fitted parameter is identifiable when its standard error is below this share of its
+value (and it did not end at a bound)."""
+
+POOR_FIT_MEDIAN = 0.15
+"""A metric whose in-sample errors have a median beyond +-15% is reported as poorly fitted."""
+
+POOR_FIT_TREND = 0.20
+"""...as is one whose error drifts by more than 20% from the lowest to the highest level."""
+
+
+def point_weights(points) -> np.ndarray:
+    """METRIC_WEIGHTS of each compared point (anything with .metric and .statistic)."""
+    return np.array([METRIC_WEIGHTS.get((p.metric, p.statistic), 1.0) for p in points])
+
+
+def parameter_scale(prior: float, lower: float, upper: float) -> float:
+    """The scale a parameter moves on: its prior's size, or 5% of its range at 0."""
+    return max(abs(prior), 0.05 * (upper - lower))
+
+
+@dataclass
+class Selection:
+    """What a calibration fits and why: ``fitted`` in the order chosen, ``held`` with the
+    reason each was left at its prior, and each candidate's effect (RMS change of the log
+    residuals for a SENSITIVITY_STEP move)."""
+
+    fitted: list[str]
+    held: dict[str, str]
+    effect: dict[str, float]
+
+
+def select_parameters(
+    residuals: Callable[[np.ndarray], np.ndarray],
+    names: list[str],
+    prior: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    max_fitted: int,
+) -> Selection:
+    """Choose which of ``names`` to fit from the Jacobian of ``residuals`` (weighted log
+    residuals of every point as a function of the parameter vector) at the priors: the
+    sensitive ones, greedily (orthogonal matching pursuit): each time the one whose own
+    direction, apart from those chosen, explains most of the misfit left at the priors,
+    dropping those collinear with earlier choices, at most ``max_fitted``."""
+    r0 = residuals(prior)
+    n = max(r0.size, 1)
+    columns = []
+    for i in range(len(names)):
+        scale = parameter_scale(prior[i], lower[i], upper[i])
+        x = prior.copy()
+        up = prior[i] + SENSITIVITY_STEP * scale
+        x[i] = up if up <= upper[i] else prior[i] - SENSITIVITY_STEP * scale
+        x[i] = min(max(x[i], lower[i]), upper[i])
+        moved = (x[i] - prior[i]) / scale
+        delta = residuals(x) - r0 if moved else np.zeros_like(r0)
+        columns.append(delta / moved * SENSITIVITY_STEP if moved else delta)
+    jac = np.column_stack(columns) if columns else np.zeros((n, 0))
+    effect = {name: float(np.linalg.norm(jac[:, i]) / np.sqrt(n)) for i, name in enumerate(names)}
+    held = {
+        name: f"insensitive: a {SENSITIVITY_STEP:.0%} move changes the points by "
+        f"{100 * effect[name]:.2g}% (below {100 * MIN_EFFECT:.0f}%)"
+        for name in names
+        if not effect[name] >= MIN_EFFECT
+    }
+    sensitive = [i for i, name in enumerate(names) if name not in held]
+    fitted: list[str] = []
+    basis = np.zeros((n, 0))  # orthonormal basis of the chosen columns
+    misfit = r0.copy()  # the residuals the chosen columns cannot explain (linearised)
+    while sensitive:
+        scores = {}
+        for i in list(sensitive):
+            col = jac[:, i]
+            own = col - basis @ (basis.T @ col)
+            independent = float(np.linalg.norm(own) / max(np.linalg.norm(col), 1e-300))
+            if independent < COLLINEARITY:
+                held[names[i]] = (
+                    f"collinear with {', '.join(fitted)}: only {independent:.0%} of its effect "
+                    "is its own"
+                )
+                sensitive.remove(i)
+                continue
+            q = own / np.linalg.norm(own)
+            # what it would explain of the misfit, then its own size as a tie-break
+            scores[i] = (abs(float(q @ misfit)), float(np.linalg.norm(own)))
+        if not scores:
+            break
+        best = max(scores, key=lambda i: scores[i])
+        if len(fitted) >= max_fitted:
+            for i in scores:
+                held[names[i]] = f"the data hold {n} points: at most {max_fitted} parameters"
+            break
+        own = jac[:, best] - basis @ (basis.T @ jac[:, best])
+        q = own / np.linalg.norm(own)
+        basis = np.column_stack((basis, q))
+        misfit = misfit - q * float(q @ misfit)
+        fitted.append(names[best])
+        sensitive.remove(best)
+    return Selection(fitted=fitted, held=held, effect=effect)
+
+
+def fit_warnings(points, errors: np.ndarray) -> list[str]:
+    """Poor-fit warnings from in-sample errors (predicted / measured - 1 per point): per
+    metric, a median beyond POOR_FIT_MEDIAN or a drift from the lowest to the highest level
+    beyond POOR_FIT_TREND, naming the metric and the levels."""
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for p, e in zip(points, errors, strict=True):
+        if np.isfinite(e):
+            key = p.metric if p.statistic == "mean" else f"{p.metric} {p.statistic}"
+            groups.setdefault(key, []).append((p.concurrency, float(e)))
+    out = []
+    for key, pairs in sorted(groups.items()):
+        errs = np.array([e for _, e in pairs])
+        median = float(np.median(errs))
+        if abs(median) > POOR_FIT_MEDIAN:
+            out.append(
+                f"{key}: in-sample error median {median:+.0%} (beyond "
+                f"+-{POOR_FIT_MEDIAN:.0%}) at levels {sorted({c for c, _ in pairs})}"
+            )
+            continue
+        levels = sorted({c for c, _ in pairs})
+        if len(levels) >= 2:
+            lo = np.median([e for c, e in pairs if c == levels[0]])
+            hi = np.median([e for c, e in pairs if c == levels[-1]])
+            if abs(hi - lo) > POOR_FIT_TREND:
+                out.append(
+                    f"{key}: error drifts from {lo:+.0%} at C={levels[0]} to {hi:+.0%} at "
+                    f"C={levels[-1]}: the model misses how it scales with concurrency"
+                )
+    return out

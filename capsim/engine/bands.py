@@ -1,0 +1,129 @@
+"""80% prediction bands on every predicted figure.
+
+Without a calibration profile a figure's band is the uncalibrated model's spread of errors
+on the published corpus (calibration/bands/uncalibrated.yaml). With one, it combines the
+profile's in-sample (or cross-validated) log-residual spread for the figure's metric family
+with its fitted parameters' uncertainty carried through the simulator: each parameter moved
+by one standard error and the prediction run again, the log changes added in quadrature
+(first-order propagation of the diagonal covariance). A level far from those the profile
+was fitted on moves more with the parameters, so its band is wider.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from capsim.metrics import LevelMetrics
+
+BAND_Z = 1.2815515655446004
+"""Standard normal quantile of 0.9: an 80% two-sided band."""
+
+BAND_FIGURES = {
+    "output_tok_s": "throughput",
+    "total_tok_s": "throughput",
+    "per_request_output_tok_s": "throughput",
+    "ttft_p50_ms": "TTFT",
+    "ttft_p90_ms": "TTFT",
+    "tpot_ms": "TPOT",
+    "e2e_p50_s": "E2E",
+}
+"""Figures that get a band, and the metric family whose errors set it."""
+
+MAX_PROPAGATED = 4
+"""Fitted parameters whose uncertainty is propagated (largest standard error relative to
+value first): each costs one more simulation of the sweep."""
+
+
+def band_values(m: LevelMetrics) -> dict[str, float | None]:
+    """The banded figures of one simulated level."""
+    return {
+        "output_tok_s": m.output_tok_s,
+        "total_tok_s": m.total_tok_s,
+        "per_request_output_tok_s": m.per_request_output_tok_s.mean,
+        "ttft_p50_ms": m.ttft_ms.p50,
+        "ttft_p90_ms": m.ttft_ms.p90,
+        "tpot_ms": m.tpot_ms.mean,
+        "e2e_p50_s": m.e2e_s.p50,
+    }
+
+
+def add_corpus_bands(results: list, hardware_class: str) -> None:
+    """80% bands on every figure from the uncalibrated model's errors on the published
+    corpus: the hardware class's own where it has enough points, else the pooled corpus's."""
+    from capsim.calibration.bands import load_band_table
+
+    table = load_band_table()
+    if table is None:
+        return
+    pooled = set()
+    for r in results:
+        bands = {}
+        for name, value in band_values(r.metrics).items():
+            band, fallback = table.band(hardware_class, BAND_FIGURES[name])
+            if band is None or value is None:
+                continue
+            if fallback:
+                pooled.add(BAND_FIGURES[name])
+            bands[name] = (value * band.low, value * band.high)
+        r.band_80 = bands or None
+        r.band_source = "uncalibrated errors on the published corpus (" + (
+            f"pooled over all classes for {', '.join(sorted(pooled))}; {hardware_class} "
+            "for the rest)"
+            if pooled
+            else f"{hardware_class})"
+        )
+
+
+def propagated_log_sd(
+    results: list, profile, rerun: Callable[[dict[str, float]], list]
+) -> list[dict[str, float]]:
+    """Per level and figure, the log-spread the fitted parameters' standard errors cause:
+    sqrt(sum over parameters of log(figure moved / figure)^2), each parameter moved by its
+    standard error (within its bounds) in a rerun of the sweep."""
+    spread = [dict.fromkeys(BAND_FIGURES, 0.0) for _ in results]
+    fitted = [
+        (name, p)
+        for name, p in profile.parameters.items()
+        if p.std is not None and math.isfinite(p.std) and p.std > 0
+    ]
+    fitted.sort(key=lambda item: -item[1].std / max(abs(item[1].value), 1e-12))
+    for name, p in fitted[:MAX_PROPAGATED]:
+        low, high = p.bounds
+        moved = p.value + p.std if p.value + p.std <= high else p.value - p.std
+        moved = min(max(moved, low), high)
+        if moved == p.value:
+            continue
+        for i, other in enumerate(rerun({name: moved})):
+            base, shifted = band_values(results[i].metrics), band_values(other.metrics)
+            for k in BAND_FIGURES:
+                if base[k] and shifted[k] and base[k] > 0 and shifted[k] > 0:
+                    spread[i][k] += math.log(shifted[k] / base[k]) ** 2
+    return [{k: math.sqrt(v) for k, v in level.items()} for level in spread]
+
+
+def add_profile_bands(results: list, profile, rerun: Callable[[dict[str, float]], list]) -> None:
+    """80% bands from a calibration profile: each figure x exp(+-1.2816 sd), sd combining
+    the profile's residual spread for the figure's metric family (its overall spread where
+    the profile has none for that family, e.g. one fitted on throughput alone) with the
+    parameters' propagated uncertainty (propagated_log_sd)."""
+    param_sd = propagated_log_sd(results, profile, rerun)
+    families = profile.metric_log_sd or {}
+    for r, extra in zip(results, param_sd, strict=True):
+        values = band_values(r.metrics)
+        bands = dict(r.band_80 or {})
+        for k, family in BAND_FIGURES.items():
+            if values[k] is None:
+                continue
+            residual = max(families.get(family, profile.band_sd), profile.cv_log_residual_sd or 0)
+            if family not in families and family != "throughput":
+                continue  # no evidence for this family in the profile: keep the corpus band
+            factor = math.exp(BAND_Z * math.hypot(residual, extra[k]))
+            bands[k] = (values[k] / factor, values[k] * factor)
+        r.band_80 = bands
+        fitted_on = ", ".join(sorted(families)) or "throughput"
+        r.band_source = (
+            f"calibration profile {profile.name}: residuals ({fitted_on}) and its parameters' "
+            "standard errors propagated through the simulator"
+            + ("; other figures: " + r.band_source if r.band_source else "")
+        )
