@@ -132,3 +132,54 @@ def save_band_table(table: BandTable, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(table.model_dump(mode="json"), sort_keys=False))
     return path
+
+
+COVERAGE_LEVELS = (50.0, 80.0)
+"""Central band widths (percent) whose out-of-sample coverage ``band_coverage`` measures."""
+
+
+def _family_ratio(p: ComparedPoint) -> tuple[str, float] | None:
+    ratio = _ratio(p)
+    family = METRIC_KINDS.get(p.metric)
+    if not p.scored or ratio is None or family is None:
+        return None
+    if p.metric in ("decode_tok_s", "prompt_tok_s"):
+        ratio = 1.0 / ratio
+    return family, ratio
+
+
+def band_coverage(
+    points: list[ComparedPoint], gpu_class: dict[str, str], source_of
+) -> dict[str, dict[str, float]]:
+    """Leave-one-source-out coverage of the uncalibrated bands: for each source
+    (``source_of(point)``, e.g. its dataset), bands are built as build_band_table does from
+    every other source's points (the class's own with MIN_POINTS, else pooled) and the
+    source's points are checked against them. Returns, per metric family, the share of
+    points inside the 50% and 80% bands and the number of points checked."""
+    rows = []
+    for p in points:
+        fr = _family_ratio(p)
+        if fr is not None:
+            rows.append((source_of(p), gpu_class.get(p.gpu, "?"), fr[0], fr[1]))
+    inside: dict[str, dict[float, int]] = {}
+    counts: dict[str, int] = {}
+    for source in sorted({r[0] for r in rows}):
+        train = [r for r in rows if r[0] != source]
+        for _, cls, family, ratio in (r for r in rows if r[0] == source):
+            own = [r[3] for r in train if r[1] == cls and r[2] == family]
+            pool = own if len(own) >= MIN_POINTS else [r[3] for r in train if r[2] == family]
+            if len(pool) < 2:
+                continue
+            counts[family] = counts.get(family, 0) + 1
+            for width in COVERAGE_LEVELS:
+                lo, hi = np.percentile(pool, [50 - width / 2, 50 + width / 2])
+                hit = int(lo <= ratio <= hi)
+                inside.setdefault(family, {}).setdefault(width, 0)
+                inside[family][width] += hit
+    return {
+        family: {
+            **{f"inside_{w:.0f}": inside[family][w] / counts[family] for w in COVERAGE_LEVELS},
+            "points": counts[family],
+        }
+        for family in sorted(counts)
+    }

@@ -46,6 +46,10 @@ class MeasuredStepModel:
         took (seconds)."""
         return 0.0
 
+    def api_server_seconds(self) -> float:
+        """No API-server queue: the measured table already holds it (seconds)."""
+        return 0.0
+
     def decode_seconds(self, sequences: float) -> float:
         if sequences <= 0:
             return 0.0

@@ -31,6 +31,17 @@ from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 
 
+def identifiable_text(p) -> str:
+    """'yes', or 'no' with why: at a bound, or its relative standard error."""
+    if p.identifiable:
+        return "yes"
+    if p.at_bound:
+        return "no (at bound)"
+    if p.std is None:
+        return "no"
+    return f"no (±{100 * p.std / max(abs(p.value), 1e-12):.0f}%)"
+
+
 def calibrate_cmd(
     datasets: Annotated[
         list[Path] | None,
@@ -91,9 +102,13 @@ def calibrate_cmd(
                 f"{p.prior:.4g}",
                 f"{p.value:.4g}",
                 "—" if p.std is None else f"{p.std:.3g}",
-                "yes" if p.identifiable else "no",
+                identifiable_text(p),
             )
         console.print(table)
+        for key, why in profile.held_reasons.items():
+            console.print(f"held at its prior: {key}: {why}", highlight=False)
+        for warning in profile.warnings:
+            console.print(f"[yellow]poor fit[/yellow]: {warning}", highlight=False)
         cv = "—" if profile.cv_log_residual_sd is None else f"{profile.cv_log_residual_sd:.3f}"
         console.print(
             f"log-residual sd {profile.log_residual_sd:.3f} in-sample, {cv} cross-validated; "

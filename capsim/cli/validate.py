@@ -249,6 +249,14 @@ def validate_cmd(
             "that predict uses without a profile, e.g. calibration/bands/uncalibrated.yaml",
         ),
     ] = None,
+    coverage: Annotated[
+        bool,
+        typer.Option(
+            "--coverage",
+            help="Measure how often the uncalibrated 50% and 80% bands hold the truth, "
+            "leaving each source (dataset) out of the bands it is checked against",
+        ),
+    ] = False,
     accept_failures: AcceptFailuresOption = False,
     json_out: JsonOption = False,
     db: DbOption = None,
@@ -359,6 +367,29 @@ def validate_cmd(
             raise CapsimUserError(f"cannot write bands '{write_bands}': {exc.strerror}") from None
         err_console.print(f"wrote {write_bands}", highlight=False)
     scored = [p for p in points if p.scored]
+    if coverage:
+        from capsim.calibration.bands import band_coverage
+
+        classes = {g.name: g.hardware_class for g in cat.gpus}
+        table = band_coverage(points, classes, lambda p: p.dataset)
+        if json_out:
+            print_json({"coverage": table, "scheme": "leave one dataset out"})
+            return
+        out = Table(
+            title="Band coverage, leave one dataset out (target: 50% and 80%)",
+            box=box.SIMPLE_HEAD,
+        )
+        for col in ("metric", "points", "inside 50% band", "inside 80% band"):
+            out.add_column(col, justify="left" if col == "metric" else "right")
+        for family, row in table.items():
+            out.add_row(
+                family,
+                str(row["points"]),
+                f"{100 * row['inside_50']:.0f}%",
+                f"{100 * row['inside_80']:.0f}%",
+            )
+        console.print(out)
+        return
     summaries = {
         "by_accelerator": error_summary(scored, lambda p: p.gpu),
         "by_metric": error_summary(scored, lambda p: METRIC_KINDS.get(p.metric, p.metric)),

@@ -30,7 +30,7 @@ BAND_FIGURES = {
 }
 """Figures that get a band, and the metric family whose errors set it."""
 
-MAX_PROPAGATED = 4
+MAX_PROPAGATED = 2
 """Fitted parameters whose uncertainty is propagated (largest standard error relative to
 value first): each costs one more simulation of the sweep."""
 

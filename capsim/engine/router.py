@@ -37,8 +37,13 @@ class Router:
         policy: RouterPolicy = "round_robin",
         latency_s: float = 0.0,
         capacity_rps: float | None = None,
+        api_server_s: float = 0.0,
     ):
+        """``api_server_s``: seconds of serial API-server work per request (the physics'
+        api_server_seconds); with it every request first queues for the one API server."""
         self.env = env
+        self.api_server_s = api_server_s
+        self.api_server = simpy.Resource(env, capacity=1) if api_server_s > 0 else None
         self.replicas = replicas
         self.policy = policy
         self.latency_s = latency_s
@@ -66,12 +71,16 @@ class Router:
         return min(self.replicas, key=lambda r: (r.outstanding, r.index))
 
     def submit(self, req: SimRequest) -> None:
-        if self.gateway is None and self.latency_s == 0:
+        if self.gateway is None and self.latency_s == 0 and self.api_server is None:
             self.choose(req).submit(req)
         else:
             self.env.process(self._through_gateway(req))
 
     def _through_gateway(self, req: SimRequest):
+        if self.api_server is not None:
+            with self.api_server.request() as slot:
+                yield slot
+                yield self.env.timeout(self.api_server_s)
         if self.gateway is not None:
             with self.gateway.request() as slot:
                 yield slot

@@ -161,7 +161,11 @@ def resolve_format(
     return fmt, reason, memory_fit(gpu, model, fmt, tp=tp, **fit_options)
 
 
-OFFLINE_OVERRIDES = {"frontend_request_ms": 0.0, "tokenize_us_per_token": 0.0}
+OFFLINE_OVERRIDES = {
+    "frontend_request_ms": 0.0,
+    "api_server_ms_per_request": 0.0,
+    "tokenize_us_per_token": 0.0,
+}
 """What an offline run (no API server) sets: no front-end latency."""
 
 
@@ -496,7 +500,14 @@ def run_replicas(
         )
         for i in indices
     ]
-    router = Router(env, replicas, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps)
+    router = Router(
+        env,
+        replicas,
+        cfg.router,
+        cfg.router_latency_s,
+        cfg.router_capacity_rps,
+        setup.step_model.api_server_seconds(),
+    )
     driver = Driver(env, router, workload, seed, agents=agents, first_rid=first_rid)
     driver.start()
     for rep in replicas:
@@ -877,9 +888,14 @@ def predict(
     total_requests = sum(level_requests(w) for w in workloads)
     jobs = resolve_workers(workers, len(workloads), total_requests)
     cfg = setup.config
-    shared = reuse_saturated and all(
-        shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps)
-        for w in workloads
+    # a queue at the API server delays arrivals: no shared saturated service then
+    shared = (
+        reuse_saturated
+        and setup.step_model.api_server_seconds() == 0
+        and all(
+            shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps)
+            for w in workloads
+        )
     )
     if shared:
         results = sweep_saturating(setup, config, workloads, keep_records, jobs, catalog, params)
@@ -919,8 +935,15 @@ def predict(
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,
         levels=results,
-        notes=[n for n in (launch_bound_note(setup),) if n],
+        notes=[n for n in (launch_bound_note(setup),) if n] + profile_warnings(setup.profile),
     )
+
+
+def profile_warnings(profile) -> list[str]:
+    """The calibration profile's poor-fit warnings, as notes on a prediction that uses it."""
+    if profile is None:
+        return []
+    return [f"profile {profile.name} fits poorly: {w}" for w in profile.warnings]
 
 
 def rerun_with(config: PredictConfig, catalog, setup: Setup) -> Callable:

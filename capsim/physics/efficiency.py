@@ -228,6 +228,15 @@ class EfficiencyParams(BaseModel):
         "the engine core, detokenising and streaming the first chunk. Added to TTFT and "
         "end-to-end latency. Engineering prior (per engine in hardware_db/engines/)",
     )
+    api_server_ms_per_request: float = Field(
+        0.0,
+        ge=0,
+        description="CPU time the API server spends on each request in series (ms): vLLM's "
+        "API server is one process, so its per-request work (parsing, template, tokenising, "
+        "setting up the output stream) is done one request at a time and requests that arrive "
+        "together queue for it before reaching the engine. 0: not modelled (no source "
+        "measures it on GPU servers); calibration fits it where TTFT grows with a burst",
+    )
     tokenize_us_per_token: float = Field(
         1.0,
         ge=0,
@@ -273,7 +282,11 @@ class EfficiencyParams(BaseModel):
                 "weight_only_compute_factor",
             ],
             "moe": ["moe_routing_skew", "l2_reuse_strength"],
-            "frontend": ["frontend_request_ms", "tokenize_us_per_token"],
+            "frontend": [
+                "frontend_request_ms",
+                "api_server_ms_per_request",
+                "tokenize_us_per_token",
+            ],
             "overhead": [
                 "step_overhead_us",
                 "per_sequence_overhead_us",

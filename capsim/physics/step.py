@@ -489,6 +489,11 @@ class StepModel:
         p = self.params
         return p.frontend_request_ms * 1e-3 + p.tokenize_us_per_token * 1e-6 * prompt_tokens
 
+    def api_server_seconds(self) -> float:
+        """The API server's serial work on one request, seconds (api_server_ms_per_request):
+        requests queue for it one at a time before they reach the engine."""
+        return self.params.api_server_ms_per_request * 1e-3
+
     def kernel_floor_us(self, tokens: float) -> float:
         """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
         routing kernels), us, with or without CUDA graphs. Eager launches are
