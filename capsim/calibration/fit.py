@@ -25,6 +25,7 @@ import numpy as np
 
 from capsim.calibration.compare import (
     ENGINE_SIMULATED,
+    METRIC_KINDS,
     ComparedPoint,
     compare_dataset,
     compare_datasets,
@@ -408,8 +409,6 @@ def stagewise_start(
 def metric_log_sd(points: list[ComparedPoint]) -> dict[str, float]:
     """Root-mean-square log error of the points per acceptance family (throughput, TTFT,
     TPOT, E2E): each family's own spread, for its bands."""
-    from capsim.calibration.compare import METRIC_KINDS
-
     groups: dict[str, list[float]] = {}
     for pt in points:
         if pt.predicted > 0 and pt.measured > 0:

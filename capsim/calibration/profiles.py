@@ -29,7 +29,9 @@ class FittedParameter(BaseModel):
     std: float | None = Field(None, description="Standard error from the Jacobian")
     identifiable: bool
     bounds: tuple[float, float]
-    at_bound: bool = Field(False, description="The fit stopped within 1% of a bound")
+    at_bound: bool = Field(
+        False, description="The fit stopped at a bound (within fit.AT_BOUND of its range)"
+    )
 
 
 class PointResidual(BaseModel):

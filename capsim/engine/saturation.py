@@ -32,14 +32,17 @@ def shares_service(
     replicas: int,
     router_latency_s: float,
     router_capacity_rps: float | None,
+    api_server_s: float = 0.0,
 ) -> bool:
     """Whether levels of this workload and deployment can share a saturated service trace:
-    a closed loop on one replica whose requests reach it the instant they are sent."""
+    a closed loop on one replica whose requests reach it the instant they are sent (no
+    router latency, gateway or API-server queue in between)."""
     return (
         workload.kind == "closed"
         and replicas == 1
         and router_latency_s == 0
         and router_capacity_rps is None
+        and api_server_s == 0
     )
 
 

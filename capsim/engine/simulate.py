@@ -888,14 +888,10 @@ def predict(
     total_requests = sum(level_requests(w) for w in workloads)
     jobs = resolve_workers(workers, len(workloads), total_requests)
     cfg = setup.config
-    # a queue at the API server delays arrivals: no shared saturated service then
-    shared = (
-        reuse_saturated
-        and setup.step_model.api_server_seconds() == 0
-        and all(
-            shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps)
-            for w in workloads
-        )
+    api_server_s = setup.step_model.api_server_seconds()
+    shared = reuse_saturated and all(
+        shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps, api_server_s)
+        for w in workloads
     )
     if shared:
         results = sweep_saturating(setup, config, workloads, keep_records, jobs, catalog, params)
