@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capsim.calibration.bands import MIN_POINTS, POOLED, build_band_table, load_band_table
+from capsim.calibration.bands import (
+    MIN_POINTS,
+    MIN_SOURCES,
+    POOLED,
+    band_coverage,
+    build_band_table,
+    load_band_table,
+    weighted_percentiles,
+)
 from capsim.calibration.compare import ComparedPoint
 from capsim.catalog.loader import load_catalog
 from capsim.engine.bands import BAND_FIGURES
@@ -14,22 +22,53 @@ from capsim.engine.simulate import PredictConfig, predict
 CAT = load_catalog()
 
 
-def point(gpu, metric, measured, predicted, scored=True):
-    return ComparedPoint("ds", "sc", 1, metric, measured, predicted, gpu, "vllm", "mean", scored)
+def point(gpu, metric, measured, predicted, scored=True, dataset="ds"):
+    return ComparedPoint(dataset, "sc", 1, metric, measured, predicted, gpu, "vllm", "mean", scored)
 
 
-def test_bands_are_percentiles_of_measured_over_predicted_by_hand():
+def test_weighted_percentiles_by_hand():
+    # equal weights: cumulative shares 1/8, 3/8, 5/8, 7/8 (midpoint rule)
+    assert weighted_percentiles([4, 1, 3, 2], [1, 1, 1, 1], [50]) == pytest.approx([2.5])
+    assert weighted_percentiles([1, 2, 3, 4], [1, 1, 1, 1], [10, 90]) == pytest.approx([1, 4])
+    # weights 3 and 1: shares 0.375 and 0.875, so the median is 1/4 of the way to 10
+    assert weighted_percentiles([0, 10], [3, 1], [50]) == pytest.approx([2.5])
+
+
+def test_a_class_band_needs_enough_points_and_sources():
+    classes = {"h100-sxm": "datacenter-hopper", "rtx4090": "consumer-ada"}
     ratios = np.linspace(0.5, 1.5, MIN_POINTS)
-    pts = [point("h100-sxm", "output_tok_s", 100 * r, 100.0) for r in ratios]
-    pts += [point("rtx4090", "tpot_s", 1.0, 1.0)]  # one point: too few for its own band
-    pts += [point("h100-sxm", "output_tok_s", 1.0, 100.0, scored=False)]  # reference only
-    table = build_band_table(pts, {"h100-sxm": "datacenter-hopper", "rtx4090": "consumer-ada"})
+    one_source = [point("h100-sxm", "output_tok_s", 100 * r, 100.0) for r in ratios]
+    band, pooled = build_band_table(one_source, classes).band("datacenter-hopper", "throughput")
+    assert pooled and band.sources == 1
+    many = [
+        point("h100-sxm", "output_tok_s", 100 * r, 100.0, dataset=f"ds{i % MIN_SOURCES}")
+        for i, r in enumerate(np.linspace(0.5, 1.5, 3 * MIN_SOURCES))
+    ]
+    many += [point("rtx4090", "tpot_s", 1.0, 1.0)]  # one point: too few for its own band
+    many += [point("h100-sxm", "output_tok_s", 1.0, 100.0, scored=False)]  # reference only
+    table = build_band_table(many, classes)
     band, pooled = table.band("datacenter-hopper", "throughput")
-    assert not pooled and band.points == MIN_POINTS
-    assert band.low == pytest.approx(np.percentile(ratios, 10))
-    assert band.high == pytest.approx(np.percentile(ratios, 90))
+    assert not pooled and band.points == 3 * MIN_SOURCES and band.sources == MIN_SOURCES
     band, pooled = table.band("consumer-ada", "TPOT")
     assert pooled and band == table.bands[POOLED]["TPOT"]
+
+
+def test_every_source_weighs_the_same_in_a_band():
+    # 100 points of one write-up 2x off, three write-ups spot on: the median is 1, not 2
+    pts = [point("h100-sxm", "output_tok_s", 2.0, 1.0, dataset="big") for _ in range(100)]
+    pts += [point("h100-sxm", "output_tok_s", 1.0, 1.0, dataset=f"s{i}") for i in range(3)]
+    band = build_band_table(pts, {}).bands[POOLED]["throughput"]
+    assert band.low_50 == pytest.approx(1.0) and band.high == pytest.approx(2.0)
+    assert band.low_50 < band.high_50 < band.high
+
+
+def test_coverage_checks_each_source_against_bands_built_without_it():
+    # three sources spot on, one 5x off: leaving out an exact one, the others' 50% band
+    # is [1, 5^0.75] and holds it; leaving out the 5x one, the band is [1, 1] and misses
+    pts = [point("h100-sxm", "output_tok_s", 1.0, 1.0, dataset=d) for d in "abc"]
+    pts += [point("h100-sxm", "output_tok_s", 5.0, 1.0, dataset="d")]
+    table = band_coverage(pts, {}, lambda p: p.dataset)
+    assert table["throughput"] == {"inside_50": 0.75, "inside_80": 0.75, "points": 4}
 
 
 def test_a_decode_rate_counts_as_tpot_inverted():
@@ -43,7 +82,8 @@ def test_every_figure_of_an_uncalibrated_prediction_has_a_band():
     assert load_band_table() is not None  # shipped in calibration/bands/
     config = PredictConfig(gpu="h100-sxm", model="llama-3.1-8b", concurrency=[4], requests=16)
     (level,) = predict(config, CAT).levels
-    assert set(level.band_80) == set(BAND_FIGURES)
-    for lo, hi in level.band_80.values():
-        assert 0 < lo < hi
+    assert set(level.band_80) == set(BAND_FIGURES) == set(level.band_50)
+    for name, (lo, hi) in level.band_80.items():
+        lo50, hi50 = level.band_50[name]
+        assert 0 < lo <= lo50 < hi50 <= hi
     assert "corpus" in level.band_source

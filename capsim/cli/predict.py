@@ -113,6 +113,7 @@ def point_dict(result: PredictResult, level) -> dict[str, Any]:
         "contention": level.contention,
         "speedup_vs_serial": level.speedup_vs_serial,
         "band_80": {k: {"low": lo, "high": hi} for k, (lo, hi) in (level.band_80 or {}).items()},
+        "band_50": {k: {"low": lo, "high": hi} for k, (lo, hi) in (level.band_50 or {}).items()},
         "band_source": level.band_source,
         "service_of": level.service_of,
     }

@@ -1,4 +1,4 @@
-"""80% prediction bands on every predicted figure.
+"""80% and 50% prediction bands on every predicted figure.
 
 Without a calibration profile a figure's band is the uncalibrated model's spread of errors
 on the published corpus (calibration/bands/uncalibrated.yaml). With one, it combines the
@@ -18,6 +18,9 @@ from capsim.metrics import LevelMetrics
 
 BAND_Z = 1.2815515655446004
 """Standard normal quantile of 0.9: an 80% two-sided band."""
+
+BAND_Z_50 = 0.6744897501960817
+"""Standard normal quantile of 0.75: a 50% two-sided band."""
 
 BAND_FIGURES = {
     "output_tok_s": "throughput",
@@ -49,8 +52,9 @@ def band_values(m: LevelMetrics) -> dict[str, float | None]:
 
 
 def add_corpus_bands(results: list, hardware_class: str) -> None:
-    """80% bands on every figure from the uncalibrated model's errors on the published
-    corpus: the hardware class's own where it has enough points, else the pooled corpus's."""
+    """80% and 50% bands on every figure from the uncalibrated model's errors on the
+    published corpus: the hardware class's own where it has enough points and sources,
+    else the pooled corpus's."""
     from capsim.calibration.bands import load_band_table
 
     table = load_band_table()
@@ -58,7 +62,7 @@ def add_corpus_bands(results: list, hardware_class: str) -> None:
         return
     pooled = set()
     for r in results:
-        bands = {}
+        bands, bands_50 = {}, {}
         for name, value in band_values(r.metrics).items():
             band, fallback = table.band(hardware_class, BAND_FIGURES[name])
             if band is None or value is None:
@@ -66,7 +70,10 @@ def add_corpus_bands(results: list, hardware_class: str) -> None:
             if fallback:
                 pooled.add(BAND_FIGURES[name])
             bands[name] = (value * band.low, value * band.high)
+            if band.low_50 is not None and band.high_50 is not None:
+                bands_50[name] = (value * band.low_50, value * band.high_50)
         r.band_80 = bands or None
+        r.band_50 = bands_50 or None
         r.band_source = "uncalibrated errors on the published corpus (" + (
             f"pooled over all classes for {', '.join(sorted(pooled))}; {hardware_class} "
             "for the rest)"
@@ -112,15 +119,19 @@ def add_profile_bands(results: list, profile, rerun: Callable[[dict[str, float]]
     for r, extra in zip(results, param_sd, strict=True):
         values = band_values(r.metrics)
         bands = dict(r.band_80 or {})
+        bands_50 = dict(r.band_50 or {})
         for k, family in BAND_FIGURES.items():
             if values[k] is None:
                 continue
             residual = max(families.get(family, profile.band_sd), profile.cv_log_residual_sd or 0)
             if family not in families and family != "throughput":
                 continue  # no evidence for this family in the profile: keep the corpus band
-            factor = math.exp(BAND_Z * math.hypot(residual, extra[k]))
+            sd = math.hypot(residual, extra[k])
+            factor, factor_50 = math.exp(BAND_Z * sd), math.exp(BAND_Z_50 * sd)
             bands[k] = (values[k] / factor, values[k] * factor)
+            bands_50[k] = (values[k] / factor_50, values[k] * factor_50)
         r.band_80 = bands
+        r.band_50 = bands_50
         fitted_on = ", ".join(sorted(families)) or "throughput"
         r.band_source = (
             f"calibration profile {profile.name}: residuals ({fitted_on}) and its parameters' "

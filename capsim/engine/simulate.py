@@ -405,6 +405,9 @@ class LevelResult(BaseModel):
         "where one applies; otherwise, and for latencies always, from the uncalibrated "
         "model's errors on the published corpus)",
     )
+    band_50: dict[str, tuple[float, float]] | None = Field(
+        None, description="50% prediction band per figure, from the same sources as band_80"
+    )
     band_source: str | None = Field(None, description="Where each band comes from")
     records: list[RequestRecord] | None = None
 
