@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -404,6 +404,9 @@ def test_replicas_apart_in_worker_processes_give_the_same_level():
     budget=st.sampled_from([256, 2048]),
     spec=st.booleans(),
 )
+# found by hypothesis (2026-11-25): a decode run's block count recomputed from the advanced
+# state rounded across a block boundary and asked for one block more than the run had
+@example(workload="agents", c=23, seed=257, kv_blocks=300, budget=256, spec=True)
 def test_vector_and_per_request_scheduling_agree(workload, c, seed, kv_blocks, budget, spec):
     """The vector scheduler (with preemption between vector scans) matches vLLM's loop
     over running requests one by one, on every batch size."""

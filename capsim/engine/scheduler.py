@@ -567,10 +567,13 @@ class Scheduler:
         cfg = self.config
         n = len(self.running)
         gain = steps * cfg.decode_advance
+        # the blocks the last step writes into, computed as _block_limit_search counts
+        # them (before the update, the same float expression: recomputing it from the
+        # advanced state can round across a block boundary and ask for one block more)
+        last_step_end = self._kv[:n] + (steps - 1) * cfg.decode_advance + cfg.decode_width
+        more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
         self._state[:2, :n] += gain  # tokens in KV and generated
         self._least_left -= gain
-        last_step_end = self._kv[:n] - cfg.decode_advance + cfg.decode_width
-        more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
         total = float(more.sum())
         assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
         self._grow_leading(more, total)
