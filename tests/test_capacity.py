@@ -69,3 +69,28 @@ def test_a_value_the_schema_refuses_names_its_flag_without_a_traceback():
         r = CliRunner().invoke(app, [*args, "0", *extra])
         assert r.exit_code == 2, r.output
         assert "--max-num-seqs" in r.output and "Traceback" not in r.output
+
+
+def test_pessimistic_capacity_holds_each_objective_at_its_band_edge():
+    objectives = Objectives(min_agent_tok_s=60)
+    plain = capacity(PredictConfig(**BASE), objectives, CAT)
+    edge = capacity(PredictConfig(**BASE), objectives, CAT, pessimistic=True)
+    assert 0 < edge.max_concurrency < plain.max_concurrency
+    assert "(band edge)" in edge.binding
+    assert any("pessimistic edge" in n for n in edge.notes)
+    # at the answer the prediction itself clears the objective with the band's margin
+    at = {p.concurrency: p for p in edge.curve}[edge.max_concurrency]
+    assert at.ok and at.agent_tok_s > 60
+
+
+def test_pessimistic_factors_are_band_edges_over_the_figure():
+    from capsim.engine.bands import band_values, pessimistic_factors
+    from capsim.engine.simulate import predict
+
+    (level,) = predict(PredictConfig(**BASE, concurrency=[4], requests=16), CAT).levels
+    factors = pessimistic_factors(level)
+    values = band_values(level.metrics)
+    assert factors["output_tok_s"] == pytest.approx(
+        level.band_80["output_tok_s"][0] / values["output_tok_s"]
+    )
+    assert factors["tpot_ms"] == pytest.approx(level.band_80["tpot_ms"][1] / values["tpot_ms"])

@@ -60,6 +60,14 @@ def capacity_cmd(
     profile: Annotated[
         str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
     ] = "auto",
+    pessimistic: Annotated[
+        bool,
+        typer.Option(
+            "--pessimistic",
+            help="Require each objective at the pessimistic edge of its figure's 80% band, "
+            "not at the prediction",
+        ),
+    ] = False,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -106,9 +114,15 @@ def capacity_cmd(
             engine=engine,
             profile=profile,
         )
-        answers.append(capacity(config, objectives, cat))
+        answers.append(capacity(config, objectives, cat, pessimistic=pessimistic))
     if json_out:
-        print_json({"objectives": objectives.model_dump(), "answers": [asdict(a) for a in answers]})
+        print_json(
+            {
+                "objectives": objectives.model_dump(),
+                "pessimistic": pessimistic,
+                "answers": [asdict(a) for a in answers],
+            }
+        )
         return
     for a in answers:
         label = f"{a.model} {a.quant} on {a.gpus}x {a.gpu}"

@@ -154,6 +154,14 @@ def plan_cmd(
         float | None,
         typer.Option("--router-capacity-rps", help="Requests/s the router can pass"),
     ] = None,
+    pessimistic: Annotated[
+        bool,
+        typer.Option(
+            "--pessimistic",
+            help="Require the SLOs at the pessimistic edge of each figure's 80% band, "
+            "not at the prediction",
+        ),
+    ] = False,
     power_limits: Annotated[
         str,
         typer.Option(
@@ -234,6 +242,7 @@ def plan_cmd(
         router=router,
         router_latency_s=router_latency_ms / 1e3,
         router_capacity_rps=router_capacity_rps,
+        pessimistic=pessimistic,
         cost=CostModel(years=years, kwh_price_usd=kwh_price, cloud_usd_per_gpu_hour=cloud_hourly),
     )
     if rank not in RANKINGS:

@@ -138,3 +138,30 @@ def add_profile_bands(results: list, profile, rerun: Callable[[dict[str, float]]
             "standard errors propagated through the simulator"
             + ("; other figures: " + r.band_source if r.band_source else "")
         )
+
+
+PESSIMISTIC_EDGE = {
+    "output_tok_s": 0,
+    "total_tok_s": 0,
+    "per_request_output_tok_s": 0,
+    "ttft_p50_ms": 1,
+    "ttft_p90_ms": 1,
+    "tpot_ms": 1,
+    "e2e_p50_s": 1,
+}
+"""Which edge of a figure's band is the pessimistic one: 0 the low edge (a rate), 1 the
+high edge (a latency)."""
+
+
+def pessimistic_factors(level) -> dict[str, float]:
+    """Per banded figure of a level, its 80% band's pessimistic edge / the figure itself
+    (below 1 for a rate, above 1 for a latency, where the band says the figure may be
+    worse); figures without a band are left out. Objectives checked at this edge hold
+    with about 90% confidence each, as far as the bands are calibrated."""
+    values = band_values(level.metrics)
+    out = {}
+    for name, edges in (level.band_80 or {}).items():
+        value = values.get(name)
+        if value and value > 0 and name in PESSIMISTIC_EDGE:
+            out[name] = edges[PESSIMISTIC_EDGE[name]] / value
+    return out

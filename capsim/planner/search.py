@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from capsim.catalog.loader import Catalog, process_catalog
+from capsim.engine.bands import pessimistic_factors
 from capsim.engine.router import RouterPolicy
 from capsim.engine.simulate import PredictConfig, predict
 from capsim.errors import CapsimUserError
@@ -59,6 +60,9 @@ class PlanRequest:
     """Fixed latency the router or gateway adds to each request, seconds."""
     router_capacity_rps: float | None = None
     """Requests per second the router or gateway can pass (None = unlimited)."""
+    pessimistic: bool = False
+    """Check the SLOs at the pessimistic edge of each figure's 80% band, not at the
+    prediction."""
 
 
 @dataclass
@@ -215,7 +219,9 @@ def usable_interconnects(gpu, tp: int) -> list[str]:
     return kinds
 
 
-def _evaluate(args) -> tuple[float, float, float, tuple[float, float] | None] | str:
+def _evaluate(
+    args,
+) -> tuple[float, float, float, tuple[float, float] | None, dict[str, float]] | str:
     candidate, req, extra_dirs = args
     cat = process_catalog(extra_dirs)
     try:
@@ -229,6 +235,7 @@ def _evaluate(args) -> tuple[float, float, float, tuple[float, float] | None] | 
         m.per_request_output_tok_s.mean or 0.0,
         (m.ttft_ms.p90 or 0.0) / 1e3,
         band,
+        pessimistic_factors(level),
     )
 
 
@@ -287,14 +294,18 @@ def evaluate(
     for c, r in zip(candidates, results, strict=True):
         if isinstance(r, str):
             continue  # rejected by the engine (e.g. prompts longer than max_model_len)
-        out_tok_s, per_agent, ttft90, band = r
+        out_tok_s, per_agent, ttft90, band, factors = r
         gpu = cat.gpu(c.gpu)
         cost = cost_of(gpu, c.total_gpus, out_tok_s, req.cost, power_limit_w=c.power_limit_w)
         reasons = []
-        if req.min_agent_tok_s is not None and per_agent < req.min_agent_tok_s:
-            reasons.append(f"per-agent {per_agent:.1f} < {req.min_agent_tok_s:g} tok/s")
-        if req.max_ttft_p90_s is not None and ttft90 > req.max_ttft_p90_s:
-            reasons.append(f"TTFT p90 {ttft90:.1f} > {req.max_ttft_p90_s:g} s")
+        factors = factors if req.pessimistic else {}
+        edge = " (band edge)" if req.pessimistic else ""
+        slo_agent = per_agent * factors.get("per_request_output_tok_s", 1.0)
+        slo_ttft90 = ttft90 * factors.get("ttft_p90_ms", 1.0)
+        if req.min_agent_tok_s is not None and slo_agent < req.min_agent_tok_s:
+            reasons.append(f"per-agent {slo_agent:.1f}{edge} < {req.min_agent_tok_s:g} tok/s")
+        if req.max_ttft_p90_s is not None and slo_ttft90 > req.max_ttft_p90_s:
+            reasons.append(f"TTFT p90 {slo_ttft90:.1f}{edge} > {req.max_ttft_p90_s:g} s")
         if req.budget_usd is not None:
             spend = cost.purchase_usd if req.cost.cloud_usd_per_gpu_hour is None else cost.total_usd
             if spend is None:
