@@ -25,6 +25,7 @@ from capsim.cli.common import (
     PriorWeightOption,
     catalog,
     console,
+    err_console,
     print_json,
 )
 from capsim.cli.predict import split_list
@@ -73,20 +74,45 @@ def calibrate_cmd(
             f"the datasets span {len(groups)} hardware classes ({', '.join(groups)})",
             hint="pass a folder to --out, or datasets of one class",
         )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
     profiles = []
-    for hw_class, group in groups.items():
-        profile = fit_profile(
-            group, cat, name or f"{hw_class}-vllm", names, prior_weight=prior_weight
-        )
-        cv = cross_validate(
-            group, cat, names, start=profile.fitted_values, prior_weight=prior_weight
-        )
-        if cv:
-            errors = np.log([p.predicted / p.measured for p in cv])
-            profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))
-        path = out if out.suffix == ".yaml" else out / f"{profile.name}.yaml"
-        profile.save(path)
-        profiles.append((profile, path))
+    skipped = []
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("fitting hardware classes", total=len(groups))
+        for hw_class, group in groups.items():
+            bar.update(task, description=f"fitting {hw_class}")
+            try:
+                profile = fit_profile(
+                    group, cat, name or f"{hw_class}-vllm", names, prior_weight=prior_weight
+                )
+                cv = cross_validate(
+                    group, cat, names, start=profile.fitted_values, prior_weight=prior_weight
+                )
+            except CapsimUserError as exc:
+                if len(groups) == 1:
+                    raise
+                # one class capsim cannot simulate (a GPU without a figure the step needs)
+                # does not stop the others
+                skipped.append((hw_class, exc.message))
+                bar.advance(task)
+                continue
+            if cv:
+                errors = np.log([p.predicted / p.measured for p in cv])
+                profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))
+            path = out if out.suffix == ".yaml" else out / f"{profile.name}.yaml"
+            profile.save(path)
+            profiles.append((profile, path))
+            bar.advance(task)
+    for hw_class, why in skipped:
+        err_console.print(f"[yellow]skipped {hw_class}:[/] {why}", highlight=False)
     if json_out:
         print_json([{"path": str(p), **prof.model_dump(mode="json")} for prof, p in profiles])
         return

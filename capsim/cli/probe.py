@@ -10,9 +10,15 @@ import typer
 from pydantic import ValidationError
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from capsim.cli.common import JsonOption, console, err_console, print_json, user_errors
+from capsim.cli.common import (
+    JsonOption,
+    console,
+    err_console,
+    fitted_table,
+    print_json,
+    user_errors,
+)
 from capsim.cli.predict import parse_levels
 from capsim.errors import CapsimUserError
 from capsim.physics.speculative import parse_spec
@@ -44,23 +50,18 @@ def server_tokens(level: LevelSummary) -> float | None:
 def print_run(summary: RunSummary, path: Path) -> None:
     """The run as a table: one row per level, counting only ok requests in the metrics;
     failures by outcome in their row; footnotes for what /metrics could not give."""
-    table = Table(
-        title=f"{summary.header.model} at {summary.header.url} ({summary.header.workload}); {path}",
-        box=box.SIMPLE_HEAD,
-    )
-    for col in (
-        "C",
-        "run",
-        "ok",
-        "failed",
-        "out tok/s",
-        "per req",
-        "TTFT p50 ms",
-        "TPOT ms",
-        "server gen tokens",
-        "failures",
-    ):
-        table.add_column(col, justify="left" if col == "failures" else "right")
+    columns = [
+        ("C", "right", False),
+        ("run", "right", False),
+        ("ok", "right", False),
+        ("failed", "right", False),
+        ("out tok/s", "right", False),
+        ("per req\ntok/s", "right", True),
+        ("TTFT\np50 ms", "right", False),
+        ("TPOT\nms", "right", False),
+        ("server gen\ntokens", "right", True),
+    ]
+    rows = []
     totals: dict[str, int] = {}
     missing: dict[str, list[str]] = {}  # why the server's token count is missing: levels
     notes = []
@@ -77,20 +78,25 @@ def print_run(summary: RunSummary, path: Path) -> None:
         elif lv.metrics_note:
             notes.append(f"{label}: {lv.metrics_note}")
         failures = failure_text(outcomes)
-        table.add_row(
-            str(lv.concurrency),
-            str(lv.run),
-            str(m.completed),
-            f"[yellow]{m.failed}[/]" if m.failed else "0",
-            f"{m.output_tok_s:,.1f}",
-            "—"
-            if m.per_request_output_tok_s.mean is None
-            else f"{m.per_request_output_tok_s.mean:,.1f}",
-            "—" if m.ttft_ms.p50 is None else f"{m.ttft_ms.p50:,.0f}",
-            "—" if m.tpot_ms.mean is None else f"{m.tpot_ms.mean:,.2f}",
-            "—¹" if tokens is None else f"{tokens:,.0f}",
-            f"[yellow]{m.failed / m.requests:.0%}: {failures}[/]" if failures else "",
+        if failures:
+            notes.append(f"{label}: {m.failed / m.requests:.0%} failed: {failures}")
+        rows.append(
+            [
+                str(lv.concurrency),
+                str(lv.run),
+                str(m.completed),
+                str(m.failed),
+                f"{m.output_tok_s:,.1f}",
+                "—"
+                if m.per_request_output_tok_s.mean is None
+                else f"{m.per_request_output_tok_s.mean:,.1f}",
+                "—" if m.ttft_ms.p50 is None else f"{m.ttft_ms.p50:,.0f}",
+                "—" if m.tpot_ms.mean is None else f"{m.tpot_ms.mean:,.2f}",
+                "—¹" if tokens is None else f"{tokens:,.0f}",
+            ]
         )
+    title = f"{summary.header.model} at {summary.header.url} ({summary.header.workload}); {path}"
+    table = fitted_table(title, columns, rows, box=box.SIMPLE_HEAD)
     console.print(table)
     if totals:
         console.print(
