@@ -251,3 +251,21 @@ def test_a_profile_applies_the_parameters_it_was_fitted_with_held():
     params = profile.params(CAT, "rtx3090")
     assert params.async_host_overlap == 0.0
     assert params.step_overhead_us == pytest.approx(profile.parameters["step_overhead_us"].value)
+
+
+def test_a_dataset_spanning_hardware_classes_is_split_per_class():
+    from capsim.calibration.fit import group_by_class
+    from capsim.calibration.published import load_published
+
+    (mixed,) = [
+        ds
+        for ds in load_published()
+        if len({CAT.gpu(sc.gpu).hardware_class for sc in ds.scenarios}) > 1
+    ][:1]
+    groups = group_by_class([mixed], CAT)
+    assert len(groups) > 1
+    for hw_class, parts in groups.items():
+        (part,) = parts
+        assert part.name == mixed.name
+        assert {CAT.gpu(sc.gpu).hardware_class for sc in part.scenarios} == {hw_class}
+    assert sum(len(p.scenarios) for ps in groups.values() for p in ps) == len(mixed.scenarios)

@@ -32,8 +32,8 @@ def test_selection_keeps_sensitive_independent_parameters_by_hand():
     # nothing, d is independent of a
     cols = np.array([[1.0, 2.0, 0.0, 0.0], [1.0, 2.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
 
-    def residuals(x):
-        return cols @ (x - np.ones(4))
+    def residuals(x):  # the truth is a or b moved, and d: a misfit at the priors
+        return cols @ (x - np.array([2.0, 1.0, 1.0, 2.0]))
 
     prior = np.ones(4)
     chosen = select_parameters(
@@ -55,6 +55,79 @@ def test_selection_caps_the_number_fitted():
     )
     assert len(chosen.fitted) == 2
     assert sum("at most 2" in why for why in chosen.held.values()) == 2
+
+
+def test_selection_stops_once_the_misfit_is_explained():
+    # only a is off; d is sensitive and independent but has nothing left to explain
+    cols = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    chosen = select_parameters(
+        lambda x: cols @ (x - np.array([2.0, 1.0])),
+        ["a", "d"],
+        np.ones(2),
+        np.zeros(2),
+        np.full(2, 10.0),
+        2,
+    )
+    assert chosen.fitted == ["a"]
+    assert chosen.held["d"].startswith("not needed: after a")
+
+
+def test_selection_counts_only_the_move_a_bound_allows():
+    # a would explain more of the misfit, but its bound (1.3) lets it move one
+    # SENSITIVITY_STEP; b can move as far as the misfit asks: b comes first
+    chosen = select_parameters(
+        lambda x: x - np.array([11.0, 3.0]),
+        ["a", "b"],
+        np.ones(2),
+        np.zeros(2),
+        np.array([1.3, 10.0]),
+        1,
+    )
+    assert chosen.fitted == ["b"]
+
+
+def test_a_term_that_moves_one_metric_family_is_not_diluted_by_the_others():
+    # 2 TTFT points of 20 move by 5% for a 30% step: RMS over all 1.6% (below 2%), over
+    # its own family 5%
+    move = np.zeros(20)
+    move[:2] = 0.05 / 0.3
+
+    def residuals(x):
+        return move * (x[0] - 2.0)
+
+    args = (["t"], np.ones(1), np.zeros(1), np.full(1, 10.0), 1)
+    assert select_parameters(residuals, *args).fitted == []
+    families = ["TTFT"] * 2 + ["throughput"] * 18
+    chosen = select_parameters(residuals, *args, families)
+    assert chosen.fitted == ["t"]
+    assert chosen.effect["t"] == pytest.approx(0.05)
+
+
+def test_the_api_server_queue_is_part_of_the_front_end_latency():
+    base = dict(gpu="h100-sxm", model="llama-3.1-8b", input_tokens="256", output_tokens="16")
+
+    def ttfts_ms(api_ms, concurrency):
+        config = PredictConfig(
+            **base,
+            workload="batch",
+            concurrency=[concurrency],
+            requests=concurrency,
+            efficiency_overrides={"frontend_request_ms": 10.0, "api_server_ms_per_request": api_ms},
+        )
+        (level,) = predict(config, CAT, keep_records=True).levels
+        return sorted(1e3 * r.ttft for r in level.records)
+
+    # a request alone sees the front end's 10 ms whatever share of it is serial, and a
+    # serial share above the whole front end is capped at it
+    assert ttfts_ms(4.0, 1) == pytest.approx(ttfts_ms(0.0, 1))
+    assert ttfts_ms(30.0, 1) == pytest.approx(ttfts_ms(0.0, 1))
+    # eight at once: without a serial share they reach the engine together and share one
+    # prefill; with 4 ms they queue for it, the last reaching the engine 7 x 4 ms after
+    # the first, which starts alone (sooner than any of the eight together)
+    together, queued = ttfts_ms(0.0, 8), ttfts_ms(4.0, 8)
+    assert together[-1] - together[0] < 1.0
+    assert queued[-1] - queued[0] >= 7 * 4.0
+    assert queued[0] < together[0]
 
 
 def _pt(metric, c, statistic="mean"):

@@ -58,8 +58,9 @@ SENSITIVITY_STEP = 0.3
 used to measure its effect on the points."""
 
 MIN_EFFECT = 0.02
-"""A candidate is fitted only if a SENSITIVITY_STEP move changes the points' log residuals
-by at least this much, root mean square (2%): less is below what a probe resolves."""
+"""A candidate is fitted only if a SENSITIVITY_STEP move changes the log residuals of one
+metric family's points by at least this much, root mean square (2%): less is below what a
+probe resolves."""
 
 COLLINEARITY = 0.25
 """A candidate is fitted only if at least this share of its Jacobian column is independent
@@ -104,12 +105,17 @@ def select_parameters(
     lower: np.ndarray,
     upper: np.ndarray,
     max_fitted: int,
+    families: list[str] | None = None,
 ) -> Selection:
     """Choose which of ``names`` to fit from the Jacobian of ``residuals`` (weighted log
     residuals of every point as a function of the parameter vector) at the priors: the
     sensitive ones, greedily (orthogonal matching pursuit): each time the one whose own
-    direction, apart from those chosen, explains most of the misfit left at the priors,
-    dropping those collinear with earlier choices, at most ``max_fitted``."""
+    direction, apart from those chosen, explains most of the misfit left at the priors
+    within its bounds (a move past a bound explains only up to the bound), dropping those
+    collinear with earlier choices, at most ``max_fitted``. ``families`` labels each
+    residual with its metric family (throughput, TTFT, ...): a candidate's effect is then
+    its largest RMS within one family, so a term that moves only TTFT is not diluted by the
+    throughput and TPOT points it leaves alone."""
     r0 = residuals(prior)
     n = max(r0.size, 1)
     columns = []
@@ -123,7 +129,12 @@ def select_parameters(
         delta = residuals(x) - r0 if moved else np.zeros_like(r0)
         columns.append(delta / moved * SENSITIVITY_STEP if moved else delta)
     jac = np.column_stack(columns) if columns else np.zeros((n, 0))
-    effect = {name: float(np.linalg.norm(jac[:, i]) / np.sqrt(n)) for i, name in enumerate(names)}
+    labels = np.asarray(families if families is not None else [""] * jac.shape[0])
+    groups = [labels == f for f in dict.fromkeys(labels.tolist())] or [np.ones(n, bool)]
+    effect = {
+        name: max(float(np.sqrt(np.mean(jac[g, i] ** 2))) for g in groups if g.any())
+        for i, name in enumerate(names)
+    }
     held = {
         name: f"insensitive: a {SENSITIVITY_STEP:.0%} move changes the points by "
         f"{100 * effect[name]:.2g}% (below {100 * MIN_EFFECT:.0f}%)"
@@ -147,12 +158,25 @@ def select_parameters(
                 )
                 sensitive.remove(i)
                 continue
-            q = own / np.linalg.norm(own)
-            # what it would explain of the misfit, then its own size as a tie-break
-            scores[i] = (abs(float(q @ misfit)), float(np.linalg.norm(own)))
+            size = float(np.linalg.norm(own))
+            # the move (in SENSITIVITY_STEP units) that would cancel most of the misfit
+            # along its own direction, cut to the room its bounds leave that way
+            move = -float(own @ misfit) / size**2
+            unit = SENSITIVITY_STEP * parameter_scale(prior[i], lower[i], upper[i])
+            room = (upper[i] - prior[i] if move > 0 else prior[i] - lower[i]) / unit
+            # what it can explain of the misfit, then its own size as a tie-break
+            scores[i] = (min(abs(move), room) * size, size)
         if not scores:
             break
         best = max(scores, key=lambda i: scores[i])
+        if fitted and scores[best][0] / np.sqrt(n) < MIN_EFFECT:
+            for i in scores:
+                held[names[i]] = (
+                    f"not needed: after {', '.join(fitted)} it would explain "
+                    f"{100 * scores[i][0] / np.sqrt(n):.2g}% of the misfit (below "
+                    f"{100 * MIN_EFFECT:.0f}%)"
+                )
+            break
         if len(fitted) >= max_fitted:
             for i in scores:
                 held[names[i]] = f"the data hold {n} points: at most {max_fitted} parameters"

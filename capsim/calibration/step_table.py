@@ -50,6 +50,10 @@ class MeasuredStepModel:
         """No API-server queue: the measured table already holds it (seconds)."""
         return 0.0
 
+    def frontend_parallel_seconds(self, prompt_tokens: float) -> float:
+        """No front-end latency beside the queue either (seconds)."""
+        return 0.0
+
     def decode_seconds(self, sequences: float) -> float:
         if sequences <= 0:
             return 0.0

@@ -724,6 +724,7 @@ def explain_cmd(
                 },
                 "prefill": {**prefill.to_dict(), "prefill_tok_s": chunk / prefill.t_total},
                 "frontend_s_per_request": sm.frontend_seconds(chunk),
+                "api_server_serial_s_per_request": sm.api_server_seconds(),
             }
         )
         return
@@ -741,9 +742,16 @@ def explain_cmd(
             table.add_row(*row)
         console.print(table)
     frontend = sm.frontend_seconds(chunk)
+    serial = sm.api_server_seconds()
     console.print(
         f"front end (API server, tokenizer, streaming): {frontend * 1e3:.1f} ms per request of "
-        f"{chunk:,} prompt tokens, added to TTFT and end-to-end latency",
+        f"{chunk:,} prompt tokens, added to TTFT and end-to-end latency"
+        + (
+            f"; {serial * 1e3:.1f} ms of it serial in the API server (requests arriving "
+            "together queue for it)"
+            if serial > 0
+            else ""
+        ),
         highlight=False,
     )
     if quant in (None, "auto"):

@@ -58,8 +58,12 @@ def calibrated_errors(
     """Per dataset: uncalibrated, in-sample (fitted on the dataset) and cross-validated
     (leave one concurrency level out; leave one point out) errors of every point, every
     fit pulled towards the priors by ``prior_weight``."""
+    from capsim.calibration.fit import group_by_class
+
     rows = []
-    for ds in datasets:
+    # a dataset spanning hardware classes is fitted per class, as a calibration would
+    parts = [part for group in group_by_class(datasets, cat).values() for part in group]
+    for ds in sorted(parts, key=lambda d: d.name):
         raw = compare_dataset(ds, cat)
         fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit, prior_weight=prior_weight)
         inside = fitted.residuals  # every point at the fitted values, in dataset order

@@ -523,7 +523,7 @@ def run_replicas(
     requests = driver.requests
     # rows hold the engine's times (the saturation derivation relies on them); the front
     # end's latency is added to what a client sees in measure_level and in the records
-    frontend = setup.step_model.frontend_seconds
+    frontend = setup.step_model.frontend_parallel_seconds
     rows = [
         (
             r.send,
@@ -599,7 +599,9 @@ def simulate_level(
     ``partition=False`` simulates them together. Both give the same results."""
     started = time.perf_counter()
     runs = level_runs(setup, workload, seed, keep_records, partition, workers, catalog)
-    return measure_level(runs, workload, keep_records, started, setup.step_model.frontend_seconds)
+    return measure_level(
+        runs, workload, keep_records, started, setup.step_model.frontend_parallel_seconds
+    )
 
 
 def level_runs(
@@ -653,7 +655,8 @@ def measure_level(
 ) -> LevelResult:
     """One level's result from the runs of its replicas (all together, or apart), as a
     client sees them: ``frontend(prompt tokens)``, the front end's latency in seconds (API
-    server, tokenizer, streaming), is added to each first token and finish. It does not
+    server, tokenizer, streaming) less its serial part, which the router simulated as a
+    queue, is added to each first token and finish. It does not
     hold a closed-loop client back (a few ms against a request's seconds)."""
     table = RequestTable.from_rows([row for run in runs for row in run.rows])
     delay = frontend(table.input_tokens)
@@ -769,7 +772,7 @@ def closed_level(
     started = time.perf_counter()
     (run,) = level_runs(setup, workload, seed, keep_records)
     result = measure_level(
-        [run], workload, keep_records, started, setup.step_model.frontend_seconds
+        [run], workload, keep_records, started, setup.step_model.frontend_parallel_seconds
     )
     return result, run if is_saturated(run) else None
 
@@ -814,7 +817,7 @@ def sweep_saturating(
             w,
             keep_records,
             started,
-            setup.step_model.frontend_seconds,
+            setup.step_model.frontend_parallel_seconds,
         )
         result.service_of = float(base_level)
         return result

@@ -231,11 +231,12 @@ class EfficiencyParams(BaseModel):
     api_server_ms_per_request: float = Field(
         0.0,
         ge=0,
-        description="CPU time the API server spends on each request in series (ms): vLLM's "
-        "API server is one process, so its per-request work (parsing, template, tokenising, "
-        "setting up the output stream) is done one request at a time and requests that arrive "
-        "together queue for it before reaching the engine. 0: not modelled (no source "
-        "measures it on GPU servers); calibration fits it where TTFT grows with a burst",
+        description="CPU time the API server spends on each request in series (ms), a part "
+        "of frontend_request_ms: vLLM's API server is one process, so its per-request work "
+        "(parsing, template, tokenising, setting up the output stream) is done one request at "
+        "a time and requests that arrive together queue for it before reaching the engine; "
+        "one request alone sees only frontend_request_ms (which caps it). 0: not modelled "
+        "(no source measures it on GPU servers); calibration fits it where TTFT grows with a burst",
     )
     tokenize_us_per_token: float = Field(
         1.0,

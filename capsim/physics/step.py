@@ -485,14 +485,25 @@ class StepModel:
 
     def frontend_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
         """Latency a request spends outside the engine's steps (API server, tokenizer,
-        streaming), seconds; it adds to the request's TTFT and end-to-end time."""
+        streaming) when nothing else is in flight, seconds; it adds to the request's TTFT
+        and end-to-end time. The API server's serial share of it (api_server_seconds) is
+        part of it, not added to it."""
         p = self.params
         return p.frontend_request_ms * 1e-3 + p.tokenize_us_per_token * 1e-6 * prompt_tokens
 
     def api_server_seconds(self) -> float:
         """The API server's serial work on one request, seconds (api_server_ms_per_request):
-        requests queue for it one at a time before they reach the engine."""
-        return self.params.api_server_ms_per_request * 1e-3
+        requests queue for it one at a time before they reach the engine. It is the part
+        of the front end's latency that cannot overlap between requests, so it is capped at
+        frontend_request_ms (a whole front end done one request at a time)."""
+        p = self.params
+        return min(p.api_server_ms_per_request, p.frontend_request_ms) * 1e-3
+
+    def frontend_parallel_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
+        """The rest of the front end's latency once its serial part (api_server_seconds,
+        simulated as a queue before the engine) is taken out, seconds: the simulation adds
+        it to each client-side first token and finish."""
+        return self.frontend_seconds(prompt_tokens) - self.api_server_seconds()
 
     def kernel_floor_us(self, tokens: float) -> float:
         """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE

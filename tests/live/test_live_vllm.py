@@ -140,13 +140,19 @@ LOOP_LIMITS = {("output_tok_s", "mean"): 0.25, ("tpot_s", "mean"): 0.25, ("ttft_
 """Issue 19's acceptance for the live loop: output tok/s and TPOT within 25%, TTFT p50 35%."""
 
 
-TTFT_OPEN = {"dense"}
-"""Shapes whose C=8/16 TTFT p50 the loop still misses (issue 19, open): on tiny-qwen3 the
-prediction is 43-51% short (2026-11-24); checked and reported, an expected failure until
-the burst physics is right for it. The MoE shape is not in the loop yet."""
+TTFT_OPEN = {"dense", "moe"}
+"""Shapes whose C=8/16 TTFT p50 the loop still misses (issue 19, open), checked and reported
+as an expected failure; throughput and TPOT are hard-checked on every shape, TTFT on
+tiny-llama. On the two Qwen3 shapes the prediction is short by 32-38% at C=16 (2026-11-25,
+live and on stored probes; it was 43-51% before the API server's serial work became a
+part of the front end's latency and calibration learnt to choose its parameters within
+their bounds and per metric family). What is left is the wave a closed loop of
+equal-length requests falls into on a two-core host: the first request of each wave waits
+30-40 ms behind the previous wave's 16 responses being streamed out, and the API server,
+the client and the engine share the two cores; capsim does not model that contention."""
 
 
-@pytest.mark.parametrize("kind", ["dense", "llama"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "llama"])
 def test_calibration_loop_predicts_unseen_levels(kind, tmp_path):
     """Issue 19's loop on each tiny model: probe C=1,2,4 (512 in / 128 out, two runs),
     calibrate on every metric the run holds (capsim chooses the parameters), predict C=8
