@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -89,9 +90,7 @@ def _band(rows: list[tuple[str, float]]) -> Band:
     """A band from (source, ratio) rows, each source weighing the same in all: a new
     deployment is a new source, so the spread between sources is what its error follows,
     not the spread of one large dataset's points."""
-    per_source: dict[str, int] = {}
-    for source, _ in rows:
-        per_source[source] = per_source.get(source, 0) + 1
+    per_source = Counter(source for source, _ in rows)
     logs = [math.log(ratio) for _, ratio in rows]
     weights = [1.0 / per_source[source] for source, _ in rows]
     lo, lo50, hi50, hi = np.exp(

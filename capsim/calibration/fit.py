@@ -338,10 +338,9 @@ def fit_profile(
                 r = problem.residuals(x0)
             std = jacobian_std(jac, r) if names else np.zeros(0)
             # a chosen parameter the joint fit cannot pin (standard error above its
-            # value) drifts along a direction the data do not see: hold the worst at its
-            # prior and fit the rest again
-            # (relative to the prior's size where the value has gone to 0: a term fitted
-            # to its floor is pinned there, not loose)
+            # value, or its prior where the value has gone to 0: a term fitted to its
+            # floor is pinned there, not loose) drifts along a direction the data do not
+            # see: hold the worst at its prior and fit the rest again
             rse = std / np.maximum(np.abs(x), np.abs(x0)) if names else np.zeros(0)
             worst = int(np.argmax(rse)) if names else -1
             if fit is not None or len(names) < 2 or not rse[worst] > UNPINNED_RSE:
@@ -466,10 +465,15 @@ def choose_parameters(
         for sc in ds.scenarios
         for p in sc.points
     }
-    problem.residuals(x0)
-    families = [METRIC_KINDS.get(p.metric, p.metric) for p in problem.last]
     chosen = select_parameters(
-        problem.residuals, candidates, x0, lower, upper, max(1, len(distinct) // 3), families
+        problem.residuals,
+        candidates,
+        x0,
+        lower,
+        upper,
+        max(1, len(distinct) // 3),
+        # the points of the first evaluation, at the priors, in residual order
+        families=lambda: [METRIC_KINDS.get(p.metric, p.metric) for p in problem.last],
     )
     return chosen.fitted, chosen.held
 

@@ -14,7 +14,7 @@ IDENTIFIABLE_RSE and it did not stop at a bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,15 +105,16 @@ def select_parameters(
     lower: np.ndarray,
     upper: np.ndarray,
     max_fitted: int,
-    families: list[str] | None = None,
+    families: Callable[[], Sequence[str]] | None = None,
 ) -> Selection:
     """Choose which of ``names`` to fit from the Jacobian of ``residuals`` (weighted log
     residuals of every point as a function of the parameter vector) at the priors: the
     sensitive ones, greedily (orthogonal matching pursuit): each time the one whose own
     direction, apart from those chosen, explains most of the misfit left at the priors
     within its bounds (a move past a bound explains only up to the bound), dropping those
-    collinear with earlier choices, at most ``max_fitted``. ``families`` labels each
-    residual with its metric family (throughput, TTFT, ...): a candidate's effect is then
+    collinear with earlier choices, at most ``max_fitted``. ``families()``, asked once the
+    residuals at the priors are known, labels each residual with its metric family
+    (throughput, TTFT, ...): a candidate's effect is then
     its largest RMS within one family, so a term that moves only TTFT is not diluted by the
     throughput and TPOT points it leaves alone."""
     r0 = residuals(prior)
@@ -129,7 +130,7 @@ def select_parameters(
         delta = residuals(x) - r0 if moved else np.zeros_like(r0)
         columns.append(delta / moved * SENSITIVITY_STEP if moved else delta)
     jac = np.column_stack(columns) if columns else np.zeros((n, 0))
-    labels = np.asarray(families if families is not None else [""] * jac.shape[0])
+    labels = np.asarray(list(families()) if families is not None else [""] * jac.shape[0])
     groups = [labels == f for f in dict.fromkeys(labels.tolist())] or [np.ones(n, bool)]
     effect = {
         name: max(float(np.sqrt(np.mean(jac[g, i] ** 2))) for g in groups if g.any())

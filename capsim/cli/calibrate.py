@@ -27,6 +27,7 @@ from capsim.cli.common import (
     console,
     err_console,
     print_json,
+    progress_bar,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -74,18 +75,9 @@ def calibrate_cmd(
             f"the datasets span {len(groups)} hardware classes ({', '.join(groups)})",
             hint="pass a folder to --out, or datasets of one class",
         )
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
     profiles = []
     skipped = []
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=True,
-    ) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("fitting hardware classes", total=len(groups))
         for hw_class, group in groups.items():
             bar.update(task, description=f"fitting {hw_class}")

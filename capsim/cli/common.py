@@ -238,6 +238,21 @@ def parse_acceptance(text: str | None) -> float | list[float] | None:
     return values[0] if len(values) == 1 else values
 
 
+def progress_bar():
+    """The bar long commands show on stderr while they work: description, bar, done of
+    total and time remaining; it disappears when done."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
 def fitted_table(
     title: str,
     columns: list[tuple[str, str, bool]],

@@ -19,7 +19,7 @@ from capsim.calibration.compare import (
     mape,
     mape_of,
 )
-from capsim.calibration.fit import check_fittable, cross_validate, fit_profile
+from capsim.calibration.fit import check_fittable, cross_validate, fit_profile, group_by_class
 from capsim.calibration.published import load_published
 from capsim.cli.common import (
     AcceptFailuresOption,
@@ -32,6 +32,7 @@ from capsim.cli.common import (
     err_console,
     parse_overrides,
     print_json,
+    progress_bar,
     save_figure,
 )
 from capsim.cli.predict import split_list
@@ -58,8 +59,6 @@ def calibrated_errors(
     """Per dataset: uncalibrated, in-sample (fitted on the dataset) and cross-validated
     (leave one concurrency level out; leave one point out) errors of every point, every
     fit pulled towards the priors by ``prior_weight``."""
-    from capsim.calibration.fit import group_by_class
-
     rows = []
     # a dataset spanning hardware classes is fitted per class, as a calibration would
     parts = [part for group in group_by_class(datasets, cat).values() for part in group]
@@ -346,17 +345,8 @@ def validate_cmd(
         console.print(table)
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
     scenarios = sum(len(ds.scenarios) for ds in loaded)
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=True,
-    ) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("simulating measured scenarios", total=scenarios)
         points, skipped = compare_or_skip(
             loaded, cat, overrides=overrides, advance=lambda: bar.advance(task)

@@ -656,8 +656,8 @@ def measure_level(
     """One level's result from the runs of its replicas (all together, or apart), as a
     client sees them: ``frontend(prompt tokens)``, the front end's latency in seconds (API
     server, tokenizer, streaming) less its serial part, which the router simulated as a
-    queue, is added to each first token and finish. It does not
-    hold a closed-loop client back (a few ms against a request's seconds)."""
+    queue, is added to each first token and finish. It does not hold a closed-loop client
+    back (a few ms against a request's seconds)."""
     table = RequestTable.from_rows([row for run in runs for row in run.rows])
     delay = frontend(table.input_tokens)
     table.first_token = table.first_token + delay
