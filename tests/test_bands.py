@@ -87,3 +87,41 @@ def test_every_figure_of_an_uncalibrated_prediction_has_a_band():
         lo50, hi50 = level.band_50[name]
         assert 0 < lo <= lo50 < hi50 <= hi
     assert "corpus" in level.band_source
+
+
+def test_parameter_spread_is_simulated_at_a_few_levels_and_interpolated_in_log_level(
+    monkeypatch,
+):
+    from types import SimpleNamespace
+
+    import capsim.engine.bands as bands
+    from capsim.engine.bands import PROPAGATION_LEVELS, propagated_log_sd, propagation_indices
+
+    monkeypatch.setattr(bands, "band_values", lambda m: dict.fromkeys(BAND_FIGURES) | m)
+
+    def level(c: float, rate: float) -> SimpleNamespace:
+        return SimpleNamespace(level=c, metrics={"output_tok_s": rate})
+
+    levels = [float(c) for c in range(1, 65)]
+    assert propagation_indices(64) == [0, 13, 25, 38, 50, 63]
+    assert propagation_indices(3) == [0, 1, 2]
+    calls = []
+
+    def rerun(overrides, indices):
+        calls.append(indices)
+        # a parameter that moves the rate by exactly level/64 in log
+        shift = 1.0 if not overrides else None
+        return [
+            level(levels[i], 100.0 * (shift or np.exp(levels[i] / 64)) * levels[i]) for i in indices
+        ]
+
+    profile = SimpleNamespace(
+        parameters={"p": SimpleNamespace(value=1.0, std=0.5, bounds=(0.0, 10.0))}
+    )
+    spread = propagated_log_sd([level(c, 100.0 * c) for c in levels], profile, rerun)
+    assert len(calls) == 2 and all(len(c) == PROPAGATION_LEVELS for c in calls)
+    # exact where simulated, linear in log level between
+    assert spread[63]["output_tok_s"] == pytest.approx(1.0)
+    assert spread[13]["output_tok_s"] == pytest.approx(14 / 64)
+    x = (np.log(20) - np.log(14)) / (np.log(26) - np.log(14))
+    assert spread[19]["output_tok_s"] == pytest.approx((1 - x) * 14 / 64 + x * 26 / 64)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from capsim.metrics import LevelMetrics
 
 BAND_Z = 1.2815515655446004
@@ -82,31 +84,70 @@ def add_corpus_bands(results: list, hardware_class: str) -> None:
         )
 
 
+PROPAGATION_LEVELS = 6
+"""Levels at which the parameters' uncertainty is simulated (spread evenly over the sweep,
+both ends included); the levels between take the spread interpolated in log level."""
+
+PROPAGATION_REQUESTS = 300
+"""Requests per level in the propagation runs (the base run is repeated at the same count,
+with the same seed, so the log change measures the parameter, not sampling noise)."""
+
+
+def propagation_indices(count: int) -> list[int]:
+    """Indices of the levels (sorted by level) at which the propagation runs simulate."""
+    if count <= PROPAGATION_LEVELS:
+        return list(range(count))
+    return sorted(
+        {round(i * (count - 1) / (PROPAGATION_LEVELS - 1)) for i in range(PROPAGATION_LEVELS)}
+    )
+
+
 def propagated_log_sd(
-    results: list, profile, rerun: Callable[[dict[str, float]], list]
+    results: list, profile, rerun: Callable[[dict[str, float], list[int]], list]
 ) -> list[dict[str, float]]:
     """Per level and figure, the log-spread the fitted parameters' standard errors cause:
     sqrt(sum over parameters of log(figure moved / figure)^2), each parameter moved by its
-    standard error (within its bounds) in a rerun of the sweep."""
-    spread = [dict.fromkeys(BAND_FIGURES, 0.0) for _ in results]
+    standard error (within its bounds). ``rerun(overrides, indices)`` simulates the levels
+    at ``indices`` again (with PROPAGATION_REQUESTS requests each); the spread at the other
+    levels is interpolated linearly in log level (in index where a level is not positive)."""
+    order = sorted(range(len(results)), key=lambda i: results[i].level)
+    sampled = [order[j] for j in propagation_indices(len(order))]
     fitted = [
         (name, p)
         for name, p in profile.parameters.items()
         if p.std is not None and math.isfinite(p.std) and p.std > 0
     ]
     fitted.sort(key=lambda item: -item[1].std / max(abs(item[1].value), 1e-12))
+    moves = []
     for name, p in fitted[:MAX_PROPAGATED]:
         low, high = p.bounds
         moved = p.value + p.std if p.value + p.std <= high else p.value - p.std
         moved = min(max(moved, low), high)
-        if moved == p.value:
-            continue
-        for i, other in enumerate(rerun({name: moved})):
-            base, shifted = band_values(results[i].metrics), band_values(other.metrics)
-            for k in BAND_FIGURES:
-                if base[k] and shifted[k] and base[k] > 0 and shifted[k] > 0:
-                    spread[i][k] += math.log(shifted[k] / base[k]) ** 2
-    return [{k: math.sqrt(v) for k, v in level.items()} for level in spread]
+        if moved != p.value:
+            moves.append({name: moved})
+    squares = [dict.fromkeys(BAND_FIGURES, 0.0) for _ in sampled]
+    if moves:
+        base_runs = [band_values(r.metrics) for r in rerun({}, sampled)]
+        for overrides in moves:
+            for j, other in enumerate(rerun(overrides, sampled)):
+                base, shifted = base_runs[j], band_values(other.metrics)
+                for k in BAND_FIGURES:
+                    if base[k] and shifted[k] and base[k] > 0 and shifted[k] > 0:
+                        squares[j][k] += math.log(shifted[k] / base[k]) ** 2
+    levels = [results[i].level for i in sampled]
+    positive = all(level > 0 for level in levels)
+    x_sampled = [math.log(v) for v in levels] if positive else list(range(len(sampled)))
+    out: list[dict[str, float]] = [{} for _ in results]
+    for rank, i in enumerate(order):
+        level = results[i].level
+        if positive:
+            x = math.log(level)
+        else:  # position among the sampled indices of the sorted order
+            x = float(np.interp(rank, propagation_indices(len(order)), range(len(sampled))))
+        for k in BAND_FIGURES:
+            sd = [math.sqrt(s[k]) for s in squares]
+            out[i][k] = float(np.interp(x, x_sampled, sd))
+    return out
 
 
 def add_profile_bands(results: list, profile, rerun: Callable[[dict[str, float]], list]) -> None:

@@ -22,7 +22,7 @@ from capsim.calibration.profiles import find_profile
 from capsim.catalog.loader import Catalog, load_catalog, process_catalog
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
 from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
-from capsim.engine.bands import add_corpus_bands, add_profile_bands
+from capsim.engine.bands import PROPAGATION_REQUESTS, add_corpus_bands, add_profile_bands
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
 from capsim.engine.replica import Replica
@@ -871,6 +871,7 @@ def predict(
     params: EfficiencyParams | None = None,
     workers: int | None = None,
     reuse_saturated: bool = True,
+    profile_bands: bool = True,
 ) -> PredictResult:
     """Simulate every level of a configuration (concurrency levels, or rates for open).
 
@@ -924,7 +925,7 @@ def predict(
         ]
     add_relative_figures(setup, config, results)
     add_corpus_bands(results, setup.gpu.hardware_class)
-    if setup.profile is not None:
+    if setup.profile is not None and profile_bands:
         add_profile_bands(results, setup.profile, rerun_with(config, catalog, setup))
     return PredictResult(
         config=config,
@@ -949,12 +950,36 @@ def profile_warnings(profile) -> list[str]:
 
 
 def rerun_with(config: PredictConfig, catalog, setup: Setup) -> Callable:
-    """A function that runs this prediction's levels again with some efficiency parameters
-    overridden (for the profile's parameter uncertainty), in this process, without bands."""
+    """A function that runs some of this prediction's levels again (indices into its
+    levels), with some efficiency parameters overridden and PROPAGATION_REQUESTS requests a
+    level (for the profile's parameter uncertainty), in this process, without bands."""
+    levels = (
+        list(config.rates)
+        if config.workload == "open"
+        else [0.0]
+        if config.workload == "trace"
+        else [float(c) for c in config.concurrency]
+    )
 
-    def rerun(overrides: dict[str, float]) -> list[LevelResult]:
+    def rerun(overrides: dict[str, float], indices: list[int]) -> list[LevelResult]:
         params = setup.step_model.params.with_overrides(overrides)
-        return predict(config, catalog, params=params, workers=1).levels
+        out = []
+        for i in indices:
+            level = levels[i]
+            update: dict = {}
+            if config.workload == "open":
+                update = {
+                    "rates": [level],
+                    "requests": min(config.requests or 200, PROPAGATION_REQUESTS),
+                }
+            elif config.workload in ("closed", "batch", "agents"):
+                update = {"concurrency": [int(level)]}
+                if config.workload == "closed":
+                    cap = max(PROPAGATION_REQUESTS, 4 * int(level))
+                    update["requests"] = min(make_workload(config, level).requests, cap)
+            sub = config.model_copy(update=update)
+            out += predict(sub, catalog, params=params, workers=1, profile_bands=False).levels
+        return out
 
     return rerun
 
