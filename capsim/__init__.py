@@ -1,28 +1,95 @@
 """capsim: capacity simulator for self-hosted LLM serving.
 
-The Python API under the ``capsim`` command::
+The Python API the ``capsim`` command is built on (capsim/api.py)::
 
-    from capsim import load_catalog, memory_fit
-    cat = load_catalog()
-    fit = memory_fit(cat.gpu("rtx3090"), cat.model("qwen3-coder-30b-a3b"), cat.quant("awq-int4"))
-    print(fit.kv_capacity_tokens)
+    import capsim
+
+    result = capsim.predict(gpu="rtx3090", model="qwen3-coder-30b-a3b", concurrency=[1, 4, 16])
+    answer = capsim.capacity(gpu="rtx3090", model="qwen3-coder-30b-a3b", min_agent_tok_s=30)
+    cat = capsim.load_catalog()
+    fit = capsim.memory_fit(cat.gpu("rtx3090"), cat.model("qwen3-coder-30b-a3b"),
+                            cat.quant("awq-int4"))
+
+Names are imported on first use, so ``import capsim`` (and the command's start-up) stays
+quick.
 """
 
-from capsim.catalog.loader import Catalog, load_catalog
-from capsim.errors import CapsimUserError
-from capsim.physics.memory import MemoryFit, kv_bytes_per_token, kv_layout, memory_fit
-from capsim.physics.parameters import ParameterBreakdown, parameter_breakdown
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "predict": "capsim.api",
+    "capacity": "capsim.api",
+    "plan": "capsim.api",
+    "validate": "capsim.api",
+    "probe": "capsim.probe",  # the package, callable as capsim.api.probe (see its docstring)
+    "CapsimUserError": "capsim.errors",
+    "Catalog": "capsim.catalog.loader",
+    "load_catalog": "capsim.catalog.loader",
+    "MemoryFit": "capsim.physics.memory",
+    "kv_bytes_per_token": "capsim.physics.memory",
+    "kv_layout": "capsim.physics.memory",
+    "memory_fit": "capsim.physics.memory",
+    "ParameterBreakdown": "capsim.physics.parameters",
+    "parameter_breakdown": "capsim.physics.parameters",
+    "PredictConfig": "capsim.engine.simulate",
+    "PredictResult": "capsim.engine.simulate",
+    "LevelResult": "capsim.engine.simulate",
+    "CapacityAnswer": "capsim.planner.capacity",
+    "PlanRequest": "capsim.planner.search",
+    "PlanOutcome": "capsim.planner.search",
+    "ProbeConfig": "capsim.probe.runner",
+}
+
 __all__ = [
+    "CapacityAnswer",
     "CapsimUserError",
     "Catalog",
+    "LevelResult",
     "MemoryFit",
     "ParameterBreakdown",
+    "PlanOutcome",
+    "PlanRequest",
+    "PredictConfig",
+    "PredictResult",
+    "ProbeConfig",
+    "capacity",
     "kv_bytes_per_token",
     "kv_layout",
     "load_catalog",
     "memory_fit",
     "parameter_breakdown",
+    "plan",
+    "predict",
+    "probe",
+    "validate",
 ]
+
+if TYPE_CHECKING:
+    from capsim.api import capacity, plan, predict, probe, validate
+    from capsim.catalog.loader import Catalog, load_catalog
+    from capsim.engine.simulate import LevelResult, PredictConfig, PredictResult
+    from capsim.errors import CapsimUserError
+    from capsim.physics.memory import MemoryFit, kv_bytes_per_token, kv_layout, memory_fit
+    from capsim.physics.parameters import ParameterBreakdown, parameter_breakdown
+    from capsim.planner.capacity import CapacityAnswer
+    from capsim.planner.search import PlanOutcome, PlanRequest
+    from capsim.probe.runner import ProbeConfig
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'capsim' has no attribute {name!r}")
+    imported = importlib.import_module(module)
+    value = imported if module == f"capsim.{name}" else getattr(imported, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from capsim.catalog.loader import load_catalog
+
+
+def pytest_configure(config):
+    # profiles of the machine's user (capsim calibrate's default output) must not change
+    # what the tests see: an empty user profile folder of the session's own
+    os.environ["CAPSIM_PROFILE_DIR"] = tempfile.mkdtemp(prefix="capsim-profiles-")
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import capsim
 from capsim.calibration.bands import (
     MIN_POINTS,
     MIN_SOURCES,
@@ -17,7 +18,7 @@ from capsim.calibration.bands import (
 from capsim.calibration.compare import ComparedPoint
 from capsim.catalog.loader import load_catalog
 from capsim.engine.bands import BAND_FIGURES
-from capsim.engine.simulate import PredictConfig, predict
+from capsim.engine.simulate import PredictConfig
 
 CAT = load_catalog()
 
@@ -81,7 +82,7 @@ def test_a_decode_rate_counts_as_tpot_inverted():
 def test_every_figure_of_an_uncalibrated_prediction_has_a_band():
     assert load_band_table() is not None  # shipped in calibration/bands/
     config = PredictConfig(gpu="h100-sxm", model="llama-3.1-8b", concurrency=[4], requests=16)
-    (level,) = predict(config, CAT).levels
+    (level,) = capsim.predict(config, catalog=CAT).levels
     assert set(level.band_80) == set(BAND_FIGURES) == set(level.band_50)
     for name, (lo, hi) in level.band_80.items():
         lo50, hi50 = level.band_50[name]

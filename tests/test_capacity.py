@@ -7,6 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+import capsim
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
 from capsim.engine.simulate import PredictConfig
@@ -85,9 +86,10 @@ def test_pessimistic_capacity_holds_each_objective_at_its_band_edge():
 
 def test_pessimistic_factors_are_band_edges_over_the_figure():
     from capsim.engine.bands import band_values, pessimistic_factors
-    from capsim.engine.simulate import predict
 
-    (level,) = predict(PredictConfig(**BASE, concurrency=[4], requests=16), CAT).levels
+    (level,) = capsim.predict(
+        PredictConfig(**BASE, concurrency=[4], requests=16), catalog=CAT
+    ).levels
     factors = pessimistic_factors(level)
     values = band_values(level.metrics)
     assert factors["output_tok_s"] == pytest.approx(

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
-from capsim.engine.simulate import predict
 from capsim.physics.memory import memory_fit
 from capsim.planner.costs import HOURS_PER_YEAR, CostModel, cost_of
 from capsim.planner.pareto import pareto_front
@@ -69,7 +69,7 @@ def test_slo_filter_and_figures_match_predict():
     assert items and not any(e.meets_slo for e in items)
     assert all("per-agent" in e.reasons[0] for e in items)
     first = items[0]
-    level = predict(first.candidate.config(req), CAT).levels[0]
+    level = calibrated_predict(first.candidate.config(req), CAT).levels[0]
     assert first.output_tok_s == pytest.approx(level.metrics.output_tok_s)
     relaxed = PlanRequest(**{**req.__dict__, "min_agent_tok_s": 1.0})
     assert all(e.meets_slo for e in evaluate(candidates, relaxed, CAT, workers=1))

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import capsim
 from capsim.calibration.compare import compare_dataset
 from capsim.calibration.fit import fit_profile
 from capsim.calibration.published import MeasuredPoint, dataset_from_run
@@ -220,7 +221,7 @@ def test_predict_with_a_profile_bands_every_figure(tmp_path):
         output_tokens="128",
         profile=str(path),
     )
-    result = predict(config, CAT)
+    result = capsim.predict(config, catalog=CAT)
     for level in result.levels:
         assert set(level.band_80) == set(BAND_FIGURES)
         for low, high in level.band_80.values():

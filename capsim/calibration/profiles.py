@@ -1,22 +1,25 @@
 """Calibration profiles: fitted efficiency parameters for one hardware class and engine.
 
-Profiles live in calibration/profiles/*.yaml (written by ``capsim calibrate``) and are
-matched to predictions by hardware class (``--profile auto``, the default), or chosen by
-name or path.
+Profiles ship in calibration/profiles/*.yaml; ``capsim calibrate`` writes the user's own to
+the user profile folder (``CAPSIM_PROFILE_DIR``, else the platform's user data folder +
+/profiles), never into the package. A prediction finds a profile by hardware class and
+engine (``--profile auto``, the default: the user's before the shipped one), or by name or
+path.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import os
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from capsim.calibration.published import calibration_dir
 from capsim.catalog.loader import Catalog, load_yaml_text
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import default_efficiency
 
@@ -84,6 +87,12 @@ class Profile(BaseModel):
     points: int
     residuals: list[PointResidual]
     note: str = ""
+    _path: str | None = PrivateAttr(None)
+
+    @property
+    def path(self) -> str | None:
+        """The file this profile was read from (None if built in memory)."""
+        return self._path
 
     @property
     def band_sd(self) -> float:
@@ -119,28 +128,60 @@ def load_profile(path: Path) -> Profile:
 
 @functools.lru_cache(maxsize=64)
 def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
-    return Profile.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+    profile = Profile.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+    profile._path = path
+    return profile
+
+
+PROFILE_DIR_ENV = "CAPSIM_PROFILE_DIR"
 
 
 def profiles_dir() -> Path:
+    """The profiles that ship with capsim (fitted on the published corpus)."""
     return calibration_dir() / "profiles"
 
 
+def user_profiles_dir() -> Path:
+    """Where ``capsim calibrate`` writes profiles by default and ``--profile`` looks first:
+    ``CAPSIM_PROFILE_DIR``, else the platform's user data folder + /profiles."""
+    explicit = os.environ.get(PROFILE_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("capsim")) / "profiles"
+
+
+def profile_search_path() -> list[Path]:
+    """Folders searched for a profile by name or class, first match wins."""
+    return [user_profiles_dir(), profiles_dir()]
+
+
 def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") -> Profile | None:
-    """Resolve ``--profile``: a path, a name in calibration/profiles, ``auto`` (the profile
-    fitted for the GPU's hardware class under this serving engine, if one exists) or
-    ``none``."""
+    """Resolve ``--profile``: a path, a name in the profile folders (the user's, then the
+    shipped ones), ``auto`` (the profile fitted for the GPU's hardware class under this
+    serving engine, if one exists: the user's before the shipped one) or ``none``."""
     if spec in (None, "none"):
         return None
     if spec == "auto":
-        path = profiles_dir() / f"{hardware_class}-{engine}.yaml"
-        return load_profile(path) if path.exists() else None
+        for folder in profile_search_path():
+            path = folder / f"{hardware_class}-{engine}.yaml"
+            if path.exists():
+                return load_profile(path)
+        return None
     path = Path(spec)
     if not path.exists():
-        path = profiles_dir() / f"{spec}.yaml"
+        path = next(
+            (f / f"{spec}.yaml" for f in profile_search_path() if (f / f"{spec}.yaml").exists()),
+            path,
+        )
     if not path.exists():
-        names = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
-        raise CapsimUserError(f"unknown profile '{spec}'", hint="known: " + ", ".join(names))
+        names = sorted({p.stem for f in profile_search_path() for p in f.glob("*.yaml")})
+        raise CapsimUserError(
+            f"unknown profile '{spec}' (--profile)",
+            hint="known: auto, none, " + ", ".join(names) + ", or a profile file's path",
+            suggestions=close_matches(spec, names),
+        )
     profile = load_profile(path)
     if profile.hardware_class != hardware_class:
         raise CapsimUserError(

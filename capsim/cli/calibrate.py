@@ -50,8 +50,14 @@ def calibrate_cmd(
         typer.Argument(help="Dataset YAML files or folders (default: calibration/published)"),
     ] = None,
     out: Annotated[
-        Path, typer.Option("--out", help="Profile file, or folder when several classes")
-    ] = Path("calibration/profiles"),
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Profile file, or folder when several classes (default: your profile "
+            "folder, CAPSIM_PROFILE_DIR or the platform's user data folder; never the "
+            "installed package)",
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Profile name")] = None,
     fit: Annotated[
         str | None,
@@ -68,6 +74,10 @@ def calibrate_cmd(
 ) -> None:
     """Fit efficiency parameters per hardware class with scipy least_squares."""
     cat = catalog(db)
+    if out is None:
+        from capsim.calibration.profiles import user_profiles_dir
+
+        out = user_profiles_dir()
     names = None if fit is None else tuple(split_list(fit))
     groups = group_by_class(load_published(datasets, accept_failures), cat)
     if out.suffix == ".yaml" and len(groups) > 1:

@@ -695,7 +695,10 @@ def explain_cmd(
         custom_allreduce=False if disable_custom_all_reduce else None,
         ubatch_tokens=ubatch_size,
     )
-    params, fitted = resolve_params(cat, g, profile, overrides, engine=eng)
+    from capsim.calibration.profiles import find_profile
+
+    fitted = find_profile(profile, g.hardware_class, eng.name)
+    params = resolve_params(cat, g, overrides, engine=eng, profile=fitted)
     sm = build_step_model(cat, g, m, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)

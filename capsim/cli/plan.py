@@ -23,13 +23,13 @@ from capsim.engine.router import ROUTER_POLICIES
 from capsim.errors import CapsimUserError, close_matches
 from capsim.planner.costs import CostModel
 from capsim.planner.search import (
+    RANKINGS,
     Evaluated,
     PlanRequest,
     effective_max_num_seqs,
-    enumerate_candidates,
-    evaluate,
     frontier_cost,
     frontier_throughput,
+    search_plan,
     vllm_serve_command,
 )
 
@@ -104,27 +104,6 @@ def short_misses(e: Evaluated, req: PlanRequest) -> str:
     if any("budget" in r or "price" in r for r in e.reasons):
         out.append("$")
     return "no: " + "+".join(out)
-
-
-def _unpriced_last(value: float | None) -> float:
-    return value if value is not None else float("inf")
-
-
-RANKINGS = {
-    "cost": lambda e: (not e.meets_slo, _unpriced_last(e.cost.total_usd), -e.output_tok_s),
-    "throughput": lambda e: (
-        not e.meets_slo,
-        -e.output_tok_s,
-        _unpriced_last(e.cost.total_usd),
-    ),
-    "cost-per-token": lambda e: (
-        not e.meets_slo,
-        _unpriced_last(e.cost.usd_per_million_output_tokens),
-        -e.output_tok_s,
-    ),
-}
-"""Sort keys of ``capsim plan --rank``: configurations that meet the SLOs always come first;
-a configuration without a price ranks after every priced one on a cost key."""
 
 
 def plan_cmd(
@@ -251,14 +230,8 @@ def plan_cmd(
             hint="use " + ", ".join(RANKINGS),
             suggestions=close_matches(rank, RANKINGS),
         )
-    candidates, pruned = enumerate_candidates(req, cat)
-    if not candidates:
-        raise CapsimUserError(
-            "no configuration fits in memory",
-            hint="allow more GPUs (--counts) or other GPUs (--gpus)",
-        )
-    items = evaluate(candidates, req, cat, dask_scheduler=dask_scheduler)
-    items.sort(key=RANKINGS[rank])
+    outcome = search_plan(req, cat, rank, dask_scheduler=dask_scheduler)
+    items, pruned = outcome.configurations, outcome.pruned_for_memory
     front_tp, front_cost = frontier_throughput(items), frontier_cost(items)
     winners = [e for e in items if e.meets_slo]
     if json_out:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich import box
 
+from capsim.api import predict
 from capsim.cli.common import (
     AsyncSchedulingOption,
     DbOption,
@@ -36,7 +37,7 @@ from capsim.cli.common import (
     save_figure,
 )
 from capsim.engine.router import ROUTER_POLICIES
-from capsim.engine.simulate import PredictResult, predict
+from capsim.engine.simulate import PredictResult
 from capsim.errors import CapsimUserError
 from capsim.physics.speculative import parse_spec
 
@@ -127,6 +128,7 @@ def result_dict(result: PredictResult) -> dict[str, Any]:
         "quant": result.quant,
         "quant_reason": result.quant_reason,
         "profile": result.profile,
+        "profile_path": result.profile_path,
         "tp": result.config.tp,
         "replicas": result.replicas,
         "kv_dtype": result.config.kv_dtype,
@@ -157,6 +159,18 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
+def profile_origin(path: str | None) -> str:
+    """Where an applied profile came from, for the table's title: shipped with capsim, or
+    the file (one of the user's)."""
+    from capsim.calibration.profiles import profiles_dir
+
+    if path is None:
+        return "in memory"
+    if Path(path).parent.resolve() == profiles_dir().resolve():
+        return "shipped"
+    return path
+
+
 def print_table(console, results: list[PredictResult]) -> None:
     many = len(results) > 1
     first = results[0]
@@ -164,7 +178,11 @@ def print_table(console, results: list[PredictResult]) -> None:
     title = f"capsim predict: {first.config.workload} workload"
     if not many:
         title += f"\n{label(first)}, KV cache {first.kv_capacity_tokens:,} tokens"
-        title += f", profile {first.profile}" if first.profile else ", uncalibrated"
+        title += (
+            f", profile {first.profile} ({profile_origin(first.profile_path)})"
+            if first.profile
+            else ", uncalibrated"
+        )
     banded = any(lv.band_80 and "output_tok_s" in lv.band_80 for r in results for lv in r.levels)
     level_name = "rate\nreq/s" if first.config.workload == "open" else "C"
     # (header, optional): optional columns give way first on a narrow terminal
@@ -450,7 +468,7 @@ def predict_cmd(
             profile=profile,
             efficiency_overrides=overrides,
         )
-        results.append(predict(config, cat))
+        results.append(predict(config, catalog=cat))
     if json_out:
         sys.stdout.write(
             json.dumps({"results": [result_dict(r) for r in results]}, indent=2) + "\n"

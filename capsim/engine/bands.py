@@ -53,15 +53,10 @@ def band_values(m: LevelMetrics) -> dict[str, float | None]:
     }
 
 
-def add_corpus_bands(results: list, hardware_class: str) -> None:
+def add_corpus_bands(results: list, hardware_class: str, table) -> None:
     """80% and 50% bands on every figure from the uncalibrated model's errors on the
-    published corpus: the hardware class's own where it has enough points and sources,
-    else the pooled corpus's."""
-    from capsim.calibration.bands import load_band_table
-
-    table = load_band_table()
-    if table is None:
-        return
+    published corpus (``table``, a BandTable the calibration layer loaded): the hardware
+    class's own where it has enough points and sources, else the pooled corpus's."""
     pooled = set()
     for r in results:
         bands, bands_50 = {}, {}

@@ -18,7 +18,6 @@ import numpy as np
 import simpy
 from pydantic import BaseModel, ConfigDict, Field
 
-from capsim.calibration.profiles import find_profile
 from capsim.catalog.loader import Catalog, load_catalog, process_catalog
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
 from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
@@ -144,7 +143,7 @@ class Setup:
     max_model_len: int
     quant_reason: str = ""
     profile: object = None  # the calibration Profile applied, if any
-    base_params: EfficiencyParams | None = None  # what build_setup was given as params
+    base_params: EfficiencyParams | None = None  # before overrides: what a worker is given
 
 
 def resolve_format(
@@ -172,29 +171,24 @@ OFFLINE_OVERRIDES = {
 def resolve_params(
     cat: Catalog,
     gpu: GPU,
-    profile_spec: str | None,
     overrides: dict[str, float] | None = None,
     params: EfficiencyParams | None = None,
     engine: Engine | None = None,
     offline: bool = False,
-) -> tuple[EfficiencyParams, object]:
-    """The efficiency parameters a prediction uses, and the calibration profile they came
-    from (None if none): ``params`` if given, else ``profile_spec``'s profile for the GPU's
-    hardware class and the engine (auto, none, a name or a path), else the class defaults
-    with the engine's priors laid over them; ``overrides`` laid over whichever it was, and
-    with ``offline`` no front-end latency."""
-    engine_name = engine.name if engine is not None else "vllm"
-    profile = None
-    if params is None:
-        profile = find_profile(profile_spec, gpu.hardware_class, engine_name)
-    if profile is not None:
+    profile=None,
+) -> EfficiencyParams:
+    """The efficiency parameters a prediction uses: ``params`` if given, else the
+    calibration ``profile``'s (a Profile, resolved by the calibration layer), else the
+    class defaults with the engine's priors laid over them; ``overrides`` laid over
+    whichever it was, and with ``offline`` no front-end latency."""
+    if params is None and profile is not None:
         params = profile.params(cat, gpu.name, engine)
     params = params or default_efficiency(gpu, cat, engine)
     if overrides:
         params = params.with_overrides(overrides)
     if offline:
         params = params.with_overrides(OFFLINE_OVERRIDES)
-    return params, profile
+    return params
 
 
 def engine_deployment(
@@ -256,11 +250,14 @@ def build_setup(
     config: PredictConfig,
     catalog: Catalog | None = None,
     params: EfficiencyParams | None = None,
+    profile=None,
 ) -> Setup:
     """Resolve names, fit memory and build the step model; reject what vLLM would reject.
 
-    ``params`` replaces the GPU's default efficiency parameters (e.g. a fitted profile);
-    ``config.efficiency_overrides`` then apply on top."""
+    ``params`` replaces the GPU's default efficiency parameters, else the calibration
+    ``profile``'s do (a Profile the calibration layer resolved from ``config.profile``;
+    the engine does not look profiles up); ``config.efficiency_overrides`` then apply on
+    top."""
     cat = catalog or load_catalog()
     if cat.models.find(config.model) is None and looks_like_model_reference(config.model):
         cat, resolved = resolve_into(cat, [config.model])
@@ -299,8 +296,11 @@ def build_setup(
         require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     num_blocks = capacity // BLOCK_SIZE_TOKENS
-    params, profile = resolve_params(
-        cat, gpu, config.profile, config.efficiency_overrides, params, engine, config.offline
+    if params is None and profile is not None:
+        params = profile.params(cat, gpu.name, engine)
+    base_params = params
+    params = resolve_params(
+        cat, gpu, config.efficiency_overrides, base_params, engine, config.offline
     )
     dep = engine_deployment(
         engine,
@@ -340,7 +340,7 @@ def build_setup(
         max_len,
         quant_reason,
         profile,
-        params,
+        base_params,
     )
 
 
@@ -696,6 +696,7 @@ class PredictResult(BaseModel):
     quant: str
     quant_reason: str
     profile: str | None = None
+    profile_path: str | None = Field(None, description="The file the profile was read from")
     replicas: int
     kv_capacity_tokens: int
     max_model_len: int
@@ -871,6 +872,8 @@ def predict(
     params: EfficiencyParams | None = None,
     workers: int | None = None,
     reuse_saturated: bool = True,
+    profile=None,
+    band_table=None,
     profile_bands: bool = True,
 ) -> PredictResult:
     """Simulate every level of a configuration (concurrency levels, or rates for open).
@@ -879,8 +882,14 @@ def predict(
     (``workers``: None = automatic, 1 = in this process). Closed-loop levels above a
     saturated one share its service and are derived from it (``reuse_saturated``; see
     engine/saturation.py). Results depend on neither.
+
+    ``profile``: the calibration Profile to apply (None: the class defaults), and
+    ``band_table``: the corpus's uncalibrated error bands (None: no corpus bands); the
+    calibration layer resolves both (capsim.calibration.applied), the engine looks
+    neither up. With a profile, its bands are added unless ``profile_bands`` is False.
     """
-    setup = build_setup(config, catalog, params)
+    setup = build_setup(config, catalog, params, profile)
+    params = setup.base_params
     if config.workload == "open":
         if not config.rates:
             raise CapsimUserError("the open workload needs --rate (one or more, comma-separated)")
@@ -924,7 +933,8 @@ def predict(
             for w in workloads
         ]
     add_relative_figures(setup, config, results)
-    add_corpus_bands(results, setup.gpu.hardware_class)
+    if band_table is not None:
+        add_corpus_bands(results, setup.gpu.hardware_class, band_table)
     if setup.profile is not None and profile_bands:
         add_profile_bands(results, setup.profile, rerun_with(config, catalog, setup))
     return PredictResult(
@@ -934,6 +944,7 @@ def predict(
         quant=setup.fmt.name,
         quant_reason=setup.quant_reason,
         profile=setup.profile.name if setup.profile is not None else None,
+        profile_path=getattr(setup.profile, "path", None) if setup.profile is not None else None,
         replicas=setup.dp,
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capsim.calibration.applied import calibrated_predict, calibrated_setup
 from capsim.catalog.loader import Catalog
 from capsim.engine.bands import pessimistic_factors
-from capsim.engine.simulate import LevelResult, PredictConfig, build_setup, predict
+from capsim.engine.simulate import LevelResult, PredictConfig
 from capsim.errors import CapsimUserError
 
 MAX_CONCURRENCY = 8192
@@ -148,7 +149,7 @@ def capacity(
         )
     if config.workload != "closed":
         raise CapsimUserError("capacity searches a closed loop of agents (--workload closed)")
-    setup = build_setup(config, catalog)
+    setup = calibrated_setup(config, catalog)
     engine_seqs = setup.scheduler.max_num_seqs * setup.dp
     cache: dict[int, CapacityPoint] = {}
 
@@ -157,7 +158,7 @@ def capacity(
             cfg = config.model_copy(
                 update={"concurrency": [c], "requests": max(requests_per_agent * c, 64)}
             )
-            result = predict(cfg, catalog, keep_records=True, workers=1)
+            result = calibrated_predict(cfg, catalog, keep_records=True, workers=1)
             cache[c] = measure_point(result.levels[0], objectives, pessimistic)
         return cache[c]
 

@@ -20,11 +20,12 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
 from capsim.engine.router import RouterPolicy
-from capsim.engine.simulate import PredictConfig, predict
-from capsim.errors import CapsimUserError
+from capsim.engine.simulate import PredictConfig
+from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.communication import choose_interconnect
 from capsim.physics.memory import memory_fit, vllm_default_batch_limits
 from capsim.physics.speculative import SpecConfig
@@ -225,7 +226,7 @@ def _evaluate(
     candidate, req, extra_dirs = args
     cat = process_catalog(extra_dirs)
     try:
-        level = predict(candidate.config(req), cat, workers=1).levels[0]
+        level = calibrated_predict(candidate.config(req), cat, workers=1).levels[0]
     except CapsimUserError as exc:
         return exc.message
     m = level.metrics
@@ -370,3 +371,55 @@ def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
     if notes:
         command += "   # " + "; ".join(notes)
     return command
+
+
+def _unpriced_last(value: float | None) -> float:
+    return value if value is not None else float("inf")
+
+
+RANKINGS = {
+    "cost": lambda e: (not e.meets_slo, _unpriced_last(e.cost.total_usd), -e.output_tok_s),
+    "throughput": lambda e: (
+        not e.meets_slo,
+        -e.output_tok_s,
+        _unpriced_last(e.cost.total_usd),
+    ),
+    "cost-per-token": lambda e: (
+        not e.meets_slo,
+        _unpriced_last(e.cost.usd_per_million_output_tokens),
+        -e.output_tok_s,
+    ),
+}
+"""Sort keys of ``capsim plan --rank``: configurations that meet the SLOs always come first;
+a configuration without a price ranks after every priced one on a cost key."""
+
+
+@dataclass
+class PlanOutcome:
+    """Every configuration simulated, best first by the ranking, and how many the memory
+    fit pruned before simulation."""
+
+    configurations: list[Evaluated]
+    pruned_for_memory: int
+
+
+def search_plan(
+    req: PlanRequest, cat: Catalog, rank: str = "throughput", dask_scheduler=None
+) -> PlanOutcome:
+    """Enumerate the configurations ``req`` allows, simulate those that fit, and rank
+    them (``rank``: a key of RANKINGS; those meeting the SLOs first)."""
+    if rank not in RANKINGS:
+        raise CapsimUserError(
+            f"unknown ranking '{rank}' (--rank)",
+            hint="use " + ", ".join(RANKINGS),
+            suggestions=close_matches(rank, RANKINGS),
+        )
+    candidates, pruned = enumerate_candidates(req, cat)
+    if not candidates:
+        raise CapsimUserError(
+            "no configuration fits in memory",
+            hint="allow more GPUs (--counts) or other GPUs (--gpus)",
+        )
+    items = evaluate(candidates, req, cat, dask_scheduler=dask_scheduler)
+    items.sort(key=RANKINGS[rank])
+    return PlanOutcome(items, pruned)

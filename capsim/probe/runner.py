@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
 import numpy as np
@@ -41,7 +41,9 @@ class ProbeConfig(BaseModel):
     model: str
     endpoint: Literal["completions", "chat"] = "completions"
     workload: Literal["closed", "batch"] = "closed"
-    concurrency: list[int]
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, description="Concurrency levels, each at least 1"
+    )
     requests: int | None = Field(None, ge=1, description="Requests per level")
     rounds: int = Field(2, ge=1, description="Batch rounds per level without --requests")
     input_tokens: int = Field(1024, ge=1)

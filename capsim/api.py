@@ -1,0 +1,173 @@
+"""capsim's public Python API: what the ``capsim`` command does, as functions with typed
+results. The CLI is a thin layer over these.
+
+    import capsim
+
+    result = capsim.predict(gpu="rtx3090", model="qwen3-coder-30b-a3b", concurrency=[1, 4, 16])
+    for level in result.levels:
+        m = level.metrics
+        print(level.level, m.output_tok_s, m.ttft_ms.p50, level.band_80["output_tok_s"])
+
+    answer = capsim.capacity(
+        gpu="rtx3090", model="qwen3-coder-30b-a3b", min_agent_tok_s=30, max_ttft_p90_s=2
+    )
+    print(answer.max_agents, answer.binding)
+
+Units: throughputs in tokens per second, TTFT and TPOT in milliseconds, E2E in seconds,
+memory in bytes unless a field's name says otherwise (``*_gb``, ``*_gib``).
+
+Every function takes ``catalog=`` (a Catalog from ``load_catalog``; default: the built-in
+one) and raises ``CapsimUserError`` for input it cannot use (an unknown name, a deployment
+that does not fit), with a hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the imports below are heavy; each function imports what it uses
+    from capsim.calibration.compare import ComparedPoint, SkippedScenario
+    from capsim.catalog.loader import Catalog
+    from capsim.engine.simulate import PredictConfig, PredictResult
+    from capsim.planner.capacity import CapacityAnswer
+    from capsim.planner.search import PlanOutcome, PlanRequest
+    from capsim.probe.runfile import RunSummary
+    from capsim.probe.runner import ProbeConfig
+
+
+def predict(
+    config: PredictConfig | None = None, /, *, catalog: Catalog | None = None, **fields: Any
+) -> PredictResult:
+    """Simulate a deployment at each load level, with prediction bands on every figure.
+
+    Pass a ``PredictConfig`` or its fields as keywords (``gpu``, ``model``, ``quant``,
+    ``tp``, ``gpus``, ``concurrency`` (a list of levels), ``input_tokens``,
+    ``output_tokens``, ``requests``, ``workload``, ``spec``, ``profile`` ...; a model may be
+    a Hugging Face id). The calibration profile ``profile`` names (default ``auto``: the
+    one fitted for the GPU's hardware class and engine, the user's own before the shipped
+    one) is applied; ``result.profile`` and ``result.profile_path`` say which.
+    """
+    from capsim.calibration.applied import calibrated_predict
+    from capsim.engine.simulate import PredictConfig
+
+    config = _merge(PredictConfig, config, fields)
+    return calibrated_predict(config, catalog)
+
+
+def capacity(
+    config: PredictConfig | None = None,
+    /,
+    *,
+    min_agent_tok_s: float | None = None,
+    max_ttft_p90_s: float | None = None,
+    max_tpot_ms: float | None = None,
+    max_e2e_p90_s: float | None = None,
+    pessimistic: bool = False,
+    catalog: Catalog | None = None,
+    **fields: Any,
+) -> CapacityAnswer:
+    """The largest number of concurrent agents (closed loop, steady state) a deployment
+    serves while every given objective holds: per-agent output tok/s at least
+    ``min_agent_tok_s``, TTFT p90 at most ``max_ttft_p90_s`` seconds, mean TPOT at most
+    ``max_tpot_ms``, E2E p90 at most ``max_e2e_p90_s`` seconds. With ``pessimistic`` each
+    must hold at its figure's 80% band's pessimistic edge. The answer names the binding
+    constraint and carries the curve around it. Deployment fields as ``predict``'s."""
+    from capsim.engine.simulate import PredictConfig
+    from capsim.planner.capacity import Objectives
+    from capsim.planner.capacity import capacity as search_capacity
+
+    objectives = Objectives(
+        min_agent_tok_s=min_agent_tok_s,
+        max_ttft_p90_s=max_ttft_p90_s,
+        max_tpot_ms=max_tpot_ms,
+        max_e2e_p90_s=max_e2e_p90_s,
+    )
+    config = _merge(PredictConfig, config, {"workload": "closed", **fields})
+    return search_capacity(config, objectives, catalog, pessimistic=pessimistic)
+
+
+def plan(
+    request: PlanRequest | None = None,
+    /,
+    *,
+    rank: str = "throughput",
+    catalog: Catalog | None = None,
+    dask_scheduler: str | None = None,
+    **fields: Any,
+) -> PlanOutcome:
+    """Search GPUs, counts, TP/DP splits, formats, KV dtypes and power limits for a number
+    of agents (``models``, ``agents``, ``min_agent_tok_s``, ``max_ttft_p90_s``,
+    ``budget_usd``, ``gpus``, ``gpu_counts`` ...: a ``PlanRequest`` or its fields), and
+    rank what fits (``rank``: throughput, cost or cost-per-token; configurations that meet
+    the SLOs first)."""
+    from capsim.catalog.loader import load_catalog
+    from capsim.planner.search import PlanRequest, search_plan
+
+    if request is None:
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        request = PlanRequest(**fields)
+    elif fields:
+        raise TypeError("pass a PlanRequest or its fields, not both")
+    return search_plan(request, catalog or load_catalog(), rank, dask_scheduler)
+
+
+def validate(
+    datasets: list[Path] | None = None,
+    *,
+    catalog: Catalog | None = None,
+    overrides: dict[str, float] | None = None,
+    advance: Callable[[], None] | None = None,
+) -> tuple[list[ComparedPoint], list[SkippedScenario]]:
+    """Compare uncalibrated predictions with published measurements (``datasets``: YAML
+    files or folders; default: calibration/published). Returns every compared point
+    (measured, predicted, signed relative error) and the scenarios capsim cannot simulate,
+    with why. ``overrides`` sets efficiency parameters; ``advance()`` is called after each
+    scenario."""
+    from capsim.calibration.compare import compare_or_skip
+    from capsim.calibration.published import load_published
+    from capsim.catalog.loader import load_catalog
+
+    loaded = load_published(datasets)
+    return compare_or_skip(loaded, catalog or load_catalog(), overrides=overrides, advance=advance)
+
+
+def probe(
+    config: ProbeConfig | None = None,
+    /,
+    *,
+    out: Path,
+    on_event: Callable[..., None] | None = None,
+    **fields: Any,
+) -> RunSummary:
+    """Measure a running OpenAI-compatible server (``url``, ``model``, ``concurrency``,
+    ``input_tokens``, ``output_tokens``, ``runs`` ...: a ``ProbeConfig`` or its fields)
+    at each concurrency level, writing ``out`` (.json summary) and its .jsonl log as it
+    goes: an interrupted probe keeps every finished request. ``on_event(event, **info)``
+    sees levels, requests and warnings."""
+    from capsim.probe.runner import ProbeConfig, run_probe
+
+    config = _merge(ProbeConfig, config, fields)
+    return run_probe(config, Path(out), on_event)
+
+
+def _merge(model_type, config, fields: dict):
+    """``config`` with ``fields`` laid over (validated), or a new one from ``fields``."""
+    from pydantic import ValidationError
+
+    from capsim.errors import CapsimUserError
+
+    try:
+        if config is None:
+            return model_type(**fields)
+        if not fields:
+            return config
+        return model_type(**{**config.model_dump(), **fields})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise CapsimUserError(
+            f"{where}: {first['msg']} (got {first.get('input')!r})",
+            hint=f"see help({model_type.__name__})",
+        ) from None
