@@ -120,3 +120,15 @@ def test_calibrate_writes_the_users_folder_and_predict_applies_it(tmp_path, monk
     out = capsim.predict(gpu=gpu, model="qwen3-0.6b", concurrency=[1], requests=8)
     assert out.profile == written["name"]
     assert out.profile_path == written["path"]
+
+
+def test_the_command_starts_without_its_heavy_dependencies():
+    # start-up is instant: building the command (what --help needs) imports no numeric,
+    # validation or simulation library; each command imports what it uses
+    code = (
+        "import sys, capsim, capsim.cli.main; "
+        "print(sorted(m for m in ('numpy', 'scipy', 'simpy', 'pydantic', 'yaml', 'httpx') "
+        "if m in sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"

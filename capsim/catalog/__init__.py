@@ -1,6 +1,36 @@
-"""Catalog layer: pydantic schemas and loading of hardware_db/ plus user overlays."""
+"""Catalog layer: pydantic schemas and loading of hardware_db/ plus user overlays.
 
-from capsim.catalog.loader import Catalog, builtin_db_dir, load_catalog
-from capsim.catalog.schemas import GPU, Model, QuantFormat, Source
+Names are imported on first use (the CLI's start-up needs none of them)."""
 
-__all__ = ["GPU", "Catalog", "Model", "QuantFormat", "Source", "builtin_db_dir", "load_catalog"]
+import importlib
+
+ENV_VAR = "CAPSIM_DB"
+"""Environment variable naming extra catalog directories (os.pathsep-separated)."""
+
+_EXPORTS = {
+    "Catalog": "capsim.catalog.loader",
+    "builtin_db_dir": "capsim.catalog.loader",
+    "load_catalog": "capsim.catalog.loader",
+    "GPU": "capsim.catalog.schemas",
+    "Model": "capsim.catalog.schemas",
+    "QuantFormat": "capsim.catalog.schemas",
+    "Source": "capsim.catalog.schemas",
+}
+
+__all__ = [
+    "ENV_VAR",
+    "GPU",
+    "Catalog",
+    "Model",
+    "QuantFormat",
+    "Source",
+    "builtin_db_dir",
+    "load_catalog",
+]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'capsim.catalog' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

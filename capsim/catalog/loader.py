@@ -23,11 +23,11 @@ from typing import Generic, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from capsim.catalog import ENV_VAR
 from capsim.catalog.schemas import GPU, EfficiencyProfile, Engine, Model, QuantFormat
 from capsim.errors import CatalogError, UnknownNameError, close_matches, normalise_name
 from capsim.notices import notice
 
-ENV_VAR = "CAPSIM_DB"
 SECTIONS: dict[str, type[BaseModel]] = {
     "gpus": GPU,
     "models": Model,

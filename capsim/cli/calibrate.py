@@ -5,19 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 from rich import box
 from rich.table import Table
 
-from capsim.calibration.fit import (
-    DEFAULT_FIT,
-    cross_validate,
-    fit_profile,
-    group_by_class,
-)
-from capsim.calibration.kernels import KERNEL_FIT, fit_kernel_params, load_kernel_dataset
-from capsim.calibration.published import load_published
 from capsim.cli.common import (
     AcceptFailuresOption,
     DbOption,
@@ -63,8 +54,8 @@ def calibrate_cmd(
         str | None,
         typer.Option(
             "--fit",
-            help="Comma-separated parameters to fit (default: the hardware class's set, "
-            "else " + ",".join(DEFAULT_FIT) + ")",
+            help="Comma-separated parameters to fit (default: chosen from the data among "
+            "the hardware class's candidates and every step-time term; the table says why)",
         ),
     ] = None,
     prior_weight: PriorWeightOption = 0.0,
@@ -73,6 +64,11 @@ def calibrate_cmd(
     db: DbOption = None,
 ) -> None:
     """Fit efficiency parameters per hardware class with scipy least_squares."""
+    import numpy as np
+
+    from capsim.calibration.fit import cross_validate, fit_profile, group_by_class
+    from capsim.calibration.published import load_published
+
     cat = catalog(db)
     if out is None:
         from capsim.calibration.profiles import user_profiles_dir
@@ -151,16 +147,23 @@ def calibrate_kernels_cmd(
     weights: Annotated[
         str | None, typer.Option("--weights", help="Only these formats, e.g. bf16")
     ] = None,
-    fit: Annotated[str, typer.Option("--fit", help="Comma-separated parameters to fit")] = ",".join(
-        KERNEL_FIT
-    ),
+    fit: Annotated[
+        str | None,
+        typer.Option(
+            "--fit",
+            help="Comma-separated parameters to fit (default: the decode-layer terms, "
+            "calibration/kernels.py KERNEL_FIT)",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
     """Fit the step model's GPU terms to decode-layer measurements from one real GPU."""
+    from capsim.calibration.kernels import KERNEL_FIT, fit_kernel_params, load_kernel_dataset
+
     cat = catalog(db)
     ds = load_kernel_dataset(dataset)
-    names = tuple(split_list(fit))
+    names = tuple(split_list(fit)) if fit is not None else KERNEL_FIT
     formats = tuple(split_list(weights)) if weights else None
     result = fit_kernel_params(ds, cat, names, formats)
     if json_out:

@@ -9,7 +9,6 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from capsim.cli.common import (
     DbOption,
@@ -74,6 +73,8 @@ def capacity_cmd(
     """How many concurrent agents can this box serve within the objectives? Searches the
     closed-loop concurrency (steady state: the start-up burst is left out) and names what
     stops it."""
+    from pydantic import ValidationError
+
     from capsim.planner.capacity import Objectives, capacity
 
     try:

@@ -6,15 +6,17 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from capsim.catalog.loader import ENV_VAR, Catalog, load_catalog
-from capsim.catalog.resolve import ResolvedModel
+from capsim.catalog import ENV_VAR
 from capsim.errors import CapsimUserError
-from capsim.probe.runfile import FAILURE_SHARE_LIMIT
+
+if TYPE_CHECKING:
+    from capsim.catalog.loader import Catalog
+    from capsim.catalog.resolve import ResolvedModel
 
 EXIT_USER_ERROR = 2
 
@@ -88,8 +90,8 @@ AcceptFailuresOption = Annotated[
     bool,
     typer.Option(
         "--accept-failures",
-        help=f"Use probe-run levels where more than {FAILURE_SHARE_LIMIT:.0%} of requests "
-        "failed (their ok requests only); refused by default",
+        help="Use probe-run levels where more requests failed than calibration allows "
+        "(their ok requests only; the refusal names the share); refused by default",
     ),
 ]
 SetOption = Annotated[
@@ -192,6 +194,8 @@ global_db: list[Path] = []
 
 def catalog(db: list[Path] | None) -> Catalog:
     """The catalog with the top-level and the command's --db directories laid over it."""
+    from capsim.catalog.loader import load_catalog
+
     return load_catalog([*global_db, *(db or [])])
 
 

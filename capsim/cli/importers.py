@@ -11,7 +11,6 @@ import typer
 
 from capsim.cli.common import JsonOption, print_json, user_errors
 from capsim.cli.probe import print_run
-from capsim.probe.importers import import_results
 
 import_app = typer.Typer(help="Import benchmark results from vLLM bench, GuideLLM or AIPerf.")
 
@@ -23,6 +22,8 @@ def _command(kind: str, tool: str):
         out: Annotated[Path | None, typer.Option("--out", help="Run file to write")] = None,
         json_out: JsonOption = False,
     ) -> None:
+        from capsim.probe.importers import import_results
+
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
         summary = import_results(kind, result, target)
         if json_out:

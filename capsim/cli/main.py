@@ -8,15 +8,12 @@ suggestions on stderr and exit with code 2, without a traceback.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 from rich.table import Table
 
-from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
-from capsim.catalog.loader import ENV_VAR, Catalog, user_db_dirs
-from capsim.catalog.schemas import DTYPES, GPU, Model
+from capsim.catalog import ENV_VAR
 from capsim.cli.calibrate import calibrate_cmd, calibrate_kernels_cmd
 from capsim.cli.capacity import capacity_cmd
 from capsim.cli.common import (
@@ -47,25 +44,12 @@ from capsim.cli.plan import plan_cmd
 from capsim.cli.predict import predict_cmd
 from capsim.cli.probe import probe_app
 from capsim.cli.validate import validate_cmd
-from capsim.engine.simulate import (
-    engine_deployment,
-    engine_fit_options,
-    resolve_format,
-    resolve_params,
-)
 from capsim.errors import CapsimUserError
-from capsim.physics.memory import (
-    GB,
-    GIB,
-    fit_hint,
-    kv_layout,
-    memory_fit,
-    require_fit,
-    weight_bytes,
-)
-from capsim.physics.parameters import parameter_breakdown
-from capsim.physics.speculative import parse_spec
-from capsim.physics.step import StepBreakdown, build_step_model
+
+if TYPE_CHECKING:
+    from capsim.catalog.loader import Catalog
+    from capsim.catalog.schemas import GPU, Model
+    from capsim.physics.step import StepBreakdown
 
 app = typer.Typer(
     name="capsim",
@@ -168,6 +152,8 @@ def gpu_derived(g: GPU) -> dict[str, Any]:
 @user_errors
 def gpus_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> None:
     """Show one GPU with every field and its sources."""
+    from capsim.catalog.schemas import DTYPES
+
     g = catalog(db).gpu(name)
     derived = gpu_derived(g)
     if json_out:
@@ -214,6 +200,9 @@ def gpus_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> N
 
 def model_derived(m: Model, cat: Catalog) -> dict[str, Any]:
     """Figures derived from a model's dimensions: parameters, weights and KV per token."""
+    from capsim.physics.memory import kv_layout, weight_bytes
+    from capsim.physics.parameters import parameter_breakdown
+
     p = parameter_breakdown(m)
     derived: dict[str, Any] = {"parameters": p.as_dict()}
     weights = {}
@@ -247,6 +236,9 @@ def models_list(
     db: DbOption = None,
 ) -> None:
     """List models with their computed total and active parameters."""
+    from capsim.physics.memory import kv_layout
+    from capsim.physics.parameters import parameter_breakdown
+
     if ctx.invoked_subcommand:
         return
     cat = catalog(db)
@@ -300,6 +292,9 @@ def models_list(
 @user_errors
 def models_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> None:
     """Show one model's dimensions and derived figures (parameters, weights, KV per token)."""
+    from capsim.physics.memory import GB
+    from capsim.physics.parameters import parameter_breakdown
+
     cat, (ref,) = resolve_models(catalog(db), [name])
     m = cat.model(ref.name)
     derived = model_derived(m, cat)
@@ -370,6 +365,10 @@ def models_import_hf(
     json_out: JsonOption = False,
 ) -> None:
     """Write a model YAML from a Hugging Face config.json into a user catalog directory."""
+    from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
+    from capsim.catalog.loader import user_db_dirs
+    from capsim.physics.parameters import parameter_breakdown
+
     model = model_from_hf_config(read_config(config), name, hf_id=hf_id, source=str(config))
     if out is None:
         env_dirs = user_db_dirs()
@@ -483,6 +482,9 @@ def fit_cmd(
     db: DbOption = None,
 ) -> None:
     """Does MODEL fit on GPU? Weights, activations, KV cache capacity per GPU."""
+    from capsim.engine.simulate import engine_fit_options
+    from capsim.physics.memory import fit_hint, memory_fit, require_fit
+
     cat, (ref,) = resolve_models(catalog(db), [model])
     g = cat.gpu(gpu)
     m = cat.model(ref.name)
@@ -515,6 +517,8 @@ def fit_cmd(
 
 
 def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
+    from capsim.physics.memory import GB, GIB
+
     table = Table(
         title=f"{m.name} ({r.quant}) on {r.tp}x {g.name}"
         + (f", {replicas} replicas" if replicas > 1 else "")
@@ -554,6 +558,8 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
 
 
 def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> list[tuple[str, str]]:
+    from capsim.physics.memory import GB
+
     ms = 1e3
     rows = [
         ("sequences / tokens", f"{step.sequences} / {step.tokens:,}"),
@@ -661,6 +667,17 @@ def explain_cmd(
     db: DbOption = None,
 ) -> None:
     """Break one decode step and one prefill chunk down: bytes, FLOPs, times, what bounds it."""
+    import numpy as np
+
+    from capsim.engine.simulate import (
+        engine_deployment,
+        engine_fit_options,
+        resolve_format,
+        resolve_params,
+    )
+    from capsim.physics.speculative import parse_spec
+    from capsim.physics.step import build_step_model
+
     if batch < 1 or context < 0:
         raise CapsimUserError("--batch must be at least 1 and --context at least 0")
     cat = catalog(db)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -19,19 +19,10 @@ from capsim.cli.common import (
     save_figure,
 )
 from capsim.cli.predict import split_list
-from capsim.engine.router import ROUTER_POLICIES
 from capsim.errors import CapsimUserError, close_matches
-from capsim.planner.costs import CostModel
-from capsim.planner.search import (
-    RANKINGS,
-    Evaluated,
-    PlanRequest,
-    effective_max_num_seqs,
-    frontier_cost,
-    frontier_throughput,
-    search_plan,
-    vllm_serve_command,
-)
+
+if TYPE_CHECKING:
+    from capsim.planner.search import Evaluated, PlanRequest
 
 
 def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
@@ -176,6 +167,18 @@ def plan_cmd(
     db: DbOption = None,
 ) -> None:
     """Search GPUs, counts, TP x DP, formats, KV dtype and speculation for a workload."""
+    from capsim.engine.router import ROUTER_POLICIES
+    from capsim.planner.costs import CostModel
+    from capsim.planner.search import (
+        RANKINGS,
+        PlanRequest,
+        effective_max_num_seqs,
+        frontier_cost,
+        frontier_throughput,
+        search_plan,
+        vllm_serve_command,
+    )
+
     cat = catalog(db)
     if agents < 1:
         raise CapsimUserError("--agents must be at least 1")

@@ -9,12 +9,11 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 
-from capsim.api import predict
 from capsim.cli.common import (
     AsyncSchedulingOption,
     DbOption,
@@ -36,10 +35,10 @@ from capsim.cli.common import (
     resolve_models,
     save_figure,
 )
-from capsim.engine.router import ROUTER_POLICIES
-from capsim.engine.simulate import PredictResult
 from capsim.errors import CapsimUserError
-from capsim.physics.speculative import parse_spec
+
+if TYPE_CHECKING:
+    from capsim.engine.simulate import PredictResult
 
 MAX_LEVEL = 100_000
 
@@ -395,6 +394,10 @@ def predict_cmd(
 ) -> None:
     """Simulate N concurrent clients against a vLLM, SGLang or llama.cpp server and report
     throughput and latency per level."""
+    from capsim.api import predict
+    from capsim.engine.router import ROUTER_POLICIES
+    from capsim.physics.speculative import parse_spec
+
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):

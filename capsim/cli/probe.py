@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -21,16 +20,9 @@ from capsim.cli.common import (
 )
 from capsim.cli.predict import parse_levels
 from capsim.errors import CapsimUserError
-from capsim.physics.speculative import parse_spec
-from capsim.probe.prometheus import GENERATION_COUNTERS
-from capsim.probe.runfile import (
-    Deployment,
-    LevelSummary,
-    RunSummary,
-    failure_text,
-    level_outcomes,
-    summarize_log,
-)
+
+if TYPE_CHECKING:
+    from capsim.probe.runfile import LevelSummary, RunSummary
 
 probe_app = typer.Typer(
     help="Measure a real server (vLLM, SGLang, llama.cpp, any OpenAI-compatible one).",
@@ -41,6 +33,8 @@ probe_app = typer.Typer(
 def server_tokens(level: LevelSummary) -> float | None:
     """Output tokens the server's counters gained over the level (vLLM, SGLang or
     llama.cpp), or None when /metrics gave none."""
+    from capsim.probe.prometheus import GENERATION_COUNTERS
+
     for name in GENERATION_COUNTERS:
         if name in level.server_deltas:
             return level.server_deltas[name]
@@ -50,6 +44,8 @@ def server_tokens(level: LevelSummary) -> float | None:
 def print_run(summary: RunSummary, path: Path) -> None:
     """The run as a table: one row per level, counting only ok requests in the metrics;
     failures by outcome in their row; footnotes for what /metrics could not give."""
+    from capsim.probe.runfile import failure_text, level_outcomes
+
     columns = [
         ("C", "right", False),
         ("run", "right", False),
@@ -117,6 +113,8 @@ def print_run(summary: RunSummary, path: Path) -> None:
 def probe_config(**fields):
     """A ProbeConfig, with a value its schema refuses reported as the flag it came from
     (exit 2), not a traceback."""
+    from pydantic import ValidationError
+
     from capsim.probe.runner import ProbeConfig
 
     try:
@@ -212,6 +210,9 @@ def probe_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """Probe a server at several concurrency levels and write a run file."""
+    from capsim.physics.speculative import parse_spec
+    from capsim.probe.runfile import Deployment
+
     if ctx.invoked_subcommand:
         return
     from capsim.probe.runner import run_probe
@@ -310,6 +311,8 @@ def summarize_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """Rebuild a run's summary from its JSONL log (e.g. after an interrupted run)."""
+    from capsim.probe.runfile import summarize_log
+
     summary = summarize_log(run)
     if json_out:
         print_json(summary.model_dump(mode="json"))

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 from rich import box
 from rich.table import Table
 
-from capsim.calibration.compare import (
-    METRIC_KINDS,
-    ComparedPoint,
-    compare_dataset,
-    compare_or_skip,
-    error_summary,
-    mape,
-    mape_of,
-)
-from capsim.calibration.fit import check_fittable, cross_validate, fit_profile, group_by_class
-from capsim.calibration.published import load_published
 from capsim.cli.common import (
     AcceptFailuresOption,
     DbOption,
@@ -38,8 +26,13 @@ from capsim.cli.common import (
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 
+if TYPE_CHECKING:
+    from capsim.calibration.compare import ComparedPoint
+
 
 def markdown(points: list[ComparedPoint]) -> str:
+    from capsim.calibration.compare import mape
+
     lines = [
         "| dataset | scenario | C | metric | measured | predicted | error |",
         "|---|---|---|---|---|---|---|",
@@ -59,6 +52,9 @@ def calibrated_errors(
     """Per dataset: uncalibrated, in-sample (fitted on the dataset) and cross-validated
     (leave one concurrency level out; leave one point out) errors of every point, every
     fit pulled towards the priors by ``prior_weight``."""
+    from capsim.calibration.compare import compare_dataset
+    from capsim.calibration.fit import cross_validate, fit_profile, group_by_class
+
     rows = []
     # a dataset spanning hardware classes is fitted per class, as a calibration would
     parts = [part for group in group_by_class(datasets, cat).values() for part in group]
@@ -142,6 +138,8 @@ def empty_label(_value: float, _position=None) -> str:
 
 def minor_tick_label(value: float, _position=None) -> str:
     """Label the 2 and 5 of each decade on a log axis, leave the other minor ticks bare."""
+    import numpy as np
+
     if value <= 0:
         return ""
     leading = round(value / 10 ** np.floor(np.log10(value)))
@@ -155,6 +153,9 @@ def plot_parity(panels: dict[str, list[tuple[str, float, float]]], path: Path) -
     metrics share a panel: each is compared with its own measurement, and the axes are
     in the metric's own unit (tok/s or s)."""
     import matplotlib
+    import numpy as np
+
+    from capsim.calibration.compare import mape_of
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -204,6 +205,7 @@ def plot_parity(panels: dict[str, list[tuple[str, float, float]]], path: Path) -
 def summarize_errors(rows: list[dict]) -> list[dict]:
     """Per dataset and per metric within it: the MAPE of each error column (percent;
     None where no point has that error)."""
+    from capsim.calibration.compare import mape_of
 
     def mapes(sub: list[dict]) -> dict:
         out = {}
@@ -265,6 +267,10 @@ def validate_cmd(
     db: DbOption = None,
 ) -> None:
     """Predict every published measurement and report the error."""
+    from capsim.calibration.compare import METRIC_KINDS, compare_or_skip, error_summary, mape
+    from capsim.calibration.fit import check_fittable
+    from capsim.calibration.published import load_published
+
     cat = catalog(db)
     overrides = parse_overrides(set_values)
     if overrides and calibrated:
