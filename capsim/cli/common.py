@@ -140,8 +140,34 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
     return overrides
 
 
+UNIT_SUFFIXES = ("_w", "_s", "_ms", "_usd")
+"""Unit suffixes of config fields that their flags leave out (power_limit_w: --power-limit)."""
+
+
+def flag_of(field: str) -> str:
+    """The CLI flag of a config field, as the commands name them."""
+    for suffix in UNIT_SUFFIXES:
+        if field.endswith(suffix):
+            field = field.removesuffix(suffix)
+            break
+    return "--" + field.replace("_", "-")
+
+
+def validation_user_error(exc) -> CapsimUserError:
+    """A pydantic ValidationError from a config the command built from its flags, as a
+    user error naming the flag, what it must be and the value given."""
+    first = exc.errors()[0]
+    field = next((str(part) for part in reversed(first["loc"]) if isinstance(part, str)), "")
+    flag = flag_of(field) if field else "a value"
+    return CapsimUserError(
+        f"{flag} {first.get('input')!r}: {first['msg'].lower()}",
+        hint=f"see --help for {flag}",
+    )
+
+
 def user_errors(func):
-    """Turn CapsimUserError into a one-line message and exit code 2."""
+    """Turn CapsimUserError (and a config that refuses a flag's value) into a one-line
+    message and exit code 2."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -149,7 +175,13 @@ def user_errors(func):
             result = func(*args, **kwargs)
             print_notices()
             return result
-        except CapsimUserError as exc:
+        except Exception as exc:
+            if type(exc).__name__ == "ValidationError" and type(exc).__module__.startswith(
+                "pydantic"
+            ):
+                exc = validation_user_error(exc)
+            elif not isinstance(exc, CapsimUserError):
+                raise
             print_notices()
             err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
             if exc.suggestions:

@@ -639,7 +639,8 @@ def explain_cmd(
     batch: Annotated[int, typer.Option("--batch", help="Sequences in the decode step")] = 1,
     context: Annotated[int, typer.Option("--context", help="Tokens in each sequence's KV")] = 2048,
     prefill_chunk: Annotated[
-        int | None, typer.Option("--prefill-chunk", help="Tokens of the prefill chunk")
+        int | None,
+        typer.Option("--prefill-chunk", min=1, help="Tokens of the prefill chunk"),
     ] = None,
     spec: Annotated[
         str | None, typer.Option("--spec", help="Speculative decoding, e.g. mtp:2, ngram:4")

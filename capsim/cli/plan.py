@@ -74,14 +74,23 @@ def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
     save_figure(fig, path)
 
 
-def positive_ints(text: str, flag: str, example: str) -> tuple[int, ...]:
-    """A comma-separated list of positive integers, or a clear error."""
+MAX_GPUS_PER_NODE = 72
+"""The largest --counts: GPUs in one NVLink domain (GB200 NVL72)."""
+
+MAX_NODES = 1024
+"""The largest --nodes the planner simulates (each replica is simulated)."""
+
+
+def positive_ints(text: str, flag: str, example: str, most: int | None = None) -> tuple[int, ...]:
+    """A comma-separated list of positive integers (at most ``most``), or a clear error."""
     try:
         values = tuple(int(v) for v in split_list(text))
     except ValueError:
         raise CapsimUserError(f"malformed {flag} '{text}'", hint=example) from None
     if not values or min(values) < 1:
         raise CapsimUserError(f"{flag} '{text}' needs positive integers", hint=example)
+    if most is not None and max(values) > most:
+        raise CapsimUserError(f"{flag} '{text}': at most {most}", hint=example)
     return values
 
 
@@ -182,7 +191,7 @@ def plan_cmd(
     cat = catalog(db)
     if agents < 1:
         raise CapsimUserError("--agents must be at least 1")
-    gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8")
+    gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8", MAX_GPUS_PER_NODE)
     try:
         power_fractions = tuple(float(v) for v in split_list(power_limits))
     except ValueError:
@@ -194,7 +203,7 @@ def plan_cmd(
             f"--power-limits '{power_limits}' must be fractions of TDP between 0.2 and 1",
             hint="e.g. --power-limits 1,0.8,0.7",
         )
-    node_counts = positive_ints(nodes, "--nodes", "e.g. 1,2,4")
+    node_counts = positive_ints(nodes, "--nodes", "e.g. 1,2,4", MAX_NODES)
     seqs: tuple[int | None, ...] = (None,)
     if max_num_seqs:
         seqs = positive_ints(max_num_seqs, "--max-num-seqs", "e.g. 64,128,256")

@@ -20,6 +20,7 @@ expected value of a measurement) carries less sampling noise of its own.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,8 +101,9 @@ class LengthSpec:
         return np.maximum(self.sample(rng, n), 0.0)
 
 
-def parse_length(text: str | int | float, what: str = "length") -> LengthSpec:
-    """Parse a distribution string (see the module docstring)."""
+def parse_length(text: str | int | float, what: str = "length", minimum: float = 0.0) -> LengthSpec:
+    """Parse a distribution string (see the module docstring); a fixed value, a uniform
+    range's low end and a normal or lognormal centre must be at least ``minimum``."""
     if isinstance(text, int | float):
         text = str(text)
     raw = text.strip()
@@ -109,8 +111,8 @@ def parse_length(text: str | int | float, what: str = "length") -> LengthSpec:
     try:
         if ":" not in raw:
             value = float(raw)
-            if value < 0:
-                raise ValueError("negative")
+            if not math.isfinite(value) or value < minimum:
+                raise ValueError(f"must be a number >= {minimum:g}")
             return LengthSpec("fixed", value, text=raw)
         kind, _, rest = raw.partition(":")
         kind = kind.lower()
@@ -123,15 +125,21 @@ def parse_length(text: str | int | float, what: str = "length") -> LengthSpec:
                 values = [float(v) for v in content.split()]
             if not values:
                 raise ValueError("empty file")
+            if not all(math.isfinite(v) and v >= minimum for v in values):
+                raise ValueError(f"every value must be a number >= {minimum:g}")
             return LengthSpec("file", values=tuple(values), text=raw)
         a_text, _, b_text = rest.partition(",")
         a, b = float(a_text), float(b_text)
         if kind not in KINDS or kind == "fixed":
             raise ValueError(f"unknown distribution '{kind}'")
-        if kind == "uniform" and not 0 <= a <= b:
-            raise ValueError("uniform needs 0 <= A <= B")
-        if kind in ("normal", "lognormal") and (a <= 0 or b < 0):
-            raise ValueError("needs a positive centre and a non-negative spread")
+        if not (math.isfinite(a) and math.isfinite(b)):
+            raise ValueError("needs finite numbers")
+        if kind == "uniform" and not minimum <= a <= b:
+            raise ValueError(f"uniform needs {minimum:g} <= A <= B")
+        if kind in ("normal", "lognormal") and (a <= 0 or a < minimum or b < 0):
+            raise ValueError(
+                f"needs a centre of at least {max(minimum, 0):g} and a non-negative spread"
+            )
         return LengthSpec(kind, a, b, text=raw)
     except FileNotFoundError:
         raise CapsimUserError(f"{what} file '{raw[5:]}' does not exist", hint=hint) from None

@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 import simpy
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from capsim.catalog.loader import Catalog, load_catalog, process_catalog
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
@@ -44,6 +44,12 @@ from capsim.physics.memory import (
 from capsim.physics.speculative import SpecConfig
 from capsim.physics.step import Deployment, StepModel, build_step_model, default_efficiency
 
+MAX_TP = 72
+"""The widest tensor-parallel group: the largest NVLink domain (GB200 NVL72)."""
+
+MAX_GPUS = 16_384
+"""The most GPUs one prediction simulates (every data-parallel replica is simulated)."""
+
 
 class PredictConfig(BaseModel):
     """Everything one prediction needs; field names follow the CLI flags."""
@@ -53,9 +59,9 @@ class PredictConfig(BaseModel):
     gpu: str
     model: str
     quant: str | None = None
-    gpus: int | None = Field(None, ge=1, description="GPUs in total (default tp x dp)")
-    tp: int = Field(1, ge=1)
-    dp: int | None = Field(None, ge=1, description="Replicas (default gpus / tp)")
+    gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs in total (default tp x dp)")
+    tp: int = Field(1, ge=1, le=MAX_TP)
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Replicas (default gpus / tp)")
     interconnect: str = "auto"
     kv_dtype: str = "auto"
     workload: WorkloadKind = "closed"
@@ -109,7 +115,7 @@ class PredictConfig(BaseModel):
     router: RouterPolicy = "round_robin"
     router_latency_s: float = 0.0
     router_capacity_rps: float | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="Random seed (a non-negative integer)")
     fast_forward: bool = True
     efficiency_overrides: dict[str, float] = Field(default_factory=dict)
     kv_capacity_tokens: int | None = Field(
@@ -119,6 +125,12 @@ class PredictConfig(BaseModel):
         "auto",
         description="Calibration profile: auto (the GPU class's, if any), none, a name or a path",
     )
+
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _at_least_one_token(cls, value: str, info) -> str:
+        parse_length(value, "--" + info.field_name.replace("_", "-"), minimum=1)
+        return value
 
     def default_requests(self, level: int) -> int:
         """Requests per level when --requests is not given."""

@@ -11,18 +11,38 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from capsim.catalog.schemas import GPU
+from capsim.errors import CapsimUserError
 
 HOURS_PER_YEAR = 8760.0
 
 
 @dataclass(frozen=True)
 class CostModel:
+    """How a configuration's cost is counted: over ``years`` of use (> 0), energy at
+    ``kwh_price_usd`` per kWh (>= 0), or GPUs rented at ``cloud_usd_per_gpu_hour``."""
+
     years: float = 3.0
     kwh_price_usd: float = 0.15
     cloud_usd_per_gpu_hour: float | None = None
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("--years", self.years, self.years > 0, "a positive number of years"),
+            ("--kwh-price", self.kwh_price_usd, self.kwh_price_usd >= 0, "0 or more USD"),
+            (
+                "--cloud-hourly",
+                self.cloud_usd_per_gpu_hour,
+                self.cloud_usd_per_gpu_hour is None or self.cloud_usd_per_gpu_hour >= 0,
+                "0 or more USD per GPU-hour",
+            ),
+        )
+        for flag, value, ok, allowed in checks:
+            if not ok or (value is not None and not math.isfinite(value)):
+                raise CapsimUserError(f"{flag} {value:g}: must be {allowed}")
 
 
 @dataclass(frozen=True)

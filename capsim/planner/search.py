@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
+from capsim.engine.lengths import parse_length
 from capsim.engine.router import RouterPolicy
 from capsim.engine.simulate import PredictConfig
 from capsim.errors import CapsimUserError, close_matches
@@ -64,6 +65,12 @@ class PlanRequest:
     pessimistic: bool = False
     """Check the SLOs at the pessimistic edge of each figure's 80% band, not at the
     prediction."""
+
+    def __post_init__(self) -> None:
+        if self.agents < 1:
+            raise CapsimUserError(f"--agents {self.agents}: must be at least 1")
+        parse_length(self.input_tokens, "--input-tokens", minimum=1)
+        parse_length(self.output_tokens, "--output-tokens", minimum=1)
 
 
 @dataclass
@@ -261,7 +268,7 @@ def _evaluate_on_dask(args: list, scheduler: str) -> list:
     own = not isinstance(scheduler, Client)
     try:
         client = Client(scheduler, timeout=f"{DASK_CONNECT_TIMEOUT_S}s") if own else scheduler
-    except OSError as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise CapsimUserError(
             f"cannot reach the Dask scheduler at {scheduler}: {exc}",
             hint="check the address (tcp://host:8786) and that the scheduler is running",
@@ -292,8 +299,10 @@ def evaluate(
     else:
         results = [_evaluate(a) for a in args]
     evaluated = []
+    rejected = []
     for c, r in zip(candidates, results, strict=True):
         if isinstance(r, str):
+            rejected.append(f"{c.label()}: {r}")
             continue  # rejected by the engine (e.g. prompts longer than max_model_len)
         out_tok_s, per_agent, ttft90, band, factors = r
         gpu = cat.gpu(c.gpu)
@@ -315,6 +324,11 @@ def evaluate(
                 reasons.append(f"cost {spend:,.0f} > budget {req.budget_usd:,.0f} USD")
         evaluated.append(
             Evaluated(c, out_tok_s, per_agent, ttft90, cost, not reasons, reasons, band)
+        )
+    if rejected and not evaluated:
+        raise CapsimUserError(
+            f"none of the {len(rejected)} configurations could be simulated; the first: "
+            + rejected[0]
         )
     return evaluated
 

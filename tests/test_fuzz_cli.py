@@ -1,0 +1,210 @@
+"""Every flag of every command, given random values (zero, negative, huge, malformed):
+capsim answers with its output or a one-line error (exit 2), never a Python traceback."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+import typer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "calibration" / "runs" / "cpu-vllm-tiny-qwen3.json"
+KERNELS = ROOT / "calibration" / "kernels" / "h100-sxm-decode-layers.json"
+CLOSED_PORT = "http://127.0.0.1:9"
+
+BASE: dict[str, list[str]] = {
+    "gpus": [],
+    "gpus show": ["rtx3090"],
+    "models": [],
+    "models show": ["qwen3-8b"],
+    "models import-hf": ["no-such-config.json"],
+    "quants": [],
+    "engines": [],
+    "fit": ["--gpu", "rtx3090", "--model", "qwen3-8b"],
+    "explain": ["--gpu", "rtx3090", "--model", "qwen3-8b"],
+    "predict": [
+        "--gpu",
+        "rtx3090",
+        "--model",
+        "qwen3-8b",
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "8",
+        "--output-tokens",
+        "32",
+    ],
+    "capacity": [
+        "--gpu",
+        "rtx3090",
+        "--model",
+        "qwen3-8b",
+        "--min-agent-tok-s",
+        "5",
+        "--output-tokens",
+        "32",
+    ],
+    "plan": [
+        "--model",
+        "qwen3-8b",
+        "--agents",
+        "2",
+        "--gpus",
+        "rtx3090",
+        "--counts",
+        "1",
+        "--output-tokens",
+        "32",
+    ],
+    "validate": [str(RUN)],
+    "calibrate": [str(RUN), "--fit", "step_overhead_us"],
+    "calibrate-kernels": [str(KERNELS)],
+    "probe": [
+        "--url",
+        CLOSED_PORT,
+        "--model",
+        "m",
+        "--concurrency",
+        "1",
+        "--requests",
+        "1",
+        "--no-warmup",
+        "--timeout",
+        "2",
+    ],
+    "probe summarize": [str(RUN)],
+    "import vllm-bench": ["no-such-result.json"],
+    "import guidellm": ["no-such-result.json"],
+    "import aiperf": ["no-such-result.json"],
+}
+"""Arguments that make each command quick, laid under the fuzzed flag."""
+
+SIZE_FLAGS = {
+    "--requests",
+    "--concurrency",
+    "--agents",
+    "--rounds",
+    "--turns",
+    "--runs",
+    "--counts",
+    "--input-tokens",
+    "--output-tokens",
+    "--rate",
+    "--tool-tokens",
+}
+"""Flags whose large valid values are real work (a billion requests runs, slowly): fuzzed
+with bad values only."""
+
+SLOW_COMMANDS = {"calibrate", "validate", "plan", "capacity", "calibrate-kernels"}
+
+BAD_VALUES = [
+    "0",
+    "-1",
+    "-5",
+    "-1e9",
+    "1e999",
+    "nan",
+    "inf",
+    "-inf",
+    "",
+    " ",
+    "abc",
+    "1..",
+    "..5",
+    "5..1",
+    "1,,2",
+    "x=y",
+    "=",
+    ":",
+    "%",
+    "1.5",
+    "0.0",
+    "-0",
+    "99999999999999999999",
+    "1e-300",
+    "☃",
+    "--",
+    "../../etc/passwd",
+]
+HUGE_VALUES = ["1e12", "123456789", "1000000"]
+
+
+def command_params(path: str) -> list:
+    command = typer.main.get_command(app)
+    for part in path.split():
+        command = command.commands[part]
+    return [
+        p
+        for p in command.params
+        if getattr(p, "opts", None)
+        and p.opts[0].startswith("--")
+        and not getattr(p, "is_flag", False)
+        and p.opts[0] not in ("--db", "--plot", "--out", "--help")
+    ]
+
+
+def values(flag: str):
+    bad = st.sampled_from(BAD_VALUES) | st.text(
+        alphabet=string.printable + "é☃", min_size=0, max_size=12
+    ).filter(lambda s: not s.startswith("-"))
+    if flag in SIZE_FLAGS:
+        return bad
+    return bad | st.sampled_from(HUGE_VALUES) | st.integers(-(10**15), 10**15).map(str)
+
+
+def check(path: str, args: list[str]) -> None:
+    result = CliRunner().invoke(app, [*path.split(), *BASE[path], *args])
+    where = f"capsim {path} {' '.join(BASE[path] + args)}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"{where}: {result.exception!r}"
+    )
+    assert "Traceback" not in result.output, where
+    assert result.exit_code in (0, 1, 2, 130), f"{where}: exit {result.exit_code}"
+    if result.exit_code == 2:
+        assert result.stderr.strip(), f"{where}: exit 2 without a message"
+
+
+CASES = [(path, param.opts[0]) for path in sorted(BASE) for param in command_params(path)] + [
+    (path, None) for path in sorted(BASE) if not command_params(path)
+]
+
+
+@pytest.mark.parametrize(("path", "flag"), CASES, ids=[f"{p}:{f}" for p, f in CASES])
+def test_every_flag_of_every_command_takes_any_value_without_a_traceback(path, flag, tmp_path):
+    if flag is None:
+        check(path, [])
+        return
+    extra = ["--out", str(tmp_path / "p.yaml")] if path == "calibrate" else []
+
+    @settings(
+        max_examples=3 if path in SLOW_COMMANDS else 6,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(value=values(flag))
+    def fuzz(value):
+        check(path, [f"{flag}={value}", *extra])
+
+    fuzz()
+
+
+def test_every_command_has_quick_arguments_for_the_fuzz():
+    command = typer.main.get_command(app)
+    paths = []
+    for name, sub in command.commands.items():
+        if getattr(sub, "commands", None):
+            if sub.callback is not None and name != "import":
+                paths.append(name)
+            paths += [f"{name} {n}" for n in sub.commands]
+        else:
+            paths.append(name)
+    assert set(paths) <= set(BASE), set(paths) - set(BASE)
