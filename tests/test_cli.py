@@ -101,6 +101,33 @@ def test_fit_with_gpus_and_tp():
             "gpu_memory_utilization",
         ),
         (("gpus", "show", "h1000"), "unknown gpu"),
+        (
+            (
+                "predict",
+                "--gpu",
+                "rtx3090",
+                "--model",
+                "qwen3-8b",
+                "--spec",
+                "mtp:2",
+                "--spec-acceptance",
+                "1.5",
+            ),
+            "--spec-acceptance 1.5: acceptance rates must be within [0, 1]",
+        ),
+        (
+            ("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--spec-acceptance", "0.7"),
+            "--spec-acceptance needs --spec",
+        ),
+        (
+            ("explain", "--gpu", "h100-sxm", "--model", "qwen3-8b", "--power-limit", "100"),
+            "outside the range h100-sxm can be set to: 200.0-700.0 W",
+        ),
+        (
+            ("explain", "--gpu", "rtx3090", "--model", "qwen3-8b", "--power-limit", "50"),
+            "below 25% of rtx3090's TDP",
+        ),
+        (("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--output-tokens", "0"), ">= 1"),
         (("models", "show", "llama-4"), "unknown model"),
     ],
 )

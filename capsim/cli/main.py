@@ -682,6 +682,10 @@ def explain_cmd(
     if batch < 1 or context < 0:
         raise CapsimUserError("--batch must be at least 1 and --context at least 0")
     cat = catalog(db)
+    if spec_acceptance is not None and not spec:
+        raise CapsimUserError(
+            "--spec-acceptance needs --spec", hint="e.g. --spec mtp:2 --spec-acceptance 0.8"
+        )
     spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
     overrides = parse_overrides(set_values)
     g = cat.gpu(gpu)

@@ -414,6 +414,10 @@ def predict_cmd(
         raise CapsimUserError(f"unknown arrival process '{arrival}'", hint="poisson or gamma")
     levels = parse_levels(concurrency) if workload != "open" else [1]
     rates = parse_rates(rate) if rate else []
+    if spec_acceptance is not None and not spec:
+        raise CapsimUserError(
+            "--spec-acceptance needs --spec", hint="e.g. --spec mtp:2 --spec-acceptance 0.8"
+        )
     spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
     overrides = parse_overrides(set_values)
     try:

@@ -129,7 +129,22 @@ def parse_spec(text: str, acceptance: float | list[float] | None = None) -> Spec
             values["acceptance"] = tuple(acceptance) if isinstance(acceptance, list) else acceptance
         return SpecConfig(**values)
     except (ValueError, TypeError) as exc:
-        detail = str(exc).splitlines()[-1] if str(exc) else "malformed"
+        errors = getattr(exc, "errors", None)
+        if errors is not None:  # pydantic: name the field and what it must be
+            first = errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            if field == "acceptance" or "acceptance" in first["msg"]:
+                given = acceptance if field != "acceptance" else first.get("input")
+                raise CapsimUserError(
+                    f"--spec-acceptance {given!r}: "
+                    + first["msg"].lower().removeprefix("value error, "),
+                    hint="the share of draft tokens accepted, in [0, 1]: one value, or one "
+                    "per draft position (comma-separated)",
+                ) from None
+            message = first["msg"].lower().removeprefix("value error, ")
+            detail = f"{field}: {message}" if field else message
+        else:
+            detail = str(exc).splitlines()[-1] if str(exc) else "malformed"
         raise CapsimUserError(
             f"cannot read --spec '{text}' ({detail})",
             hint="use METHOD:K such as mtp:2, eagle:3, ngram:4, or draft:MODEL:K; an EAGLE "
