@@ -16,8 +16,9 @@ quick.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from capsim.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -81,14 +82,7 @@ if TYPE_CHECKING:
     from capsim.probe.runner import ProbeConfig
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'capsim' has no attribute {name!r}")
-    imported = importlib.import_module(module)
-    value = imported if module == f"capsim.{name}" else getattr(imported, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

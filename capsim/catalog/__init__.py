@@ -2,7 +2,7 @@
 
 Names are imported on first use (the CLI's start-up needs none of them)."""
 
-import importlib
+from capsim.lazy import lazy_exports
 
 ENV_VAR = "CAPSIM_DB"
 """Environment variable naming extra catalog directories (os.pathsep-separated)."""
@@ -28,9 +28,4 @@ __all__ = [
     "load_catalog",
 ]
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'capsim.catalog' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -153,15 +153,16 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def validation_user_error(exc) -> CapsimUserError:
+def validation_user_error(exc, help_command: str = "--help") -> CapsimUserError:
     """A pydantic ValidationError from a config the command built from its flags, as a
-    user error naming the flag, what it must be and the value given."""
+    user error naming the flag, what it must be and the value given (the hint points at
+    ``help_command``)."""
     first = exc.errors()[0]
     field = next((str(part) for part in reversed(first["loc"]) if isinstance(part, str)), "")
     flag = flag_of(field) if field else "a value"
     return CapsimUserError(
         f"{flag} {first.get('input')!r}: {first['msg'].lower()}",
-        hint=f"see --help for {flag}",
+        hint=f"see {help_command} for {flag}",
     )
 
 
@@ -205,12 +206,7 @@ def predict_config(**fields):
     try:
         return PredictConfig(**fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-")
-        raise CapsimUserError(
-            f"{flag} {first['input']!r}: {first['msg'].lower()}",
-            hint=f"see 'capsim predict --help' for {flag}",
-        ) from None
+        raise validation_user_error(exc, "'capsim predict --help'") from None
 
 
 def print_notices() -> None:
@@ -272,6 +268,20 @@ def parse_acceptance(text: str | None) -> float | list[float] | None:
             hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
         ) from None
     return values[0] if len(values) == 1 else values
+
+
+def spec_config(spec: str | None, acceptance: str | None):
+    """The SpecConfig of ``--spec`` with ``--spec-acceptance`` (None without --spec; an
+    acceptance without --spec is an error)."""
+    if not spec:
+        if acceptance is not None:
+            raise CapsimUserError(
+                "--spec-acceptance needs --spec", hint="e.g. --spec mtp:2 --spec-acceptance 0.8"
+            )
+        return None
+    from capsim.physics.speculative import parse_spec
+
+    return parse_spec(spec, parse_acceptance(acceptance))
 
 
 def progress_bar():

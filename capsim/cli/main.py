@@ -33,10 +33,10 @@ from capsim.cli.common import (
     fitted_table,
     fmt_num,
     global_db,
-    parse_acceptance,
     parse_overrides,
     print_json,
     resolve_models,
+    spec_config,
     user_errors,
 )
 from capsim.cli.importers import import_app
@@ -676,17 +676,12 @@ def explain_cmd(
         resolve_format,
         resolve_params,
     )
-    from capsim.physics.speculative import parse_spec
     from capsim.physics.step import build_step_model
 
     if batch < 1 or context < 0:
         raise CapsimUserError("--batch must be at least 1 and --context at least 0")
     cat = catalog(db)
-    if spec_acceptance is not None and not spec:
-        raise CapsimUserError(
-            "--spec-acceptance needs --spec", hint="e.g. --spec mtp:2 --spec-acceptance 0.8"
-        )
-    spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
+    spec_cfg = spec_config(spec, spec_acceptance)
     overrides = parse_overrides(set_values)
     g = cat.gpu(gpu)
     eng = cat.engine(engine)

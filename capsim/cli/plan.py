@@ -19,7 +19,7 @@ from capsim.cli.common import (
     save_figure,
 )
 from capsim.cli.predict import split_list
-from capsim.errors import CapsimUserError, close_matches
+from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
     from capsim.planner.search import Evaluated, PlanRequest
@@ -179,7 +179,6 @@ def plan_cmd(
     from capsim.engine.router import ROUTER_POLICIES
     from capsim.planner.costs import CostModel
     from capsim.planner.search import (
-        RANKINGS,
         PlanRequest,
         effective_max_num_seqs,
         frontier_cost,
@@ -189,8 +188,6 @@ def plan_cmd(
     )
 
     cat = catalog(db)
-    if agents < 1:
-        raise CapsimUserError("--agents must be at least 1")
     gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8", MAX_GPUS_PER_NODE)
     try:
         power_fractions = tuple(float(v) for v in split_list(power_limits))
@@ -236,12 +233,6 @@ def plan_cmd(
         pessimistic=pessimistic,
         cost=CostModel(years=years, kwh_price_usd=kwh_price, cloud_usd_per_gpu_hour=cloud_hourly),
     )
-    if rank not in RANKINGS:
-        raise CapsimUserError(
-            f"unknown ranking '{rank}'",
-            hint="use " + ", ".join(RANKINGS),
-            suggestions=close_matches(rank, RANKINGS),
-        )
     outcome = search_plan(req, cat, rank, dask_scheduler=dask_scheduler)
     items, pruned = outcome.configurations, outcome.pruned_for_memory
     front_tp, front_cost = frontier_throughput(items), frontier_cost(items)

@@ -29,11 +29,11 @@ from capsim.cli.common import (
     catalog,
     console,
     fitted_table,
-    parse_acceptance,
     parse_overrides,
     predict_config,
     resolve_models,
     save_figure,
+    spec_config,
 )
 from capsim.errors import CapsimUserError
 
@@ -396,7 +396,6 @@ def predict_cmd(
     throughput and latency per level."""
     from capsim.api import predict
     from capsim.engine.router import ROUTER_POLICIES
-    from capsim.physics.speculative import parse_spec
 
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
@@ -414,11 +413,7 @@ def predict_cmd(
         raise CapsimUserError(f"unknown arrival process '{arrival}'", hint="poisson or gamma")
     levels = parse_levels(concurrency) if workload != "open" else [1]
     rates = parse_rates(rate) if rate else []
-    if spec_acceptance is not None and not spec:
-        raise CapsimUserError(
-            "--spec-acceptance needs --spec", hint="e.g. --spec mtp:2 --spec-acceptance 0.8"
-        )
-    spec_cfg = parse_spec(spec, parse_acceptance(spec_acceptance)) if spec else None
+    spec_cfg = spec_config(spec, spec_acceptance)
     overrides = parse_overrides(set_values)
     try:
         tps = [int(v) for v in split_list(tp)]

@@ -902,15 +902,9 @@ def predict(
     """
     setup = build_setup(config, catalog, params, profile)
     params = setup.base_params
-    if config.workload == "open":
-        if not config.rates:
-            raise CapsimUserError("the open workload needs --rate (one or more, comma-separated)")
-        levels: list[float] = list(config.rates)
-    elif config.workload == "trace":
-        levels = [0.0]
-    else:
-        levels = [float(c) for c in config.concurrency]
-    workloads = [make_workload(config, level) for level in levels]
+    if config.workload == "open" and not config.rates:
+        raise CapsimUserError("the open workload needs --rate (one or more, comma-separated)")
+    workloads = [make_workload(config, level) for level in sweep_levels(config)]
     for w in workloads:
         check_lengths(setup, w)
     total_requests = sum(level_requests(w) for w in workloads)
@@ -956,7 +950,7 @@ def predict(
         quant=setup.fmt.name,
         quant_reason=setup.quant_reason,
         profile=setup.profile.name if setup.profile is not None else None,
-        profile_path=getattr(setup.profile, "path", None) if setup.profile is not None else None,
+        profile_path=getattr(setup.profile, "path", None),
         replicas=setup.dp,
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,
@@ -972,17 +966,21 @@ def profile_warnings(profile) -> list[str]:
     return [f"profile {profile.name} fits poorly: {w}" for w in profile.warnings]
 
 
+def sweep_levels(config: PredictConfig) -> list[float]:
+    """The levels a prediction simulates: arrival rates for open, one for a trace,
+    else concurrencies."""
+    if config.workload == "open":
+        return list(config.rates)
+    if config.workload == "trace":
+        return [0.0]
+    return [float(c) for c in config.concurrency]
+
+
 def rerun_with(config: PredictConfig, catalog, setup: Setup) -> Callable:
     """A function that runs some of this prediction's levels again (indices into its
     levels), with some efficiency parameters overridden and PROPAGATION_REQUESTS requests a
     level (for the profile's parameter uncertainty), in this process, without bands."""
-    levels = (
-        list(config.rates)
-        if config.workload == "open"
-        else [0.0]
-        if config.workload == "trace"
-        else [float(c) for c in config.concurrency]
-    )
+    levels = sweep_levels(config)
 
     def rerun(overrides: dict[str, float], indices: list[int]) -> list[LevelResult]:
         params = setup.step_model.params.with_overrides(overrides)
@@ -993,7 +991,7 @@ def rerun_with(config: PredictConfig, catalog, setup: Setup) -> Callable:
             if config.workload == "open":
                 update = {
                     "rates": [level],
-                    "requests": min(config.requests or 200, PROPAGATION_REQUESTS),
+                    "requests": min(make_workload(config, level).requests, PROPAGATION_REQUESTS),
                 }
             elif config.workload in ("closed", "batch", "agents"):
                 update = {"concurrency": [int(level)]}
