@@ -117,7 +117,8 @@ def test_parameter_spread_is_simulated_at_a_few_levels_and_interpolated_in_log_l
         ]
 
     profile = SimpleNamespace(
-        parameters={"p": SimpleNamespace(value=1.0, std=0.5, bounds=(0.0, 10.0))}
+        parameters={"p": SimpleNamespace(value=1.0, std=0.5, bounds=(0.0, 10.0))},
+        correlation_between=lambda a, b: 1.0 if a == b else 0.0,
     )
     spread = propagated_log_sd([level(c, 100.0 * c) for c in levels], profile, rerun)
     assert len(calls) == 2 and all(len(c) == PROPAGATION_LEVELS for c in calls)
@@ -126,3 +127,53 @@ def test_parameter_spread_is_simulated_at_a_few_levels_and_interpolated_in_log_l
     assert spread[13]["output_tok_s"] == pytest.approx(14 / 64)
     x = (np.log(20) - np.log(14)) / (np.log(26) - np.log(14))
     assert spread[19]["output_tok_s"] == pytest.approx((1 - x) * 14 / 64 + x * 26 / 64)
+
+
+def _two_parameter_profile(rho: float, bounds=(0.0, 10.0), b_std: float = 1.0):
+    from capsim.calibration.profiles import FittedParameter, Profile
+
+    def param(value: float, std: float) -> FittedParameter:
+        return FittedParameter(value=value, prior=value, std=std, identifiable=True, bounds=bounds)
+
+    return Profile(
+        name="t",
+        hardware_class="c",
+        fitted_from=[],
+        parameters={"a": param(4.0, 2.0), "b": param(2.0, b_std)},
+        correlation={"a": {"b": rho}} if rho else {},
+        log_residual_sd=0.1,
+        points=0,
+        residuals=[],
+    )
+
+
+def test_uncorrelated_parameters_each_move_by_their_standard_error():
+    from capsim.engine.bands import uncertainty_moves
+
+    # a's sd is 50% of its value, b's 25%: a first
+    moves = uncertainty_moves(_two_parameter_profile(0.0, b_std=0.5))
+    assert moves == [{"a": pytest.approx(6.0), "b": pytest.approx(2.0)}, {"a": 4.0, "b": 2.5}]
+
+
+def test_parameters_that_trade_off_move_together_along_the_ridge():
+    from capsim.engine.bands import uncertainty_moves
+
+    # rho = -1: one direction only, a up by its sd while b goes down by its: covariance
+    # [[4, -2], [-2, 1]] has eigenvalues 5 and 0, axis (2, -1)/sqrt(5), step (2, -1)
+    (move,) = uncertainty_moves(_two_parameter_profile(-1.0))
+    assert move == {"a": pytest.approx(6.0), "b": pytest.approx(1.0)}
+    # rho = 0.6: both axes of [[4, 1.2], [1.2, 1]] (two parameters, two axes); each
+    # move's log-changes then add in quadrature to J C J^T for any linear figure
+    moves = uncertainty_moves(_two_parameter_profile(0.6))
+    jac = np.array([0.3, -0.7])  # a figure's log change per unit of a and of b
+    cov = np.array([[4.0, 1.2], [1.2, 1.0]])
+    variance = sum((jac @ (np.array([m["a"], m["b"]]) - [4.0, 2.0])) ** 2 for m in moves)
+    assert variance == pytest.approx(jac @ cov @ jac)
+
+
+def test_a_move_past_a_bound_goes_the_other_way_or_as_far_as_it_can():
+    from capsim.engine.bands import uncertainty_moves
+
+    moves = uncertainty_moves(_two_parameter_profile(0.0, bounds=(0.0, 5.0), b_std=0.5))
+    # a = 4 + 2 leaves [0, 5]: it goes down to 2; b = 2 + 0.5 stays
+    assert moves == [{"a": pytest.approx(2.0), "b": pytest.approx(2.0)}, {"a": 4.0, "b": 2.5}]

@@ -14,6 +14,7 @@ optimum left it at (near its prior, the hardware-class default, when the data ig
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -183,17 +184,36 @@ def start_point(
     return np.clip([start.get(n, x0[i]) for i, n in enumerate(names)], lower, upper)
 
 
-def jacobian_std(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
-    """Standard errors of least-squares parameters from the Jacobian at the optimum:
-    sqrt(diag(s^2 (J^T J)^-1)), s^2 = sum(r^2) / (n - p); infinite where it cannot be
-    inverted."""
+def jacobian_covariance(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Covariance of least-squares parameters from the Jacobian at the optimum (units of
+    the parameters squared): s^2 (J^T J)^-1, s^2 = sum(r^2) / (n - p) (pseudo-inverse);
+    infinite where it cannot be computed."""
     n, p = jac.shape
     s2 = float(residuals @ residuals) / max(n - p, 1)
     try:
-        cov = np.linalg.pinv(jac.T @ jac) * s2
+        return np.linalg.pinv(jac.T @ jac) * s2
     except np.linalg.LinAlgError:
-        return np.full(p, np.inf)
-    return np.sqrt(np.clip(np.diag(cov), 0, None))
+        return np.full((p, p), np.inf)
+
+
+def jacobian_std(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Standard errors of least-squares parameters: sqrt of the diagonal of
+    ``jacobian_covariance``."""
+    return np.sqrt(np.clip(np.diag(jacobian_covariance(jac, residuals)), 0, None))
+
+
+def correlation_of(cov: np.ndarray, names: list[str]) -> dict[str, dict[str, float]]:
+    """Each pair of parameters' correlation (-1..1) from their covariance, as
+    {name: {other: rho}} with each pair once (the first name in ``names`` order holds it);
+    pairs with an infinite or zero variance are left out."""
+    out: dict[str, dict[str, float]] = {}
+    for i, a in enumerate(names):
+        for j in range(i + 1, len(names)):
+            denom = math.sqrt(cov[i, i] * cov[j, j]) if cov[i, i] > 0 and cov[j, j] > 0 else 0
+            if denom and math.isfinite(denom) and math.isfinite(cov[i, j]):
+                rho = float(np.clip(cov[i, j] / denom, -1.0, 1.0))
+                out.setdefault(a, {})[names[j]] = rho
+    return out
 
 
 CrossValidation = Literal["level", "point"]
@@ -371,6 +391,7 @@ def fit_profile(
             bounds=(float(lower[i]), float(upper[i])),
             at_bound=at_bound,
         )
+    correlation = correlation_of(jacobian_covariance(jac, r), names) if len(names) > 1 else {}
     problem.pool = None  # closed: the last evaluation runs here
     final = problem.residuals(np.array([parameters[n].value for n in names]))
     points = problem.last
@@ -394,6 +415,7 @@ def fit_profile(
         hardware_class=hw_class,
         fitted_from=[ds.name for ds in datasets],
         parameters=parameters,
+        correlation=correlation,
         held_reasons=held_reasons,
         log_residual_sd=float(np.sqrt(float(final @ final) / dof)),
         metric_log_sd=metric_log_sd(points),
@@ -403,6 +425,34 @@ def fit_profile(
         note=f"least_squares (soft_l1, f_scale {ROBUST_SCALE}), {problem.evaluations} evaluations"
         + (f", pulled towards the priors with weight {prior_weight:g}" if prior_weight else ""),
     )
+
+
+def profile_uncertainty(
+    profile: Profile, datasets: list[PublishedDataset], catalog: Catalog, step: float = 0.02
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Standard errors and correlations of ``profile``'s fitted parameters at their stored
+    values on ``datasets`` (those it was fitted on): the Jacobian of the weighted log
+    residuals by forward differences (each parameter moved by ``step`` of its value, as the
+    fit's own differences do, backwards where that would leave its bounds), then
+    ``jacobian_covariance``. For a profile fitted before correlations were stored."""
+    names = list(profile.parameters)
+    _, _, base = fit_setup(datasets, catalog, tuple(names))
+    base = base.with_overrides(profile.held)
+    x = np.array([profile.parameters[n].value for n in names])
+    with scenario_pool(datasets) as pool:
+        problem = FitProblem(datasets, catalog, names, base, pool=pool)
+        r = problem.residuals(x)
+        columns = []
+        for i, n in enumerate(names):
+            low, high = profile.parameters[n].bounds
+            h = step * max(abs(x[i]), 1e-3 * (high - low))
+            h = h if x[i] + h <= high else -h
+            moved = x.copy()
+            moved[i] += h
+            columns.append((problem.residuals(moved) - r) / h)
+    cov = jacobian_covariance(np.column_stack(columns), r)
+    std = np.sqrt(np.clip(np.diag(cov), 0, None))
+    return dict(zip(names, map(float, std), strict=True)), correlation_of(cov, names)
 
 
 UNPINNED_RSE = 1.0

@@ -64,6 +64,14 @@ class Profile(BaseModel):
     created: str = Field(default_factory=lambda: dt.date.today().isoformat())
     fitted_from: list[str]
     parameters: dict[str, FittedParameter]
+    correlation: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Correlation (-1..1) of each pair of fitted parameters' errors, from the "
+        "same Jacobian as their standard errors: {name: {other: rho}}, each pair once. "
+        "Parameters that trade off (a lower bandwidth efficiency against a higher step "
+        "overhead) have a large |rho|; predictions near the fitted points are surer than "
+        "either standard error alone says",
+    )
     held: dict[str, float] = Field(
         default_factory=dict,
         description="Parameters held at a value for the fit (not fitted), applied with it: "
@@ -98,6 +106,13 @@ class Profile(BaseModel):
     def band_sd(self) -> float:
         """Log-spread used for prediction bands: the larger of in-sample and CV."""
         return max(self.log_residual_sd, self.cv_log_residual_sd or 0.0)
+
+    def correlation_between(self, a: str, b: str) -> float:
+        """The correlation of two fitted parameters' errors (1 for a parameter with
+        itself, 0 where the profile holds none)."""
+        if a == b:
+            return 1.0
+        return self.correlation.get(a, {}).get(b, self.correlation.get(b, {}).get(a, 0.0))
 
     @property
     def fitted_values(self) -> dict[str, float]:

@@ -36,8 +36,9 @@ BAND_FIGURES = {
 """Figures that get a band, and the metric family whose errors set it."""
 
 MAX_PROPAGATED = 2
-"""Fitted parameters whose uncertainty is propagated (largest standard error relative to
-value first): each costs one more simulation of the sweep."""
+"""Principal axes of the fitted parameters' covariance whose uncertainty is propagated
+(largest relative variance first, ``uncertainty_moves``): each costs one more simulation
+of the propagation levels."""
 
 
 def band_values(m: LevelMetrics) -> dict[str, float | None]:
@@ -97,29 +98,71 @@ def propagation_indices(count: int) -> list[int]:
     )
 
 
+def uncertainty_moves(profile) -> list[dict[str, float]]:
+    """Parameter values to rerun the simulator at, one dict per direction, so that a
+    figure's log changes add in quadrature to its first-order variance: the fitted
+    parameters' covariance (standard errors and the profile's correlations), in units
+    relative to each value, factored along its principal axes; the MAX_PROPAGATED axes
+    of largest variance are each moved by one standard deviation (every parameter at
+    once). Parameters that trade off (a lower bandwidth efficiency against a smaller step
+    overhead) move together along the ridge the data leave open, where the points they
+    were fitted on barely change, rather than each by its own standard error as if the
+    others were known. Without correlations the axes are the parameters themselves, the
+    least certain (relative to its value) first. A move that would leave the bounds goes
+    the other way, or as far as the bounds allow."""
+    chosen = [
+        (name, p)
+        for name, p in profile.parameters.items()
+        if p.std is not None and math.isfinite(p.std) and p.std > 0
+    ]
+    if not chosen:
+        return []
+    names = [name for name, _ in chosen]
+    value = np.array([p.value for _, p in chosen])
+    scale = np.maximum(np.abs(value), 1e-12)
+    relative_std = np.array([p.std for _, p in chosen]) / scale
+    rho = np.array([[profile.correlation_between(a, b) for b in names] for a in names])
+    eigenvalues, axes = np.linalg.eigh(rho * np.outer(relative_std, relative_std))
+    low = np.array([p.bounds[0] for _, p in chosen])
+    high = np.array([p.bounds[1] for _, p in chosen])
+    moves = []
+    for k in np.argsort(-eigenvalues, kind="stable")[:MAX_PROPAGATED]:
+        if not eigenvalues[k] > 0:
+            continue
+        axis = axes[:, k] * (1 if axes[np.argmax(np.abs(axes[:, k])), k] > 0 else -1)
+        step = scale * math.sqrt(eigenvalues[k]) * axis  # its largest component upwards
+        # the sign, and the share of the step, that keeps every parameter in bounds
+        fractions = [_fraction_in_bounds(value, sign * step, low, high) for sign in (1, -1)]
+        sign = 1 if fractions[0] >= fractions[1] else -1
+        moved = value + sign * max(fractions) * step
+        if not np.allclose(moved, value, rtol=0, atol=1e-15):
+            moves.append({n: float(v) for n, v in zip(names, moved, strict=True)})
+    return moves
+
+
+def _fraction_in_bounds(value, step, low, high) -> float:
+    """The largest t in [0, 1] with value + t * step within [low, high] (arrays)."""
+    t = 1.0
+    for v, d, lo, hi in zip(value, step, low, high, strict=True):
+        if d > 0 and v + d > hi:
+            t = min(t, max(hi - v, 0.0) / d)
+        elif d < 0 and v + d < lo:
+            t = min(t, max(v - lo, 0.0) / -d)
+    return t
+
+
 def propagated_log_sd(
     results: list, profile, rerun: Callable[[dict[str, float], list[int]], list]
 ) -> list[dict[str, float]]:
     """Per level and figure, the log-spread the fitted parameters' standard errors cause:
     sqrt(sum over parameters of log(figure moved / figure)^2), each parameter moved by its
-    standard error (within its bounds). ``rerun(overrides, indices)`` simulates the levels
+    standard error (within its bounds; correlated parameters along their principal axes,
+    ``uncertainty_moves``). ``rerun(overrides, indices)`` simulates the levels
     at ``indices`` again (with PROPAGATION_REQUESTS requests each); the spread at the other
     levels is interpolated linearly in log level (in index where a level is not positive)."""
     order = sorted(range(len(results)), key=lambda i: results[i].level)
     sampled = [order[j] for j in propagation_indices(len(order))]
-    fitted = [
-        (name, p)
-        for name, p in profile.parameters.items()
-        if p.std is not None and math.isfinite(p.std) and p.std > 0
-    ]
-    fitted.sort(key=lambda item: -item[1].std / max(abs(item[1].value), 1e-12))
-    moves = []
-    for name, p in fitted[:MAX_PROPAGATED]:
-        low, high = p.bounds
-        moved = p.value + p.std if p.value + p.std <= high else p.value - p.std
-        moved = min(max(moved, low), high)
-        if moved != p.value:
-            moves.append({name: moved})
+    moves = uncertainty_moves(profile)
     squares = [dict.fromkeys(BAND_FIGURES, 0.0) for _ in sampled]
     if moves:
         base_runs = [band_values(r.metrics) for r in rerun({}, sampled)]
