@@ -200,3 +200,16 @@ def test_fewer_bits_never_more_weight_bytes(model, bits):
     order = ["awq-int4", "fp8", "bf16"]
     sizes = [sum(weight_bytes(m, CAT.quant(q)).values()) for q in order]
     assert sizes == sorted(sizes)
+
+
+@pytest.mark.parametrize(("model", "printed_gib"), [("gpt-oss-20b", 11.27), ("gpt-oss-120b", 59.02)])
+def test_gguf_mxfp4_weights_match_the_size_llama_bench_prints(model, printed_gib):
+    # benches/dgx-spark.md: "gpt-oss 20B MXFP4 MoE | 11.27 GiB", "gpt-oss 120B ... | 59.02 GiB";
+    # the file also holds float32 norms, biases and sinks, so capsim may be a little under
+    from capsim.physics.memory import weight_bytes
+
+    gguf = sum(weight_bytes(CAT.model(model), CAT.quant("gguf-mxfp4")).values())
+    release = sum(weight_bytes(CAT.model(model), CAT.quant("mxfp4")).values())
+    printed = printed_gib * 2**30
+    assert 0.99 * printed < gguf <= printed
+    assert release > 1.02 * printed  # BF16 outside the experts would be larger than the file

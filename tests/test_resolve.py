@@ -169,3 +169,11 @@ def test_an_ambiguous_gpu_family_name_picks_one_with_a_notice():
     notes = take_notices()
     if len([g for g in CAT.gpus if "h100" in [a.lower() for a in g.aliases]]) > 1:
         assert notes and "ambiguous" in notes[0]
+
+
+def test_gpt_oss_ggufs_are_mxfp4_experts_with_q8_0_elsewhere():
+    # the ggml-org repo (a catalogued checkpoint) and the ':MXFP4' tag both mean the GGUF
+    for text in ("ggml-org/gpt-oss-20b-GGUF", "ggml-org/gpt-oss-20b-GGUF:MXFP4"):
+        resolved = resolve_model(text, CAT)
+        assert (resolved.name, resolved.quant) == ("gpt-oss-20b", "gguf-mxfp4")
+    take_notices()

@@ -125,9 +125,12 @@ def _quant_tag(text: str) -> tuple[str, str | None]:
 
 
 def _format_of_tag(tag: str, catalog: Catalog) -> str:
-    fmt = catalog.quant_formats.find(tag)
+    """The weight format of llama.cpp's ':QUANT' tag: a GGUF file's type, so the GGUF
+    entry of that name first (':MXFP4' is gguf-mxfp4, Q8_0 outside the experts), then
+    the format the name or an alias gives (':BF16')."""
+    fmt = catalog.quant_formats.find("gguf-" + tag)
     if fmt is None:
-        fmt = catalog.quant_formats.find("gguf-" + tag)
+        fmt = catalog.quant_formats.find(tag)
     if fmt is None:
         raise UnknownNameError(
             f"unknown quant tag ':{tag}'", hint="run 'capsim quants' for the weight formats"
