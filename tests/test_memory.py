@@ -202,7 +202,9 @@ def test_fewer_bits_never_more_weight_bytes(model, bits):
     assert sizes == sorted(sizes)
 
 
-@pytest.mark.parametrize(("model", "printed_gib"), [("gpt-oss-20b", 11.27), ("gpt-oss-120b", 59.02)])
+@pytest.mark.parametrize(
+    ("model", "printed_gib"), [("gpt-oss-20b", 11.27), ("gpt-oss-120b", 59.02)]
+)
 def test_gguf_mxfp4_weights_match_the_size_llama_bench_prints(model, printed_gib):
     # benches/dgx-spark.md: "gpt-oss 20B MXFP4 MoE | 11.27 GiB", "gpt-oss 120B ... | 59.02 GiB";
     # the file also holds float32 norms, biases and sinks, so capsim may be a little under
