@@ -704,3 +704,20 @@ def test_speculation_gains_less_as_the_batch_grows():
     ]
     assert gains[0] > gains[1] > gains[2]
     assert gains[0] > 1.8 and gains[2] < 0.85 * gains[0]
+
+
+def test_a_tied_embedding_is_read_every_step_as_the_output_head():
+    # gemma-3-4b ties its 262,208 x 2,560 embedding to the head: the logits read all of it,
+    # at the head's bits (llama.cpp stores a tied table as the output's Q6_K, 6.5625 bits)
+    g, m = CAT.gpu("gb10"), CAT.model("gemma-3-4b")
+    fmt = CAT.quant("gguf-q4_0")
+    sm = StepModel(g, m, fmt, Deployment(), default_efficiency(g, CAT))
+    table = m.vocab_size * m.hidden_size * 6.5625 / 8
+    assert weight_bytes(m, fmt)["embeddings"] == pytest.approx(table)
+    body = sum(v for k, v in weight_bytes(m, fmt).items() if k not in ("embeddings", "vision"))
+    assert sm.dense_weight_bytes == pytest.approx(body + table)
+    # an untied model reads its head, not its embedding table
+    u = CAT.model("llama-3.1-8b")
+    su = StepModel(g, u, fmt, Deployment(), default_efficiency(g, CAT))
+    parts = weight_bytes(u, fmt)
+    assert su.dense_weight_bytes == pytest.approx(sum(parts.values()) - parts["embeddings"])

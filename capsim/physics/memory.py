@@ -238,10 +238,14 @@ def weight_bytes(
     column/row-parallel and vocab-parallel layers); norms and routers are replicated.
     Quantised groups cost ``fmt.bits_per_weight`` bits per weight, the rest
     ``fmt.unquantized_bits`` (embedding and head at their own bits where the format says).
+    A tied embedding table is the output head too and is stored at the head's bits
+    (llama.cpp gives a tied token_embd the output tensor's type: see gguf-q4_0.yaml).
     """
     p = parameter_breakdown(model)
-    embedding_bits = fmt.embedding_bits or fmt.unquantized_bits
     lm_head_bits = fmt.lm_head_bits or fmt.unquantized_bits
+    embedding_bits = (
+        lm_head_bits if model.tie_word_embeddings else fmt.embedding_bits or fmt.unquantized_bits
+    )
     parts = {
         "embeddings": p.embeddings * embedding_bits / 8 / tp,
         "lm_head": p.lm_head * lm_head_bits / 8 / tp,

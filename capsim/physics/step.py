@@ -299,10 +299,12 @@ class StepModel:
             shared_and_routed = breakdown.routed_experts + breakdown.shared_experts
             routed_share = breakdown.routed_experts / shared_and_routed
         self.routed_bytes_all = parts["experts"] * routed_share
-        # everything read every step: all but the embedding table, the routed experts and
-        # a vision tower (text-only steps never run it)
+        # everything read every step: all but the embedding table (a step looks up one
+        # row per token), the routed experts and a vision tower (text-only steps never run
+        # it); a tied table is the output head as well, and the head reads all of it
+        looked_up = 0.0 if model.tie_word_embeddings else parts["embeddings"]
         self.dense_weight_bytes = (
-            sum(parts.values()) - parts["embeddings"] - parts["vision"] - self.routed_bytes_all
+            sum(parts.values()) - looked_up - parts["vision"] - self.routed_bytes_all
         )
         self.moe_layers = breakdown.moe_layers
         self.expert_slice_bytes = (
@@ -432,7 +434,7 @@ class StepModel:
             dense_ffn = ffn.get("mlp", 0) + ffn.get("shared", 0)
             self.draft_layer_bytes = (
                 attention_params(model) + dense_ffn + 2 * model.hidden_size**2
-            ) * bits / tp + parts["lm_head"]
+            ) * bits / tp + parts["embeddings" if model.tie_word_embeddings else "lm_head"]
             self.draft_routed_slice = (
                 self.expert_slice_bytes if "routed" in ffn and self.moe_layers else 0.0
             )
