@@ -294,3 +294,70 @@ def test_plan_cli_rejects_bad_nodes_and_router():
     assert r.exit_code == 2 and "round_robin" in r.stderr
     r = run_plan("--max-num-seqs", "8,x")
     assert r.exit_code == 2 and "malformed --max-num-seqs" in r.stderr
+
+
+def test_plan_judges_ttft_in_steady_state_not_on_the_start_up_burst():
+    from capsim.planner.search import steady_requests
+
+    # by default 8 requests per agent, the first `agents` (the burst) left out, as
+    # capacity does: the burst's queue makes TTFT p90 several times the steady one
+    assert steady_requests(16) == 128 and steady_requests(2) == 64
+    req = PlanRequest(models=("qwen3-coder-30b-a3b",), agents=16, gpus=("rtx3090",))
+    candidates, _ = enumerate_candidates(req, CAT)
+    first = candidates[0]
+    (item,) = evaluate([first], req, CAT, workers=1)
+    burst = calibrated_predict(
+        first.config(req).model_copy(update={"requests": 32}), CAT
+    ).levels[0]
+    assert first.config(req).requests == 128
+    assert item.ttft_p90_s < 0.5 * burst.metrics.ttft_ms.p90 / 1e3
+
+
+def test_closest_configuration_is_the_smallest_normalised_shortfall():
+    from capsim.planner.costs import Cost
+    from capsim.planner.search import Evaluated, closest_to_slos
+
+    def item(distance: float, reasons: int, tok_s: float = 1.0) -> Evaluated:
+        c = Candidate(gpu="rtx3090", count=1, tp=1, model="m", quant="bf16", kv_dtype="auto")
+        return Evaluated(c, tok_s, 1, 1, Cost(None, None, None, None), False, ["x"] * reasons, slo_distance=distance)
+
+    # one SLO missed by 300% is farther than two missed by 5% each (sqrt(2) x 0.05)
+    far, near = item(3.0, 1), item(0.0707, 2)
+    assert closest_to_slos([far, near]) is near
+    assert closest_to_slos([item(0.1, 1, 5.0), item(0.1, 1, 9.0)]).output_tok_s == 9.0
+
+
+def test_slo_distance_is_the_root_sum_of_relative_shortfalls():
+    req = PlanRequest(
+        models=("qwen3-coder-30b-a3b",),
+        agents=4,
+        gpus=("rtx3090",),
+        gpu_counts=(1,),
+        min_agent_tok_s=1e4,
+        max_ttft_p90_s=1e-6,
+        requests=32,
+    )
+    candidates, _ = enumerate_candidates(req, CAT)
+    (e,) = evaluate(candidates[:1], req, CAT, workers=1)
+    agent_short = 1 - e.per_agent_tok_s / 1e4
+    ttft_over = e.ttft_p90_s / 1e-6 - 1
+    assert e.slo_distance == pytest.approx((agent_short**2 + ttft_over**2) ** 0.5)
+
+
+def test_winner_serve_line_names_the_quantised_checkpoint_and_max_model_len():
+    from capsim.planner.costs import Cost
+    from capsim.planner.search import Evaluated, winner_serve_command
+
+    c = Candidate(
+        gpu="h100-sxm", count=1, tp=1, model="qwen3-coder-30b-a3b", quant="fp8", kv_dtype="auto"
+    )
+    e = Evaluated(c, 1, 1, 1, Cost(None, None, None, None), True, [], max_model_len=50_000)
+    line = winner_serve_command(e, CAT)
+    # the catalog's FP8 checkpoint, so no --quantization flag and no checkpoint caveat
+    assert line.startswith("vllm serve Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8 ")
+    assert "--max-model-len 50000" in line
+    assert "--quantization" not in line and "#" not in line
+    # the model's whole context fits: no --max-model-len
+    whole = CAT.model("qwen3-coder-30b-a3b").max_position_embeddings
+    e.max_model_len = whole
+    assert "--max-model-len" not in winner_serve_command(e, CAT)

@@ -25,6 +25,35 @@ if TYPE_CHECKING:
     from capsim.planner.search import Evaluated, PlanRequest
 
 
+def pareto_table(items, front: list[int]):
+    """The cost-vs-throughput Pareto frontier as a table, cheapest first: the
+    configurations no other beats on both total cost and aggregate output tok/s."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        title="Pareto frontier: total cost vs output tok/s (no other is cheaper and faster)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    table.add_column("configuration", min_width=20)
+    for col in ("tok/s", "per\nagent", "TTFT\np90", "cost\nUSD", "SLO"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for i in sorted(front, key=lambda i: items[i].cost.total_usd):
+        e = items[i]
+        table.add_row(
+            e.candidate.label(),
+            f"{e.output_tok_s:,.0f}",
+            f"{e.per_agent_tok_s:.1f}",
+            f"{e.ttft_p90_s:.1f}s",
+            f"{e.cost.total_usd:,.0f}",
+            "yes" if e.meets_slo else "no",
+        )
+    return table
+
+
 def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
     import matplotlib
 
@@ -180,11 +209,12 @@ def plan_cmd(
     from capsim.planner.costs import CostModel
     from capsim.planner.search import (
         PlanRequest,
+        closest_to_slos,
         effective_max_num_seqs,
         frontier_cost,
         frontier_throughput,
         search_plan,
-        vllm_serve_command,
+        winner_serve_command,
     )
 
     cat = catalog(db)
@@ -263,6 +293,9 @@ def plan_cmd(
                         "ttft_p90_s": e.ttft_p90_s,
                         "meets_slo": e.meets_slo,
                         "misses": e.reasons,
+                        "slo_distance": e.slo_distance,
+                        "max_model_len": e.max_model_len,
+                        "serve_command": winner_serve_command(e, cat),
                         "cost_usd": e.cost.total_usd,
                         "purchase_usd": e.cost.purchase_usd,
                         "energy_usd": e.cost.energy_usd,
@@ -320,19 +353,16 @@ def plan_cmd(
                 "yes" if e.meets_slo else short_misses(e, req),
             )
         console.print(table)
+        if front_cost:
+            console.print(pareto_table(items, front_cost))
         if winners:
-            best = winners[0]
-            max_seqs = effective_max_num_seqs(best.candidate, cat)
             console.print(
-                "winner: "
-                + vllm_serve_command(
-                    best.candidate, cat.model(best.candidate.model).hf_id, max_seqs
-                ),
+                "winner: " + winner_serve_command(winners[0], cat),
                 highlight=False,
                 soft_wrap=True,
             )
         else:
-            closest = min(items, key=lambda e: len(e.reasons))
+            closest = closest_to_slos(items)
             console.print(
                 f"nothing meets these SLOs; the closest is {closest.candidate.label()} "
                 f"({'; '.join(closest.reasons)})",

@@ -16,6 +16,7 @@ and the same code path as ``capsim predict``, so a plan's figures are ``predict`
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.communication import choose_interconnect
 from capsim.physics.memory import memory_fit, vllm_default_batch_limits
 from capsim.physics.speculative import SpecConfig
+from capsim.planner.capacity import Objectives, measure_point
 from capsim.planner.costs import Cost, CostModel, cost_of
 from capsim.planner.pareto import pareto_front
 
@@ -110,7 +112,7 @@ class Candidate:
             max_num_seqs=self.max_num_seqs,
             workload="closed",
             concurrency=[req.agents],
-            requests=req.requests or max(2 * req.agents, 16),
+            requests=req.requests or steady_requests(req.agents),
             input_tokens=req.input_tokens,
             output_tokens=req.output_tokens,
             router=req.router if self.dp > 1 else "round_robin",
@@ -137,18 +139,39 @@ class Candidate:
         return text
 
 
+STEADY_REQUESTS_PER_AGENT = 8
+"""Requests per agent a plan simulates by default (at least STEADY_MIN_REQUESTS), as
+``capsim capacity`` does: the first ``agents`` sent, the start-up burst in which every
+agent's first prompt queues at once, are left out of the TTFT and per-agent figures, and
+the rest measure the steady state (planner.capacity.measure_point)."""
+
+STEADY_MIN_REQUESTS = 64
+
+
+def steady_requests(agents: int) -> int:
+    """Requests a plan simulates for ``agents`` concurrent agents by default."""
+    return max(STEADY_REQUESTS_PER_AGENT * agents, STEADY_MIN_REQUESTS)
+
+
 @dataclass
 class Evaluated:
     candidate: Candidate
     output_tok_s: float
-    per_agent_tok_s: float
-    ttft_p90_s: float
+    per_agent_tok_s: float  # steady state (start-up burst left out)
+    ttft_p90_s: float  # steady state, seconds
     cost: Cost
     meets_slo: bool
     reasons: list[str]
     output_band_80: tuple[float, float] | None = None
     """80% prediction band of output tok/s (from a calibration profile where one applies,
     else from the uncalibrated errors on the published corpus)."""
+    slo_distance: float = 0.0
+    """How far it is from meeting the SLOs: the root of the sum of squared relative
+    shortfalls (per-agent tok/s below its floor, TTFT p90 over its cap, cost over the
+    budget, each as a share of the objective; 1 for a budget with no price); 0 when it
+    meets them all."""
+    max_model_len: int | None = None
+    """The longest sequence the deployment's KV cache allows (vLLM's --max-model-len)."""
 
 
 def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate], int]:
@@ -227,24 +250,54 @@ def usable_interconnects(gpu, tp: int) -> list[str]:
     return kinds
 
 
-def _evaluate(
-    args,
-) -> tuple[float, float, float, tuple[float, float] | None, dict[str, float]] | str:
+def _evaluate(args) -> PlanFigures | str:
+    """One candidate simulated in steady state (see STEADY_REQUESTS_PER_AGENT), or the
+    engine's reason for refusing it."""
     candidate, req, extra_dirs = args
     cat = process_catalog(extra_dirs)
     try:
-        level = calibrated_predict(candidate.config(req), cat, workers=1).levels[0]
+        result = calibrated_predict(candidate.config(req), cat, keep_records=True, workers=1)
     except CapsimUserError as exc:
         return exc.message
-    m = level.metrics
+    level = result.levels[0]
+    objectives = Objectives(min_agent_tok_s=req.min_agent_tok_s, max_ttft_p90_s=req.max_ttft_p90_s)
+    point = measure_point(level, objectives, pessimistic=req.pessimistic)
     band = level.band_80.get("output_tok_s") if level.band_80 else None
-    return (
-        m.output_tok_s,
-        m.per_request_output_tok_s.mean or 0.0,
-        (m.ttft_ms.p90 or 0.0) / 1e3,
-        band,
-        pessimistic_factors(level),
+    shortfalls = []
+    if req.min_agent_tok_s is not None:
+        agent = point.agent_tok_s * (
+            pessimistic_factors(level).get("per_request_output_tok_s", 1.0)
+            if req.pessimistic
+            else 1.0
+        )
+        shortfalls.append(max(0.0, 1.0 - agent / req.min_agent_tok_s))
+    if req.max_ttft_p90_s is not None:
+        ttft = point.ttft_p90_s * (
+            pessimistic_factors(level).get("ttft_p90_ms", 1.0) if req.pessimistic else 1.0
+        )
+        shortfalls.append(max(0.0, ttft / req.max_ttft_p90_s - 1.0))
+    return PlanFigures(
+        output_tok_s=level.metrics.output_tok_s,
+        per_agent_tok_s=point.agent_tok_s,
+        ttft_p90_s=point.ttft_p90_s,
+        band=band,
+        misses=point.misses,
+        shortfalls=shortfalls,
+        max_model_len=result.max_model_len,
     )
+
+
+@dataclass
+class PlanFigures:
+    """What one candidate's simulation gives the plan (picklable, from a worker)."""
+
+    output_tok_s: float
+    per_agent_tok_s: float
+    ttft_p90_s: float
+    band: tuple[float, float] | None
+    misses: list[str]  # the SLOs it misses (capacity.measure_point's wording)
+    shortfalls: list[float]  # relative shortfall per SLO checked (0 where met)
+    max_model_len: int
 
 
 DASK_CONNECT_TIMEOUT_S = 10.0
@@ -304,26 +357,31 @@ def evaluate(
         if isinstance(r, str):
             rejected.append(f"{c.label()}: {r}")
             continue  # rejected by the engine (e.g. prompts longer than max_model_len)
-        out_tok_s, per_agent, ttft90, band, factors = r
         gpu = cat.gpu(c.gpu)
-        cost = cost_of(gpu, c.total_gpus, out_tok_s, req.cost, power_limit_w=c.power_limit_w)
-        reasons = []
-        factors = factors if req.pessimistic else {}
-        edge = " (band edge)" if req.pessimistic else ""
-        slo_agent = per_agent * factors.get("per_request_output_tok_s", 1.0)
-        slo_ttft90 = ttft90 * factors.get("ttft_p90_ms", 1.0)
-        if req.min_agent_tok_s is not None and slo_agent < req.min_agent_tok_s:
-            reasons.append(f"per-agent {slo_agent:.1f}{edge} < {req.min_agent_tok_s:g} tok/s")
-        if req.max_ttft_p90_s is not None and slo_ttft90 > req.max_ttft_p90_s:
-            reasons.append(f"TTFT p90 {slo_ttft90:.1f}{edge} > {req.max_ttft_p90_s:g} s")
+        cost = cost_of(gpu, c.total_gpus, r.output_tok_s, req.cost, power_limit_w=c.power_limit_w)
+        reasons = list(r.misses)
+        shortfalls = list(r.shortfalls)
         if req.budget_usd is not None:
             spend = cost.purchase_usd if req.cost.cloud_usd_per_gpu_hour is None else cost.total_usd
             if spend is None:
                 reasons.append("no price in the catalog")
+                shortfalls.append(1.0)
             elif spend > req.budget_usd:
                 reasons.append(f"cost {spend:,.0f} > budget {req.budget_usd:,.0f} USD")
+                shortfalls.append(spend / req.budget_usd - 1.0)
         evaluated.append(
-            Evaluated(c, out_tok_s, per_agent, ttft90, cost, not reasons, reasons, band)
+            Evaluated(
+                c,
+                r.output_tok_s,
+                r.per_agent_tok_s,
+                r.ttft_p90_s,
+                cost,
+                not reasons,
+                reasons,
+                r.band,
+                slo_distance=math.sqrt(sum(x * x for x in shortfalls)),
+                max_model_len=r.max_model_len,
+            )
         )
     if rejected and not evaluated:
         raise CapsimUserError(
@@ -331,6 +389,12 @@ def evaluate(
             + rejected[0]
         )
     return evaluated
+
+
+def closest_to_slos(items: list[Evaluated]) -> Evaluated:
+    """The configuration nearest to meeting every SLO (smallest ``slo_distance``; the
+    higher aggregate throughput breaks a tie)."""
+    return min(items, key=lambda e: (e.slo_distance, -e.output_tok_s))
 
 
 def frontier_throughput(items: list[Evaluated]) -> list[int]:
@@ -352,14 +416,48 @@ def effective_max_num_seqs(c: Candidate, cat: Catalog) -> int:
     return c.max_num_seqs or vllm_default_batch_limits(cat.gpu(c.gpu))[1]
 
 
-def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
-    """The ``vllm serve`` line for a configuration (one per DP replica)."""
+def serve_repo(model, quant: str) -> tuple[str, bool]:
+    """The repository to serve ``model`` in ``quant`` from: a published checkpoint in that
+    format where the catalog knows one (True), else the release repository (False)."""
+    for ckpt in model.checkpoints:
+        if ckpt.quant == quant:
+            return ckpt.hf_id, True
+    return model.hf_id, quant == model.dtype
+
+
+def winner_serve_command(e: Evaluated, cat: Catalog) -> str:
+    """The ``vllm serve`` line for an evaluated configuration: the catalog's checkpoint in
+    its format if there is one, its engine's max_num_seqs, and --max-model-len where the
+    KV cache cannot hold the model's whole context."""
+    c = e.candidate
+    model = cat.model(c.model)
+    hf_id, in_format = serve_repo(model, c.quant)
+    longest = model.max_position_embeddings or math.inf
+    limit = e.max_model_len if e.max_model_len and e.max_model_len < longest else None
+    return vllm_serve_command(c, hf_id, effective_max_num_seqs(c, cat), limit, in_format)
+
+
+def vllm_serve_command(
+    c: Candidate,
+    hf_id: str,
+    max_num_seqs: int,
+    max_model_len: int | None = None,
+    checkpoint_in_format: bool | None = None,
+) -> str:
+    """The ``vllm serve`` line for a configuration (one per DP replica). ``max_model_len``
+    (the longest sequence its KV cache allows) becomes ``--max-model-len`` where given:
+    vLLM refuses to start when the model's own context length does not fit.
+    ``checkpoint_in_format``: whether ``hf_id`` already holds the weights in ``c.quant``
+    (None: judged from the format, as before)."""
     parts = [
         f"vllm serve {hf_id}",
         f"--tensor-parallel-size {c.tp}",
         f"--max-num-seqs {max_num_seqs}",
     ]
-    if c.quant in ("fp8",) and not hf_id.lower().endswith("fp8"):
+    if max_model_len is not None:
+        parts.append(f"--max-model-len {max_model_len}")
+    in_format = checkpoint_in_format
+    if c.quant == "fp8" and not in_format and not hf_id.lower().endswith("fp8"):
         parts.append("--quantization fp8")
     if c.kv_dtype != "auto":
         parts.append(f"--kv-cache-dtype {c.kv_dtype}")
@@ -374,7 +472,7 @@ def vllm_serve_command(c: Candidate, hf_id: str, max_num_seqs: int) -> str:
         notes.append(f"TP over {c.interconnect}")
     if c.power_limit_w is not None:
         notes.append(f"nvidia-smi -pl {c.power_limit_w:.0f} on each GPU")
-    if c.quant not in ("bf16", "fp16", "fp8"):
+    if c.quant not in ("bf16", "fp16", "fp8") and not in_format:
         notes.append(f"needs a checkpoint of this model in {c.quant}")
     if c.nodes > 1:
         notes.append(
