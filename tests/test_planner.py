@@ -306,9 +306,7 @@ def test_plan_judges_ttft_in_steady_state_not_on_the_start_up_burst():
     candidates, _ = enumerate_candidates(req, CAT)
     first = candidates[0]
     (item,) = evaluate([first], req, CAT, workers=1)
-    burst = calibrated_predict(
-        first.config(req).model_copy(update={"requests": 32}), CAT
-    ).levels[0]
+    burst = calibrated_predict(first.config(req).model_copy(update={"requests": 32}), CAT).levels[0]
     assert first.config(req).requests == 128
     assert item.ttft_p90_s < 0.5 * burst.metrics.ttft_ms.p90 / 1e3
 
@@ -319,7 +317,8 @@ def test_closest_configuration_is_the_smallest_normalised_shortfall():
 
     def item(distance: float, reasons: int, tok_s: float = 1.0) -> Evaluated:
         c = Candidate(gpu="rtx3090", count=1, tp=1, model="m", quant="bf16", kv_dtype="auto")
-        return Evaluated(c, tok_s, 1, 1, Cost(None, None, None, None), False, ["x"] * reasons, slo_distance=distance)
+        cost = Cost(None, None, None, None)
+        return Evaluated(c, tok_s, 1, 1, cost, False, ["x"] * reasons, slo_distance=distance)
 
     # one SLO missed by 300% is farther than two missed by 5% each (sqrt(2) x 0.05)
     far, near = item(3.0, 1), item(0.0707, 2)
