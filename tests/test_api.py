@@ -18,7 +18,7 @@ import capsim
 from capsim.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYER_ORDER = ["catalog", "physics", "engine", "probe", "calibration", "planner"]
+LAYER_ORDER = ["catalog", "physics", "engine", "probe", "calibration", "planner", "serve"]
 """Lower layers first: a module may import its own layer and those before it."""
 
 

@@ -43,6 +43,7 @@ from capsim.cli.importers import import_app
 from capsim.cli.plan import plan_cmd
 from capsim.cli.predict import predict_cmd
 from capsim.cli.probe import probe_app
+from capsim.cli.serve import serve_cmd
 from capsim.cli.validate import validate_cmd
 from capsim.errors import CapsimUserError
 
@@ -786,6 +787,7 @@ app.command("calibrate")(user_errors(calibrate_cmd))
 app.command("calibrate-kernels")(user_errors(calibrate_kernels_cmd))
 app.command("plan")(user_errors(plan_cmd))
 app.command("capacity")(user_errors(capacity_cmd))
+app.command("serve")(user_errors(serve_cmd))
 
 
 def run() -> None:

@@ -18,6 +18,8 @@ simulation runs (tested against step-by-step simulation, across replicas too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import simpy
 
@@ -77,6 +79,9 @@ class Replica:
         self._itl_run_weights: list[np.ndarray] = []
         self._itl_steps: list[float] = []
         self._itl_step_weights: list[float] = []
+        # called with this replica after every step is applied (capsim serve streams
+        # tokens from it); None in batch simulations
+        self.step_listener: Callable[[Replica], None] | None = None
         self.process = env.process(self.run())
 
     @property
@@ -163,7 +168,10 @@ class Replica:
             self.busy_time += duration
             if step.decoding:
                 self._record_itl_step(duration, step.decoding)
-            if not applied and sched.complete(step, env.now):
+            finished = [] if applied else sched.complete(step, env.now)
+            if self.step_listener is not None:
+                self.step_listener(self)
+            if finished:
                 yield from self._let_clients_react()
 
     def _wait_for_work(self):
@@ -210,7 +218,10 @@ class Replica:
         if run_steps <= 0:
             return
         self._record_itl(times[:run_steps], len(running))
-        if sched.advance_decode(run_steps, env.now):
+        finished = sched.advance_decode(run_steps, env.now)
+        if self.step_listener is not None:
+            self.step_listener(self)
+        if finished:
             yield from self._let_clients_react()
 
     def _let_clients_react(self):

@@ -1,0 +1,142 @@
+"""capsim serve: an OpenAI-compatible HTTP server that behaves like the predicted
+deployment (tokens stream at the simulated step times, with batching, KV pressure,
+preemption and queueing)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from capsim.cli.common import (
+    DbOption,
+    EngineOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    catalog,
+    err_console,
+    predict_config,
+    print_notices,
+    resolve_models,
+    spec_config,
+)
+from capsim.errors import CapsimUserError
+
+MAX_SPEEDUP = 1000.0
+"""Beyond this the host's timer (about a millisecond) is a large share of a step."""
+
+
+def serve_cmd(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
+    model: Annotated[str, typer.Option("--model", help="Model name or Hugging Face id")],
+    quant: Annotated[str | None, typer.Option("--quant", help="Weight format")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto or fp8")] = "auto",
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
+    max_model_len: MaxModelLenOption = None,
+    spec: Annotated[
+        str | None, typer.Option("--spec", help="Speculative decoding, e.g. mtp:2, ngram:4")
+    ] = None,
+    spec_acceptance: Annotated[
+        str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
+    ] = None,
+    power_limit: Annotated[
+        float | None, typer.Option("--power-limit", help="Board power cap, W")
+    ] = None,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    engine: EngineOption = "vllm",
+    profile: Annotated[
+        str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
+    ] = "auto",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port")] = 8000,
+    speedup: Annotated[
+        float,
+        typer.Option(
+            "--speedup",
+            help="Run simulated time this many times faster than the wall clock",
+        ),
+    ] = 1.0,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(
+            "--served-model-name",
+            help="Model name(s) the API answers to, comma-separated (default: the model's "
+            "Hugging Face id and its catalog name)",
+        ),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Serve the OpenAI API with the predicted deployment's timing: point an agent
+    framework, a dashboard or capsim probe at it before buying the hardware. Generated
+    text is filler; the timing is the simulation's."""
+    import math
+
+    if not (math.isfinite(speedup) and 0 < speedup <= MAX_SPEEDUP):
+        raise CapsimUserError(
+            f"--speedup must be above 0 and at most {MAX_SPEEDUP:g}, not {speedup:g}",
+            hint="1 runs in real time; 10 runs ten times faster",
+        )
+    if tp < 1 or (gpus is not None and gpus < 1):
+        raise CapsimUserError("--tp and --gpus must be at least 1")
+    cat, (ref,) = resolve_models(catalog(db), [model])
+    cat.engine(engine)
+    config = predict_config(
+        gpu=gpu,
+        model=ref.name,
+        quant=quant or ref.quant,
+        gpus=gpus,
+        tp=tp,
+        kv_dtype=kv_dtype,
+        workload="closed",
+        concurrency=[1],
+        requests=1,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        spec=spec_config(spec, spec_acceptance),
+        power_limit_w=power_limit,
+        enforce_eager=enforce_eager,
+        engine=engine,
+        profile=profile,
+    )
+    from capsim.calibration.applied import calibrated_setup
+    from capsim.serve.live import LIMITS
+
+    setup = calibrated_setup(config, cat)
+    names = [n.strip() for n in (served_model_name or "").split(",") if n.strip()]
+    if not names:
+        names = list(dict.fromkeys([setup.model.hf_id, setup.model.name, model]))
+    print_notices()
+    err_console.print(
+        f"capsim serve: {setup.model.name} ({setup.fmt.name}) on {setup.dp * setup.config.tp}x "
+        f"{setup.gpu.name} (TP{setup.config.tp} x {setup.dp} replicas), "
+        f"max_model_len {setup.max_model_len:,}, KV cache "
+        f"{setup.num_blocks * setup.scheduler.block_size:,} tokens, speedup {speedup:g}x; "
+        f"serving {', '.join(names)} at http://{host}:{port}/v1\n"
+        f"simulated, not a model: {LIMITS}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    run_server(setup, names, speedup, host, port)
+
+
+def run_server(setup, names: list[str], speedup: float, host: str, port: int) -> None:
+    """Serve until interrupted (Ctrl-C stops it cleanly)."""
+    import uvicorn
+
+    from capsim import __version__
+    from capsim.serve.app import create_app
+    from capsim.serve.live import LiveDeployment
+
+    app = create_app(LiveDeployment(setup, speedup), names, __version__)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    except OSError as exc:  # the port is taken, or the address cannot be bound
+        raise CapsimUserError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="pick another --port, or stop what is listening there",
+        ) from None

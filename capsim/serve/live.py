@@ -1,0 +1,208 @@
+"""A deployment simulated against the wall clock: the engine of ``capsim serve``.
+
+Requests that arrive over HTTP enter the same router, replicas, scheduler and step-time
+physics that ``capsim predict`` simulates. The SimPy environment is driven from the
+asyncio event loop: the loop sleeps until the real time of the next simulated event or
+until a request arrives, then runs the simulation up to the present and injects the
+arrivals at that instant. So a request is seen by the step scheduled at the moment it
+arrives, and each token is delivered at the real time of the step that produced it, plus
+the front end's latency (API server, tokenizer, streaming), as ``predict`` adds it to what
+a client sees. Simulated time runs ``speedup`` times faster than the wall clock.
+
+Decode runs are simulated step by step (no fast-forward), so every step can stream.
+What the model of the server leaves out is said in ``LIMITS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+from dataclasses import dataclass
+
+import simpy
+
+from capsim.engine.replica import Replica
+from capsim.engine.request import SimRequest
+from capsim.engine.router import Router
+from capsim.engine.simulate import Setup
+
+LIMITS = (
+    "generated text is filler (the word 'tok' per token), clearly not a model's output; "
+    "every request generates exactly its max_tokens (there is no end-of-sequence token); "
+    "a client that disconnects leaves its request running to the end in the simulation "
+    "(vLLM aborts it)"
+)
+
+
+@dataclass
+class TokenEvent:
+    """Progress of one request, as its stream delivers it."""
+
+    tokens: int  # output tokens generated so far (cumulative)
+    finished: bool
+    sim_time: float  # engine time (s) the step that produced them ended
+
+
+class LiveRequest:
+    """A request in the simulation with the queue its HTTP handler reads."""
+
+    __slots__ = ("delay_s", "emitted", "max_tokens", "prompt_tokens", "queue", "sim")
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, delay_s: float):
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.emitted = 0  # output tokens handed to the stream so far
+        self.delay_s = delay_s  # front-end latency, simulated seconds
+        self.sim: SimRequest | None = None
+
+
+class LiveDeployment:
+    """The simulated deployment of ``setup``, advanced in real time (``speedup`` x)."""
+
+    def __init__(self, setup: Setup, speedup: float = 1.0):
+        if not speedup > 0 or not math.isfinite(speedup):
+            raise ValueError(f"speedup must be a positive number, not {speedup}")
+        self.setup = setup
+        self.speedup = speedup
+        self.env = simpy.Environment()
+        cfg = setup.config
+        self.replicas = [
+            Replica(
+                self.env,
+                i,
+                setup.step_model,
+                setup.scheduler,
+                setup.num_blocks,
+                prefix_caching=cfg.prefix_caching,
+                fast_forward=False,
+            )
+            for i in range(setup.dp)
+        ]
+        for replica in self.replicas:
+            replica.clients_react_at_once = False
+            replica.step_listener = self._after_step
+        self.router = Router(
+            self.env,
+            self.replicas,
+            cfg.router if setup.dp > 1 else "round_robin",
+            cfg.router_latency_s if setup.dp > 1 else 0.0,
+            cfg.router_capacity_rps if setup.dp > 1 else None,
+            setup.step_model.api_server_seconds(),
+        )
+        self._frontend = setup.step_model.frontend_parallel_seconds
+        self._ids = itertools.count()
+        self._live: dict[int, LiveRequest] = {}
+        self._pending: list[LiveRequest] = []
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._origin = 0.0
+        self.finished_listeners: list = []  # called with (LiveRequest) when one finishes
+        self.max_lag_s = 0.0  # the most the simulation ran behind the wall clock, real s
+        self.steps = 0
+
+    # --- time
+    def sim_time(self, real: float) -> float:
+        """Simulated seconds at loop time ``real``."""
+        return (real - self._origin) * self.speedup
+
+    def real_time(self, sim: float) -> float:
+        """Loop time at simulated second ``sim``."""
+        return self._origin + sim / self.speedup
+
+    # --- requests
+    def submit(self, prompt_tokens: int, max_tokens: int) -> LiveRequest:
+        """A new request of ``prompt_tokens`` prompt tokens generating ``max_tokens``; it
+        enters the simulation at once (the driving loop wakes up for it)."""
+        live = LiveRequest(prompt_tokens, max_tokens, float(self._frontend(float(prompt_tokens))))
+        self._pending.append(live)
+        self._wake.set()
+        return live
+
+    def _inject(self) -> None:
+        for live in self._pending:
+            rid = next(self._ids)
+            req = SimRequest(
+                self.env, rid, self.env.now, live.prompt_tokens, live.max_tokens, ("r", rid)
+            )
+            live.sim = req
+            self._live[rid] = live
+            self.router.submit(req)
+        self._pending.clear()
+
+    def _after_step(self, replica: Replica) -> None:
+        self.steps += 1
+        sched = replica.scheduler
+        sched.sync_requests()
+        for req in sched.running:
+            live = self._live.get(req.rid)
+            if live is not None:
+                self._emit(live, math.floor(req.generated + 1e-9), False)
+        for req in sched.finished:
+            live = self._live.pop(req.rid, None)
+            if live is not None:
+                self._emit(live, req.output_len, True)
+                for listener in self.finished_listeners:
+                    listener(live)
+        sched.finished.clear()
+
+    def _emit(self, live: LiveRequest, tokens: int, finished: bool) -> None:
+        if tokens <= live.emitted and not finished:
+            return
+        live.emitted = tokens
+        event = TokenEvent(tokens, finished, self.env.now)
+        due = self.real_time(self.env.now + live.delay_s)
+        assert self._loop is not None
+        self._loop.call_at(due, live.queue.put_nowait, event)
+
+    # --- state for /metrics
+    def running(self) -> int:
+        return sum(len(r.scheduler.running) for r in self.replicas)
+
+    def waiting(self) -> int:
+        return sum(len(r.scheduler.waiting) for r in self.replicas)
+
+    def kv_usage(self) -> float:
+        """Share of the KV cache's blocks in use, 0-1 (the fullest replica)."""
+        return max(
+            (r.scheduler.kv.num_blocks - r.scheduler.kv.allocatable) / r.scheduler.kv.num_blocks
+            for r in self.replicas
+        )
+
+    def preemptions(self) -> int:
+        return sum(r.scheduler.preemptions for r in self.replicas)
+
+    def prefix_cache(self) -> tuple[int, int]:
+        """Prompt tokens looked up in the prefix cache, and those found there."""
+        kvs = [r.scheduler.kv for r in self.replicas]
+        return sum(k.query_tokens for k in kvs), sum(k.hit_tokens for k in kvs)
+
+    # --- the driving loop
+    async def run(self) -> None:
+        """Advance the simulation with the wall clock, forever (cancel to stop)."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._origin = loop.time()
+        while True:
+            upcoming = self.env.peek()
+            if not self._pending:
+                timeout = None
+                if upcoming != math.inf:
+                    timeout = max(0.0, self.real_time(upcoming) - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            now = loop.time()
+            if upcoming != math.inf:
+                self.max_lag_s = max(self.max_lag_s, now - self.real_time(upcoming))
+            target = self.sim_time(now)
+            if target > self.env.now:
+                # a marker event brings the clock to the present; stepping (rather than
+                # run(until=...)) leaves no stop event behind in the queue
+                self.env.timeout(target - self.env.now)
+                while self.env.peek() <= target:
+                    self.env.step()
+            self._inject()
+            await asyncio.sleep(0)  # let handlers run between bursts of simulation
