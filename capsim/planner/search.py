@@ -73,6 +73,13 @@ class PlanRequest:
             raise CapsimUserError(f"--agents {self.agents}: must be at least 1")
         parse_length(self.input_tokens, "--input-tokens", minimum=1)
         parse_length(self.output_tokens, "--output-tokens", minimum=1)
+        for flag, value in (
+            ("--budget", self.budget_usd),
+            ("--min-agent-tok-s", self.min_agent_tok_s),
+            ("--max-ttft-p90", self.max_ttft_p90_s),
+        ):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise CapsimUserError(f"{flag} {value:g}: must be a positive number")
 
 
 @dataclass
