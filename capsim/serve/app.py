@@ -147,6 +147,7 @@ def create_app(
         return body
 
     async def generate(request: Request, chat: bool) -> Response:
+        arrived = asyncio.get_running_loop().time()
         try:
             body = await read_body(request)
             model = check_model(body)
@@ -157,7 +158,7 @@ def create_app(
             max_tokens = max_tokens_of(body, prompt_tokens)
         except ApiError as exc:
             return exc.response()
-        live = deployment.submit(prompt_tokens, max_tokens)
+        live = deployment.submit(prompt_tokens, max_tokens, arrived)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         kind = "chat.completion" if chat else "text_completion"
 

@@ -28,6 +28,11 @@ from capsim.engine.request import SimRequest
 from capsim.engine.router import Router
 from capsim.engine.simulate import Setup
 
+HOLD_S = 0.005
+"""The simulation runs this far (wall-clock seconds) behind the wall clock, so that a
+request enters it at the instant it reached the server, not when the HTTP handler and the
+event loop got to it (their work, up to this long, is not counted as the server's)."""
+
 LIMITS = (
     "generated text is filler (the word 'tok' per token), clearly not a model's output; "
     "every request generates exactly its max_tokens (there is no end-of-sequence token); "
@@ -95,7 +100,7 @@ class LiveDeployment:
         self._frontend = setup.step_model.frontend_parallel_seconds
         self._ids = itertools.count()
         self._live: dict[int, LiveRequest] = {}
-        self._pending: list[LiveRequest] = []
+        self._pending: list[tuple[LiveRequest, float]] = []  # with its arrival, sim s
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._origin = 0.0
@@ -105,32 +110,45 @@ class LiveDeployment:
 
     # --- time
     def sim_time(self, real: float) -> float:
-        """Simulated seconds at loop time ``real``."""
-        return (real - self._origin) * self.speedup
+        """Simulated seconds at loop time ``real`` (HOLD_S behind the wall clock)."""
+        return (real - self._origin - HOLD_S) * self.speedup
 
     def real_time(self, sim: float) -> float:
         """Loop time at simulated second ``sim``."""
-        return self._origin + sim / self.speedup
+        return self._origin + HOLD_S + sim / self.speedup
 
     # --- requests
-    def submit(self, prompt_tokens: int, max_tokens: int) -> LiveRequest:
-        """A new request of ``prompt_tokens`` prompt tokens generating ``max_tokens``; it
-        enters the simulation at once (the driving loop wakes up for it)."""
+    def submit(
+        self, prompt_tokens: int, max_tokens: int, arrived: float | None = None
+    ) -> LiveRequest:
+        """A new request of ``prompt_tokens`` prompt tokens generating ``max_tokens``,
+        which reached the server at loop time ``arrived`` (default: now); it enters the
+        simulation at that instant (the driving loop wakes up for it)."""
         live = LiveRequest(prompt_tokens, max_tokens, float(self._frontend(float(prompt_tokens))))
-        self._pending.append(live)
+        if arrived is None:
+            arrived = self._loop.time() if self._loop is not None else self._origin
+        self._pending.append((live, self.sim_time(arrived)))
         self._wake.set()
         return live
 
     def _inject(self) -> None:
-        for live in self._pending:
-            rid = next(self._ids)
-            req = SimRequest(
-                self.env, rid, self.env.now, live.prompt_tokens, live.max_tokens, ("r", rid)
-            )
-            live.sim = req
-            self._live[rid] = live
-            self.router.submit(req)
+        for live, at in self._pending:
+            if at > self.env.now:  # it reached the server within the hold: enter then
+                self.env.timeout(at - self.env.now).callbacks.append(
+                    lambda _, live=live: self._enter(live)
+                )
+            else:
+                self._enter(live)
         self._pending.clear()
+
+    def _enter(self, live: LiveRequest) -> None:
+        rid = next(self._ids)
+        req = SimRequest(
+            self.env, rid, self.env.now, live.prompt_tokens, live.max_tokens, ("r", rid)
+        )
+        live.sim = req
+        self._live[rid] = live
+        self.router.submit(req)
 
     def _after_step(self, replica: Replica) -> None:
         self.steps += 1
