@@ -1,20 +1,20 @@
 """Reading a server's Prometheus ``/metrics``: vLLM, SGLang and llama.cpp series.
 
-Only the text exposition format is parsed (``name{labels} value``); histograms contribute
-their ``_sum`` and ``_count`` series. Values of the same name are summed over labels except
-where a label is kept (``position`` of speculative-decoding acceptance per position), and
-``vllm:cache_config_info``'s labels are kept whole (they carry the KV cache size). A line
-that is not a comment, blank or ``name{labels} value`` is skipped and counted, so one
-garbled line costs that line and not the scrape.
+The text exposition format is parsed by prometheus_client's parser, one sample line at a
+time: a line it refuses is skipped and counted, so one garbled line costs that line and
+not the scrape. Histograms contribute their ``_sum`` and ``_count`` series. Values of the
+same name are summed over labels except where a label is kept (``position`` of
+speculative-decoding acceptance per position), and ``vllm:cache_config_info``'s labels are
+kept whole (they carry the KV cache size).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
-LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+([^\s]+)")
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(?=[{\s])")
 
 COUNTERS = (
     "vllm:num_preemptions_total",
@@ -53,10 +53,23 @@ GENERATION_COUNTERS = (
 )
 """Output tokens the server counted, by engine."""
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+KNOWN = frozenset((*COUNTERS, *GAUGES, PER_POSITION, "vllm:cache_config_info"))
+"""The series a scrape reads; only their lines go through the parser."""
 
 
-def parse_labels(text: str | None) -> dict[str, str]:
-    return {k: v for k, v in LABEL.findall(text or "")}
+def parse_sample_line(line: str) -> tuple[str, dict[str, str], float] | None:
+    """(name, labels, value) of one exposition sample line, read by prometheus_client's
+    parser; None where it refuses the line."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        samples = [s for f in text_string_to_metric_families(line + "\n") for s in f.samples]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    if len(samples) != 1:
+        return None
+    sample = samples[0]
+    return sample.name, dict(sample.labels), float(sample.value)
 
 
 @dataclass
@@ -113,32 +126,28 @@ def parse_exposition(text: str) -> Exposition:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        m = LINE.match(line)
-        value = _number(m.group(4)) if m else None
-        if value is None:
+        named = METRIC_NAME.match(line)
+        if named is not None and named.group(0) not in KNOWN:
+            continue  # a series capsim does not read (histogram buckets and the like)
+        parsed = parse_sample_line(line) if named is not None else None
+        if parsed is None:
             out.skipped += 1
             if out.first_skipped is None:
                 out.first_skipped = line[:120]
             continue
-        name, labels = m.group(1), m.group(3)
+        name, labels, value = parsed
+        if not math.isfinite(value):  # NaN or an infinity: read, but nothing to add
+            continue
         if name == "vllm:cache_config_info":
-            values["cache_config"] = parse_labels(labels)
+            values["cache_config"] = labels
             continue
         if name == PER_POSITION:
-            pos = parse_labels(labels).get("position", "?")
-            key = f"{name}[{pos}]"
+            key = f"{name}[{labels.get('position', '?')}]"
             values[key] = float(values.get(key, 0.0)) + value
             continue
         if name in COUNTERS or name in GAUGES:
             values[name] = float(values.get(name, 0.0)) + value
     return out
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def parse_metrics(text: str) -> dict[str, object]:
