@@ -234,16 +234,30 @@ def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[Resolv
     return resolve_into(cat, names)
 
 
-def save_figure(fig, path: Path) -> None:
-    """Write a matplotlib figure as PNG and close it; an unwritable path is a user error."""
+def save_figure(fig, path: Path) -> Path:
+    """Write a matplotlib figure and close it, saying on stderr which file it wrote: PNG
+    where ``path`` has no extension (``--plot noext`` writes noext.png), else the format
+    the extension names. An unwritable path or an unknown format is a user error. Returns
+    the path written."""
     import matplotlib.pyplot as plt
 
+    path = Path(path)
     try:
+        if not path.suffix:
+            path = path.with_name(path.name + ".png")
+        supported = fig.canvas.get_supported_filetypes()
+        if path.suffix[1:].lower() not in supported:
+            raise CapsimUserError(
+                f"--plot {path}: unknown image format '{path.suffix}'",
+                hint="use one of " + ", ".join(f".{k}" for k in sorted(supported)),
+            )
         fig.savefig(path, dpi=110)
     except OSError as exc:
         raise CapsimUserError(f"cannot write plot '{path}': {exc.strerror}") from None
     finally:
         plt.close(fig)
+    err_console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    return path
 
 
 def print_json(data: Any) -> None:

@@ -7,6 +7,7 @@ suggestions on stderr and exit with code 2, without a traceback.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -790,8 +791,31 @@ app.command("capacity")(user_errors(capacity_cmd))
 app.command("serve")(user_errors(serve_cmd))
 
 
+def fold_option_names() -> None:
+    """Make ``--help`` wrap a long option name onto a second line rather than cut it with
+    an ellipsis at 80 columns: typer renders option names with two rich highlighters,
+    whose Text is given overflow "fold" here. Imported only when help is asked for (rich's
+    help rendering costs about 50 ms to import)."""
+    import typer.rich_utils as rich_utils
+
+    def folding(highlighter):
+        def highlight(text):
+            out = highlighter(text)
+            out.overflow = "fold"
+            return out
+
+        return highlight
+
+    if not getattr(rich_utils, "_capsim_folded", False):
+        rich_utils.highlighter = folding(rich_utils.highlighter)
+        rich_utils.negative_highlighter = folding(rich_utils.negative_highlighter)
+        rich_utils._capsim_folded = True
+
+
 def run() -> None:
     """Console-script entry point."""
+    if "--help" in sys.argv[1:] or len(sys.argv) == 1:
+        fold_option_names()
     app()
 
 

@@ -260,6 +260,9 @@ def write_csv(results: list[PredictResult]) -> str:
             flat: dict[str, Any] = {"configuration": label(result)}
             for key, value in point.items():
                 if isinstance(value, dict):
+                    if key.endswith("_dist"):  # its mean is a column already
+                        key = key.removesuffix("_dist")
+                        value = {k: v for k, v in value.items() if k != "mean"}
                     for sub, v in value.items():
                         if isinstance(v, dict):  # a band: its low and high edges
                             for edge, x in v.items():
@@ -397,6 +400,11 @@ def predict_cmd(
     from capsim.api import predict
     from capsim.engine.router import ROUTER_POLICIES
 
+    if json_out and csv_out:
+        raise CapsimUserError(
+            "--json and --csv both print on stdout: choose one",
+            hint="--json has every field; --csv one row per level",
+        )
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):
@@ -481,5 +489,3 @@ def predict_cmd(
         print_table(console, results)
     if plot_path is not None:
         plot(results, plot_path)
-        if not (json_out or csv_out):
-            console.print(f"wrote {plot_path}")

@@ -146,6 +146,14 @@ def minor_tick_label(value: float, _position=None) -> str:
     return tick_label(value) if leading in (2, 5) else ""
 
 
+def significant(value: float) -> str:
+    """A measured or predicted figure with 4 significant digits (0.00241 s stays 0.00241,
+    not 0), thousands separated."""
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
 def plot_parity(panels: dict[str, list[tuple[str, float, float]]], path: Path) -> None:
     """Parity plot: predicted against measured on log axes, one panel per error kind
     (title -> (dataset, measured, predicted) points), one colour per dataset, with the
@@ -336,13 +344,16 @@ def validate_cmd(
             "CV level",
             "CV point",
         ):
-            table.add_column(col, justify="left" if col in ("scenario", "metric") else "right")
+            if col in ("scenario", "metric"):
+                table.add_column(col, justify="left", overflow="fold")
+            else:
+                table.add_column(col, justify="right", no_wrap=True)
         for r in rows:
             table.add_row(
                 r["scenario"],
                 str(r["concurrency"]),
                 r["metric"],
-                f"{r['measured']:,.0f}",
+                significant(r["measured"]),
                 pct(r["uncalibrated"]),
                 pct(r["in_sample"]),
                 pct(r["cross_validated"]),
@@ -417,14 +428,17 @@ def validate_cmd(
         return
     table = Table(title="capsim validate: predicted vs measured", box=box.SIMPLE_HEAD)
     for col in ("scenario", "C", "metric", "measured", "predicted", "error"):
-        table.add_column(col, justify="left" if col in ("scenario", "metric") else "right")
+        if col in ("scenario", "metric"):  # long names wrap onto more lines, never cut
+            table.add_column(col, justify="left", overflow="fold")
+        else:
+            table.add_column(col, justify="right", no_wrap=True)
     for p in points:
         table.add_row(
             p.scenario,
             str(p.concurrency),
             p.metric,
-            f"{p.measured:,.0f}",
-            f"{p.predicted:,.1f}",
+            significant(p.measured),
+            significant(p.predicted),
             f"{100 * p.error:+.1f}%",
         )
     console.print(table)
