@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -293,3 +294,16 @@ def test_simulator_on_probed_step_times_reproduces_batch_vs_closed(tmp_path):
     simulated_ratio = simulated["batch"].output_tok_s / simulated["closed"].output_tok_s
     assert measured_ratio < 0.95 and simulated_ratio < 0.95  # the batch tail costs throughput
     assert simulated_ratio == pytest.approx(measured_ratio, abs=0.12)
+
+
+def test_a_rebuilt_summary_is_complete_only_when_every_planned_level_finished(tmp_path):
+    from capsim.probe.runfile import summarize_log
+
+    run = Path(__file__).resolve().parent.parent / "calibration" / "runs" / "cpu-vllm-tiny-qwen3"
+    lines = run.with_suffix(".jsonl").read_text().splitlines()
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("\n".join(lines) + "\n")
+    assert summarize_log(whole.with_suffix(".json")).complete  # 4 levels x 2 runs finished
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(lines[:100]) + "\n")
+    assert not summarize_log(cut.with_suffix(".json")).complete

@@ -262,7 +262,11 @@ def summarize_log(path: Path) -> RunSummary:
         summarize_level(records, c, run, header.workload, **server.get((c, run), {}))
         for (c, run), records in sorted(groups.items())
     ]
-    return RunSummary(header=header, levels=levels, complete=False)
+    planned = {(c, run) for c in header.concurrency for run in range(header.runs)}
+    # complete when every planned level finished (wrote its level event)
+    return RunSummary(
+        header=header, levels=levels, complete=bool(planned) and planned <= set(server)
+    )
 
 
 def load_run(path: Path) -> tuple[RunSummary, list[dict[str, Any]]]:
