@@ -154,6 +154,13 @@ class LogSketch:
         keep = weights > 0
         return values[keep], weights[keep]
 
+    def _order_statistic(self, values: np.ndarray, cum: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The k-th smallest value (0-based): the exact minimum or maximum at the ends,
+        else the value of the bin that holds it."""
+        at = np.minimum(np.searchsorted(cum, k, side="right"), len(cum) - 1)
+        estimate = np.where(k <= 0, self.minimum, values[at])
+        return np.where(k >= self.count - 1, self.maximum, estimate)
+
     def percentiles(self, qs: Sequence[float]) -> list[float]:
         """Percentiles ``qs`` (0-100) of the values folded so far (NaN when none)."""
         if not self.count:
@@ -170,8 +177,9 @@ class LogSketch:
             # numpy's linear interpolation between order statistics k and k + 1 (0-based)
             rank = np.asarray(qs, dtype=float) / 100.0 * (self.count - 1)
             k = np.floor(rank)
-            last = len(cum) - 1
-            at = np.minimum(np.searchsorted(cum, k, side="right"), last)
-            after = np.minimum(np.searchsorted(cum, k + 1, side="right"), last)
-            estimates = values[at] + (rank - k) * (values[after] - values[at])
+            lower, upper = (
+                self._order_statistic(values, cum, k),
+                self._order_statistic(values, cum, k + 1),
+            )
+            estimates = lower + (rank - k) * (upper - lower)
         return [float(v) for v in np.clip(estimates, self.minimum, self.maximum)]
