@@ -132,3 +132,11 @@ def test_progress_follows_the_requests(monkeypatch):
     assert done == sorted(done)
     # within a level, not only at its end
     assert any(0 < d < 400 for d in done) and any(400 < d < 800 for d in done)
+
+
+def test_a_level_without_decode_steps_has_no_itl():
+    # one output token each: prefill samples it, no decode step runs
+    config = PredictConfig(**{**BASE, "output_tokens": "1"}, concurrency=[2], requests=10)
+    (level,) = predict(config, CAT).levels
+    assert level.metrics.completed == 10 and level.metrics.itl_ms.count == 0
+    assert level.metrics.itl_ms.mean is None
