@@ -38,7 +38,12 @@ if TYPE_CHECKING:  # the imports below are heavy; each function imports what it 
 
 
 def predict(
-    config: PredictConfig | None = None, /, *, catalog: Catalog | None = None, **fields: Any
+    config: PredictConfig | None = None,
+    /,
+    *,
+    catalog: Catalog | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **fields: Any,
 ) -> PredictResult:
     """Simulate a deployment at each load level, with prediction bands on every figure.
 
@@ -48,12 +53,14 @@ def predict(
     a Hugging Face id). The calibration profile ``profile`` names (default ``auto``: the
     one fitted for the GPU's hardware class and engine, the user's own before the shipped
     one) is applied; ``result.profile`` and ``result.profile_path`` say which.
+    ``progress(done, total)``, if given, is called as requests are simulated (a few
+    thousand at a time, and as each level ends).
     """
     from capsim.calibration.applied import calibrated_predict
     from capsim.engine.simulate import PredictConfig
 
     config = _merge(PredictConfig, config, fields)
-    return calibrated_predict(config, catalog)
+    return calibrated_predict(config, catalog, progress=progress)
 
 
 def capacity(

@@ -25,15 +25,23 @@ Per level (a set of requests run under one load):
   the run, prefix-cache hits included, as vLLM bench counts them).
 * request throughput = completed requests / wall clock.
 * Distributions report mean, p50, p90 and p99 (numpy's linear-interpolation percentiles).
+
+A level's requests come as records, as a ``RequestTable`` (columns), or, for runs too big
+to keep every request, as a ``RequestSummary`` (the same figures folded into streaming
+accumulators: counts, sums, minima and maxima exact, percentiles within
+``streaming.RELATIVE_ERROR``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from capsim.streaming import LogSketch
 
 PERCENTILES = (50, 90, 99)
 
@@ -169,7 +177,7 @@ class Distribution(BaseModel):
         """Summarise values (None dropped). With weights, percentiles are weighted."""
         if weights is not None:
             if isinstance(values, np.ndarray) and isinstance(weights, np.ndarray):
-                arr, w = values.astype(float), weights.astype(float)
+                arr, w = values.astype(float, copy=False), weights.astype(float, copy=False)
             else:
                 pairs = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None]
                 arr = np.array([p[0] for p in pairs], dtype=float)
@@ -195,6 +203,20 @@ class Distribution(BaseModel):
             p90=float(pcts[1]),
             p99=float(pcts[2]),
             count=int(arr.size),
+        )
+
+    @classmethod
+    def of_sketch(cls, sketch: LogSketch) -> Distribution:
+        """Summarise the values a streaming sketch folded (percentiles within
+        streaming.RELATIVE_ERROR of ``of``'s; mean and count the same)."""
+        if not sketch.count:
+            return cls(mean=None, p50=None, p90=None, p99=None, count=0)
+        pcts = sketch.percentiles(PERCENTILES)
+        count = round(sketch.total_weight) if sketch.weighted else sketch.count
+        return cls(
+            mean=sketch.mean,
+            **{f"p{q}": v for q, v in zip(PERCENTILES, pcts, strict=True)},
+            count=count,
         )
 
     def scaled(self, factor: float) -> Distribution:
@@ -267,6 +289,16 @@ class RequestTable:
         "output_tokens",
         "send",
     )
+    _COLUMNS = (
+        "send",
+        "first_token",
+        "finish",
+        "input_tokens",
+        "output_tokens",
+        "first_scheduled",
+        "ok",
+    )
+    """The columns, in the constructor's order."""
 
     def __init__(
         self,
@@ -317,6 +349,26 @@ class RequestTable:
             ]
         )
 
+    @classmethod
+    def concat(cls, tables: Sequence[RequestTable]) -> RequestTable:
+        """The requests of several tables, in order, as one."""
+        if len(tables) == 1:
+            return tables[0]
+        return cls(*(np.concatenate([getattr(t, name) for t in tables]) for name in cls._COLUMNS))
+
+    def delayed(self, delay: np.ndarray | float) -> RequestTable:
+        """The same requests with ``delay`` seconds (each request's, or one for all) added
+        to every first token and finish."""
+        return RequestTable(
+            self.send,
+            self.first_token + delay,
+            self.finish + delay,
+            self.input_tokens,
+            self.output_tokens,
+            self.first_scheduled,
+            self.ok,
+        )
+
     def __len__(self) -> int:
         return int(self.send.size)
 
@@ -346,33 +398,135 @@ class RequestTable:
         return self.output_tokens[keep] / e2e[keep]
 
 
+class RequestSummary:
+    """A level's requests folded into streaming accumulators, batch by batch (each a
+    ``RequestTable``): what ``level_metrics`` needs, in memory that does not grow with
+    the number of requests. Counts, token sums, the first send and the last finish are
+    exact; each distribution's count, mean, minimum and maximum are exact (the mean up to
+    float rounding) and its percentiles within streaming.RELATIVE_ERROR."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.completed = 0
+        self.first_send = math.inf  # s, over every request
+        self.last_finish = -math.inf  # s, over the completed ones
+        self.input_tokens = 0  # of the completed requests
+        self.output_tokens = 0
+        self.ttft = LogSketch()  # s
+        self.tpot = LogSketch()  # s per token
+        self.e2e = LogSketch()  # s
+        self.queueing = LogSketch()  # s
+        self.output_tok_s = LogSketch()  # per request, tokens/s
+
+    def add(self, table: RequestTable) -> None:
+        """Fold a batch of requests in (times as the client sees them)."""
+        if not len(table):
+            return
+        ok = table.ok
+        self.requests += len(table)
+        self.first_send = min(self.first_send, float(table.send.min()))
+        if ok.any():
+            self.completed += int(ok.sum())
+            self.last_finish = max(self.last_finish, float(table.finish[ok].max()))
+            self.input_tokens += int(table.input_tokens[ok].sum())
+            self.output_tokens += int(table.output_tokens[ok].sum())
+        self.ttft.add(table.ttft())
+        self.tpot.add(table.tpot())
+        self.e2e.add(table.e2e())
+        self.queueing.add(table.queueing())
+        self.output_tok_s.add(table.output_tok_s())
+
+    def merge(self, other: RequestSummary) -> None:
+        """Fold another summary's requests in."""
+        self.requests += other.requests
+        self.completed += other.completed
+        self.first_send = min(self.first_send, other.first_send)
+        self.last_finish = max(self.last_finish, other.last_finish)
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        for name in ("ttft", "tpot", "e2e", "queueing", "output_tok_s"):
+            getattr(self, name).merge(getattr(other, name))
+
+
 def level_metrics(
-    records: Sequence[RequestRecord] | RequestTable,
+    records: Sequence[RequestRecord] | RequestTable | RequestSummary,
     concurrency: int | None = None,
     workload: str | None = None,
-    itl_values: Sequence[float] | np.ndarray | None = None,
+    itl_values: Sequence[float] | np.ndarray | LogSketch | None = None,
     itl_weights: Sequence[float] | np.ndarray | None = None,
 ) -> LevelMetrics:
-    """Aggregate one level's requests (records, or the same as a ``RequestTable``). ITL
-    comes from the records' chunks unless given (the simulator passes step durations
-    weighted by the sequences they served)."""
-    if itl_values is None:
-        if isinstance(records, RequestTable):
+    """Aggregate one level's requests (records, or the same as a ``RequestTable``, or
+    folded into a ``RequestSummary``). ITL comes from the records' chunks unless given
+    (the simulator passes step durations weighted by the sequences they served, or those
+    folded into a weighted ``LogSketch``)."""
+    if isinstance(itl_values, LogSketch):
+        itl = Distribution.of_sketch(itl_values)
+    elif itl_values is None:
+        if isinstance(records, (RequestTable, RequestSummary)):
             raise ValueError("a RequestTable has no streamed chunks: pass itl_values")
         itl = Distribution.of([g for r in records if r.ok for g in r.itl()])
     else:
         itl = Distribution.of(itl_values, itl_weights)
+    if isinstance(records, RequestSummary):
+        summary = records
+        return _level(
+            concurrency,
+            workload,
+            requests=summary.requests,
+            completed=summary.completed,
+            first_send=summary.first_send,
+            last_finish=summary.last_finish,
+            input_tokens=summary.input_tokens,
+            output_tokens=summary.output_tokens,
+            per_request_output_tok_s=Distribution.of_sketch(summary.output_tok_s),
+            ttft_s=Distribution.of_sketch(summary.ttft),
+            tpot_s=Distribution.of_sketch(summary.tpot),
+            itl_s=itl,
+            e2e_s=Distribution.of_sketch(summary.e2e),
+            queueing_s=Distribution.of_sketch(summary.queueing),
+        )
     table = records if isinstance(records, RequestTable) else RequestTable.from_records(records)
     ok = table.ok
     completed = int(ok.sum())
-    if completed:
-        start = float(table.send.min())
-        end = float(table.finish[ok].max())
-        wall = max(end - start, 1e-12)
-    else:
-        wall = 0.0
-    inp = int(table.input_tokens[ok].sum())
-    out = int(table.output_tokens[ok].sum())
+    return _level(
+        concurrency,
+        workload,
+        requests=len(table),
+        completed=completed,
+        first_send=float(table.send.min()) if completed else math.nan,
+        last_finish=float(table.finish[ok].max()) if completed else math.nan,
+        input_tokens=int(table.input_tokens[ok].sum()),
+        output_tokens=int(table.output_tokens[ok].sum()),
+        per_request_output_tok_s=Distribution.of(table.output_tok_s()),
+        ttft_s=Distribution.of(table.ttft()),
+        tpot_s=Distribution.of(table.tpot()),
+        itl_s=itl,
+        e2e_s=Distribution.of(table.e2e()),
+        queueing_s=Distribution.of(table.queueing()),
+    )
+
+
+def _level(
+    concurrency: int | None,
+    workload: str | None,
+    *,
+    requests: int,
+    completed: int,
+    first_send: float,
+    last_finish: float,
+    input_tokens: int,
+    output_tokens: int,
+    per_request_output_tok_s: Distribution,
+    ttft_s: Distribution,
+    tpot_s: Distribution,
+    itl_s: Distribution,
+    e2e_s: Distribution,
+    queueing_s: Distribution,
+) -> LevelMetrics:
+    """LevelMetrics from a level's totals (times in seconds; ``first_send`` over every
+    request, ``last_finish`` and the token sums over the completed ones)."""
+    wall = max(last_finish - first_send, 1e-12) if completed else 0.0
+    inp, out = input_tokens, output_tokens
 
     def rate(x: float) -> float:
         return x / wall if wall > 0 else 0.0
@@ -380,9 +534,9 @@ def level_metrics(
     return LevelMetrics(
         concurrency=concurrency,
         workload=workload,
-        requests=len(table),
+        requests=requests,
         completed=completed,
-        failed=len(table) - completed,
+        failed=requests - completed,
         wall_s=wall,
         input_tokens=inp,
         output_tokens=out,
@@ -390,10 +544,10 @@ def level_metrics(
         total_tok_s=rate(inp + out),
         prefill_tok_s=rate(inp),
         request_throughput=rate(completed),
-        per_request_output_tok_s=Distribution.of(table.output_tok_s()),
-        ttft_ms=Distribution.of(table.ttft()).scaled(1e3),
-        tpot_ms=Distribution.of(table.tpot()).scaled(1e3),
-        itl_ms=itl.scaled(1e3),
-        e2e_s=Distribution.of(table.e2e()),
-        queueing_ms=Distribution.of(table.queueing()).scaled(1e3),
+        per_request_output_tok_s=per_request_output_tok_s,
+        ttft_ms=ttft_s.scaled(1e3),
+        tpot_ms=tpot_s.scaled(1e3),
+        itl_ms=itl_s.scaled(1e3),
+        e2e_s=e2e_s,
+        queueing_ms=queueing_s.scaled(1e3),
     )

@@ -14,6 +14,7 @@ from capsim.catalog.loader import load_catalog
 from capsim.engine.saturation import closed_send_times, derive_run, is_saturated
 from capsim.engine.simulate import PredictConfig, build_setup, level_runs, make_workload, predict
 from capsim.errors import CapsimUserError
+from capsim.metrics import RequestTable
 
 CAT = load_catalog()
 BASE = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4", workload="closed")
@@ -32,7 +33,10 @@ def same_run(a, b) -> bool:
     fields = [f.name for f in dataclasses.fields(a) if f.name not in ("dry_at", "records")]
     for name in fields:
         x, y = getattr(a, name), getattr(b, name)
-        if isinstance(x, np.ndarray):
+        if isinstance(x, RequestTable):
+            if not all(np.array_equal(*(getattr(t, c) for t in (x, y))) for c in x._COLUMNS):
+                return False
+        elif isinstance(x, np.ndarray):
             if not np.array_equal(x, y):
                 return False
         elif x != y:
@@ -72,7 +76,7 @@ def test_a_level_derived_from_a_saturated_one_equals_its_simulation(config, c, e
     except CapsimUserError:  # a drawn request longer than the KV cache
         assume(False)
     # in any closed loop, request m >= C is sent when the (m - C + 1)-th request finishes
-    assert closed_send_times(run, c) == [row[0] for row in run.rows]
+    assert closed_send_times(run, c).tolist() == run.requests.send.tolist()
     direct = one_run(config, c + extra)
     if is_saturated(run):
         assert same_run(derive_run(run, c + extra), direct)

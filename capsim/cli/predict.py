@@ -28,9 +28,11 @@ from capsim.cli.common import (
     UbatchOption,
     catalog,
     console,
+    err_console,
     fitted_table,
     parse_overrides,
     predict_config,
+    progress_bar,
     resolve_models,
     save_figure,
     spec_config,
@@ -326,6 +328,22 @@ def plot(results: list[PredictResult], path: Path) -> None:
     save_figure(fig, path)
 
 
+def predict_with_progress(config, cat) -> PredictResult:
+    """capsim.api.predict with a bar on stderr, when it is a terminal: requests
+    simulated of all the levels'."""
+    from capsim.api import predict
+
+    if not err_console.is_terminal:
+        return predict(config, catalog=cat)
+    with progress_bar() as bar:
+        task = bar.add_task(f"{config.gpu} {config.model}", total=None)
+
+        def show(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return predict(config, catalog=cat, progress=show)
+
+
 def predict_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name(s), comma-separated")],
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
@@ -397,7 +415,6 @@ def predict_cmd(
 ) -> None:
     """Simulate N concurrent clients against a vLLM, SGLang or llama.cpp server and report
     throughput and latency per level."""
-    from capsim.api import predict
     from capsim.engine.router import ROUTER_POLICIES
 
     if json_out and csv_out:
@@ -478,7 +495,7 @@ def predict_cmd(
             profile=profile,
             efficiency_overrides=overrides,
         )
-        results.append(predict(config, catalog=cat))
+        results.append(predict_with_progress(config, cat))
     if json_out:
         sys.stdout.write(
             json.dumps({"results": [result_dict(r) for r in results]}, indent=2) + "\n"

@@ -25,6 +25,7 @@ import simpy
 
 from capsim.engine.kv_cache import KVCache
 from capsim.engine.request import SimRequest
+from capsim.engine.request_log import ItlLog
 from capsim.engine.scheduler import Scheduler, SchedulerConfig
 from capsim.physics.step import StepModel
 
@@ -56,7 +57,11 @@ class Replica:
         num_blocks: int,
         prefix_caching: bool = True,
         fast_forward: bool = True,
+        itl: ItlLog | None = None,
+        itl_slot: int = 0,
     ):
+        """Decode steps' inter-token latencies go to ``itl`` (slot ``itl_slot``; a log of
+        its own by default)."""
         self.env = env
         self.index = index
         self.step_model = step_model
@@ -73,12 +78,9 @@ class Replica:
         self.steps = 0
         self.events = 0
         self.busy_time = 0.0
-        # decode-step durations per token and how many sequences each served, for ITL:
-        # whole decode runs as arrays, single steps as numbers (cheaper per step)
-        self._itl_runs: list[np.ndarray] = []
-        self._itl_run_weights: list[np.ndarray] = []
-        self._itl_steps: list[float] = []
-        self._itl_step_weights: list[float] = []
+        # decode-step durations per token and how many sequences each served, for ITL
+        self.itl = ItlLog(1) if itl is None else itl
+        self.itl_slot = 0 if itl is None else itl_slot
         # called with this replica after every step is applied (capsim serve streams
         # tokens from it); None in batch simulations
         self.step_listener: Callable[[Replica], None] | None = None
@@ -104,21 +106,10 @@ class Replica:
         if sequences <= 0 or durations.size == 0:
             return
         per_token = durations / self.scheduler.config.decode_advance
-        self._itl_runs.append(per_token)
-        self._itl_run_weights.append(np.full(per_token.size, float(sequences)))
+        self.itl.add_run(self.itl_slot, per_token, sequences)
 
     def _record_itl_step(self, duration: float, sequences: int) -> None:
-        self._itl_steps.append(duration / self.scheduler.config.decode_advance)
-        self._itl_step_weights.append(float(sequences))
-
-    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
-        """Inter-token latencies (s per token) of every decode step, and the sequences
-        each served (the weight of that latency among all tokens)."""
-        values = np.concatenate([*self._itl_runs, np.asarray(self._itl_steps, dtype=float)])
-        weights = np.concatenate(
-            [*self._itl_run_weights, np.asarray(self._itl_step_weights, dtype=float)]
-        )
-        return values, weights
+        self.itl.add_step(self.itl_slot, duration / self.scheduler.config.decode_advance, sequences)
 
     def run(self):
         env, sched, sm = self.env, self.scheduler, self.step_model

@@ -21,7 +21,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from capsim.engine.workloads import Workload
+from capsim.metrics import RequestTable
 
 if TYPE_CHECKING:  # simulate imports this module
     from capsim.engine.simulate import ReplicaRun
@@ -48,31 +51,37 @@ def shares_service(
 
 def is_saturated(run: ReplicaRun) -> bool:
     """Whether a closed-loop run of one replica finished every request and never found its
-    queue empty with room to spare before its last request was sent."""
-    if run.finish_order is None or len(run.finish_order) != len(run.rows):
+    queue empty with room to spare before its last request was sent. A run that folded
+    its requests (past request_log.REQUEST_BUFFER) kept no per-request times to derive
+    other levels from: it counts as unsaturated, and the levels above it are simulated."""
+    table, order = run.requests, run.finish_order
+    if table is None or order is None or not len(table) or len(order) != len(table):
         return False
-    last_send = max(row[0] for row in run.rows)
+    last_send = float(table.send.max())
     return run.dry_at is None or run.dry_at >= last_send
 
 
-def closed_send_times(run: ReplicaRun, concurrency: int) -> list[float]:
+def closed_send_times(run: ReplicaRun, concurrency: int) -> np.ndarray:
     """Send time (s) of each request of a closed run's service at ``concurrency`` (its own,
     or a higher one when the run is saturated): 0 for the first ``concurrency`` requests,
     then the finish time of the request whose finish frees a client, in finishing order."""
-    finish = [row[2] for row in run.rows]
-    order = run.finish_order
-    return [
-        0.0 if m < concurrency else finish[order[m - concurrency]] for m in range(len(run.rows))
-    ]
+    finish = run.requests.finish
+    sends = np.zeros(finish.size)
+    sends[concurrency:] = finish[run.finish_order[: max(finish.size - concurrency, 0)]]
+    return sends
 
 
 def derive_run(run: ReplicaRun, concurrency: int) -> ReplicaRun:
     """The run of the same service at a higher ``concurrency`` (see the module text)."""
     sends = closed_send_times(run, concurrency)
-    rows = [(send, *row[1:]) for send, row in zip(sends, run.rows, strict=True)]
+    t = run.requests
+    requests = RequestTable(
+        sends, t.first_token, t.finish, t.input_tokens, t.output_tokens, t.first_scheduled, t.ok
+    )
     records = None
     if run.records is not None:
         records = [
-            r.model_copy(update={"send": send}) for send, r in zip(sends, run.records, strict=True)
+            r.model_copy(update={"send": send})
+            for send, r in zip(sends.tolist(), run.records, strict=True)
         ]
-    return replace(run, rows=rows, records=records)
+    return replace(run, requests=requests, records=records)

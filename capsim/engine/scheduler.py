@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +117,8 @@ class Scheduler:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.preemptions = 0
-        self.finished: list[SimRequest] = []  # in the order they finished
+        # called with each request as it finishes (the driver logs it and lets it go)
+        self.on_finish: Callable[[SimRequest], None] | None = None
         self.submitted = 0
         # the first time (s) the scheduler had room for another request and found none
         # waiting, once any had arrived; None while the queue never ran dry (see
@@ -646,7 +648,8 @@ class Scheduler:
         self.kv.register(req, req.prompt_len + req.output_len - 1)
         self.kv.release(req)
         self._remove(row)
-        self.finished.append(req)
+        if self.on_finish is not None:
+            self.on_finish(req)
         req.done.succeed()
 
     def submit(self, req: SimRequest) -> None:

@@ -21,16 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from capsim.catalog.loader import Catalog, load_catalog, process_catalog
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
 from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
+from capsim.engine import request_log
 from capsim.engine.bands import PROPAGATION_REQUESTS, add_corpus_bands, add_profile_bands
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
+from capsim.engine.progress import Progress
 from capsim.engine.replica import Replica
+from capsim.engine.request_log import ItlLog, RequestLog
 from capsim.engine.router import Router, RouterPolicy
 from capsim.engine.saturation import derive_run, is_saturated, shares_service
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.engine.workloads import Driver, Workload, WorkloadKind, read_trace
 from capsim.errors import CapsimUserError
-from capsim.metrics import LevelMetrics, RequestRecord, RequestTable, level_metrics
+from capsim.metrics import LevelMetrics, RequestRecord, RequestSummary, RequestTable, level_metrics
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import (
     BLOCK_SIZE_TOKENS,
@@ -43,6 +46,7 @@ from capsim.physics.memory import (
 )
 from capsim.physics.speculative import SpecConfig
 from capsim.physics.step import Deployment, StepModel, build_step_model, default_efficiency
+from capsim.streaming import LogSketch
 
 MAX_TP = 72
 """The widest tensor-parallel group: the largest NVLink domain (GB200 NVL72)."""
@@ -471,22 +475,29 @@ def check_lengths(setup: Setup, workload: Workload) -> None:
 
 @dataclass
 class ReplicaRun:
-    """What one simulation of some replicas leaves behind, in plain (picklable) data."""
+    """What one simulation of some replicas leaves behind, in plain (picklable) data.
 
-    rows: list[tuple]  # RequestTable rows
+    Up to ``request_log.REQUEST_BUFFER`` requests (and ITL samples up to ITL_BUFFER)
+    every one is kept: ``requests`` (the engine's times, in the order they were sent),
+    ``itl_values`` and ``itl_weights``; beyond, ``summary`` (the client's times) and
+    ``itl_sketch`` hold them folded, and the others are None."""
+
+    requests: RequestTable | None
+    summary: RequestSummary | None
     records: list[RequestRecord] | None
-    itl_values: np.ndarray
-    itl_weights: np.ndarray
+    itl_values: np.ndarray | None
+    itl_weights: np.ndarray | None
+    itl_sketch: LogSketch | None
     query_tokens: int
     hit_tokens: int
     peak_kv_usage: float
     preemptions: int
     steps: int
     events: int
-    # one replica only: when its queue first ran dry (Scheduler.dry_at), and the rows'
-    # indices in the order the requests finished (engine/saturation.py)
+    # one replica only: when its queue first ran dry (Scheduler.dry_at), and the indices
+    # of ``requests`` in the order they finished (engine/saturation.py)
     dry_at: float | None = None
-    finish_order: list[int] | None = None
+    finish_order: np.ndarray | None = None
 
 
 def run_replicas(
@@ -497,12 +508,15 @@ def run_replicas(
     replica_indices: list[int] | None = None,
     agents: list[int] | None = None,
     first_rid: int = 0,
+    progress: Progress | None = None,
 ) -> ReplicaRun:
     """Simulate ``replica_indices`` (all of the deployment's by default) under the
-    workload, or only ``agents`` of an agents workload, to completion."""
+    workload, or only ``agents`` of an agents workload, to completion (``progress``
+    counts the requests as they finish)."""
     cfg = setup.config
     env = simpy.Environment()
     indices = list(range(setup.dp)) if replica_indices is None else replica_indices
+    itl = ItlLog(len(indices))
     replicas = [
         Replica(
             env,
@@ -512,8 +526,10 @@ def run_replicas(
             setup.num_blocks,
             prefix_caching=cfg.prefix_caching,
             fast_forward=cfg.fast_forward,
+            itl=itl,
+            itl_slot=slot,
         )
-        for i in indices
+        for slot, i in enumerate(indices)
     ]
     router = Router(
         env,
@@ -523,60 +539,32 @@ def run_replicas(
         cfg.router_capacity_rps,
         setup.step_model.api_server_seconds(),
     )
-    driver = Driver(env, router, workload, seed, agents=agents, first_rid=first_rid)
+    # the log keeps the engine's times (the saturation derivation relies on them); the
+    # front end's latency is added to what a client sees in measure_level, in the
+    # records, and in requests folded past the buffer
+    frontend = setup.step_model.frontend_parallel_seconds
+    log = RequestLog(frontend, keep_records, first_rid)
+    driver = Driver(env, router, workload, seed, log, agents, first_rid, progress)
     driver.start()
     for rep in replicas:
+        rep.scheduler.on_finish = driver.finished
         rep.clients_react_at_once = driver.reacts_at_once
         # as in the whole deployment, so a replica simulated apart counts the same events
         rep.settle_every_step = driver.reacts_at_once and setup.dp > 1
     env.run()
     for rep in replicas:
         rep.scheduler.sync_requests()
-    requests = driver.requests
-    # rows hold the engine's times (the saturation derivation relies on them); the front
-    # end's latency is added to what a client sees in measure_level and in the records
-    frontend = setup.step_model.frontend_parallel_seconds
-    rows = [
-        (
-            r.send,
-            r.first_token,
-            r.finish,
-            r.prompt_len,
-            r.output_len if r.finish is not None else int(r.generated),
-            r.first_scheduled,
-            r.finish is not None and r.first_token is not None,
-        )
-        for r in requests
-    ]
-    records = None
-    if keep_records:
-        # the simulator's own values are already typed: build records without
-        # re-validating
-        records = [
-            RequestRecord.model_construct(
-                request_id=str(r.rid),
-                send=r.send,
-                first_token=None
-                if r.first_token is None
-                else r.first_token + frontend(r.prompt_len),
-                finish=None if r.finish is None else r.finish + frontend(r.prompt_len),
-                input_tokens=r.prompt_len,
-                output_tokens=r.output_len if r.finish is not None else int(r.generated),
-                first_scheduled=r.first_scheduled,
-                cached_tokens=r.cached_tokens,
-                error=None if r.finish is not None else "did not finish",
-                session_id=r.session,
-            )
-            for r in requests
-        ]
-    samples = [rep.itl_samples() for rep in replicas]
+    logged = driver.close()
+    itl_values, itl_weights, itl_sketch = itl.close()
     kvs = [rep.scheduler.kv for rep in replicas]
     alone = replicas[0].scheduler if len(replicas) == 1 else None
     return ReplicaRun(
-        rows=rows,
-        records=records,
-        itl_values=np.concatenate([v for v, _ in samples]),
-        itl_weights=np.concatenate([w for _, w in samples]),
+        requests=logged.table,
+        summary=logged.summary,
+        records=logged.records,
+        itl_values=itl_values,
+        itl_weights=itl_weights,
+        itl_sketch=itl_sketch,
         query_tokens=sum(kv.query_tokens for kv in kvs),
         hit_tokens=sum(kv.hit_tokens for kv in kvs),
         peak_kv_usage=max(kv.peak_used / kv.num_blocks for kv in kvs),
@@ -584,7 +572,7 @@ def run_replicas(
         steps=sum(rep.steps for rep in replicas),
         events=sum(rep.events for rep in replicas),
         dry_at=None if alone is None else alone.dry_at,
-        finish_order=None if alone is None else [r.rid - first_rid for r in alone.finished],
+        finish_order=None if alone is None else logged.finish_order,
     )
 
 
@@ -603,14 +591,16 @@ def simulate_level(
     partition: bool = True,
     workers: int = 1,
     catalog: Catalog | None = None,
+    progress: Progress | None = None,
 ) -> LevelResult:
     """Run one level to completion and measure it.
 
     Replicas that never interact (``partition.session_affine_groups``) are simulated
     apart, in up to ``workers`` processes (``catalog`` is the one ``setup`` came from);
-    ``partition=False`` simulates them together. Both give the same results."""
+    ``partition=False`` simulates them together. Both give the same results.
+    ``progress`` counts the requests simulated in this process as they finish."""
     started = time.perf_counter()
-    runs = level_runs(setup, workload, seed, keep_records, partition, workers, catalog)
+    runs = level_runs(setup, workload, seed, keep_records, partition, workers, catalog, progress)
     return measure_level(
         runs, workload, keep_records, started, setup.step_model.frontend_parallel_seconds
     )
@@ -624,9 +614,16 @@ def level_runs(
     partition: bool = True,
     workers: int = 1,
     catalog: Catalog | None = None,
+    progress: Progress | None = None,
 ) -> list[ReplicaRun]:
     """``simulate_level``'s simulations, before they are measured."""
     check_lengths(setup, workload)
+    if keep_records and level_requests(workload) > request_log.REQUEST_BUFFER:
+        raise CapsimUserError(
+            f"per-request records are kept for at most {request_log.REQUEST_BUFFER:,} "
+            f"requests a level, and this one sends {level_requests(workload):,}",
+            hint="lower --requests (the metrics alone need no records)",
+        )
     cfg = setup.config
     groups = None
     if partition:
@@ -634,7 +631,7 @@ def level_runs(
             workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
         )
     if groups is None:
-        runs = [run_replicas(setup, workload, seed, keep_records)]
+        runs = [run_replicas(setup, workload, seed, keep_records, progress=progress)]
     else:
         # each group's request ids start after the turns of the groups before it
         turns = workload.turns
@@ -652,10 +649,15 @@ def level_runs(
                 runs = list(pool.map(_run_group, args))
         else:
             runs = [
-                run_replicas(setup, workload, seed, keep_records, [i], agents, first)
+                run_replicas(setup, workload, seed, keep_records, [i], agents, first, progress)
                 for i, agents, first in jobs
             ]
     return runs
+
+
+def concat_arrays(arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` end to end (the one array itself, not a copy, when there is one)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def measure_level(
@@ -669,20 +671,40 @@ def measure_level(
     client sees them: ``frontend(prompt tokens)``, the front end's latency in seconds (API
     server, tokenizer, streaming) less its serial part, which the router simulated as a
     queue, is added to each first token and finish. It does not hold a closed-loop client
-    back (a few ms against a request's seconds)."""
-    table = RequestTable.from_rows([row for run in runs for row in run.rows])
-    delay = frontend(table.input_tokens)
-    table.first_token = table.first_token + delay
-    table.finish = table.finish + delay
-    values = np.concatenate([run.itl_values for run in runs])
-    weights = np.concatenate([run.itl_weights for run in runs])
+    back (a few ms against a request's seconds).
+
+    When every run kept every request and ITL sample, the figures are exact; when any
+    run folded them (past request_log's buffers), all runs' are folded together."""
+    requests: RequestTable | RequestSummary
+    if all(run.requests is not None for run in runs):
+        table = RequestTable.concat([run.requests for run in runs])
+        requests = table.delayed(frontend(table.input_tokens))
+    else:
+        requests = RequestSummary()
+        for run in runs:
+            if run.summary is not None:
+                requests.merge(run.summary)
+            else:
+                requests.add(run.requests.delayed(frontend(run.requests.input_tokens)))
+    itl_values: np.ndarray | LogSketch
+    itl_weights = None
+    if all(run.itl_sketch is None for run in runs):
+        itl_values = concat_arrays([run.itl_values for run in runs])
+        itl_weights = concat_arrays([run.itl_weights for run in runs])
+    else:
+        itl_values = LogSketch(weighted=True)
+        for run in runs:
+            if run.itl_sketch is not None:
+                itl_values.merge(run.itl_sketch)
+            else:
+                itl_values.add(run.itl_values, run.itl_weights)
     level = workload.concurrency if workload.concurrency is not None else workload.rate
     metrics = level_metrics(
-        table,
+        requests,
         concurrency=workload.concurrency,
         workload=workload.kind,
-        itl_values=values if values.size else None,
-        itl_weights=weights if weights.size else None,
+        itl_values=itl_values,
+        itl_weights=itl_weights,
     )
     queried = sum(run.query_tokens for run in runs)
     hits = sum(run.hit_tokens for run in runs)
@@ -745,9 +767,12 @@ PARALLEL_MIN_REQUESTS = 20_000
 
 
 def level_requests(workload: Workload) -> int:
-    """Requests one level sends (agents: agents x turns)."""
+    """Requests one level sends (agents: agents x turns, and the orchestrator's two; a
+    trace: its records)."""
     if workload.kind == "agents":
-        return (workload.concurrency or 0) * workload.turns
+        return (workload.concurrency or 0) * workload.turns + 2 * workload.orchestrator
+    if workload.kind == "trace":
+        return len(workload.trace or [])
     return workload.requests
 
 
@@ -778,12 +803,16 @@ def _share_lowest_saturated(value) -> None:
 
 
 def closed_level(
-    setup: Setup, workload: Workload, seed: int, keep_records: bool
+    setup: Setup,
+    workload: Workload,
+    seed: int,
+    keep_records: bool,
+    progress: Progress | None = None,
 ) -> tuple[LevelResult, ReplicaRun | None]:
     """A closed-loop level on one replica, with its run when it is saturated (the levels
     above it are derived from that run)."""
     started = time.perf_counter()
-    (run,) = level_runs(setup, workload, seed, keep_records)
+    (run,) = level_runs(setup, workload, seed, keep_records, progress=progress)
     result = measure_level(
         [run], workload, keep_records, started, setup.step_model.frontend_parallel_seconds
     )
@@ -814,6 +843,7 @@ def sweep_saturating(
     jobs: int,
     catalog: Catalog | None,
     params: EfficiencyParams | None,
+    progress: Progress | None = None,
 ) -> list[LevelResult]:
     """Closed-loop levels on one replica, lowest concurrency first (in ``jobs``
     processes); once a level is saturated, every level above it is derived from its run
@@ -822,6 +852,13 @@ def sweep_saturating(
     results: list[LevelResult | None] = [None] * len(workloads)
     base: ReplicaRun | None = None
     base_level = 0
+    done = 0  # requests of the levels measured so far
+
+    def measured(i: int) -> None:
+        nonlocal done
+        done += level_requests(workloads[i])
+        if progress is not None:
+            progress.settle(done)
 
     def derived(w: Workload) -> LevelResult:
         started = time.perf_counter()
@@ -852,11 +889,13 @@ def sweep_saturating(
                 if base is not None:
                     futures[i].cancel()
                     results[i] = derived(workloads[i])
+                    measured(i)
                     continue
                 result, run = futures[i].result()
                 # a worker skips only levels above a saturated one, met first here
                 assert result is not None, "a level below the lowest saturated one was skipped"
                 results[i], base, base_level = result, run, workloads[i].concurrency
+                measured(i)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     else:
@@ -864,10 +903,12 @@ def sweep_saturating(
             w = workloads[i]
             if base is not None:
                 results[i] = derived(w)
+                measured(i)
                 continue
-            results[i], run = closed_level(setup, w, config.seed, keep_records)
+            results[i], run = closed_level(setup, w, config.seed, keep_records, progress)
             if run is not None:
                 base, base_level = run, w.concurrency
+            measured(i)
     return results
 
 
@@ -887,6 +928,7 @@ def predict(
     profile=None,
     band_table=None,
     profile_bands: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PredictResult:
     """Simulate every level of a configuration (concurrency levels, or rates for open).
 
@@ -899,6 +941,9 @@ def predict(
     ``band_table``: the corpus's uncalibrated error bands (None: no corpus bands); the
     calibration layer resolves both (capsim.calibration.applied), the engine looks
     neither up. With a profile, its bands are added unless ``profile_bands`` is False.
+
+    ``progress(done, total)`` is called as the levels' requests are simulated: every few
+    thousand requests that finish in this process, and as each level is measured.
     """
     setup = build_setup(config, catalog, params, profile)
     params = setup.base_params
@@ -908,6 +953,7 @@ def predict(
     for w in workloads:
         check_lengths(setup, w)
     total_requests = sum(level_requests(w) for w in workloads)
+    counter = None if progress is None else Progress(progress, total_requests)
     jobs = resolve_workers(workers, len(workloads), total_requests)
     cfg = setup.config
     api_server_s = setup.step_model.api_server_seconds()
@@ -916,28 +962,38 @@ def predict(
         for w in workloads
     )
     if shared:
-        results = sweep_saturating(setup, config, workloads, keep_records, jobs, catalog, params)
+        results = sweep_saturating(
+            setup, config, workloads, keep_records, jobs, catalog, params, counter
+        )
     elif jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(
-                pool.map(
-                    _simulate_in_worker,
-                    [(config, catalog_dirs(catalog), params, w, keep_records) for w in workloads],
-                )
+            levels = pool.map(
+                _simulate_in_worker,
+                [(config, catalog_dirs(catalog), params, w, keep_records) for w in workloads],
             )
+            results = []
+            for result, w in zip(levels, workloads, strict=True):
+                results.append(result)
+                if counter is not None:
+                    counter.settle(counter.done + level_requests(w))
     else:
         # one process for the levels: a level whose replicas run apart may use several
-        results = [
-            simulate_level(
-                setup,
-                w,
-                config.seed,
-                keep_records,
-                workers=resolve_workers(workers, setup.dp, level_requests(w)),
-                catalog=catalog,
+        results, done = [], 0
+        for w in workloads:
+            results.append(
+                simulate_level(
+                    setup,
+                    w,
+                    config.seed,
+                    keep_records,
+                    workers=resolve_workers(workers, setup.dp, level_requests(w)),
+                    catalog=catalog,
+                    progress=counter,
+                )
             )
-            for w in workloads
-        ]
+            done += level_requests(w)
+            if counter is not None:
+                counter.settle(done)
     add_relative_figures(setup, config, results)
     if band_table is not None:
         add_corpus_bands(results, setup.gpu.hardware_class, band_table)

@@ -32,7 +32,9 @@ import numpy as np
 import simpy
 
 from capsim.engine.lengths import LengthSpec, parse_length
+from capsim.engine.progress import Progress
 from capsim.engine.request import SimRequest
+from capsim.engine.request_log import LoggedRequests, RequestLog
 from capsim.engine.router import Router
 from capsim.errors import CapsimUserError
 
@@ -138,7 +140,11 @@ class Workload:
 
 
 class Driver:
-    """Creates the workload's requests in a SimPy environment and sends them to a router."""
+    """Creates the workload's requests in a SimPy environment and sends them to a router.
+
+    It holds a request only while it is in flight: when one finishes (the replica's
+    scheduler calls ``finished``), its figures go to the ``RequestLog`` and the driver
+    lets it go."""
 
     def __init__(
         self,
@@ -146,35 +152,51 @@ class Driver:
         router: Router,
         workload: Workload,
         seed: int,
+        log: RequestLog,
         agents: list[int] | None = None,
         first_rid: int = 0,
+        progress: Progress | None = None,
     ):
         """``agents`` runs only those agents of the agents workload (their turns are the
-        same as in the whole workload); request ids start at ``first_rid``."""
+        same as in the whole workload); request ids start at ``first_rid``; ``progress``
+        counts the requests that finish."""
         self.env = env
         self.router = router
         self.w = workload
         self.rng = np.random.default_rng(seed)
-        self.requests: list[SimRequest] = []
+        self.log = log
         self.agents = agents
         self.first_rid = first_rid
+        self.progress = progress
+        self.sent = 0  # requests sent so far
+        self.output_tokens_sent = 0  # their output lengths, summed
+        self.in_flight: dict[int, SimRequest] = {}  # by request id
         # whether a client can send a request at the very instant one of its requests
         # finishes (closed loops; agents with no think time; an orchestrator gathering)
         self.reacts_at_once = workload.kind in ("batch", "closed", "agents")
 
     def _send(self, prompt: int, output: int, content: object, session: str | None = None):
-        req = SimRequest(
-            self.env,
-            self.first_rid + len(self.requests),
-            self.env.now,
-            int(prompt),
-            int(output),
-            content,
-            session,
-        )
-        self.requests.append(req)
+        rid = self.first_rid + self.sent
+        req = SimRequest(self.env, rid, self.env.now, int(prompt), int(output), content, session)
+        self.sent += 1
+        self.output_tokens_sent += req.output_len
+        self.in_flight[rid] = req
         self.router.submit(req)
         return req
+
+    def finished(self, req: SimRequest) -> None:
+        """A request finished: log it and let it go."""
+        del self.in_flight[req.rid]
+        self.log.add(req.rid - self.first_rid, req)
+        if self.progress is not None:
+            self.progress.advance()
+
+    def close(self) -> LoggedRequests:
+        """After the simulation: log the requests that never finished, and return what
+        the log kept."""
+        unfinished = sorted(self.in_flight.items())
+        self.in_flight.clear()
+        return self.log.close([(rid - self.first_rid, req) for rid, req in unfinished])
 
     def start(self) -> None:
         kind = self.w.kind
@@ -238,7 +260,8 @@ class Driver:
         agents = [self.env.process(self._agent(a)) for a in chosen]
         yield self.env.all_of(agents)
         if w.orchestrator:
-            gathered = sum(r.output_len for r in self.requests[1:])
+            # every request's output but the first orchestrator request's
+            gathered = self.output_tokens_sent - first.output_len
             final = self._send(
                 min(gathered, int(w.input.maximum) * 4),
                 w.output.tokens(self.rng, 1)[0],
@@ -278,5 +301,5 @@ class Driver:
 
     def _trace_entry(self, entry: TraceEntry):
         yield self.env.timeout(entry.arrival)
-        content = ("s", entry.session) if entry.session else ("r", len(self.requests))
+        content = ("s", entry.session) if entry.session else ("r", self.sent)
         self._send(entry.input_tokens, entry.output_tokens, content, entry.session)

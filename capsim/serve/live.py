@@ -86,9 +86,11 @@ class LiveDeployment:
             )
             for i in range(setup.dp)
         ]
+        self._finished: list[SimRequest] = []  # finished since the last step was seen
         for replica in self.replicas:
             replica.clients_react_at_once = False
             replica.step_listener = self._after_step
+            replica.scheduler.on_finish = self._finished.append
         self.router = Router(
             self.env,
             self.replicas,
@@ -158,13 +160,13 @@ class LiveDeployment:
             live = self._live.get(req.rid)
             if live is not None:
                 self._emit(live, math.floor(req.generated + 1e-9), False)
-        for req in sched.finished:
+        for req in self._finished:
             live = self._live.pop(req.rid, None)
             if live is not None:
                 self._emit(live, req.output_len, True)
                 for listener in self.finished_listeners:
                     listener(live)
-        sched.finished.clear()
+        self._finished.clear()
 
     def _emit(self, live: LiveRequest, tokens: int, finished: bool) -> None:
         if tokens <= live.emitted and not finished:
