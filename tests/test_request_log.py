@@ -140,3 +140,27 @@ def test_a_level_without_decode_steps_has_no_itl():
     (level,) = predict(config, CAT).levels
     assert level.metrics.completed == 10 and level.metrics.itl_ms.count == 0
     assert level.metrics.itl_ms.mean is None
+
+
+def test_draws_hold_one_chunk_above_the_buffer_and_are_one_shot_below(monkeypatch):
+    import numpy as np
+
+    import capsim.engine.workloads as workloads
+    from capsim.engine.lengths import parse_length
+    from capsim.engine.workloads import Draws, Workload
+
+    w = Workload(kind="closed", concurrency=4, requests=10, input=parse_length("uniform:10,100"))
+    # below the buffer: exactly the draws made at once, prompts then outputs
+    rng = np.random.default_rng(3)
+    at_once = (w.input.tokens(rng, 10), w.output.tokens(rng, 10))
+    draws = Draws(w, np.random.default_rng(3), 10)
+    assert [draws.get(i)[:2] for i in range(10)] == list(zip(*at_once, strict=True))
+    # above it: chunks of DRAW_CHUNK, read in order, the same values however far it goes
+    monkeypatch.setattr(workloads, "REQUEST_BUFFER", 8)
+    monkeypatch.setattr(workloads, "DRAW_CHUNK", 4)
+    big = Draws(w, np.random.default_rng(3), 10)
+    first = [big.get(i)[0] for i in range(10)]
+    assert len(big.values[0]) <= 4  # one chunk held
+    again = Draws(w, np.random.default_rng(3), 10)
+    assert [again.get(i)[0] for i in range(10)] == first
+    assert all(10 <= p <= 100 for p in first)

@@ -34,7 +34,7 @@ import simpy
 from capsim.engine.lengths import LengthSpec, parse_length
 from capsim.engine.progress import Progress
 from capsim.engine.request import SimRequest
-from capsim.engine.request_log import LoggedRequests, RequestLog
+from capsim.engine.request_log import REQUEST_BUFFER, LoggedRequests, RequestLog
 from capsim.engine.router import Router
 from capsim.errors import CapsimUserError
 
@@ -139,6 +139,42 @@ class Workload:
         return self.output.maximum
 
 
+DRAW_CHUNK = 2**16
+"""Requests whose lengths (and open-loop gaps) are drawn at a time above REQUEST_BUFFER."""
+
+
+class Draws:
+    """Per-request random draws of a workload, read in request order: ``get(i)`` gives
+    request ``i``'s (prompt tokens, output tokens, gap s). Up to REQUEST_BUFFER requests
+    every draw is made at once from the driver's generator, as always; above it they are
+    drawn DRAW_CHUNK at a time from generators spawned from it (one per quantity), so a
+    run of any length holds one chunk (a different, equally seeded stream for such runs).
+    Reads must not go backwards by more than the current chunk (every driver reads in
+    request order)."""
+
+    def __init__(self, w: Workload, rng: np.random.Generator, n: int, gaps=None):
+        self.w, self.n, self.gaps = w, n, gaps
+        self.start = 0
+        if n <= REQUEST_BUFFER:
+            self.rngs = None
+            self.values = self._draw(rng, rng, rng, n)
+        else:
+            self.rngs = rng.spawn(3)
+            self.values = self._draw(*self.rngs, min(DRAW_CHUNK, n))
+
+    def _draw(self, gap_rng, in_rng, out_rng, size: int):
+        gaps = self.gaps(gap_rng, size) if self.gaps is not None else None
+        return (self.w.input.tokens(in_rng, size), self.w.output.tokens(out_rng, size), gaps)
+
+    def get(self, i: int) -> tuple[int, int, float | None]:
+        while i >= self.start + len(self.values[0]):
+            self.start += len(self.values[0])
+            self.values = self._draw(*self.rngs, min(DRAW_CHUNK, self.n - self.start))
+        j = i - self.start
+        prompts, outputs, gaps = self.values
+        return prompts[j], outputs[j], None if gaps is None else float(gaps[j])
+
+
 class Driver:
     """Creates the workload's requests in a SimPy environment and sends them to a router.
 
@@ -204,11 +240,10 @@ class Driver:
             self.env.process(self._batch())
         elif kind == "closed":
             n = self.w.requests
-            prompts = self.w.input.tokens(self.rng, n)
-            outputs = self.w.output.tokens(self.rng, n)
+            draws = Draws(self.w, self.rng, n)
             queue = iter(range(n))
             for _ in range(min(self.w.concurrency, n)):
-                self.env.process(self._closed_worker(queue, prompts, outputs))
+                self.env.process(self._closed_worker(queue, draws))
         elif kind == "agents":
             self._draw_agent_turns()
             self.env.process(self._agents())
@@ -220,15 +255,14 @@ class Driver:
 
     def _batch(self):
         c, n = self.w.concurrency, self.w.requests
-        prompts = self.w.input.tokens(self.rng, n)
-        outputs = self.w.output.tokens(self.rng, n)
+        draws = Draws(self.w, self.rng, n)
         for start in range(0, n, c):
-            batch = [self._send(prompts[i], outputs[i], ("r", i)) for i in range(start, start + c)]
+            batch = [self._send(*draws.get(i)[:2], ("r", i)) for i in range(start, start + c)]
             yield self.env.all_of([r.done for r in batch])
 
-    def _closed_worker(self, queue, prompts, outputs):
+    def _closed_worker(self, queue, draws: Draws):
         for i in queue:
-            req = self._send(prompts[i], outputs[i], ("r", i))
+            req = self._send(*draws.get(i)[:2], ("r", i))
             yield req.done
 
     def _draw_agent_turns(self) -> None:
@@ -290,14 +324,19 @@ class Driver:
         n = w.requests
         if w.arrival == "gamma":
             shape = 1.0 / w.gamma_cv**2
-            gaps = self.rng.gamma(shape, 1.0 / (shape * w.rate), n)
+
+            def gaps(rng, size):
+                return rng.gamma(shape, 1.0 / (shape * w.rate), size)
         else:
-            gaps = self.rng.exponential(1.0 / w.rate, n)
-        prompts = w.input.tokens(self.rng, n)
-        outputs = w.output.tokens(self.rng, n)
+
+            def gaps(rng, size):
+                return rng.exponential(1.0 / w.rate, size)
+
+        draws = Draws(w, self.rng, n, gaps)
         for i in range(n):
-            yield self.env.timeout(float(gaps[i]))
-            self._send(prompts[i], outputs[i], ("r", i))
+            prompt, output, gap = draws.get(i)
+            yield self.env.timeout(gap)
+            self._send(prompt, output, ("r", i))
 
     def _trace_entry(self, entry: TraceEntry):
         yield self.env.timeout(entry.arrival)
