@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -41,6 +41,7 @@ from capsim.calibration.selection import (
     select_parameters,
 )
 from capsim.catalog.loader import Catalog
+from capsim.engine.pool import worker_pool
 from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import default_efficiency
@@ -142,7 +143,7 @@ def scenario_pool(datasets: list[PublishedDataset]) -> Iterator[Executor | None]
     if cores < 2 or scenarios < 2:
         yield None
         return
-    with ProcessPoolExecutor(max_workers=min(cores, scenarios)) as pool:
+    with worker_pool(min(cores, scenarios)) as pool:
         yield pool
 
 

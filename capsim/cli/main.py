@@ -7,6 +7,7 @@ suggestions on stderr and exit with code 2, without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -31,6 +32,7 @@ from capsim.cli.common import (
     UbatchOption,
     catalog,
     console,
+    err_console,
     fitted_table,
     fmt_num,
     global_db,
@@ -812,11 +814,35 @@ def fold_option_names() -> None:
         rich_utils._capsim_folded = True
 
 
+EXIT_INTERRUPTED = 130
+
+
+def _exit_interrupted() -> None:
+    """Leave at once after Ctrl-C, output flushed: worker pools stopped mid-work leave
+    concurrent.futures' exit hook racing its own threads (a spurious traceback at
+    interpreter shutdown), and there is nothing left to clean up (what finished was
+    written as it finished)."""
+    import os
+
+    err_console.print("interrupted", highlight=False)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
 def run() -> None:
     """Console-script entry point."""
     if "--help" in sys.argv[1:] or len(sys.argv) == 1:
         fold_option_names()
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:
+        _exit_interrupted()
+    except SystemExit as exc:
+        if exc.code == EXIT_INTERRUPTED:
+            _exit_interrupted()
+        raise
 
 
 if __name__ == "__main__":

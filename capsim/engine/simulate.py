@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -25,6 +24,7 @@ from capsim.engine import request_log
 from capsim.engine.bands import PROPAGATION_REQUESTS, add_corpus_bands, add_profile_bands
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
+from capsim.engine.pool import worker_pool
 from capsim.engine.progress import Progress
 from capsim.engine.replica import Replica
 from capsim.engine.request_log import ItlLog, RequestLog
@@ -645,7 +645,7 @@ def level_runs(
                 (cfg, catalog_dirs(catalog), setup.base_params, workload, seed, keep_records, *j)
                 for j in jobs
             ]
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+            with worker_pool(min(workers, len(jobs))) as pool:
                 runs = list(pool.map(_run_group, args))
         else:
             runs = [
@@ -874,10 +874,7 @@ def sweep_saturating(
 
     if jobs > 1:
         lowest = multiprocessing.Value("i", 0)
-        pool = ProcessPoolExecutor(
-            max_workers=jobs, initializer=_share_lowest_saturated, initargs=(lowest,)
-        )
-        try:
+        with worker_pool(jobs, _share_lowest_saturated, (lowest,)) as pool:
             dirs = catalog_dirs(catalog)
             futures = {
                 i: pool.submit(
@@ -896,8 +893,6 @@ def sweep_saturating(
                 assert result is not None, "a level below the lowest saturated one was skipped"
                 results[i], base, base_level = result, run, workloads[i].concurrency
                 measured(i)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
     else:
         for i in order:
             w = workloads[i]
@@ -966,7 +961,7 @@ def predict(
             setup, config, workloads, keep_records, jobs, catalog, params, counter
         )
     elif jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with worker_pool(jobs) as pool:
             levels = pool.map(
                 _simulate_in_worker,
                 [(config, catalog_dirs(catalog), params, w, keep_records) for w in workloads],

@@ -18,13 +18,13 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
 from capsim.engine.lengths import parse_length
+from capsim.engine.pool import worker_pool
 from capsim.engine.router import RouterPolicy
 from capsim.engine.simulate import PredictConfig
 from capsim.errors import CapsimUserError, close_matches
@@ -354,7 +354,7 @@ def evaluate(
     if dask_scheduler is not None:
         results = _evaluate_on_dask(args, dask_scheduler)
     elif jobs > 1 and len(candidates) > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with worker_pool(jobs) as pool:
             results = list(pool.map(_evaluate, args, chunksize=max(1, len(args) // (4 * jobs))))
     else:
         results = [_evaluate(a) for a in args]

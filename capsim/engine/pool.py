@@ -1,0 +1,43 @@
+"""Worker processes for simulations that run in parallel, and Ctrl-C.
+
+Workers ignore SIGINT: a Ctrl-C in a terminal reaches every process of the foreground
+group, and only the main process should answer it (one message, no traceback from each
+worker). When the block is left by an exception (KeyboardInterrupt included), queued work
+is cancelled and the workers are stopped at once rather than waited for, so an
+interrupted command exits within a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+
+
+def _worker_start(initializer: Callable | None, initargs: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+@contextmanager
+def worker_pool(
+    max_workers: int, initializer: Callable | None = None, initargs: tuple = ()
+) -> Iterator[ProcessPoolExecutor]:
+    """A ProcessPoolExecutor whose workers ignore Ctrl-C and are stopped, not awaited,
+    when the block raises; on a normal exit, work still queued is cancelled (a sweep
+    that derived the levels above a saturated one no longer needs them)."""
+    pool = ProcessPoolExecutor(
+        max_workers=max_workers, initializer=_worker_start, initargs=(initializer, initargs)
+    )
+    try:
+        yield pool
+    except BaseException:
+        # stop the workers first: the pool then marks what was queued as failed (cancelling
+        # it first would make the pool's own thread trip over the cancelled futures)
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False)
+        raise
+    pool.shutdown(wait=True, cancel_futures=True)  # what was not needed is not run
