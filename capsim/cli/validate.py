@@ -47,18 +47,25 @@ def markdown(points: list[ComparedPoint]) -> str:
 
 
 def calibrated_errors(
-    datasets, cat, fit: tuple[str, ...] | None = None, prior_weight: float = 0.0
+    datasets,
+    cat,
+    fit: tuple[str, ...] | None = None,
+    prior_weight: float = 0.0,
+    on_progress=None,
 ) -> list[dict]:
     """Per dataset: uncalibrated, in-sample (fitted on the dataset) and cross-validated
     (leave one concurrency level out; leave one point out) errors of every point, every
-    fit pulled towards the priors by ``prior_weight``."""
+    fit pulled towards the priors by ``prior_weight``. ``on_progress(done, total)`` is
+    called as each dataset's fits finish."""
     from capsim.calibration.compare import compare_dataset
     from capsim.calibration.fit import cross_validate, fit_profile, group_by_class
 
     rows = []
     # a dataset spanning hardware classes is fitted per class, as a calibration would
     parts = [part for group in group_by_class(datasets, cat).values() for part in group]
-    for ds in sorted(parts, key=lambda d: d.name):
+    if on_progress is not None:
+        on_progress(0, len(parts))
+    for done, ds in enumerate(sorted(parts, key=lambda d: d.name), start=1):
         raw = compare_dataset(ds, cat)
         fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit, prior_weight=prior_weight)
         inside = fitted.residuals  # every point at the fitted values, in dataset order
@@ -83,6 +90,8 @@ def calibrated_errors(
                     "cross_validated_point": pt.error,
                 }
             )
+        if on_progress is not None:
+            on_progress(done, len(parts))
     return rows
 
 
@@ -294,7 +303,15 @@ def validate_cmd(
         names = None if fit is None else tuple(split_list(fit))
         if names is not None:
             check_fittable(names)
-        rows = calibrated_errors(loaded, cat, names, prior_weight)
+        with progress_bar() as bar:
+            task = bar.add_task("fitting each dataset (in-sample and cross-validated)")
+            rows = calibrated_errors(
+                loaded,
+                cat,
+                names,
+                prior_weight,
+                on_progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
         summary = summarize_errors(rows)
         if plot_path is not None:
             panels = {
