@@ -119,7 +119,9 @@ def calibrate_cmd(
             title=f"{profile.name} ({profile.points} points) -> {path}", box=box.SIMPLE_HEAD
         )
         for col in ("parameter", "prior", "fitted", "std", "identifiable"):
-            table.add_column(col, justify="left" if col == "parameter" else "right")
+            table.add_column(
+                col, justify="left" if col == "parameter" else "right", overflow="fold"
+            )
         for key, p in profile.parameters.items():
             table.add_row(
                 key,
@@ -183,7 +185,7 @@ def calibrate_kernels_cmd(
         return
     table = Table(title=f"{ds.name} on {ds.gpu}: {len(result.points)} rows", box=box.SIMPLE_HEAD)
     for col in ("parameter", "class default", "fitted", "std"):
-        table.add_column(col, justify="left" if col == "parameter" else "right")
+        table.add_column(col, justify="left" if col == "parameter" else "right", overflow="fold")
     for n, v in result.values.items():
         table.add_row(n, f"{result.prior[n]:.4g}", f"{v:.4g}", f"{result.std[n]:.3g}")
     console.print(table)

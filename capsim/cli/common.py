@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
 from capsim.errors import CapsimUserError
@@ -19,6 +21,27 @@ if TYPE_CHECKING:
     from capsim.catalog.resolve import ResolvedModel
 
 EXIT_USER_ERROR = 2
+
+
+class CommandGroup(TyperGroup):
+    """A command group whose plain --help lists each command with its first sentence
+    whole, wrapped to the width (click would cut it to one line with '...')."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None, "cls": CommandGroup}
+"""Typer settings of every capsim command group: click's plain --help, which wraps the
+descriptions and keeps every option name whole at any width (typer's rich help panel
+cuts long names such as --spec-acceptance to '--spec-acceptan…' at 80 columns)."""
 
 console = Console()
 err_console = Console(stderr=True)
@@ -234,16 +257,43 @@ def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[Resolv
     return resolve_into(cat, names)
 
 
-def save_figure(fig, path: Path) -> None:
-    """Write a matplotlib figure as PNG and close it; an unwritable path is a user error."""
+def plot_path_written(path: Path, formats) -> Path:
+    """The file a plot given as ``path`` is written to: ``path`` itself when it ends in one
+    of the image ``formats`` matplotlib writes (png, pdf, svg, ...), else ``path`` with .png
+    added (as matplotlib adds it to a name without a suffix)."""
+    if path.suffix.lower().removeprefix(".") in formats:
+        return path
+    return path.with_name(path.name + ".png")
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write a matplotlib figure (PNG unless ``path`` names another image format) and
+    close it; say on stderr which file was written and return it. An unwritable path is a
+    user error."""
     import matplotlib.pyplot as plt
 
+    written = plot_path_written(path, fig.canvas.get_supported_filetypes())
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(written, dpi=110)
     except OSError as exc:
-        raise CapsimUserError(f"cannot write plot '{path}': {exc.strerror}") from None
+        raise CapsimUserError(f"cannot write plot '{written}': {exc.strerror}") from None
     finally:
         plt.close(fig)
+    err_console.print(f"wrote {written}", highlight=False, soft_wrap=True)
+    return written
+
+
+def exclusive_outputs(**flags: bool) -> None:
+    """Refuse two machine-output flags at once (``--json`` and ``--csv``): each prints the
+    whole result on stdout in its own format. Keyword names are the flags without their
+    dashes (``json=True, csv=False``)."""
+    given = ["--" + name.replace("_", "-") for name, on in flags.items() if on]
+    if len(given) > 1:
+        raise CapsimUserError(
+            f"{' and '.join(given)} cannot be combined: each prints the whole result on "
+            "stdout in its own format",
+            hint=f"choose one of {', '.join(given)}",
+        )
 
 
 def print_json(data: Any) -> None:
@@ -254,6 +304,18 @@ def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
     if value is None:
         return "—"
     return f"{value:,.{digits}f}{unit}"
+
+
+def fmt_sig(value: float | None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant figures, with thousands separators from 10**digits
+    up (0.00241, 12.3, 132, 2,314): a figure that may be a fraction of a second or thousands
+    of tokens a second reads right either way; "—" for None or a value that is not finite."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    text = f"{value:.{digits}g}"
+    if "e+" in text or abs(value) >= 10**digits:
+        return f"{value:,.0f}"
+    return text
 
 
 def parse_acceptance(text: str | None) -> float | list[float] | None:
@@ -310,8 +372,10 @@ def fitted_table(
 ):
     """A rich Table whose values are never cut: ``columns`` are (header, justify,
     optional); while the table is wider than the terminal, optional columns are dropped,
-    widest first, and the caption says which (``--json`` has every field). Headers may
-    span lines ("TTFT\\np90 ms"); ``table_options`` go to rich's Table."""
+    widest first, and the caption says which (``--json`` has every field). Should the
+    columns left still not fit, the widest left-justified (text) column wraps, folding a
+    long name onto more lines; the other columns never wrap. Headers may span lines
+    ("TTFT\\np90 ms"); ``table_options`` go to rich's Table."""
     from rich.table import Table
 
     width = width or console.width
@@ -337,9 +401,14 @@ def fitted_table(
     if dropped:
         notes.append(f"not shown for width: {', '.join(dropped)} (see --json)")
     table = Table(title=title, caption="; ".join(notes) or None, **table_options)
+    text = [i for i in keep if columns[i][1] == "left"]
+    wraps = max(text, key=column_width) if text else None
     for i in keep:
         name, justify, _ = columns[i]
-        table.add_column(name, justify=justify, no_wrap=True, min_width=column_width(i))
+        if i == wraps:  # takes what the others leave, folding a long name onto more lines
+            table.add_column(name, justify=justify, overflow="fold")
+        else:
+            table.add_column(name, justify=justify, no_wrap=True, min_width=column_width(i))
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     return table

@@ -28,7 +28,9 @@ from capsim.cli.common import (
     UbatchOption,
     catalog,
     console,
+    exclusive_outputs,
     fitted_table,
+    fmt_sig,
     parse_overrides,
     predict_config,
     resolve_models,
@@ -223,7 +225,7 @@ def print_table(console, results: list[PredictResult]) -> None:
                 fmt(m.ttft_ms.p50, 0),
                 fmt(m.ttft_ms.p90, 0),
                 fmt(m.tpot_ms.mean, 1),
-                fmt(m.e2e_s.p50, 1),
+                fmt_sig(m.e2e_s.p50),
                 f"{lv.peak_kv_usage:.0%}",
                 str(lv.preemptions),
             ]
@@ -397,6 +399,7 @@ def predict_cmd(
     from capsim.api import predict
     from capsim.engine.router import ROUTER_POLICIES
 
+    exclusive_outputs(json=json_out, csv=csv_out)
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):
@@ -481,5 +484,3 @@ def predict_cmd(
         print_table(console, results)
     if plot_path is not None:
         plot(results, plot_path)
-        if not (json_out or csv_out):
-            console.print(f"wrote {plot_path}")

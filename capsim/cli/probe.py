@@ -11,6 +11,7 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from capsim.cli.common import (
+    PLAIN_HELP,
     JsonOption,
     console,
     err_console,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 probe_app = typer.Typer(
     help="Measure a real server (vLLM, SGLang, llama.cpp, any OpenAI-compatible one).",
     invoke_without_command=True,
+    **PLAIN_HELP,
 )
 
 

@@ -18,6 +18,9 @@ from capsim.cli.common import (
     catalog,
     console,
     err_console,
+    exclusive_outputs,
+    fitted_table,
+    fmt_sig,
     parse_overrides,
     print_json,
     progress_bar,
@@ -30,6 +33,12 @@ if TYPE_CHECKING:
     from capsim.calibration.compare import ComparedPoint
 
 
+def metric_text(metric: str, statistic: str = "mean") -> str:
+    """A compared metric as the tables name it: ``tpot_s``, or ``tpot_s p99`` for a
+    statistic other than the mean."""
+    return metric if statistic == "mean" else f"{metric} {statistic}"
+
+
 def markdown(points: list[ComparedPoint]) -> str:
     from capsim.calibration.compare import mape
 
@@ -39,8 +48,9 @@ def markdown(points: list[ComparedPoint]) -> str:
     ]
     for p in points:
         lines.append(
-            f"| {p.dataset} | {p.scenario} | {p.concurrency} | {p.metric} | "
-            f"{p.measured:,.0f} | {p.predicted:,.1f} | {100 * p.error:+.1f}% |"
+            f"| {p.dataset} | {p.scenario} | {p.concurrency} | "
+            f"{metric_text(p.metric, p.statistic)} | {fmt_sig(p.measured)} | "
+            f"{fmt_sig(p.predicted)} | {100 * p.error:+.1f}% |"
         )
     lines.append(f"\nMAPE over {len(points)} points: {mape(points):.1f}%")
     return "\n".join(lines)
@@ -76,6 +86,7 @@ def calibrated_errors(
                     "scenario": r.scenario,
                     "concurrency": r.concurrency,
                     "metric": r.metric,
+                    "statistic": r.statistic,
                     "measured": r.measured,
                     "uncalibrated": r.error,
                     "in_sample": i.error,
@@ -112,6 +123,13 @@ def summary_markdown(summaries: dict[str, list[dict]], skipped) -> str:
 
 def point_key(p: ComparedPoint) -> tuple[str, int, str]:
     return p.scenario, p.concurrency, p.metric
+
+
+UNITS = "each metric in the unit its name ends in (_s: seconds, _tok_s: tokens/s)"
+"""Caption of validate's tables: measured and predicted are in the metric's own unit."""
+
+COMPACT = dict(cell_padding=2, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+"""fitted_table options for two spaces between columns (as predict's table)."""
 
 
 ERROR_COLUMNS = {
@@ -271,6 +289,7 @@ def validate_cmd(
     from capsim.calibration.fit import check_fittable
     from capsim.calibration.published import load_published
 
+    exclusive_outputs(json=json_out, markdown=md)
     cat = catalog(db)
     overrides = parse_overrides(set_values)
     if overrides and calibrated:
@@ -281,6 +300,12 @@ def validate_cmd(
         )
     if prior_weight and not calibrated:
         raise CapsimUserError("--prior-weight applies to fits: add --calibrated")
+    for flag, given in (("--coverage", coverage), ("--write-bands", write_bands is not None)):
+        if given and calibrated:
+            raise CapsimUserError(
+                f"{flag} works on the uncalibrated bands, not with --calibrated",
+                hint=f"run capsim validate {flag} on its own",
+            )
     loaded = load_published(datasets, accept_failures)
     if calibrated:
         names = None if fit is None else tuple(split_list(fit))
@@ -325,29 +350,35 @@ def validate_cmd(
         if md:
             console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
             return
-        table = Table(title="capsim validate --calibrated", box=box.SIMPLE_HEAD)
-        for col in (
-            "scenario",
-            "C",
-            "metric",
-            "measured",
-            "uncal.",
-            "in-sample",
-            "CV level",
-            "CV point",
-        ):
-            table.add_column(col, justify="left" if col in ("scenario", "metric") else "right")
-        for r in rows:
-            table.add_row(
+        columns = [
+            (col, "left" if col in ("scenario", "metric") else "right", False)
+            for col in (
+                "scenario",
+                "C",
+                "metric",
+                "measured",
+                "uncal.",
+                "in-sample",
+                "CV level",
+                "CV point",
+            )
+        ]
+        cells = [
+            [
                 r["scenario"],
                 str(r["concurrency"]),
-                r["metric"],
-                f"{r['measured']:,.0f}",
+                metric_text(r["metric"], r["statistic"]),
+                fmt_sig(r["measured"]),
                 pct(r["uncalibrated"]),
                 pct(r["in_sample"]),
                 pct(r["cross_validated"]),
                 pct(r["cross_validated_point"]),
-            )
+            ]
+            for r in rows
+        ]
+        table = fitted_table(
+            "capsim validate --calibrated", columns, cells, caption=UNITS, **COMPACT
+        )
         console.print(table)
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
@@ -375,19 +406,29 @@ def validate_cmd(
         if json_out:
             print_json({"coverage": table, "scheme": "leave one dataset out"})
             return
-        out = Table(
-            title="Band coverage, leave one dataset out (target: 50% and 80%)",
-            box=box.SIMPLE_HEAD,
-        )
-        for col in ("metric", "points", "inside 50% band", "inside 80% band"):
-            out.add_column(col, justify="left" if col == "metric" else "right")
-        for family, row in table.items():
-            out.add_row(
+        headers = ("metric", "points", "inside 50% band", "inside 80% band")
+        rows = [
+            [
                 family,
                 str(row["points"]),
                 f"{100 * row['inside_50']:.0f}%",
                 f"{100 * row['inside_80']:.0f}%",
-            )
+            ]
+            for family, row in table.items()
+        ]
+        if md:
+            lines = ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+            lines += ["| " + " | ".join(r) + " |" for r in rows]
+            console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+            return
+        out = Table(
+            title="Band coverage, leave one dataset out (target: 50% and 80%)",
+            box=box.SIMPLE_HEAD,
+        )
+        for col in headers:
+            out.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
+        for r in rows:
+            out.add_row(*r)
         console.print(out)
         return
     summaries = {
@@ -415,18 +456,22 @@ def validate_cmd(
             summary_markdown(summaries, skipped), markup=False, highlight=False, soft_wrap=True
         )
         return
-    table = Table(title="capsim validate: predicted vs measured", box=box.SIMPLE_HEAD)
-    for col in ("scenario", "C", "metric", "measured", "predicted", "error"):
-        table.add_column(col, justify="left" if col in ("scenario", "metric") else "right")
-    for p in points:
-        table.add_row(
+    columns = [
+        (col, "left" if col in ("scenario", "metric") else "right", False)
+        for col in ("scenario", "C", "metric", "measured", "predicted", "error")
+    ]
+    rows = [
+        [
             p.scenario,
             str(p.concurrency),
-            p.metric,
-            f"{p.measured:,.0f}",
-            f"{p.predicted:,.1f}",
+            metric_text(p.metric, p.statistic),
+            fmt_sig(p.measured),
+            fmt_sig(p.predicted),
             f"{100 * p.error:+.1f}%",
-        )
-    console.print(table)
+        ]
+        for p in points
+    ]
+    title = "capsim validate: predicted vs measured"
+    console.print(fitted_table(title, columns, rows, caption=UNITS, **COMPACT))
     console.print(summary_markdown(summaries, skipped), markup=False, highlight=False)
     console.print(f"MAPE over {len(points)} points: {mape(points):.1f}%")

@@ -1,0 +1,175 @@
+"""What the commands print: conflicting output flags, plot paths, tables at 80 columns
+(no value cut with an ellipsis), probe summaries and CSV columns."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli import common
+from capsim.cli.main import app
+
+runner = CliRunner()
+
+PREDICT = ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--quant", "awq-int4"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture
+def width_80():
+    """The commands' consoles at 80 columns (they read the terminal once, at import)."""
+    saved = common.console.width
+    common.console.width = 80
+    yield
+    common.console.width = saved
+
+
+def assert_whole(text: str) -> None:
+    """Nothing cut: no ellipsis, and no table wider than the terminal (rich crops a table's
+    lines at the terminal's edge: its rule would reach the last column, or lose its
+    closing corner)."""
+    assert "…" not in text, text
+    for line in text.splitlines():
+        if line.strip() and set(line.strip()) == {"─"}:  # a SIMPLE_HEAD table's rule
+            assert len(line.rstrip()) < 80, text
+        if line.strip()[:1] in ("┌", "┏", "╭"):
+            assert line.rstrip()[-1] in ("┐", "┓", "╮"), text
+
+
+@pytest.mark.parametrize(
+    ("args", "flags"),
+    [
+        ([*PREDICT, "--concurrency", "1", "--json", "--csv"], "--json and --csv"),
+        (["validate", "--json", "--markdown"], "--json and --markdown"),
+    ],
+)
+def test_two_output_formats_are_refused(args, flags):
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert f"error: {flags} cannot be combined" in r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--coverage", "--write-bands"])
+def test_validate_refuses_uncalibrated_only_flags_with_calibrated(flag):
+    args = [flag] if flag == "--coverage" else [flag, "bands.yaml"]
+    r = invoke("validate", "--calibrated", *args)
+    assert r.exit_code == 2 and f"{flag} works on the uncalibrated bands" in r.stderr
+
+
+def test_plot_without_suffix_says_the_file_it_wrote(tmp_path):
+    r = invoke(*PREDICT, "--concurrency", "1,2", "--plot", str(tmp_path / "noext"))
+    assert r.exit_code == 0, r.output
+    png = tmp_path / "noext.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {png}" in " ".join(r.stderr.split())
+    # a suffix that is no image format gets .png added too (matplotlib would refuse it)
+    r = invoke(*PREDICT, "--concurrency", "1", "--json", "--plot", str(tmp_path / "run.v2"))
+    assert r.exit_code == 0 and (tmp_path / "run.v2.png").exists()
+    assert r.stdout.startswith("{")  # the note goes to stderr, JSON stays parseable
+
+
+def test_fmt_sig_keeps_small_values():
+    assert [common.fmt_sig(v) for v in (0.00241, 0.0533, 12.345, 132.4, 999.7, 2314.2)] == [
+        "0.00241",
+        "0.0533",
+        "12.3",
+        "132",
+        "1,000",
+        "2,314",
+    ]
+    assert common.fmt_sig(None) == common.fmt_sig(float("nan")) == "—"
+
+
+def test_fitted_table_wraps_the_text_column_instead_of_cutting():
+    from rich.console import Console
+
+    columns = [("scenario", "left", False), ("C", "right", False), ("value", "right", False)]
+    rows = [["a100-80g-llama-3.1-8b-w8a16-int8-vllm-tp1-" * 2, "8", "12,345,678"]]
+    console = Console(width=40, record=True)
+    console.print(common.fitted_table("t", columns, rows, width=40))
+    text = console.export_text()
+    assert_whole(text)
+    assert "12,345,678" in text and "w8a16" in "".join(text.split())
+
+
+COMMANDS_AT_80 = {
+    "gpus": ["gpus"],
+    "models": ["models"],
+    "quants": ["quants"],
+    "engines": ["engines"],
+    "gpus show": ["gpus", "show", "h100-sxm"],
+    "models show": ["models", "show", "llama-3.1-8b"],
+    "predict, several configurations": [
+        "predict",
+        "--gpu",
+        "h100-sxm,a100-80g",
+        "--model",
+        "llama-3.1-8b",
+        "--kv-dtype",
+        "auto,fp8",
+        "--concurrency",
+        "1,256",
+        "--requests",
+        "300",
+    ],
+    "validate": [
+        "validate",
+        "calibration/published/corpus-accelmark-mixtral-8x7b-tp8-sharegpt.yaml",
+    ],
+    "plan": [
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--agents",
+        "64",
+        "--min-agent-tok-s",
+        "200",
+        "--budget",
+        "5000",
+        "--gpus",
+        "rtx4090",
+        "--counts",
+        "1,2",
+    ],
+    "capacity": [
+        "capacity",
+        "--gpu",
+        "rtx4090",
+        "--model",
+        "llama-3.1-8b",
+        "--min-agent-tok-s",
+        "20",
+    ],
+    "explain": ["explain", "--gpu", "h100-sxm", "--model", "qwen3.5-27b", "--tp", "2"],
+    "probe summarize": ["probe", "summarize", "calibration/runs/cpu-vllm-tiny-qwen3.jsonl"],
+}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS_AT_80))
+def test_tables_at_80_columns_cut_nothing(name, width_80):
+    r = invoke(*COMMANDS_AT_80[name])
+    assert r.exit_code == 0, r.output
+    assert_whole(r.stdout)
+
+
+def test_validate_table_shows_seconds_with_significant_digits(width_80):
+    r = invoke(*COMMANDS_AT_80["validate"])
+    rows = [line.split() for line in r.stdout.splitlines()]
+    ttft = next(row for row in rows if "ttft_s" in row)
+    assert ttft[1:6] == ["1", "ttft_s", "median", "0.0533", "0.0188"], ttft
+    assert "h200-mixtral-8x7b-bf16-vllm-tp8" in r.stdout  # the scenario whole
+
+
+def test_help_keeps_option_names_whole():
+    r = runner.invoke(app, ["explain", "--help"], terminal_width=80)
+    assert r.exit_code == 0
+    for name in ("--spec-acceptance", "--disable-custom-all-reduce", "--no-async-scheduling"):
+        assert name in r.stdout
+    assert_whole(r.stdout)
+    r = runner.invoke(app, ["--help"], terminal_width=80)
+    assert "how many concurrent agents" in " ".join(r.stdout.lower().split())
+    assert "..." not in r.stdout.replace("[ARGS]...", "")
