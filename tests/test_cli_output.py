@@ -173,3 +173,98 @@ def test_help_keeps_option_names_whole():
     r = runner.invoke(app, ["--help"], terminal_width=80)
     assert "how many concurrent agents" in " ".join(r.stdout.lower().split())
     assert "..." not in r.stdout.replace("[ARGS]...", "")
+
+
+def hand_made_run(path, levels=(1, 2), runs=1, deltas=None):
+    """A run file written as a probe writes one: a header, each level's request records
+    and its level event; ``deltas`` are the server counters of every level."""
+    from capsim.metrics import RequestRecord
+    from capsim.probe.runfile import RunHeader, RunWriter, summarize_level
+
+    header = RunHeader(url="http://127.0.0.1:1", model="m", concurrency=list(levels), runs=runs)
+    writer = RunWriter(path, header)
+    for run in range(runs):
+        for c in levels:
+            records = [
+                RequestRecord(
+                    request_id=f"r{run}-c{c}-{i}",
+                    send=float(i),
+                    first_token=i + 0.05,
+                    finish=i + 1.0,
+                    input_tokens=100,
+                    output_tokens=50,
+                    outcome="ok",
+                    chunk_times=[i + 0.05 + k * 0.019 for k in range(50)],
+                    chunk_tokens=[1] * 50,
+                )
+                for i in range(4)
+            ]
+            for r in records:
+                writer.request(r, c, run)
+            gen = {"vllm:generation_tokens_total": 200.0} if deltas is None else deltas
+            writer.add_level(summarize_level(records, c, run, "closed", server_deltas=gen))
+    writer.close(complete=True)
+    path.with_suffix(".json").unlink()  # summarize reads the log alone
+    return path.with_suffix(".jsonl")
+
+
+def summarize(log, *extra):
+    r = invoke("probe", "summarize", str(log), *extra)
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def test_probe_summarize_calls_a_finished_run_complete(tmp_path, width_80):
+    import json
+
+    log = hand_made_run(tmp_path / "run.json", runs=2)
+    r = summarize(log)
+    assert "did not complete" not in r.stdout and "200" in r.stdout
+    assert_whole(r.stdout)
+    data = json.loads(summarize(log, "--json").stdout)
+    assert data["complete"] and len(data["levels"]) == 4
+    assert data["levels"][0]["server_deltas"] == {"vllm:generation_tokens_total": 200.0}
+
+
+def test_probe_summarize_rebuilds_a_level_cut_off(tmp_path):
+    import json
+
+    log = hand_made_run(tmp_path / "run.json")
+    lines = log.read_text().splitlines()
+    last_level = max(i for i, line in enumerate(lines) if '"type":"level"' in line)
+    log.write_text("\n".join(lines[:last_level]) + "\n")  # C=2 never finished
+    r = summarize(log)
+    assert "the run did not complete" in r.stdout
+    data = json.loads(summarize(log, "--json").stdout)
+    assert not data["complete"]
+    assert [(lv["concurrency"], lv["metrics"]["completed"]) for lv in data["levels"]] == [
+        (1, 4),
+        (2, 4),
+    ]
+    assert data["levels"][1]["server_deltas"] == {}  # the counters came with the level event
+
+
+def test_probe_summarize_prints_no_nan(tmp_path, width_80):
+    log = hand_made_run(
+        tmp_path / "run.json", deltas={"vllm:generation_tokens_total": float("nan")}
+    )
+    r = summarize(log)
+    assert "nan" not in r.stdout.lower() and "—¹" in r.stdout
+    assert "counter was not a number" in " ".join(r.stdout.split())
+    assert "did not complete" not in r.stdout
+
+
+def test_probe_summarize_keeps_imported_levels(tmp_path):
+    """An import writes level events and no request records: summarize keeps its levels
+    as they were imported (it used to print an empty table and call the run incomplete)."""
+    import json
+
+    from capsim.probe.importers import import_results
+    from tests.test_importers import GUIDELLM
+
+    src = tmp_path / "guidellm.json"
+    src.write_text(json.dumps(GUIDELLM))
+    summary = import_results("guidellm", src, tmp_path / "imported.json")
+    data = json.loads(summarize(tmp_path / "imported.jsonl", "--json").stdout)
+    assert data["complete"]
+    assert data["levels"] == summary.model_dump(mode="json")["levels"]
