@@ -268,3 +268,24 @@ def test_probe_summarize_keeps_imported_levels(tmp_path):
     data = json.loads(summarize(tmp_path / "imported.jsonl", "--json").stdout)
     assert data["complete"]
     assert data["levels"] == summary.model_dump(mode="json")["levels"]
+
+
+def test_predict_csv_has_each_figure_once_and_flat_cells():
+    import csv
+    import io
+
+    r = invoke(*PREDICT, "--gpu", "rtx3090,rtx4090", "--concurrency", "1,2", "--csv")
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(rows) == 4
+    header = list(rows[0])
+    assert len(header) == len(set(header))
+    assert not [h for h in header if "_dist" in h] and "per_request_output_tok_s" not in header
+    for name in ("per_request_output_tok_s", "ttft_ms", "tpot_ms", "e2e_s"):
+        assert {f"{name}_{s}" for s in ("mean", "p50", "p90", "p99")} <= set(header)
+    assert {"band_80_output_tok_s_low", "band_80_output_tok_s_high"} <= set(header)
+    words = {"configuration", "workload", "band_source"}
+    for row in rows:  # every other cell a number or empty: no Python tuple, list or dict
+        for name, cell in row.items():
+            if name not in words and cell != "":
+                float(cell)
