@@ -289,3 +289,39 @@ def test_predict_csv_has_each_figure_once_and_flat_cells():
         for name, cell in row.items():
             if name not in words and cell != "":
                 float(cell)
+
+
+@pytest.mark.parametrize(
+    ("args", "kept"),
+    [
+        (["validate"], "scenarios compared; the results cover those"),
+        (["calibrate", "--out", "{tmp}"], "hardware classes"),
+    ],
+)
+def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the whole process group, workers too):
+    the command stops at once, prints what it finished and one line, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capsim", *(a.format(tmp=tmp_path) for a in args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(3.0)  # imports done, the work under way (validate takes about 6 s)
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Exception" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert kept in line or "before the first" in line or "none of" in line, line
+    if args == ["validate"] and "cover those" in line:
+        assert "MAPE over" in out  # the finished part is printed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -344,6 +345,54 @@ def spec_config(spec: str | None, acceptance: str | None):
     from capsim.physics.speculative import parse_spec
 
     return parse_spec(spec, parse_acceptance(acceptance))
+
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """Make Ctrl-C stop a long command within about a second, without tracebacks: the
+    main process raises KeyboardInterrupt (for the command to keep and print what it
+    finished) after ending the worker processes it simulates in; a worker (forked with
+    this handler, and sent the same SIGINT by the terminal) ignores it and is ended."""
+    import multiprocessing
+    import os
+    import signal
+    import threading
+    from concurrent.futures import InvalidStateError
+
+    main = os.getpid()
+    thread_hook = threading.excepthook
+
+    def quiet_pool(args) -> None:
+        # a process pool whose workers were ended marks its futures broken, and trips
+        # over those the interrupted map had cancelled (CPython 3.11): not the user's news
+        if not isinstance(args.exc_value, InvalidStateError):
+            thread_hook(args)
+
+    def handler(signum, frame):
+        if os.getpid() != main:
+            return
+        threading.excepthook = quiet_pool
+        for child in multiprocessing.active_children():
+            child.terminate()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread: Ctrl-C stays Python's default
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted(what: str) -> None:
+    """After Ctrl-C: one line on stderr saying what was kept (``what``)."""
+    err_console.print(f"[bold yellow]interrupted:[/] {what}", highlight=False, soft_wrap=True)
 
 
 def progress_bar():
