@@ -10,6 +10,7 @@ from rich import box
 from rich.table import Table
 
 from capsim.cli.common import (
+    EXIT_INTERRUPTED,
     AcceptFailuresOption,
     DbOption,
     JsonOption,
@@ -17,8 +18,10 @@ from capsim.cli.common import (
     catalog,
     console,
     err_console,
+    interrupted,
     print_json,
     progress_bar,
+    stop_on_ctrl_c,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -83,43 +86,69 @@ def calibrate_cmd(
         )
     profiles = []
     skipped = []
-    with progress_bar() as bar:
-        task = bar.add_task("fitting hardware classes", total=len(groups))
-        for hw_class, group in groups.items():
-            bar.update(task, description=f"fitting {hw_class}")
-            try:
-                profile = fit_profile(
-                    group, cat, name or f"{hw_class}-vllm", names, prior_weight=prior_weight
-                )
-                cv = cross_validate(
-                    group, cat, names, start=profile.fitted_values, prior_weight=prior_weight
-                )
-            except CapsimUserError as exc:
-                if len(groups) == 1:
-                    raise
-                # one class capsim cannot simulate (a GPU without a figure the step needs)
-                # does not stop the others
-                skipped.append((hw_class, exc.message))
-                bar.advance(task)
-                continue
-            if cv:
-                errors = np.log([p.predicted / p.measured for p in cv])
-                profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))
-            path = out if out.suffix == ".yaml" else out / f"{profile.name}.yaml"
-            profile.save(path)
-            profiles.append((profile, path))
-            bar.advance(task)
+    stopped = None  # after Ctrl-C: the class that was being fitted
+    size = {c: sum(len(sc.points) for ds in g for sc in ds.scenarios) for c, g in groups.items()}
+    # the bar counts points: a class's fit takes time in proportion to them
+    with stop_on_ctrl_c(), progress_bar() as bar:
+        task = bar.add_task("fitting hardware classes", total=sum(size.values()))
+        hw_class = ""
+        try:
+            for hw_class, group in groups.items():
+                bar.update(task, description=f"fitting {hw_class}")
+                try:
+                    profile = fit_profile(
+                        group, cat, name or f"{hw_class}-vllm", names, prior_weight=prior_weight
+                    )
+                    cv = cross_validate(
+                        group, cat, names, start=profile.fitted_values, prior_weight=prior_weight
+                    )
+                except CapsimUserError as exc:
+                    if len(groups) == 1:
+                        raise
+                    # one class capsim cannot simulate (a GPU without a figure the step
+                    # needs) does not stop the others
+                    skipped.append((hw_class, exc.message))
+                    bar.advance(task, size[hw_class])
+                    continue
+                if cv:
+                    errors = np.log([p.predicted / p.measured for p in cv])
+                    profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))
+                path = out if out.suffix == ".yaml" else out / f"{profile.name}.yaml"
+                profile.save(path)
+                profiles.append((profile, path))
+                bar.advance(task, size[hw_class])
+        except KeyboardInterrupt:
+            stopped = hw_class
     for hw_class, why in skipped:
         err_console.print(f"[yellow]skipped {hw_class}:[/] {why}", highlight=False)
     if json_out:
         print_json([{"path": str(p), **prof.model_dump(mode="json")} for prof, p in profiles])
-        return
+    else:
+        print_profiles(profiles)
+    if stopped:
+        written = ", ".join(str(path) for _, path in profiles)
+        interrupted(
+            f"while fitting {stopped}; "
+            + (
+                f"{len(profiles)} of {len(groups)} hardware classes fitted and written: {written}"
+                if profiles
+                else f"none of {len(groups)} hardware classes fitted, nothing written"
+            )
+        )
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def print_profiles(profiles) -> None:
+    """Each fitted profile as a table: prior and fitted value, standard error and whether
+    the data pin each parameter down; then what was held, poor fits and the residuals."""
     for profile, path in profiles:
         table = Table(
             title=f"{profile.name} ({profile.points} points) -> {path}", box=box.SIMPLE_HEAD
         )
         for col in ("parameter", "prior", "fitted", "std", "identifiable"):
-            table.add_column(col, justify="left" if col == "parameter" else "right")
+            table.add_column(
+                col, justify="left" if col == "parameter" else "right", overflow="fold"
+            )
         for key, p in profile.parameters.items():
             table.add_row(
                 key,
@@ -183,7 +212,7 @@ def calibrate_kernels_cmd(
         return
     table = Table(title=f"{ds.name} on {ds.gpu}: {len(result.points)} rows", box=box.SIMPLE_HEAD)
     for col in ("parameter", "class default", "fitted", "std"):
-        table.add_column(col, justify="left" if col == "parameter" else "right")
+        table.add_column(col, justify="left" if col == "parameter" else "right", overflow="fold")
     for n, v in result.values.items():
         table.add_row(n, f"{result.prior[n]:.4g}", f"{v:.4g}", f"{result.std[n]:.3g}")
     console.print(table)

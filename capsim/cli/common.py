@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
 from capsim.errors import CapsimUserError
@@ -19,6 +22,27 @@ if TYPE_CHECKING:
     from capsim.catalog.resolve import ResolvedModel
 
 EXIT_USER_ERROR = 2
+
+
+class CommandGroup(TyperGroup):
+    """A command group whose plain --help lists each command with its first sentence
+    whole, wrapped to the width (click would cut it to one line with '...')."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None, "cls": CommandGroup}
+"""Typer settings of every capsim command group: click's plain --help, which wraps the
+descriptions and keeps every option name whole at any width (typer's rich help panel
+cuts long names such as --spec-acceptance to '--spec-acceptan…' at 80 columns)."""
 
 console = Console()
 err_console = Console(stderr=True)
@@ -234,30 +258,43 @@ def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[Resolv
     return resolve_into(cat, names)
 
 
+def plot_path_written(path: Path, formats) -> Path:
+    """The file a plot given as ``path`` is written to: ``path`` itself when it ends in one
+    of the image ``formats`` matplotlib writes (png, pdf, svg, ...), else ``path`` with .png
+    added (as matplotlib adds it to a name without a suffix)."""
+    if path.suffix.lower().removeprefix(".") in formats:
+        return path
+    return path.with_name(path.name + ".png")
+
+
 def save_figure(fig, path: Path) -> Path:
-    """Write a matplotlib figure and close it, saying on stderr which file it wrote: PNG
-    where ``path`` has no extension (``--plot noext`` writes noext.png), else the format
-    the extension names. An unwritable path or an unknown format is a user error. Returns
-    the path written."""
+    """Write a matplotlib figure (PNG unless ``path`` names another image format) and
+    close it; say on stderr which file was written and return it. An unwritable path is a
+    user error."""
     import matplotlib.pyplot as plt
 
-    path = Path(path)
+    written = plot_path_written(path, fig.canvas.get_supported_filetypes())
     try:
-        if not path.suffix:
-            path = path.with_name(path.name + ".png")
-        supported = fig.canvas.get_supported_filetypes()
-        if path.suffix[1:].lower() not in supported:
-            raise CapsimUserError(
-                f"--plot {path}: unknown image format '{path.suffix}'",
-                hint="use one of " + ", ".join(f".{k}" for k in sorted(supported)),
-            )
-        fig.savefig(path, dpi=110)
+        fig.savefig(written, dpi=110)
     except OSError as exc:
-        raise CapsimUserError(f"cannot write plot '{path}': {exc.strerror}") from None
+        raise CapsimUserError(f"cannot write plot '{written}': {exc.strerror}") from None
     finally:
         plt.close(fig)
-    err_console.print(f"wrote {path}", highlight=False, soft_wrap=True)
-    return path
+    err_console.print(f"wrote {written}", highlight=False, soft_wrap=True)
+    return written
+
+
+def exclusive_outputs(**flags: bool) -> None:
+    """Refuse two machine-output flags at once (``--json`` and ``--csv``): each prints the
+    whole result on stdout in its own format. Keyword names are the flags without their
+    dashes (``json=True, csv=False``)."""
+    given = ["--" + name.replace("_", "-") for name, on in flags.items() if on]
+    if len(given) > 1:
+        raise CapsimUserError(
+            f"{' and '.join(given)} cannot be combined: each prints the whole result on "
+            "stdout in its own format",
+            hint=f"choose one of {', '.join(given)}",
+        )
 
 
 def print_json(data: Any) -> None:
@@ -268,6 +305,18 @@ def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
     if value is None:
         return "—"
     return f"{value:,.{digits}f}{unit}"
+
+
+def fmt_sig(value: float | None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant figures, with thousands separators from 10**digits
+    up (0.00241, 12.3, 132, 2,314): a figure that may be a fraction of a second or thousands
+    of tokens a second reads right either way; "—" for None or a value that is not finite."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    text = f"{value:.{digits}g}"
+    if "e+" in text or abs(value) >= 10**digits:
+        return f"{value:,.0f}"
+    return text
 
 
 def parse_acceptance(text: str | None) -> float | list[float] | None:
@@ -298,6 +347,54 @@ def spec_config(spec: str | None, acceptance: str | None):
     return parse_spec(spec, parse_acceptance(acceptance))
 
 
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """Make Ctrl-C stop a long command within about a second, without tracebacks: the
+    main process raises KeyboardInterrupt (for the command to keep and print what it
+    finished) after ending the worker processes it simulates in; a worker (forked with
+    this handler, and sent the same SIGINT by the terminal) ignores it and is ended."""
+    import multiprocessing
+    import os
+    import signal
+    import threading
+    from concurrent.futures import InvalidStateError
+
+    main = os.getpid()
+    thread_hook = threading.excepthook
+
+    def quiet_pool(args) -> None:
+        # a process pool whose workers were ended marks its futures broken, and trips
+        # over those the interrupted map had cancelled (CPython 3.11): not the user's news
+        if not isinstance(args.exc_value, InvalidStateError):
+            thread_hook(args)
+
+    def handler(signum, frame):
+        if os.getpid() != main:
+            return
+        threading.excepthook = quiet_pool
+        for child in multiprocessing.active_children():
+            child.terminate()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread: Ctrl-C stays Python's default
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted(what: str) -> None:
+    """After Ctrl-C: one line on stderr saying what was kept (``what``)."""
+    err_console.print(f"[bold yellow]interrupted:[/] {what}", highlight=False, soft_wrap=True)
+
+
 def progress_bar():
     """The bar long commands show on stderr while they work: description, bar, done of
     total and time remaining; it disappears when done."""
@@ -324,8 +421,10 @@ def fitted_table(
 ):
     """A rich Table whose values are never cut: ``columns`` are (header, justify,
     optional); while the table is wider than the terminal, optional columns are dropped,
-    widest first, and the caption says which (``--json`` has every field). Headers may
-    span lines ("TTFT\\np90 ms"); ``table_options`` go to rich's Table."""
+    widest first, and the caption says which (``--json`` has every field). Should the
+    columns left still not fit, the widest left-justified (text) column wraps, folding a
+    long name onto more lines; the other columns never wrap. Headers may span lines
+    ("TTFT\\np90 ms"); ``table_options`` go to rich's Table."""
     from rich.table import Table
 
     width = width or console.width
@@ -351,9 +450,14 @@ def fitted_table(
     if dropped:
         notes.append(f"not shown for width: {', '.join(dropped)} (see --json)")
     table = Table(title=title, caption="; ".join(notes) or None, **table_options)
+    text = [i for i in keep if columns[i][1] == "left"]
+    wraps = max(text, key=column_width) if text else None
     for i in keep:
         name, justify, _ = columns[i]
-        table.add_column(name, justify=justify, no_wrap=True, min_width=column_width(i))
+        if i == wraps:  # takes what the others leave, folding a long name onto more lines
+            table.add_column(name, justify=justify, overflow="fold")
+        else:
+            table.add_column(name, justify=justify, no_wrap=True, min_width=column_width(i))
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     return table

@@ -9,10 +9,12 @@ from typing import Annotated
 
 import typer
 
-from capsim.cli.common import JsonOption, print_json, user_errors
+from capsim.cli.common import PLAIN_HELP, JsonOption, print_json, user_errors
 from capsim.cli.probe import print_run
 
-import_app = typer.Typer(help="Import benchmark results from vLLM bench, GuideLLM or AIPerf.")
+import_app = typer.Typer(
+    help="Import benchmark results from vLLM bench, GuideLLM or AIPerf.", **PLAIN_HELP
+)
 
 
 def _command(kind: str, tool: str):

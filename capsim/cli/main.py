@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from capsim.catalog import ENV_VAR
 from capsim.cli.calibrate import calibrate_cmd, calibrate_kernels_cmd
 from capsim.cli.capacity import capacity_cmd
 from capsim.cli.common import (
+    PLAIN_HELP,
     AsyncSchedulingOption,
     DbOption,
     DisableCustomAllReduceOption,
@@ -61,9 +63,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **PLAIN_HELP,
 )
-gpus_app = typer.Typer(help="List GPUs in the catalog, or show one.", add_completion=False)
-models_app = typer.Typer(help="List models in the catalog, show one, import one.")
+gpus_app = typer.Typer(
+    help="List GPUs in the catalog, or show one.", add_completion=False, **PLAIN_HELP
+)
+models_app = typer.Typer(help="List models in the catalog, show one, import one.", **PLAIN_HELP)
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
 app.add_typer(probe_app, name="probe")
@@ -164,8 +169,8 @@ def gpus_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> N
         print_json({**g.model_dump(mode="json"), "derived": derived})
         return
     table = Table(title=g.display_name, show_header=False)
-    table.add_column("field")
-    table.add_column("value")
+    table.add_column("field", overflow="fold")
+    table.add_column("value", overflow="fold")
     table.add_row("name (aliases)", f"{g.name} ({', '.join(g.aliases) or '—'})")
     table.add_row("architecture / class", f"{g.architecture} / {g.hardware_class}")
     table.add_row("memory", f"{g.memory_gb:g} GB {g.memory_type or ''}")
@@ -307,8 +312,8 @@ def models_show(name: str, json_out: JsonOption = False, db: DbOption = None) ->
         return
     p = parameter_breakdown(m)
     table = Table(title=f"{m.display_name} ({m.hf_id})", show_header=False)
-    table.add_column("field")
-    table.add_column("value")
+    table.add_column("field", overflow="fold")
+    table.add_column("value", overflow="fold")
     table.add_row("architecture", m.architecture)
     table.add_row(
         "layers",
@@ -411,17 +416,29 @@ def quants_list(json_out: JsonOption = False, db: DbOption = None) -> None:
             ]
         )
         return
-    table = Table(title="Weight formats")
-    for col in ("name", "format", "bits/weight", "compute", "quantises", "kept 16-bit"):
-        table.add_column(col)
+    table = Table(
+        title="Weight formats",
+        box=box.SIMPLE_HEAD,
+        show_lines=True,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("name", "format", "bits/\nweight", "compute", "quantises", "kept 16-bit"):
+        # names and figures whole (tensors one a line); the description wraps at spaces
+        table.add_column(
+            col,
+            justify="right" if col == "bits/\nweight" else "left",
+            no_wrap=col != "format",
+            overflow="fold",
+        )
     for q in cat.quant_formats:
         table.add_row(
             q.name,
             q.display_name,
             f"{q.bits_per_weight:.3f}",
             q.compute_dtype,
-            ", ".join(q.quantized_tensors),
-            ", ".join(q.unquantized_tensors),
+            "\n".join(q.quantized_tensors),  # one a line: long names are never broken
+            "\n".join(q.unquantized_tensors),
         )
     console.print(table)
 
@@ -529,8 +546,8 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
         + f": {'FITS' if r.fits else 'DOES NOT FIT'}",
         show_header=False,
     )
-    table.add_column("term")
-    table.add_column("per GPU", justify="right")
+    table.add_column("term", overflow="fold")
+    table.add_column("per GPU", justify="right", overflow="fold")
     table.add_row("GPU memory", f"{r.memory_bytes / GIB:.2f} GiB")
     table.add_row(f"usable (x {r.gpu_memory_utilization:g})", f"{r.budget_bytes / GIB:.2f} GiB")
     table.add_row("weights", f"{r.weight_bytes / GIB:.2f} GiB ({r.weight_bytes / GB:.2f} GB)")
@@ -760,8 +777,8 @@ def explain_cmd(
         (f"prefill chunk: {chunk:,} tokens", prefill, chunk),
     ):
         table = Table(title=f"{title}: {label}{note}", show_header=False)
-        table.add_column("term")
-        table.add_column("value", justify="right")
+        table.add_column("term", overflow="fold")
+        table.add_column("value", justify="right", overflow="fold")
         for row in step_rows(step, out, ridge):
             table.add_row(*row)
         console.print(table)
@@ -793,38 +810,19 @@ app.command("capacity")(user_errors(capacity_cmd))
 app.command("serve")(user_errors(serve_cmd))
 
 
-def fold_option_names() -> None:
-    """Make ``--help`` wrap a long option name onto a second line rather than cut it with
-    an ellipsis at 80 columns: typer renders option names with two rich highlighters,
-    whose Text is given overflow "fold" here. Imported only when help is asked for (rich's
-    help rendering costs about 50 ms to import)."""
-    import typer.rich_utils as rich_utils
-
-    def folding(highlighter):
-        def highlight(text):
-            out = highlighter(text)
-            out.overflow = "fold"
-            return out
-
-        return highlight
-
-    if not getattr(rich_utils, "_capsim_folded", False):
-        rich_utils.highlighter = folding(rich_utils.highlighter)
-        rich_utils.negative_highlighter = folding(rich_utils.negative_highlighter)
-        rich_utils._capsim_folded = True
-
-
 EXIT_INTERRUPTED = 130
 
 
-def _exit_interrupted() -> None:
-    """Leave at once after Ctrl-C, output flushed: worker pools stopped mid-work leave
+def _exit_interrupted(say: bool) -> None:
+    """Leave at once after Ctrl-C, output flushed (``say``: print that it was interrupted,
+    where the command has not said so itself): worker pools stopped mid-work leave
     concurrent.futures' exit hook racing its own threads (a spurious traceback at
     interpreter shutdown), and there is nothing left to clean up (what finished was
-    written as it finished)."""
+    printed or written as it finished)."""
     import os
 
-    err_console.print("interrupted", highlight=False)
+    if say:
+        err_console.print("interrupted", highlight=False)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -833,15 +831,13 @@ def _exit_interrupted() -> None:
 
 def run() -> None:
     """Console-script entry point."""
-    if "--help" in sys.argv[1:] or len(sys.argv) == 1:
-        fold_option_names()
     try:
         app()
     except KeyboardInterrupt:
-        _exit_interrupted()
+        _exit_interrupted(say=True)
     except SystemExit as exc:
         if exc.code == EXIT_INTERRUPTED:
-            _exit_interrupted()
+            _exit_interrupted(say=False)
         raise
 
 

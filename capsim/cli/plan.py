@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
-from rich.table import Table
 
 from capsim.cli.common import (
     DbOption,
     JsonOption,
     catalog,
     console,
+    fitted_table,
     print_json,
     resolve_models,
     save_figure,
@@ -308,50 +308,43 @@ def plan_cmd(
             }
         )
     else:
-        table = Table(
-            title=f"capsim plan: {agents} agents, ranked by {rank}",
-            caption=f"{len(items)} configurations simulated, {pruned} pruned for memory",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 1),
-            collapse_padding=True,
-            pad_edge=False,
-        )
         banded = any(e.output_band_80 for e in items[:top])
-        columns = [
-            "configuration",
-            "tok/s",
-            "per\nagent",
-            "TTFT\np90",
-            "cost\nUSD",
-            "$/Mtok",
-            "SLO",
-        ]
+        headers = ["configuration", "tok/s", "per\nagent", "TTFT\np90", "cost\nUSD", "$/Mtok"]
         if banded:
-            columns.insert(2, "80%\nband")
-        for col in columns:
-            if col == "configuration":
-                table.add_column(col, min_width=20)
-            elif col == "SLO":
-                table.add_column(col, min_width=17, no_wrap=True)
-            else:
-                table.add_column(col, justify="right", no_wrap=True)
+            headers.insert(2, "80%\nband")
+        # the configuration wraps where the terminal is narrow; the figures stay whole
+        columns = [(h, "left" if h == "configuration" else "right", False) for h in headers]
+        columns.append(("SLO", "left", False))
+        rows = []
         for e in items[:top]:
             band = []
             if banded:
                 lo_hi = e.output_band_80
                 band = [f"{lo_hi[0]:,.0f}-{lo_hi[1]:,.0f}" if lo_hi else "—"]
-            table.add_row(
-                e.candidate.label(),
-                f"{e.output_tok_s:,.0f}",
-                *band,
-                f"{e.per_agent_tok_s:.1f}",
-                f"{e.ttft_p90_s:.1f}s",
-                "—" if e.cost.total_usd is None else f"{e.cost.total_usd:,.0f}",
-                "—"
-                if e.cost.usd_per_million_output_tokens is None
-                else f"{e.cost.usd_per_million_output_tokens:.2f}",
-                "yes" if e.meets_slo else short_misses(e, req),
+            rows.append(
+                [
+                    e.candidate.label(),
+                    f"{e.output_tok_s:,.0f}",
+                    *band,
+                    f"{e.per_agent_tok_s:.1f}",
+                    f"{e.ttft_p90_s:.1f}s",
+                    "—" if e.cost.total_usd is None else f"{e.cost.total_usd:,.0f}",
+                    "—"
+                    if e.cost.usd_per_million_output_tokens is None
+                    else f"{e.cost.usd_per_million_output_tokens:.2f}",
+                    "yes" if e.meets_slo else short_misses(e, req),
+                ]
             )
+        table = fitted_table(
+            f"capsim plan: {agents} agents, ranked by {rank}",
+            columns,
+            rows,
+            caption=f"{len(items)} configurations simulated, {pruned} pruned for memory",
+            cell_padding=2,
+            box=box.SIMPLE_HEAD,
+            collapse_padding=True,
+            pad_edge=False,
+        )
         console.print(table)
         if front_cost:
             console.print(pareto_table(items, front_cost))

@@ -29,7 +29,9 @@ from capsim.cli.common import (
     catalog,
     console,
     err_console,
+    exclusive_outputs,
     fitted_table,
+    fmt_sig,
     parse_overrides,
     predict_config,
     progress_bar,
@@ -225,7 +227,7 @@ def print_table(console, results: list[PredictResult]) -> None:
                 fmt(m.ttft_ms.p50, 0),
                 fmt(m.ttft_ms.p90, 0),
                 fmt(m.tpot_ms.mean, 1),
-                fmt(m.e2e_s.p50, 1),
+                fmt_sig(m.e2e_s.p50),
                 f"{lv.peak_kv_usage:.0%}",
                 str(lv.preemptions),
             ]
@@ -253,30 +255,41 @@ def print_table(console, results: list[PredictResult]) -> None:
             console.print(f"{label(result)}: {note}", highlight=False)
 
 
+CSV_SKIP = {"per_request_output_tok_s"}
+"""point_dict keys the CSV leaves out: the per-request mean, which the CSV has as
+per_request_output_tok_s_mean beside its percentiles (as ttft_ms_mean, ...)."""
+
+CSV_RENAME = {"per_request_output_tok_s_dist": "per_request_output_tok_s"}
+"""point_dict keys the CSV names differently (the prefix of their flattened columns)."""
+
+
+def flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    """``value`` as CSV cells: a dict (a distribution, a band table, a band's low and high
+    edges) spreads into one column per entry, ``prefix_entry``; anything else is a cell."""
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            flatten(f"{prefix}_{key}", sub, out)
+    else:
+        out[prefix] = value
+
+
 def write_csv(results: list[PredictResult]) -> str:
-    buf = io.StringIO()
-    writer = None
+    """One row per configuration and level; every figure in one column of its own (a
+    distribution's mean and percentiles, a band's low and high edge), no nested values."""
+    rows = []
     for result in results:
         for lv in result.levels:
-            point = point_dict(result, lv)
             flat: dict[str, Any] = {"configuration": label(result)}
-            for key, value in point.items():
-                if isinstance(value, dict):
-                    if key.endswith("_dist"):  # its mean is a column already
-                        key = key.removesuffix("_dist")
-                        value = {k: v for k, v in value.items() if k != "mean"}
-                    for sub, v in value.items():
-                        if isinstance(v, dict):  # a band: its low and high edges
-                            for edge, x in v.items():
-                                flat[f"{key}_{sub}_{edge}"] = x
-                        else:
-                            flat[f"{key}_{sub}"] = v
-                else:
-                    flat[key] = value
-            if writer is None:
-                writer = csv.DictWriter(buf, fieldnames=list(flat))
-                writer.writeheader()
-            writer.writerow(flat)
+            for key, value in point_dict(result, lv).items():
+                if key not in CSV_SKIP:
+                    flatten(CSV_RENAME.get(key, key), value, flat)
+            rows.append(flat)
+    # every column any row has (a configuration without bands leaves theirs empty)
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
     return buf.getvalue()
 
 
@@ -417,11 +430,7 @@ def predict_cmd(
     throughput and latency per level."""
     from capsim.engine.router import ROUTER_POLICIES
 
-    if json_out and csv_out:
-        raise CapsimUserError(
-            "--json and --csv both print on stdout: choose one",
-            hint="--json has every field; --csv one row per level",
-        )
+    exclusive_outputs(json=json_out, csv=csv_out)
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):

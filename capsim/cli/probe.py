@@ -11,6 +11,7 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from capsim.cli.common import (
+    PLAIN_HELP,
     JsonOption,
     console,
     err_console,
@@ -27,23 +28,31 @@ if TYPE_CHECKING:
 probe_app = typer.Typer(
     help="Measure a real server (vLLM, SGLang, llama.cpp, any OpenAI-compatible one).",
     invoke_without_command=True,
+    **PLAIN_HELP,
 )
 
 
 def server_tokens(level: LevelSummary) -> float | None:
     """Output tokens the server's counters gained over the level (vLLM, SGLang or
-    llama.cpp), or None when /metrics gave none."""
+    llama.cpp), or None when /metrics gave none or no number (NaN)."""
     from capsim.probe.prometheus import GENERATION_COUNTERS
 
     for name in GENERATION_COUNTERS:
-        if name in level.server_deltas:
-            return level.server_deltas[name]
+        value = level.server_deltas.get(name)
+        if value is not None and math.isfinite(value):
+            return value
     return None
+
+
+def number(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec`` (",.1f"), or "—" where there is none (None, NaN)."""
+    return "—" if value is None or not math.isfinite(value) else format(value, spec)
 
 
 def print_run(summary: RunSummary, path: Path) -> None:
     """The run as a table: one row per level, counting only ok requests in the metrics;
     failures by outcome in their row; footnotes for what /metrics could not give."""
+    from capsim.probe.prometheus import GENERATION_COUNTERS
     from capsim.probe.runfile import failure_text, level_outcomes
 
     columns = [
@@ -69,7 +78,11 @@ def print_run(summary: RunSummary, path: Path) -> None:
             totals[k] = totals.get(k, 0) + n
         tokens = server_tokens(lv)
         if tokens is None:
-            why = lv.metrics_note or "no generation-token counter recorded from /metrics"
+            why = lv.metrics_note or (
+                "the server's generation-token counter was not a number"
+                if any(n in lv.server_deltas for n in GENERATION_COUNTERS)
+                else "no generation-token counter recorded from /metrics"
+            )
             missing.setdefault(why, []).append(label)
         elif lv.metrics_note:
             notes.append(f"{label}: {lv.metrics_note}")
@@ -82,12 +95,10 @@ def print_run(summary: RunSummary, path: Path) -> None:
                 str(lv.run),
                 str(m.completed),
                 str(m.failed),
-                f"{m.output_tok_s:,.1f}",
-                "—"
-                if m.per_request_output_tok_s.mean is None
-                else f"{m.per_request_output_tok_s.mean:,.1f}",
-                "—" if m.ttft_ms.p50 is None else f"{m.ttft_ms.p50:,.0f}",
-                "—" if m.tpot_ms.mean is None else f"{m.tpot_ms.mean:,.2f}",
+                number(m.output_tok_s, ",.1f"),
+                number(m.per_request_output_tok_s.mean, ",.1f"),
+                number(m.ttft_ms.p50, ",.0f"),
+                number(m.tpot_ms.mean, ",.2f"),
                 "—¹" if tokens is None else f"{tokens:,.0f}",
             ]
         )

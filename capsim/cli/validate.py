@@ -10,6 +10,7 @@ from rich import box
 from rich.table import Table
 
 from capsim.cli.common import (
+    EXIT_INTERRUPTED,
     AcceptFailuresOption,
     DbOption,
     JsonOption,
@@ -18,16 +19,27 @@ from capsim.cli.common import (
     catalog,
     console,
     err_console,
+    exclusive_outputs,
+    fitted_table,
+    fmt_sig,
+    interrupted,
     parse_overrides,
     print_json,
     progress_bar,
     save_figure,
+    stop_on_ctrl_c,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
     from capsim.calibration.compare import ComparedPoint
+
+
+def metric_text(metric: str, statistic: str = "mean") -> str:
+    """A compared metric as the tables name it: ``tpot_s``, or ``tpot_s p99`` for a
+    statistic other than the mean."""
+    return metric if statistic == "mean" else f"{metric} {statistic}"
 
 
 def markdown(points: list[ComparedPoint]) -> str:
@@ -39,60 +51,78 @@ def markdown(points: list[ComparedPoint]) -> str:
     ]
     for p in points:
         lines.append(
-            f"| {p.dataset} | {p.scenario} | {p.concurrency} | {p.metric} | "
-            f"{p.measured:,.0f} | {p.predicted:,.1f} | {100 * p.error:+.1f}% |"
+            f"| {p.dataset} | {p.scenario} | {p.concurrency} | "
+            f"{metric_text(p.metric, p.statistic)} | {fmt_sig(p.measured)} | "
+            f"{fmt_sig(p.predicted)} | {100 * p.error:+.1f}% |"
         )
     lines.append(f"\nMAPE over {len(points)} points: {mape(points):.1f}%")
     return "\n".join(lines)
 
 
-def calibrated_errors(
-    datasets,
-    cat,
-    fit: tuple[str, ...] | None = None,
-    prior_weight: float = 0.0,
-    on_progress=None,
-) -> list[dict]:
-    """Per dataset: uncalibrated, in-sample (fitted on the dataset) and cross-validated
-    (leave one concurrency level out; leave one point out) errors of every point, every
-    fit pulled towards the priors by ``prior_weight``. ``on_progress(done, total)`` is
-    called as each dataset's fits finish."""
-    from capsim.calibration.compare import compare_dataset
-    from capsim.calibration.fit import cross_validate, fit_profile, group_by_class
+def calibration_parts(datasets, cat) -> list:
+    """The datasets as ``validate --calibrated`` fits them, by name: a dataset spanning
+    hardware classes is fitted per class, as a calibration would."""
+    from capsim.calibration.fit import group_by_class
 
-    rows = []
-    # a dataset spanning hardware classes is fitted per class, as a calibration would
     parts = [part for group in group_by_class(datasets, cat).values() for part in group]
-    if on_progress is not None:
-        on_progress(0, len(parts))
-    for done, ds in enumerate(sorted(parts, key=lambda d: d.name), start=1):
-        raw = compare_dataset(ds, cat)
-        fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit, prior_weight=prior_weight)
-        inside = fitted.residuals  # every point at the fitted values, in dataset order
-        start = fitted.fitted_values
-        options = dict(start=start, prior_weight=prior_weight)
-        by_level = {
-            point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level", **options)
-        }
-        by_point = cross_validate([ds], cat, fit, scheme="point", **options)
-        for r, i, pt in zip(raw, inside, by_point, strict=True):
-            c = by_level.get(point_key(r))
-            rows.append(
-                {
-                    "dataset": ds.name,
-                    "scenario": r.scenario,
-                    "concurrency": r.concurrency,
-                    "metric": r.metric,
-                    "measured": r.measured,
-                    "uncalibrated": r.error,
-                    "in_sample": i.error,
-                    "cross_validated": None if c is None else c.error,
-                    "cross_validated_point": pt.error,
-                }
-            )
-        if on_progress is not None:
-            on_progress(done, len(parts))
+    return sorted(parts, key=lambda d: d.name)
+
+
+def part_errors(
+    ds, cat, fit: tuple[str, ...] | None = None, prior_weight: float = 0.0, status=None
+) -> list[dict]:
+    """Uncalibrated, in-sample (fitted on the dataset) and cross-validated (leave one
+    concurrency level out; leave one point out) errors of every point of one dataset
+    part, every fit pulled towards the priors by ``prior_weight``; ``status(text)``, if
+    given, hears which step runs."""
+    from capsim.calibration.compare import compare_dataset
+    from capsim.calibration.fit import cross_validate, fit_profile
+
+    say = status or (lambda text: None)
+    say(f"{ds.name}: simulating")
+    raw = compare_dataset(ds, cat)
+    say(f"{ds.name}: fitting")
+    fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit, prior_weight=prior_weight)
+    inside = fitted.residuals  # every point at the fitted values, in dataset order
+    start = fitted.fitted_values
+    options = dict(start=start, prior_weight=prior_weight)
+    say(f"{ds.name}: leaving levels out")
+    by_level = {point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level", **options)}
+    say(f"{ds.name}: leaving points out")
+    by_point = cross_validate([ds], cat, fit, scheme="point", **options)
+    rows = []
+    for r, i, pt in zip(raw, inside, by_point, strict=True):
+        c = by_level.get(point_key(r))
+        rows.append(
+            {
+                "dataset": ds.name,
+                "scenario": r.scenario,
+                "concurrency": r.concurrency,
+                "metric": r.metric,
+                "statistic": r.statistic,
+                "measured": r.measured,
+                "uncalibrated": r.error,
+                "in_sample": i.error,
+                "cross_validated": None if c is None else c.error,
+                "cross_validated_point": pt.error,
+            }
+        )
     return rows
+
+
+def calibrated_errors(
+    datasets, cat, fit: tuple[str, ...] | None = None, prior_weight: float = 0.0
+) -> list[dict]:
+    """``part_errors`` of every dataset part (``calibration_parts``), in order."""
+    return [
+        row
+        for ds in calibration_parts(datasets, cat)
+        for row in part_errors(ds, cat, fit, prior_weight)
+    ]
+
+
+def points_of(ds) -> int:
+    return sum(len(sc.points) for sc in ds.scenarios)
 
 
 def summary_markdown(summaries: dict[str, list[dict]], skipped) -> str:
@@ -121,6 +151,13 @@ def summary_markdown(summaries: dict[str, list[dict]], skipped) -> str:
 
 def point_key(p: ComparedPoint) -> tuple[str, int, str]:
     return p.scenario, p.concurrency, p.metric
+
+
+UNITS = "each metric in the unit its name ends in (_s: seconds, _tok_s: tokens/s)"
+"""Caption of validate's tables: measured and predicted are in the metric's own unit."""
+
+COMPACT = dict(cell_padding=2, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+"""fitted_table options for two spaces between columns (as predict's table)."""
 
 
 ERROR_COLUMNS = {
@@ -153,14 +190,6 @@ def minor_tick_label(value: float, _position=None) -> str:
         return ""
     leading = round(value / 10 ** np.floor(np.log10(value)))
     return tick_label(value) if leading in (2, 5) else ""
-
-
-def significant(value: float) -> str:
-    """A measured or predicted figure with 4 significant digits (0.00241 s stays 0.00241,
-    not 0), thousands separated."""
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.4g}"
 
 
 def plot_parity(panels: dict[str, list[tuple[str, float, float]]], path: Path) -> None:
@@ -288,6 +317,7 @@ def validate_cmd(
     from capsim.calibration.fit import check_fittable
     from capsim.calibration.published import load_published
 
+    exclusive_outputs(json=json_out, markdown=md)
     cat = catalog(db)
     overrides = parse_overrides(set_values)
     if overrides and calibrated:
@@ -298,166 +328,229 @@ def validate_cmd(
         )
     if prior_weight and not calibrated:
         raise CapsimUserError("--prior-weight applies to fits: add --calibrated")
-    loaded = load_published(datasets, accept_failures)
-    if calibrated:
-        names = None if fit is None else tuple(split_list(fit))
-        if names is not None:
-            check_fittable(names)
-        with progress_bar() as bar:
-            task = bar.add_task("fitting each dataset (in-sample and cross-validated)")
-            rows = calibrated_errors(
-                loaded,
-                cat,
-                names,
-                prior_weight,
-                on_progress=lambda done, total: bar.update(task, completed=done, total=total),
+    for flag, given in (("--coverage", coverage), ("--write-bands", write_bands is not None)):
+        if given and calibrated:
+            raise CapsimUserError(
+                f"{flag} works on the uncalibrated bands, not with --calibrated",
+                hint=f"run capsim validate {flag} on its own",
             )
-        summary = summarize_errors(rows)
-        if plot_path is not None:
-            panels = {
-                heading.removeprefix("MAPE "): [
-                    (r["dataset"], r["measured"], r["measured"] * (1 + r[col]))
-                    for r in rows
-                    if r[col] is not None
-                ]
-                for col, heading in ERROR_COLUMNS.items()
-            }
-            plot_parity(panels, plot_path)
-        if json_out:
-            print_json({"points": rows, "datasets": summary})
-            return
-
-        def pct(v):
-            return "—" if v is None else f"{100 * v:+.1f}%"
-
-        def mape_text(v):
-            return "—" if v is None else f"{v:.1f}%"
-
-        lines = [
-            "| dataset | points | " + " | ".join(ERROR_COLUMNS.values()) + " |",
-            "|---|---|" + "---|" * len(ERROR_COLUMNS),
-        ]
-        for d in summary:
-            cells = [mape_text(d[f"{col}_mape"]) for col in ERROR_COLUMNS]
-            lines.append(f"| {d['dataset']} | {d['points']} | " + " | ".join(cells) + " |")
-            if len(d["by_metric"]) > 1:
-                for metric, m in d["by_metric"].items():
-                    n = sum(
-                        1 for r in rows if r["dataset"] == d["dataset"] and r["metric"] == metric
+    loaded = load_published(datasets, accept_failures)
+    stopped = None  # after Ctrl-C: what the output covers
+    try:
+        if calibrated:
+            names = None if fit is None else tuple(split_list(fit))
+            if names is not None:
+                check_fittable(names)
+            parts = calibration_parts(loaded, cat)
+            rows = []
+            done = 0
+            # the bar counts points: a dataset part's fits take time in proportion to them
+            with stop_on_ctrl_c(), progress_bar() as bar:
+                task = bar.add_task("fitting", total=sum(points_of(ds) for ds in parts))
+                try:
+                    for ds in parts:
+                        status = lambda text: bar.update(task, description=text)  # noqa: E731
+                        rows += part_errors(ds, cat, names, prior_weight, status)
+                        bar.advance(task, points_of(ds))
+                        done += 1
+                except KeyboardInterrupt:
+                    stopped = (
+                        f"{done} of {len(parts)} datasets fitted and cross-validated; the "
+                        f"results cover those{'' if plot_path is None else ' (no plot written)'}"
+                        if done
+                        else f"before the first of {len(parts)} datasets was fitted"
                     )
-                    cells = [mape_text(m[f"{col}_mape"]) for col in ERROR_COLUMNS]
-                    lines.append(f"| ... {metric} only | {n} | " + " | ".join(cells) + " |")
-        if md:
+            if stopped and not rows:
+                return
+            summary = summarize_errors(rows)
+            if plot_path is not None and not stopped:
+                panels = {
+                    heading.removeprefix("MAPE "): [
+                        (r["dataset"], r["measured"], r["measured"] * (1 + r[col]))
+                        for r in rows
+                        if r[col] is not None
+                    ]
+                    for col, heading in ERROR_COLUMNS.items()
+                }
+                plot_parity(panels, plot_path)
+            if json_out:
+                print_json({"points": rows, "datasets": summary})
+                return
+
+            def pct(v):
+                return "—" if v is None else f"{100 * v:+.1f}%"
+
+            def mape_text(v):
+                return "—" if v is None else f"{v:.1f}%"
+
+            lines = [
+                "| dataset | points | " + " | ".join(ERROR_COLUMNS.values()) + " |",
+                "|---|---|" + "---|" * len(ERROR_COLUMNS),
+            ]
+            for d in summary:
+                cells = [mape_text(d[f"{col}_mape"]) for col in ERROR_COLUMNS]
+                lines.append(f"| {d['dataset']} | {d['points']} | " + " | ".join(cells) + " |")
+                if len(d["by_metric"]) > 1:
+                    for metric, m in d["by_metric"].items():
+                        n = sum(
+                            1
+                            for r in rows
+                            if r["dataset"] == d["dataset"] and r["metric"] == metric
+                        )
+                        cells = [mape_text(m[f"{col}_mape"]) for col in ERROR_COLUMNS]
+                        lines.append(f"| ... {metric} only | {n} | " + " | ".join(cells) + " |")
+            if md:
+                console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+                return
+            columns = [
+                (col, "left" if col in ("scenario", "metric") else "right", False)
+                for col in (
+                    "scenario",
+                    "C",
+                    "metric",
+                    "measured",
+                    "uncal.",
+                    "in-sample",
+                    "CV level",
+                    "CV point",
+                )
+            ]
+            cells = [
+                [
+                    r["scenario"],
+                    str(r["concurrency"]),
+                    metric_text(r["metric"], r["statistic"]),
+                    fmt_sig(r["measured"]),
+                    pct(r["uncalibrated"]),
+                    pct(r["in_sample"]),
+                    pct(r["cross_validated"]),
+                    pct(r["cross_validated_point"]),
+                ]
+                for r in rows
+            ]
+            table = fitted_table(
+                "capsim validate --calibrated", columns, cells, caption=UNITS, **COMPACT
+            )
+            console.print(table)
             console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
             return
-        table = Table(title="capsim validate --calibrated", box=box.SIMPLE_HEAD)
-        for col in (
-            "scenario",
-            "C",
-            "metric",
-            "measured",
-            "uncal.",
-            "in-sample",
-            "CV level",
-            "CV point",
-        ):
-            if col in ("scenario", "metric"):
-                table.add_column(col, justify="left", overflow="fold")
-            else:
-                table.add_column(col, justify="right", no_wrap=True)
-        for r in rows:
-            table.add_row(
-                r["scenario"],
-                str(r["concurrency"]),
-                r["metric"],
-                significant(r["measured"]),
-                pct(r["uncalibrated"]),
-                pct(r["in_sample"]),
-                pct(r["cross_validated"]),
-                pct(r["cross_validated_point"]),
-            )
-        console.print(table)
-        console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
-        return
-    scenarios = sum(len(ds.scenarios) for ds in loaded)
-    with progress_bar() as bar:
-        task = bar.add_task("simulating measured scenarios", total=scenarios)
-        points, skipped = compare_or_skip(
-            loaded, cat, overrides=overrides, advance=lambda: bar.advance(task)
-        )
-    if write_bands is not None:
-        from capsim.calibration.bands import build_band_table, save_band_table
-
-        classes = {g.name: g.hardware_class for g in cat.gpus}
-        try:
-            save_band_table(build_band_table(points, classes), write_bands)
-        except OSError as exc:
-            raise CapsimUserError(f"cannot write bands '{write_bands}': {exc.strerror}") from None
-        err_console.print(f"wrote {write_bands}", highlight=False)
-    scored = [p for p in points if p.scored]
-    if coverage:
-        from capsim.calibration.bands import band_coverage
-
-        classes = {g.name: g.hardware_class for g in cat.gpus}
-        table = band_coverage(points, classes, lambda p: p.dataset)
-        if json_out:
-            print_json({"coverage": table, "scheme": "leave one dataset out"})
+        scenarios = sum(len(ds.scenarios) for ds in loaded)
+        points, skipped = [], []
+        done = 0
+        with stop_on_ctrl_c(), progress_bar() as bar:
+            task = bar.add_task("simulating measured scenarios", total=scenarios)
+            try:
+                for ds in loaded:  # what a dataset finished is kept past Ctrl-C
+                    found, missed = compare_or_skip(
+                        [ds], cat, overrides=overrides, advance=lambda: bar.advance(task)
+                    )
+                    points += found
+                    skipped += missed
+                    done += len(ds.scenarios)
+            except KeyboardInterrupt:
+                stopped = (
+                    f"{done} of {scenarios} scenarios compared; the results cover those"
+                    + ("" if plot_path is None else " (no plot written)")
+                    if points
+                    else f"before the first of {len(loaded)} datasets was compared"
+                )
+        if stopped and not points:
             return
-        out = Table(
-            title="Band coverage, leave one dataset out (target: 50% and 80%)",
-            box=box.SIMPLE_HEAD,
-        )
-        for col in ("metric", "points", "inside 50% band", "inside 80% band"):
-            out.add_column(col, justify="left" if col == "metric" else "right")
-        for family, row in table.items():
-            out.add_row(
-                family,
-                str(row["points"]),
-                f"{100 * row['inside_50']:.0f}%",
-                f"{100 * row['inside_80']:.0f}%",
+        if stopped and (coverage or write_bands is not None):
+            stopped = f"{done} of {scenarios} scenarios compared; no bands written or checked"
+            return
+        if write_bands is not None:
+            from capsim.calibration.bands import build_band_table, save_band_table
+
+            classes = {g.name: g.hardware_class for g in cat.gpus}
+            try:
+                save_band_table(build_band_table(points, classes), write_bands)
+            except OSError as exc:
+                raise CapsimUserError(
+                    f"cannot write bands '{write_bands}': {exc.strerror}"
+                ) from None
+            err_console.print(f"wrote {write_bands}", highlight=False)
+        scored = [p for p in points if p.scored]
+        if coverage:
+            from capsim.calibration.bands import band_coverage
+
+            classes = {g.name: g.hardware_class for g in cat.gpus}
+            table = band_coverage(points, classes, lambda p: p.dataset)
+            if json_out:
+                print_json({"coverage": table, "scheme": "leave one dataset out"})
+                return
+            headers = ("metric", "points", "inside 50% band", "inside 80% band")
+            rows = [
+                [
+                    family,
+                    str(row["points"]),
+                    f"{100 * row['inside_50']:.0f}%",
+                    f"{100 * row['inside_80']:.0f}%",
+                ]
+                for family, row in table.items()
+            ]
+            if md:
+                lines = ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+                lines += ["| " + " | ".join(r) + " |" for r in rows]
+                console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+                return
+            out = Table(
+                title="Band coverage, leave one dataset out (target: 50% and 80%)",
+                box=box.SIMPLE_HEAD,
             )
-        console.print(out)
-        return
-    summaries = {
-        "by_accelerator": error_summary(scored, lambda p: p.gpu),
-        "by_metric": error_summary(scored, lambda p: METRIC_KINDS.get(p.metric, p.metric)),
-        "by_engine": error_summary(scored, lambda p: p.engine),
-        "reference_only": error_summary([p for p in points if not p.scored], lambda p: p.dataset),
-    }
-    if plot_path is not None:
-        title = "with --set" if overrides else "uncalibrated"
-        plot_parity({title: [(p.dataset, p.measured, p.predicted) for p in points]}, plot_path)
-    if json_out:
-        print_json(
-            {
-                "points": [{**p.__dict__, "error": p.error} for p in points],
-                "mape_percent": mape(points),
-                **summaries,
-                "skipped": [s.__dict__ for s in skipped],
-            }
-        )
-        return
-    if md:
-        console.print(markdown(points), markup=False, highlight=False, soft_wrap=True)
-        console.print(
-            summary_markdown(summaries, skipped), markup=False, highlight=False, soft_wrap=True
-        )
-        return
-    table = Table(title="capsim validate: predicted vs measured", box=box.SIMPLE_HEAD)
-    for col in ("scenario", "C", "metric", "measured", "predicted", "error"):
-        if col in ("scenario", "metric"):  # long names wrap onto more lines, never cut
-            table.add_column(col, justify="left", overflow="fold")
-        else:
-            table.add_column(col, justify="right", no_wrap=True)
-    for p in points:
-        table.add_row(
-            p.scenario,
-            str(p.concurrency),
-            p.metric,
-            significant(p.measured),
-            significant(p.predicted),
-            f"{100 * p.error:+.1f}%",
-        )
-    console.print(table)
-    console.print(summary_markdown(summaries, skipped), markup=False, highlight=False)
-    console.print(f"MAPE over {len(points)} points: {mape(points):.1f}%")
+            for col in headers:
+                out.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
+            for r in rows:
+                out.add_row(*r)
+            console.print(out)
+            return
+        summaries = {
+            "by_accelerator": error_summary(scored, lambda p: p.gpu),
+            "by_metric": error_summary(scored, lambda p: METRIC_KINDS.get(p.metric, p.metric)),
+            "by_engine": error_summary(scored, lambda p: p.engine),
+            "reference_only": error_summary(
+                [p for p in points if not p.scored], lambda p: p.dataset
+            ),
+        }
+        if plot_path is not None and not stopped:
+            title = "with --set" if overrides else "uncalibrated"
+            plot_parity({title: [(p.dataset, p.measured, p.predicted) for p in points]}, plot_path)
+        if json_out:
+            print_json(
+                {
+                    "points": [{**p.__dict__, "error": p.error} for p in points],
+                    "mape_percent": mape(points),
+                    **summaries,
+                    "skipped": [s.__dict__ for s in skipped],
+                }
+            )
+            return
+        if md:
+            console.print(markdown(points), markup=False, highlight=False, soft_wrap=True)
+            console.print(
+                summary_markdown(summaries, skipped), markup=False, highlight=False, soft_wrap=True
+            )
+            return
+        columns = [
+            (col, "left" if col in ("scenario", "metric") else "right", False)
+            for col in ("scenario", "C", "metric", "measured", "predicted", "error")
+        ]
+        rows = [
+            [
+                p.scenario,
+                str(p.concurrency),
+                metric_text(p.metric, p.statistic),
+                fmt_sig(p.measured),
+                fmt_sig(p.predicted),
+                f"{100 * p.error:+.1f}%",
+            ]
+            for p in points
+        ]
+        title = "capsim validate: predicted vs measured"
+        console.print(fitted_table(title, columns, rows, caption=UNITS, **COMPACT))
+        console.print(summary_markdown(summaries, skipped), markup=False, highlight=False)
+        console.print(f"MAPE over {len(points)} points: {mape(points):.1f}%")
+    finally:
+        if stopped:  # what was finished is printed above; then one line and exit 130
+            interrupted(stopped)
+            raise typer.Exit(EXIT_INTERRUPTED)

@@ -233,20 +233,21 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def summarize_log(path: Path) -> RunSummary:
-    """Rebuild a run's summary from its JSONL: every level that has request records, with
-    the server's counters where the level finished (its ``level`` event)."""
+    """Rebuild a run's summary from its JSONL: every level that finished as its ``level``
+    event recorded it (what the .json summary holds: the server's counters, and the
+    aggregates of an imported run, which has no request records to rebuild them from),
+    then every level cut off before it finished, from its request records. The run is
+    complete when every level its header planned (each concurrency, each run) finished."""
     events = read_events(path.with_suffix(".jsonl"))
     headers = [e for e in events if e.get("type") == "header"]
     if not headers:
         raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
     header = RunHeader.model_validate({k: v for k, v in headers[0].items() if k != "type"})
     groups: dict[tuple[int, int], list[RequestRecord]] = {}
-    server: dict[tuple[int, int], dict[str, Any]] = {}  # what each level event kept
+    finished: dict[tuple[int, int], dict[str, Any]] = {}  # each level event, by level
     for e in events:
         if e.get("type") == "level":
-            server[(int(e["concurrency"]), int(e.get("run", 0)))] = {
-                k: e[k] for k in ("server_deltas", "server_peaks", "metrics_note") if k in e
-            }
+            finished[(int(e["concurrency"]), int(e.get("run", 0)))] = e
         if e.get("type") != "request":
             continue
         key = (int(e["concurrency"]), int(e.get("run", 0)))
@@ -258,15 +259,25 @@ def summarize_log(path: Path) -> RunSummary:
                 f"'{path}': request {record.get('request_id')!r} is not a capsim record: "
                 f"{str(exc).splitlines()[0]}"
             ) from None
-    levels = [
-        summarize_level(records, c, run, header.workload, **server.get((c, run), {}))
-        for (c, run), records in sorted(groups.items())
-    ]
+    levels = []
+    for c, run in sorted(set(groups) | set(finished)):
+        event = finished.get((c, run), {})
+        try:
+            levels.append(
+                LevelSummary.model_validate({k: v for k, v in event.items() if k != "type"})
+            )
+            continue
+        except ValueError:  # no level event, or one of an older format: rebuild the level
+            pass
+        if (c, run) not in groups:
+            continue
+        server = {
+            k: event[k] for k in ("server_deltas", "server_peaks", "metrics_note") if k in event
+        }
+        levels.append(summarize_level(groups[(c, run)], c, run, header.workload, **server))
     planned = {(c, run) for c in header.concurrency for run in range(header.runs)}
-    # complete when every planned level finished (wrote its level event)
-    return RunSummary(
-        header=header, levels=levels, complete=bool(planned) and planned <= set(server)
-    )
+    complete = bool(finished) and (planned or set(groups)) <= set(finished)
+    return RunSummary(header=header, levels=levels, complete=complete)
 
 
 def load_run(path: Path) -> tuple[RunSummary, list[dict[str, Any]]]:

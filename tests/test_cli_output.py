@@ -1,0 +1,327 @@
+"""What the commands print: conflicting output flags, plot paths, tables at 80 columns
+(no value cut with an ellipsis), probe summaries and CSV columns."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli import common
+from capsim.cli.main import app
+
+runner = CliRunner()
+
+PREDICT = ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--quant", "awq-int4"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture
+def width_80():
+    """The commands' consoles at 80 columns (they read the terminal once, at import)."""
+    saved = common.console.width
+    common.console.width = 80
+    yield
+    common.console.width = saved
+
+
+def assert_whole(text: str) -> None:
+    """Nothing cut: no ellipsis, and no table wider than the terminal (rich crops a table's
+    lines at the terminal's edge: its rule would reach the last column, or lose its
+    closing corner)."""
+    assert "…" not in text, text
+    for line in text.splitlines():
+        if line.strip() and set(line.strip()) == {"─"}:  # a SIMPLE_HEAD table's rule
+            assert len(line.rstrip()) < 80, text
+        if line.strip()[:1] in ("┌", "┏", "╭"):
+            assert line.rstrip()[-1] in ("┐", "┓", "╮"), text
+
+
+@pytest.mark.parametrize(
+    ("args", "flags"),
+    [
+        ([*PREDICT, "--concurrency", "1", "--json", "--csv"], "--json and --csv"),
+        (["validate", "--json", "--markdown"], "--json and --markdown"),
+    ],
+)
+def test_two_output_formats_are_refused(args, flags):
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert f"error: {flags} cannot be combined" in r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--coverage", "--write-bands"])
+def test_validate_refuses_uncalibrated_only_flags_with_calibrated(flag):
+    args = [flag] if flag == "--coverage" else [flag, "bands.yaml"]
+    r = invoke("validate", "--calibrated", *args)
+    assert r.exit_code == 2 and f"{flag} works on the uncalibrated bands" in r.stderr
+
+
+def test_plot_without_suffix_says_the_file_it_wrote(tmp_path):
+    r = invoke(*PREDICT, "--concurrency", "1,2", "--plot", str(tmp_path / "noext"))
+    assert r.exit_code == 0, r.output
+    png = tmp_path / "noext.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {png}" in " ".join(r.stderr.split())
+    # a suffix that is no image format gets .png added too (matplotlib would refuse it)
+    r = invoke(*PREDICT, "--concurrency", "1", "--json", "--plot", str(tmp_path / "run.v2"))
+    assert r.exit_code == 0 and (tmp_path / "run.v2.png").exists()
+    assert r.stdout.startswith("{")  # the note goes to stderr, JSON stays parseable
+
+
+def test_fmt_sig_keeps_small_values():
+    assert [common.fmt_sig(v) for v in (0.00241, 0.0533, 12.345, 132.4, 999.7, 2314.2)] == [
+        "0.00241",
+        "0.0533",
+        "12.3",
+        "132",
+        "1,000",
+        "2,314",
+    ]
+    assert common.fmt_sig(None) == common.fmt_sig(float("nan")) == "—"
+
+
+def test_fitted_table_wraps_the_text_column_instead_of_cutting():
+    from rich.console import Console
+
+    columns = [("scenario", "left", False), ("C", "right", False), ("value", "right", False)]
+    rows = [["a100-80g-llama-3.1-8b-w8a16-int8-vllm-tp1-" * 2, "8", "12,345,678"]]
+    console = Console(width=40, record=True)
+    console.print(common.fitted_table("t", columns, rows, width=40))
+    text = console.export_text()
+    assert_whole(text)
+    assert "12,345,678" in text and "w8a16" in "".join(text.split())
+
+
+COMMANDS_AT_80 = {
+    "gpus": ["gpus"],
+    "models": ["models"],
+    "quants": ["quants"],
+    "engines": ["engines"],
+    "gpus show": ["gpus", "show", "h100-sxm"],
+    "models show": ["models", "show", "llama-3.1-8b"],
+    "predict, several configurations": [
+        "predict",
+        "--gpu",
+        "h100-sxm,a100-80g",
+        "--model",
+        "llama-3.1-8b",
+        "--kv-dtype",
+        "auto,fp8",
+        "--concurrency",
+        "1,256",
+        "--requests",
+        "300",
+    ],
+    "validate": [
+        "validate",
+        "calibration/published/corpus-accelmark-mixtral-8x7b-tp8-sharegpt.yaml",
+    ],
+    "plan": [
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--agents",
+        "64",
+        "--min-agent-tok-s",
+        "200",
+        "--budget",
+        "5000",
+        "--gpus",
+        "rtx4090",
+        "--counts",
+        "1,2",
+    ],
+    "capacity": [
+        "capacity",
+        "--gpu",
+        "rtx4090",
+        "--model",
+        "llama-3.1-8b",
+        "--min-agent-tok-s",
+        "20",
+    ],
+    "explain": ["explain", "--gpu", "h100-sxm", "--model", "qwen3.5-27b", "--tp", "2"],
+    "probe summarize": ["probe", "summarize", "calibration/runs/cpu-vllm-tiny-qwen3.jsonl"],
+}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS_AT_80))
+def test_tables_at_80_columns_cut_nothing(name, width_80):
+    r = invoke(*COMMANDS_AT_80[name])
+    assert r.exit_code == 0, r.output
+    assert_whole(r.stdout)
+
+
+def test_validate_table_shows_seconds_with_significant_digits(width_80):
+    r = invoke(*COMMANDS_AT_80["validate"])
+    rows = [line.split() for line in r.stdout.splitlines()]
+    ttft = next(row for row in rows if "ttft_s" in row)
+    assert ttft[1:6] == ["1", "ttft_s", "median", "0.0533", "0.0188"], ttft
+    assert "h200-mixtral-8x7b-bf16-vllm-tp8" in r.stdout  # the scenario whole
+
+
+def test_help_keeps_option_names_whole():
+    r = runner.invoke(app, ["explain", "--help"], terminal_width=80)
+    assert r.exit_code == 0
+    for name in ("--spec-acceptance", "--disable-custom-all-reduce", "--no-async-scheduling"):
+        assert name in r.stdout
+    assert_whole(r.stdout)
+    r = runner.invoke(app, ["--help"], terminal_width=80)
+    assert "how many concurrent agents" in " ".join(r.stdout.lower().split())
+    assert "..." not in r.stdout.replace("[ARGS]...", "")
+
+
+def hand_made_run(path, levels=(1, 2), runs=1, deltas=None):
+    """A run file written as a probe writes one: a header, each level's request records
+    and its level event; ``deltas`` are the server counters of every level."""
+    from capsim.metrics import RequestRecord
+    from capsim.probe.runfile import RunHeader, RunWriter, summarize_level
+
+    header = RunHeader(url="http://127.0.0.1:1", model="m", concurrency=list(levels), runs=runs)
+    writer = RunWriter(path, header)
+    for run in range(runs):
+        for c in levels:
+            records = [
+                RequestRecord(
+                    request_id=f"r{run}-c{c}-{i}",
+                    send=float(i),
+                    first_token=i + 0.05,
+                    finish=i + 1.0,
+                    input_tokens=100,
+                    output_tokens=50,
+                    outcome="ok",
+                    chunk_times=[i + 0.05 + k * 0.019 for k in range(50)],
+                    chunk_tokens=[1] * 50,
+                )
+                for i in range(4)
+            ]
+            for r in records:
+                writer.request(r, c, run)
+            gen = {"vllm:generation_tokens_total": 200.0} if deltas is None else deltas
+            writer.add_level(summarize_level(records, c, run, "closed", server_deltas=gen))
+    writer.close(complete=True)
+    path.with_suffix(".json").unlink()  # summarize reads the log alone
+    return path.with_suffix(".jsonl")
+
+
+def summarize(log, *extra):
+    r = invoke("probe", "summarize", str(log), *extra)
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def test_probe_summarize_calls_a_finished_run_complete(tmp_path, width_80):
+    import json
+
+    log = hand_made_run(tmp_path / "run.json", runs=2)
+    r = summarize(log)
+    assert "did not complete" not in r.stdout and "200" in r.stdout
+    assert_whole(r.stdout)
+    data = json.loads(summarize(log, "--json").stdout)
+    assert data["complete"] and len(data["levels"]) == 4
+    assert data["levels"][0]["server_deltas"] == {"vllm:generation_tokens_total": 200.0}
+
+
+def test_probe_summarize_rebuilds_a_level_cut_off(tmp_path):
+    import json
+
+    log = hand_made_run(tmp_path / "run.json")
+    lines = log.read_text().splitlines()
+    last_level = max(i for i, line in enumerate(lines) if '"type":"level"' in line)
+    log.write_text("\n".join(lines[:last_level]) + "\n")  # C=2 never finished
+    r = summarize(log)
+    assert "the run did not complete" in r.stdout
+    data = json.loads(summarize(log, "--json").stdout)
+    assert not data["complete"]
+    assert [(lv["concurrency"], lv["metrics"]["completed"]) for lv in data["levels"]] == [
+        (1, 4),
+        (2, 4),
+    ]
+    assert data["levels"][1]["server_deltas"] == {}  # the counters came with the level event
+
+
+def test_probe_summarize_prints_no_nan(tmp_path, width_80):
+    log = hand_made_run(
+        tmp_path / "run.json", deltas={"vllm:generation_tokens_total": float("nan")}
+    )
+    r = summarize(log)
+    assert "nan" not in r.stdout.lower() and "—¹" in r.stdout
+    assert "counter was not a number" in " ".join(r.stdout.split())
+    assert "did not complete" not in r.stdout
+
+
+def test_probe_summarize_keeps_imported_levels(tmp_path):
+    """An import writes level events and no request records: summarize keeps its levels
+    as they were imported (it used to print an empty table and call the run incomplete)."""
+    import json
+
+    from capsim.probe.importers import import_results
+    from tests.test_importers import GUIDELLM
+
+    src = tmp_path / "guidellm.json"
+    src.write_text(json.dumps(GUIDELLM))
+    summary = import_results("guidellm", src, tmp_path / "imported.json")
+    data = json.loads(summarize(tmp_path / "imported.jsonl", "--json").stdout)
+    assert data["complete"]
+    assert data["levels"] == summary.model_dump(mode="json")["levels"]
+
+
+def test_predict_csv_has_each_figure_once_and_flat_cells():
+    import csv
+    import io
+
+    r = invoke(*PREDICT, "--gpu", "rtx3090,rtx4090", "--concurrency", "1,2", "--csv")
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(rows) == 4
+    header = list(rows[0])
+    assert len(header) == len(set(header))
+    assert not [h for h in header if "_dist" in h] and "per_request_output_tok_s" not in header
+    for name in ("per_request_output_tok_s", "ttft_ms", "tpot_ms", "e2e_s"):
+        assert {f"{name}_{s}" for s in ("mean", "p50", "p90", "p99")} <= set(header)
+    assert {"band_80_output_tok_s_low", "band_80_output_tok_s_high"} <= set(header)
+    words = {"configuration", "workload", "band_source"}
+    for row in rows:  # every other cell a number or empty: no Python tuple, list or dict
+        for name, cell in row.items():
+            if name not in words and cell != "":
+                float(cell)
+
+
+@pytest.mark.parametrize(
+    ("args", "kept"),
+    [
+        (["validate"], "scenarios compared; the results cover those"),
+        (["calibrate", "--out", "{tmp}"], "hardware classes"),
+    ],
+)
+def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the whole process group, workers too):
+    the command stops at once, prints what it finished and one line, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capsim", *(a.format(tmp=tmp_path) for a in args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(3.0)  # imports done, the work under way (validate takes about 6 s)
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Exception" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert kept in line or "before the first" in line or "none of" in line, line
+    if args == ["validate"] and "cover those" in line:
+        assert "MAPE over" in out  # the finished part is printed
