@@ -16,6 +16,7 @@ from capsim.cli.common import (
     JsonOption,
     MaxModelLenOption,
     MaxNumSeqsOption,
+    ProfileOption,
     catalog,
     console,
     fitted_table,
@@ -57,9 +58,7 @@ def capacity_cmd(
     max_model_len: MaxModelLenOption = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
     engine: EngineOption = "vllm",
-    profile: Annotated[
-        str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
-    ] = "auto",
+    profile: ProfileOption = "auto",
     pessimistic: Annotated[
         bool,
         typer.Option(

@@ -81,6 +81,16 @@ AsyncSchedulingOption = Annotated[
         show_default=False,
     ),
 ]
+SpecOption = Annotated[
+    str | None, typer.Option("--spec", help="Speculative decoding, e.g. mtp:2, ngram:4")
+]
+SpecAcceptanceOption = Annotated[
+    str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
+]
+PowerLimitOption = Annotated[float | None, typer.Option("--power-limit", help="Board power cap, W")]
+ProfileOption = Annotated[
+    str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
+]
 EngineOption = Annotated[
     str,
     typer.Option(

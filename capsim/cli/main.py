@@ -30,7 +30,10 @@ from capsim.cli.common import (
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    PowerLimitOption,
     SetOption,
+    SpecAcceptanceOption,
+    SpecOption,
     UbatchOption,
     catalog,
     console,
@@ -663,15 +666,9 @@ def explain_cmd(
         int | None,
         typer.Option("--prefill-chunk", min=1, help="Tokens of the prefill chunk"),
     ] = None,
-    spec: Annotated[
-        str | None, typer.Option("--spec", help="Speculative decoding, e.g. mtp:2, ngram:4")
-    ] = None,
-    spec_acceptance: Annotated[
-        str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
-    ] = None,
-    power_limit: Annotated[
-        float | None, typer.Option("--power-limit", help="Board power cap, W")
-    ] = None,
+    spec: SpecOption = None,
+    spec_acceptance: SpecAcceptanceOption = None,
+    power_limit: PowerLimitOption = None,
     interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
     async_scheduling: AsyncSchedulingOption = None,

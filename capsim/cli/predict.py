@@ -24,6 +24,7 @@ from capsim.cli.common import (
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    ProfileOption,
     SetOption,
     UbatchOption,
     catalog,
@@ -417,9 +418,7 @@ def predict_cmd(
         str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
     ] = "round_robin",
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    profile: Annotated[
-        str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
-    ] = "auto",
+    profile: ProfileOption = "auto",
     set_values: SetOption = None,
     json_out: JsonOption = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout")] = False,

@@ -14,6 +14,10 @@ from capsim.cli.common import (
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    PowerLimitOption,
+    ProfileOption,
+    SpecAcceptanceOption,
+    SpecOption,
     catalog,
     err_console,
     predict_config,
@@ -37,20 +41,12 @@ def serve_cmd(
     max_num_seqs: MaxNumSeqsOption = None,
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_model_len: MaxModelLenOption = None,
-    spec: Annotated[
-        str | None, typer.Option("--spec", help="Speculative decoding, e.g. mtp:2, ngram:4")
-    ] = None,
-    spec_acceptance: Annotated[
-        str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
-    ] = None,
-    power_limit: Annotated[
-        float | None, typer.Option("--power-limit", help="Board power cap, W")
-    ] = None,
+    spec: SpecOption = None,
+    spec_acceptance: SpecAcceptanceOption = None,
+    power_limit: PowerLimitOption = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
     engine: EngineOption = "vllm",
-    profile: Annotated[
-        str, typer.Option("--profile", help="Calibration profile: auto, none, NAME or PATH")
-    ] = "auto",
+    profile: ProfileOption = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port")] = 8000,
     speedup: Annotated[

@@ -88,41 +88,21 @@ class RequestLog:
 
     def add(self, index: int, req: SimRequest) -> None:
         """Keep a finished request's figures (``index``: its position in send order)."""
-        self._pending.append(
-            (
-                index,
-                req.send,
-                req.first_token,
-                req.finish,
-                req.prompt_len,
-                req.output_len,
-                req.first_scheduled,
-                1.0,
-                req.cached_tokens,
-            )
-        )
+        self._keep(index, req, req.output_len, True)
         self._finished += 1
-        if self.keep_records:
-            self._sessions[index] = req.session
         if len(self._pending) >= REQUEST_BATCH:
             self._flush()
 
     def _add_unfinished(self, index: int, req: SimRequest) -> None:
         ok = req.finish is not None and req.first_token is not None
         output = req.output_len if req.finish is not None else int(req.generated)
-        self._pending.append(
-            (
-                index,
-                req.send,
-                req.first_token,
-                req.finish,
-                req.prompt_len,
-                output,
-                req.first_scheduled,
-                float(ok),
-                req.cached_tokens,
-            )
-        )
+        self._keep(index, req, output, ok)
+
+    def _keep(self, index: int, req: SimRequest, output: int, ok: bool) -> None:
+        """Queue one request's row (send order ``index``, ``output`` tokens, whether it
+        completed) for the columns."""
+        row = (index, req.send, req.first_token, req.finish, req.prompt_len, output)
+        self._pending.append((*row, req.first_scheduled, float(ok), req.cached_tokens))
         if self.keep_records:
             self._sessions[index] = req.session
 
