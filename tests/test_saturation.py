@@ -75,11 +75,13 @@ def test_a_level_derived_from_a_saturated_one_equals_its_simulation(config, c, e
         run = one_run(config, c)
     except CapsimUserError:  # a drawn request longer than the KV cache
         assume(False)
-    # in any closed loop, request m >= C is sent when the (m - C + 1)-th request finishes
-    assert closed_send_times(run, c).tolist() == run.requests.send.tolist()
+    # in any closed loop, request m >= C is sent when the (m - C + 1)-th finish reaches
+    # its client (the front end's latency after the engine's finish)
+    turnaround = build_setup(config, CAT).step_model.frontend_parallel_seconds
+    assert closed_send_times(run, c, turnaround).tolist() == run.requests.send.tolist()
     direct = one_run(config, c + extra)
     if is_saturated(run):
-        assert same_run(derive_run(run, c + extra), direct)
+        assert same_run(derive_run(run, c + extra, turnaround), direct)
     # and the lower level is saturated whenever the higher one's service is the same
     # (saturation is monotone): a saturated level's own run is never 'unsaturated' above
     if is_saturated(run):
@@ -93,7 +95,8 @@ def test_derivation_needs_saturation():
     config = PredictConfig(**BASE, requests=12, output_tokens="uniform:20,200", max_num_seqs=12)
     run = one_run(config, 2)
     assert not is_saturated(run)
-    assert not same_run(derive_run(run, 4), one_run(config, 4))
+    turnaround = build_setup(config, CAT).step_model.frontend_parallel_seconds
+    assert not same_run(derive_run(run, 4, turnaround), one_run(config, 4))
 
 
 def test_a_saturated_sweep_derives_the_levels_above_and_changes_nothing(monkeypatch):
@@ -110,9 +113,9 @@ def test_a_saturated_sweep_derives_the_levels_above_and_changes_nothing(monkeypa
     derived = []
     real_derive = simulate.derive_run
 
-    def counting(run, concurrency):
+    def counting(run, concurrency, turnaround):
         derived.append(concurrency)
-        return real_derive(run, concurrency)
+        return real_derive(run, concurrency, turnaround)
 
     monkeypatch.setattr(simulate, "derive_run", counting)
     for workers in (1, 2):

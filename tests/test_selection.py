@@ -198,8 +198,8 @@ def test_calibration_pins_prefill_compute_it_was_not_told_about():
     ds = synthetic_run(truth)
     profile = fit_profile([ds], CAT, "synthetic-cpu")
     assert "compute_efficiency" in profile.parameters, profile.held_reasons
-    # within 25%: the host overheads and the front end trade off against it a little on
-    # four levels (the fit stops at 0.091 against 0.075, the worst point 24% off)
+    # within 25% (the host overheads and the front end can trade off against it on four
+    # levels; with the class prior 0.05 the fit recovers 0.0125 exactly)
     assert profile.parameters["compute_efficiency"].value == pytest.approx(
         truth["compute_efficiency"], rel=0.25
     )

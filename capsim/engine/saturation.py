@@ -18,6 +18,7 @@ queue; a sweep to high concurrency spends most of its simulation there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -61,19 +62,28 @@ def is_saturated(run: ReplicaRun) -> bool:
     return run.dry_at is None or run.dry_at >= last_send
 
 
-def closed_send_times(run: ReplicaRun, concurrency: int) -> np.ndarray:
+def closed_send_times(
+    run: ReplicaRun, concurrency: int, turnaround: Callable | None = None
+) -> np.ndarray:
     """Send time (s) of each request of a closed run's service at ``concurrency`` (its own,
     or a higher one when the run is saturated): 0 for the first ``concurrency`` requests,
-    then the finish time of the request whose finish frees a client, in finishing order."""
-    finish = run.requests.finish
-    sends = np.zeros(finish.size)
-    sends[concurrency:] = finish[run.finish_order[: max(finish.size - concurrency, 0)]]
+    then, in order, the times clients see a request finish (the engine's finish plus
+    ``turnaround(prompt tokens)``, the front end's latency): each such client sends the
+    next request in the queue."""
+    t = run.requests
+    sends = np.zeros(t.finish.size)
+    if turnaround is None:
+        seen = t.finish[run.finish_order]
+    else:
+        seen = np.sort(t.finish + turnaround(t.input_tokens.astype(float)), kind="stable")
+    sends[concurrency:] = seen[: max(t.finish.size - concurrency, 0)]
     return sends
 
 
-def derive_run(run: ReplicaRun, concurrency: int) -> ReplicaRun:
-    """The run of the same service at a higher ``concurrency`` (see the module text)."""
-    sends = closed_send_times(run, concurrency)
+def derive_run(run: ReplicaRun, concurrency: int, turnaround: Callable | None = None) -> ReplicaRun:
+    """The run of the same service at a higher ``concurrency`` (see the module text);
+    ``turnaround`` as in closed_send_times."""
+    sends = closed_send_times(run, concurrency, turnaround)
     t = run.requests
     requests = RequestTable(
         sends, t.first_token, t.finish, t.input_tokens, t.output_tokens, t.first_scheduled, t.ok

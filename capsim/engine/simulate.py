@@ -863,7 +863,7 @@ def sweep_saturating(
     def derived(w: Workload) -> LevelResult:
         started = time.perf_counter()
         result = measure_level(
-            [derive_run(base, w.concurrency)],
+            [derive_run(base, w.concurrency, setup.step_model.frontend_parallel_seconds)],
             w,
             keep_records,
             started,

@@ -207,9 +207,16 @@ class Driver:
         self.sent = 0  # requests sent so far
         self.output_tokens_sent = 0  # their output lengths, summed
         self.in_flight: dict[int, SimRequest] = {}  # by request id
-        # whether a client can send a request at the very instant one of its requests
-        # finishes (closed loops; agents with no think time; an orchestrator gathering)
-        self.reacts_at_once = workload.kind in ("batch", "closed", "agents")
+        # A client sees a request finish when its last chunk reaches it, the front end's
+        # latency after the engine's step (log.frontend), and only then sends its next
+        # request: for that long the freed slot stays empty. With no front-end latency a
+        # client can send at the very instant the engine finishes a request (closed
+        # loops; agents with no think time; an orchestrator gathering).
+        self.turnaround = log.frontend
+        self.has_turnaround = bool(self.turnaround(0.0) > 0 or self.turnaround(1e6) > 0)
+        self.reacts_at_once = (
+            workload.kind in ("batch", "closed", "agents") and not self.has_turnaround
+        )
 
     def _send(self, prompt: int, output: int, content: object, session: str | None = None):
         rid = self.first_rid + self.sent
@@ -259,11 +266,21 @@ class Driver:
         for start in range(0, n, c):
             batch = [self._send(*draws.get(i)[:2], ("r", i)) for i in range(start, start + c)]
             yield self.env.all_of([r.done for r in batch])
+            if self.has_turnaround:  # the round ends when its last client sees its answer
+                seen = max(r.finish + self.turnaround(float(r.prompt_len)) for r in batch)
+                yield self.env.timeout(max(seen - self.env.now, 0.0))
 
     def _closed_worker(self, queue, draws: Draws):
         for i in queue:
             req = self._send(*draws.get(i)[:2], ("r", i))
             yield req.done
+            if self.has_turnaround:
+                yield self.env.timeout(self.turnaround(float(req.prompt_len)))
+
+    def _client_sees(self, req: SimRequest):
+        """Wait until the client has seen ``req`` finish (the front end's latency)."""
+        if self.has_turnaround:
+            yield self.env.timeout(self.turnaround(float(req.prompt_len)))
 
     def _draw_agent_turns(self) -> None:
         """Every agent's turns, drawn up front, so the workload is the same whatever order
@@ -278,7 +295,9 @@ class Driver:
             w.tool_tokens.tokens(self.rng, (c, later)),
         )
         thinks = self._agent_draws[2][:, : w.turns - 1]
-        self.reacts_at_once = w.orchestrator or bool((thinks <= 0).any())
+        self.reacts_at_once = not self.has_turnaround and (
+            w.orchestrator or bool((thinks <= 0).any())
+        )
 
     def _agents(self):
         w = self.w
@@ -290,6 +309,7 @@ class Driver:
                 "orchestrator",
             )
             yield first.done
+            yield from self._client_sees(first)
         chosen = range(w.concurrency) if self.agents is None else self.agents
         agents = [self.env.process(self._agent(a)) for a in chosen]
         yield self.env.all_of(agents)
@@ -314,6 +334,7 @@ class Driver:
             req = self._send(prompt, output, ("s", agent), session)
             yield req.done
             if turn + 1 < w.turns:
+                yield from self._client_sees(req)
                 think = float(thinks[agent, turn])
                 if think > 0:
                     yield self.env.timeout(think)

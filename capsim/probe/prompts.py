@@ -1,8 +1,13 @@
 """Prompts of an exact token length that no prefix cache can help with.
 
-Every prompt starts with its own identity (run, level, request) and a random word list
-seeded by it, so two prompts share no 16-token block (seed 002's method: different prompts
-at every level to defeat the prefix cache). When the server has vLLM's ``/tokenize``, the
+Every prompt starts with its own identity (this probe's nonce, then run, level and request)
+and a random word list seeded by it, so two prompts share no 16-token block (seed 002's
+method: different prompts at every level to defeat the prefix cache). The nonce is new for
+every probe: without it a second probe of the same server (or a probe after another tool
+sent the same keys) found its prompts' first blocks in the server's prefix cache: a CPU
+vLLM server probed twice served three of each 512-token prompt's four 128-token blocks
+from the cache, and a 512-token prompt shared its first 256 tokens with the 256-token
+prompt of the same key. When the server has vLLM's ``/tokenize``, the
 text is tokenised there and cut to exactly the wanted number of token ids, which
 ``/v1/completions`` accepts as the prompt. Without it, a text of about the right length is
 sent and the words-per-token ratio is corrected from each response's usage.
@@ -11,6 +16,7 @@ sent and the words-per-token ratio is corrected from each response's usage.
 from __future__ import annotations
 
 import random
+import secrets
 
 import httpx
 
@@ -65,16 +71,19 @@ WORDS = [
 ]
 
 
-def unique_text(key: str, words: int) -> str:
-    rng = random.Random(key)
+def unique_text(key: str, words: int, nonce: str = "") -> str:
+    """``words`` random words after ``[nonce key]``, seeded by both."""
+    rng = random.Random(f"{nonce}/{key}")
     body = " ".join(rng.choice(WORDS) for _ in range(max(words, 1)))
-    return f"[{key}] {body}"
+    return f"[{nonce} {key}] {body}" if nonce else f"[{key}] {body}"
 
 
 class PromptFactory:
     """Builds prompts of a target token length for one server."""
 
-    def __init__(self, url: str, model: str, endpoint: str):
+    def __init__(self, url: str, model: str, endpoint: str, nonce: str | None = None):
+        """``nonce`` starts every prompt (default: random, new for every factory)."""
+        self.nonce = secrets.token_hex(4) if nonce is None else nonce
         self.url = url
         self.model = model
         self.endpoint = endpoint
@@ -102,12 +111,12 @@ class PromptFactory:
     async def prompt(self, client: httpx.AsyncClient, key: str, tokens: int) -> str | list[int]:
         if self.exact and self.endpoint == "completions":
             words = int(tokens / 0.7) + 8  # generous: cut below
-            ids = await self._token_ids(client, unique_text(key, words))
+            ids = await self._token_ids(client, unique_text(key, words, self.nonce))
             while len(ids) < tokens:
                 words *= 2
-                ids = await self._token_ids(client, unique_text(key, words))
+                ids = await self._token_ids(client, unique_text(key, words, self.nonce))
             return ids[:tokens]
-        return unique_text(key, round(tokens / self.tokens_per_word))
+        return unique_text(key, round(tokens / self.tokens_per_word), self.nonce)
 
     def observe(self, sent_words: int, prompt_tokens: int) -> None:
         """Correct the words-per-token ratio from a response's usage."""

@@ -65,17 +65,17 @@ record_run() {  # name port: with CAPSIM_RECORD_RUNS=1, write calibration/runs/c
 start_server tiny-qwen3 8301
 record_run tiny-qwen3 8301
 CAPSIM_LIVE_DENSE_URL=http://127.0.0.1:8301 "$ROOT/.venv/bin/python" -m pytest -m live \
-  tests/live -k dense -p no:cacheprovider -rP
+  tests/live -k dense -p no:cacheprovider -rxP
 stop_server
 
 start_server tiny-qwen3-moe 8302
 record_run tiny-qwen3-moe 8302
 CAPSIM_LIVE_MOE_URL=http://127.0.0.1:8302 CAPSIM_LIVE_MOE_PID=$PID \
-  "$ROOT/.venv/bin/python" -m pytest -m live tests/live -k "moe or killing" -p no:cacheprovider -rP
+  "$ROOT/.venv/bin/python" -m pytest -m live tests/live -k "moe or killing" -p no:cacheprovider -rxP
 stop_server
 
 start_server tiny-llama 8303
 record_run tiny-llama 8303
 CAPSIM_LIVE_LLAMA_URL=http://127.0.0.1:8303 "$ROOT/.venv/bin/python" -m pytest -m live \
-  tests/live -k llama -p no:cacheprovider -rP
+  tests/live -k llama -p no:cacheprovider -rxP
 stop_server
