@@ -100,11 +100,29 @@ def test_batch_tail_shows_in_wall_clock():
 
 def test_fixed_lengths_make_batch_and_closed_equal():
     # equal only while every prompt of a round prefills in the same step; with a smaller
-    # token budget chunked prefill staggers the closed stream
-    kw = dict(concurrency=[3], requests=9, output_tokens="200", max_num_batched_tokens=8192)
+    # token budget chunked prefill staggers the closed stream, and so does the API server's
+    # serial tokenizing (the first request of a round reaches the engine alone), which is
+    # off here
+    kw = dict(
+        concurrency=[3],
+        requests=9,
+        output_tokens="200",
+        max_num_batched_tokens=8192,
+        efficiency_overrides={"tokenize_us_per_token": 0.0},
+    )
     assert run(workload="batch", **kw).levels[0].metrics.wall_s == pytest.approx(
         run(workload="closed", **kw).levels[0].metrics.wall_s
     )
+
+
+def test_a_burst_reaches_the_engine_one_tokenization_apart():
+    # vLLM's API server tokenizes on one thread: of three requests sent together, the first
+    # starts the idle engine's step alone and the other two wait for that step
+    records = run(concurrency=[3], requests=3, input_tokens="1000", output_tokens="20")
+    scheduled = sorted(r.first_scheduled for r in records.levels[0].records)
+    sm = build_setup(PredictConfig(**BASE), CAT).step_model
+    assert scheduled[0] == pytest.approx(sm.api_server_seconds(1000))
+    assert scheduled[1] == scheduled[2] > scheduled[0] + sm.api_server_seconds(1000)
 
 
 def test_max_num_seqs_queues_requests():
@@ -334,7 +352,9 @@ def test_fast_forward_equals_step_by_step_across_replicas(workload, dp, router, 
 )
 def test_replicas_simulated_apart_equal_the_joint_simulation(agents, dp, seed, kv_blocks, think):
     """With session-affine routing, agents never move between replicas, so simulating
-    each replica on its own gives the joint simulation's requests and figures."""
+    each replica on its own gives the joint simulation's requests and figures (with no
+    serial API-server work: one API server in front of every replica couples them, and
+    then the replicas are simulated together)."""
     config = random_engine_config(
         "agents",
         agents,
@@ -345,6 +365,7 @@ def test_replicas_simulated_apart_equal_the_joint_simulation(agents, dp, seed, k
         router="prefix_aware",
         turns=3,
         think_time=think,
+        efficiency_overrides={"tokenize_us_per_token": 0.0, "api_server_ms_per_request": 0.0},
     )
     setup = build_setup(config, CAT)
     workload = make_workload(config, float(agents))

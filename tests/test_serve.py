@@ -187,3 +187,47 @@ def test_probe_against_serve_reproduces_predict(server, tmp_path):
         assert tok_s == pytest.approx(model.output_tok_s, rel=0.05), level.concurrency
         tpot = measured.tpot_ms.mean * speedup
         assert tpot == pytest.approx(model.tpot_ms.mean, rel=0.05), level.concurrency
+
+
+def test_first_token_times_match_predict_in_real_time(tmp_path):
+    """At --speedup 1 the server's own HTTP round trip (measured at start-up and taken out
+    of the simulated front end's latency) leaves TTFT p50 within 5% of predict's, with
+    throughput and TPOT, at C=1, 2 and 4 (the first of a burst starts the engine's step
+    alone in both: the API server tokenizes one request at a time)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capsim", "serve", *DEPLOYMENT, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        info = httpx.get(url + "/capsim/info").json()
+        assert 0 < info["http_round_trip_ms"] < 50
+        levels = [1, 2, 4]
+        kw = dict(concurrency=levels, input_tokens=512, output_tokens=64, requests=8)
+        summary = capsim.probe(url=url, model=MODEL, out=tmp_path / "run.json", **kw)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    predicted = capsim.predict(
+        gpu="rtx3090",
+        model=MODEL,
+        quant="awq-int4",
+        catalog=CAT,
+        **{**kw, "input_tokens": "512", "output_tokens": "64"},
+    )
+    by_level = {int(level.level): level.metrics for level in predicted.levels}
+    for level in summary.levels:
+        measured, model = level.metrics, by_level[level.concurrency]
+        assert measured.ttft_ms.p50 == pytest.approx(model.ttft_ms.p50, rel=0.05), level
+        assert measured.output_tok_s == pytest.approx(model.output_tok_s, rel=0.05), level
+        assert measured.tpot_ms.mean == pytest.approx(model.tpot_ms.mean, rel=0.05), level

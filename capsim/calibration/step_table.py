@@ -46,7 +46,7 @@ class MeasuredStepModel:
         took (seconds)."""
         return 0.0
 
-    def api_server_seconds(self) -> float:
+    def api_server_seconds(self, prompt_tokens: float = 0.0) -> float:
         """No API-server queue: the measured table already holds it (seconds)."""
         return 0.0
 

@@ -762,7 +762,7 @@ def explain_cmd(
                 },
                 "prefill": {**prefill.to_dict(), "prefill_tok_s": chunk / prefill.t_total},
                 "frontend_s_per_request": sm.frontend_seconds(chunk),
-                "api_server_serial_s_per_request": sm.api_server_seconds(),
+                "api_server_serial_s_per_request": sm.api_server_seconds(chunk),
             }
         )
         return
@@ -780,7 +780,7 @@ def explain_cmd(
             table.add_row(*row)
         console.print(table)
     frontend = sm.frontend_seconds(chunk)
-    serial = sm.api_server_seconds()
+    serial = sm.api_server_seconds(chunk)
     console.print(
         f"front end (API server, tokenizer, streaming): {frontend * 1e3:.1f} ms per request of "
         f"{chunk:,} prompt tokens, added to TTFT and end-to-end latency"

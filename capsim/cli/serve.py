@@ -128,7 +128,11 @@ def run_server(setup, names: list[str], speedup: float, host: str, port: int) ->
     from capsim.serve.app import create_app
     from capsim.serve.live import LiveDeployment
 
-    app = create_app(LiveDeployment(setup, speedup), names, __version__)
+    local = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    if ":" in local and not local.startswith("["):
+        local = f"[{local}]"
+    self_url = f"http://{local}:{port}" if port else None  # port 0: not known in advance
+    app = create_app(LiveDeployment(setup, speedup), names, __version__, self_url)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     except OSError as exc:  # the port is taken, or the address cannot be bound

@@ -15,6 +15,7 @@ through round-robin ClusterIP; calibration sets these two parameters.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, get_args
 
 import simpy
@@ -37,13 +38,19 @@ class Router:
         policy: RouterPolicy = "round_robin",
         latency_s: float = 0.0,
         capacity_rps: float | None = None,
-        api_server_s: float = 0.0,
+        api_server_s: Callable[[int], float] | None = None,
     ):
-        """``api_server_s``: seconds of serial API-server work per request (the physics'
-        api_server_seconds); with it every request first queues for the one API server."""
+        """``api_server_s(prompt tokens)``: seconds of serial API-server work on a request
+        (the physics' api_server_seconds); with it every request first queues for the one
+        API server. None or always 0: no queue."""
         self.env = env
         self.api_server_s = api_server_s
-        self.api_server = simpy.Resource(env, capacity=1) if api_server_s > 0 else None
+        serial = api_server_s is not None and (api_server_s(0) > 0 or api_server_s(10**6) > 0)
+        self.api_server = serial
+        # the one API server is a first-in-first-out queue with one server: a request
+        # leaves it at max(its arrival, the previous one's departure) + its own work, so
+        # its departure is known when it arrives (one timeout, no process or resource)
+        self._api_free_at = 0.0
         self.replicas = replicas
         self.policy = policy
         self.latency_s = latency_s
@@ -71,16 +78,23 @@ class Router:
         return min(self.replicas, key=lambda r: (r.outstanding, r.index))
 
     def submit(self, req: SimRequest) -> None:
-        if self.gateway is None and self.latency_s == 0 and self.api_server is None:
+        if self.api_server:
+            now = self.env.now
+            self._api_free_at = max(now, self._api_free_at) + float(
+                self.api_server_s(req.prompt_len)
+            )
+            delay = self._api_free_at - now
+            self.env.timeout(delay).callbacks.append(lambda _, req=req: self._after_api(req))
+        else:
+            self._after_api(req)
+
+    def _after_api(self, req: SimRequest) -> None:
+        if self.gateway is None and self.latency_s == 0:
             self.choose(req).submit(req)
         else:
             self.env.process(self._through_gateway(req))
 
     def _through_gateway(self, req: SimRequest):
-        if self.api_server is not None:
-            with self.api_server.request() as slot:
-                yield slot
-                yield self.env.timeout(self.api_server_s)
         if self.gateway is not None:
             with self.gateway.request() as slot:
                 yield slot

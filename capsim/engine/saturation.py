@@ -4,12 +4,13 @@ In a closed loop (no think time) on one replica with no router delay, the server
 one FIFO queue of requests in the order they were sent, and request i has the same
 lengths and content at every concurrency (the driver draws them up front). Suppose that
 at level C the scheduler never had room for another request and found the queue empty
-(``Scheduler.dry_at``) before the workload's last request was sent. Then no decision at C
-ever looked past the queue's head. At a level C' > C the queue holds the same requests in
-the same order plus C' - C more at the back, so every decision is the same: the same
-steps, admissions, preemptions and finish times. Only the send times differ: the first
-C' requests go at t = 0, and request m >= C' goes when the (m - C' + 1)-th finish frees
-its client.
+(``Scheduler.dry_at``) before the workload's last request was sent, once the first C had
+arrived (they are sent together and reach the engine one API-server turn apart, at every
+level alike). Then no decision at C ever looked past the queue's head. At a level C' > C
+the queue holds the same requests in the same order plus C' - C more at the back, so
+every decision is the same: the same steps, admissions, preemptions and finish times.
+Only the send times differ: the first C' requests go at t = 0, and request m >= C' goes
+when the (m - C' + 1)-th finish reaches its client.
 
 So one simulation of a saturated level gives every level above it. Saturation is the
 regime where the KV cache or ``max_num_seqs`` holds the batch and the rest of the clients
@@ -36,17 +37,18 @@ def shares_service(
     replicas: int,
     router_latency_s: float,
     router_capacity_rps: float | None,
-    api_server_s: float = 0.0,
 ) -> bool:
     """Whether levels of this workload and deployment can share a saturated service trace:
-    a closed loop on one replica whose requests reach it the instant they are sent (no
-    router latency, gateway or API-server queue in between)."""
+    a closed loop on one replica with no router latency or gateway in between. The API
+    server's serial queue may stand in front: it serves requests in the order they were
+    sent, and a first-in-first-out queue never delivers a request later when every request
+    is sent earlier or at the same time, so at a higher level each request reaches the
+    engine no later than at the saturated one, whose waiting queue never ran dry."""
     return (
         workload.kind == "closed"
         and replicas == 1
         and router_latency_s == 0
         and router_capacity_rps is None
-        and api_server_s == 0
     )
 
 

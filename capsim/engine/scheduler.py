@@ -124,6 +124,10 @@ class Scheduler:
         # waiting, once any had arrived; None while the queue never ran dry (see
         # engine/saturation.py)
         self.dry_at: float | None = None
+        # dry moments count once this many requests have arrived: a closed loop's first C
+        # requests, sent together, reach the engine one API-server turn apart, and the
+        # engine may run dry between them at any level (engine/saturation.py)
+        self.dry_counts_from = 1
         cap = config.max_num_seqs + 1
         # one row per float field, so removing a running request shifts one array
         self._state = np.zeros((6, cap))
@@ -223,8 +227,8 @@ class Scheduler:
 
     def note_dry(self, now: float) -> None:
         """Record that at ``now`` (s) the scheduler had room for another request and none
-        was waiting (ignored before the first arrival)."""
-        if self.dry_at is None and self.submitted:
+        was waiting (ignored before ``dry_counts_from`` requests have arrived)."""
+        if self.dry_at is None and self.submitted >= self.dry_counts_from:
             self.dry_at = now
 
     def head_blocked(self) -> bool:

@@ -537,7 +537,7 @@ def run_replicas(
         cfg.router,
         cfg.router_latency_s,
         cfg.router_capacity_rps,
-        setup.step_model.api_server_seconds(),
+        setup.step_model.api_server_seconds,
     )
     # the log keeps the engine's times (the saturation derivation relies on them); the
     # front end's latency is added to what a client sees in measure_level, in the
@@ -549,6 +549,8 @@ def run_replicas(
     for rep in replicas:
         rep.scheduler.on_finish = driver.finished
         rep.clients_react_at_once = driver.reacts_at_once
+        if workload.kind == "closed":  # the first burst's arrivals (Scheduler.dry_counts_from)
+            rep.scheduler.dry_counts_from = max(1, min(workload.concurrency, workload.requests))
         # as in the whole deployment, so a replica simulated apart counts the same events
         rep.settle_every_step = driver.reacts_at_once and setup.dp > 1
     env.run()
@@ -626,7 +628,10 @@ def level_runs(
         )
     cfg = setup.config
     groups = None
-    if partition:
+    # one API server takes every replica's requests in turn: where its serial work
+    # (Router api_server_s) is not zero, the replicas interact through it
+    shared_api_server = bool(setup.step_model.api_server_seconds(1.0) > 0)
+    if partition and not shared_api_server:
         groups = session_affine_groups(
             workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
         )
@@ -951,9 +956,8 @@ def predict(
     counter = None if progress is None else Progress(progress, total_requests)
     jobs = resolve_workers(workers, len(workloads), total_requests)
     cfg = setup.config
-    api_server_s = setup.step_model.api_server_seconds()
     shared = reuse_saturated and all(
-        shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps, api_server_s)
+        shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps)
         for w in workloads
     )
     if shared:

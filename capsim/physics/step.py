@@ -493,19 +493,24 @@ class StepModel:
         p = self.params
         return p.frontend_request_ms * 1e-3 + p.tokenize_us_per_token * 1e-6 * prompt_tokens
 
-    def api_server_seconds(self) -> float:
-        """The API server's serial work on one request, seconds (api_server_ms_per_request):
+    def api_server_seconds(self, prompt_tokens: float | np.ndarray = 0.0) -> float | np.ndarray:
+        """The API server's serial work on a request of ``prompt_tokens``, seconds:
         requests queue for it one at a time before they reach the engine. It is the part
-        of the front end's latency that cannot overlap between requests, so it is capped at
-        frontend_request_ms (a whole front end done one request at a time)."""
+        of the front end's latency that cannot overlap between requests: its per-request
+        share (api_server_ms_per_request, capped at frontend_request_ms) and tokenizing the
+        prompt (tokenize_us_per_token), which vLLM's API server runs on one thread (a
+        ThreadPoolExecutor with max_workers=1, vLLM issue 25301). So requests sent at the
+        same instant reach the engine a tokenization apart, as on a real server, where the
+        first of a burst starts an idle engine's step alone."""
         p = self.params
-        return min(p.api_server_ms_per_request, p.frontend_request_ms) * 1e-3
+        per_request = min(p.api_server_ms_per_request, p.frontend_request_ms) * 1e-3
+        return per_request + p.tokenize_us_per_token * 1e-6 * prompt_tokens
 
     def frontend_parallel_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
         """The rest of the front end's latency once its serial part (api_server_seconds,
         simulated as a queue before the engine) is taken out, seconds: the simulation adds
         it to each client-side first token and finish."""
-        return self.frontend_seconds(prompt_tokens) - self.api_server_seconds()
+        return self.frontend_seconds(prompt_tokens) - self.api_server_seconds(prompt_tokens)
 
     def kernel_floor_us(self, tokens: float) -> float:
         """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE

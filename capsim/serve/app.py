@@ -4,7 +4,8 @@ deployment (capsim.serve.live), with vLLM's extra endpoints and error messages.
 Endpoints: ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (streaming and
 not, ``stream_options.include_usage`` and vLLM's ``continuous_usage_stats``,
 ``max_tokens`` / ``max_completion_tokens``, ``ignore_eos``, ``n`` = 1), ``/tokenize``,
-``/health``, ``/version`` and ``/metrics`` (Prometheus, vLLM's names).
+``/health``, ``/version`` and ``/metrics`` (Prometheus, vLLM's names); capsim's own
+``/capsim/info`` and ``/capsim/echo`` (the HTTP path timed at start-up, transport.py).
 
 Prompt tokens are counted by ``count_tokens``, an estimate (see its docstring) unless the
 prompt is given as token ids; ``/tokenize`` answers with the same count, so a client that
@@ -29,6 +30,7 @@ from starlette.routing import Route
 
 from capsim.serve.live import LIMITS, LiveDeployment
 from capsim.serve.metrics import ServeMetrics
+from capsim.serve.transport import ECHO_PATH, measure_round_trip
 
 WORD_OR_MARK = re.compile(r"\w+|[^\w\s]")
 
@@ -101,10 +103,15 @@ class ApiError(Exception):
 
 
 def create_app(
-    deployment: LiveDeployment, served_names: list[str], version: str = "0"
+    deployment: LiveDeployment,
+    served_names: list[str],
+    version: str = "0",
+    self_url: str | None = None,
 ) -> Starlette:
     """The Starlette application serving ``deployment`` under ``served_names`` (the first
-    is the name /v1/models lists)."""
+    is the name /v1/models lists). With ``self_url`` (where this app will listen), it
+    measures its own HTTP round trip at start-up (capsim.serve.transport) and answers
+    /health with 503 until it has."""
     setup = deployment.setup
     max_model_len = setup.max_model_len
     metrics = ServeMetrics(deployment, served_names[0])
@@ -279,8 +286,31 @@ def create_app(
             {"count": count, "max_model_len": max_model_len, "tokens": list(range(count))}
         )
 
+    ready = asyncio.Event()
+
     async def health(_: Request) -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if ready.is_set() else 503)
+
+    async def echo(request: Request) -> Response:
+        """The HTTP path of a streamed completion without the engine (transport.py)."""
+        await read_body(request)
+        choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
+        payload = {
+            "id": "cmpl-" + uuid.uuid4().hex,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": served_names[0],
+            "choices": [choice],
+        }
+        lines = [f"data: {json.dumps(payload)}\n\n", "data: [DONE]\n\n"]
+        return StreamingResponse(iter(lines), media_type="text/event-stream")
+
+    async def measure_transport() -> None:
+        try:
+            if self_url is not None:
+                deployment.transport_s = await measure_round_trip(self_url)
+        finally:
+            ready.set()
 
     async def version_info(_: Request) -> Response:
         return JSONResponse({"version": f"capsim-serve {version}", "simulated": True})
@@ -301,6 +331,7 @@ def create_app(
                 "kv_cache_tokens": setup.num_blocks * setup.scheduler.block_size,
                 "speedup": deployment.speedup,
                 "max_lag_ms": deployment.max_lag_s * 1e3,
+                "http_round_trip_ms": deployment.transport_s * 1e3,
                 "steps": deployment.steps,
                 "limits": LIMITS,
             }
@@ -311,8 +342,10 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app):
         task.append(asyncio.create_task(deployment.run()))
+        task.append(asyncio.create_task(measure_transport()))
         yield
-        task[0].cancel()
+        for t in task:
+            t.cancel()
 
     return Starlette(
         routes=[
@@ -324,6 +357,7 @@ def create_app(
             Route("/version", version_info),
             Route("/metrics", prometheus),
             Route("/capsim/info", info),
+            Route(ECHO_PATH, echo, methods=["POST"]),
         ],
         lifespan=lifespan,
     )

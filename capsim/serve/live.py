@@ -97,7 +97,7 @@ class LiveDeployment:
             cfg.router if setup.dp > 1 else "round_robin",
             cfg.router_latency_s if setup.dp > 1 else 0.0,
             cfg.router_capacity_rps if setup.dp > 1 else None,
-            setup.step_model.api_server_seconds(),
+            setup.step_model.api_server_seconds,
         )
         self._frontend = setup.step_model.frontend_parallel_seconds
         self._ids = itertools.count()
@@ -109,6 +109,11 @@ class LiveDeployment:
         self.finished_listeners: list = []  # called with (LiveRequest) when one finishes
         self.max_lag_s = 0.0  # the most the simulation ran behind the wall clock, real s
         self.steps = 0
+        # capsim serve's own HTTP round trip, real s (capsim.serve.transport): tokens are
+        # handed to the stream this much before the simulated front end would deliver them
+        # (never before the step that made them), so a client sees the simulated front
+        # end's latency once, not that plus the server's own
+        self.transport_s = 0.0
 
     # --- time
     def sim_time(self, real: float) -> float:
@@ -173,7 +178,7 @@ class LiveDeployment:
             return
         live.emitted = tokens
         event = TokenEvent(tokens, finished, self.env.now)
-        due = self.real_time(self.env.now + live.delay_s)
+        due = self.real_time(self.env.now + live.delay_s) - self.transport_s
         assert self._loop is not None
         self._loop.call_at(due, live.queue.put_nowait, event)
 
