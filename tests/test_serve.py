@@ -6,6 +6,7 @@ share its interpreter; the round trip probes it at --speedup 10 and compares wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -29,38 +30,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def serving(speedup: float):
+    """``capsim serve`` of DEPLOYMENT in a subprocess; yields its URL once /health says
+    it is ready (after it has timed its own HTTP round trip)."""
     port = _free_port()
+    command = [sys.executable, "-m", "capsim", "serve", *DEPLOYMENT, "--port", str(port)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "capsim",
-            "serve",
-            *DEPLOYMENT,
-            "--port",
-            str(port),
-            "--speedup",
-            "10",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        [*command, "--speedup", str(speedup)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
             time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("capsim serve did not start: " + proc.stderr.read().decode()[-2000:])
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+        else:
+            proc.kill()
+            pytest.fail("capsim serve did not start: " + proc.stderr.read().decode()[-2000:])
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving(10.0) as url:
+        yield url
 
 
 def test_httpx_streams_every_token_with_usage(server):
@@ -195,30 +196,12 @@ def test_first_token_times_match_predict_in_real_time(tmp_path):
     of the simulated front end's latency) leaves TTFT p50 within 5% of predict's, with
     throughput and TPOT, at C=1, 2 and 4 (the first of a burst starts the engine's step
     alone in both: the API server tokenizes one request at a time)."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "capsim", "serve", *DEPLOYMENT, "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+    levels = [1, 2, 4]
+    kw = dict(concurrency=levels, input_tokens=512, output_tokens=64, requests=8)
+    with serving(1.0) as url:
         info = httpx.get(url + "/capsim/info").json()
         assert 0 < info["http_round_trip_ms"] < 50
-        levels = [1, 2, 4]
-        kw = dict(concurrency=levels, input_tokens=512, output_tokens=64, requests=8)
         summary = capsim.probe(url=url, model=MODEL, out=tmp_path / "run.json", **kw)
-    finally:
-        proc.terminate()
-        proc.wait(10)
     predicted = capsim.predict(
         gpu="rtx3090",
         model=MODEL,
