@@ -243,7 +243,9 @@ class EfficiencyParams(BaseModel):
         ge=0,
         description="Tokenizer time per prompt token before the request reaches the "
         "engine (us; a Rust fast tokenizer encodes on the order of a million tokens a "
-        "second on one core). Added to TTFT and end-to-end latency",
+        "second on one core). Added to TTFT and end-to-end latency, and serial: vLLM's API "
+        "server tokenizes on a one-thread executor (vLLM issue 25301), so requests that "
+        "arrive together reach the engine a tokenization apart",
     )
     # --- power
     compute_power_exponent: float = Field(
