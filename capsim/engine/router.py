@@ -28,6 +28,12 @@ ROUTER_POLICIES: tuple[str, ...] = get_args(RouterPolicy)
 """The policies' names, for validating user input."""
 
 
+def takes_time(seconds_of: Callable[[float], float]) -> bool:
+    """Whether a per-request latency ``seconds_of(prompt tokens)`` (a share per request
+    plus one per token, neither negative) is ever above zero."""
+    return bool(seconds_of(0.0) > 0 or seconds_of(1e6) > 0)
+
+
 class Router:
     """Sends each request to one replica."""
 
@@ -45,8 +51,7 @@ class Router:
         API server. None or always 0: no queue."""
         self.env = env
         self.api_server_s = api_server_s
-        serial = api_server_s is not None and (api_server_s(0) > 0 or api_server_s(10**6) > 0)
-        self.api_server = serial
+        self.serial_api_server = api_server_s is not None and takes_time(api_server_s)
         # the one API server is a first-in-first-out queue with one server: a request
         # leaves it at max(its arrival, the previous one's departure) + its own work, so
         # its departure is known when it arrives (one timeout, no process or resource)
@@ -78,7 +83,7 @@ class Router:
         return min(self.replicas, key=lambda r: (r.outstanding, r.index))
 
     def submit(self, req: SimRequest) -> None:
-        if self.api_server:
+        if self.serial_api_server:
             now = self.env.now
             self._api_free_at = max(now, self._api_free_at) + float(
                 self.api_server_s(req.prompt_len)

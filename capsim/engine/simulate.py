@@ -28,7 +28,7 @@ from capsim.engine.pool import worker_pool
 from capsim.engine.progress import Progress
 from capsim.engine.replica import Replica
 from capsim.engine.request_log import ItlLog, RequestLog
-from capsim.engine.router import Router, RouterPolicy
+from capsim.engine.router import Router, RouterPolicy, takes_time
 from capsim.engine.saturation import derive_run, is_saturated, shares_service
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.engine.workloads import Driver, Workload, WorkloadKind, read_trace
@@ -630,7 +630,7 @@ def level_runs(
     groups = None
     # one API server takes every replica's requests in turn: where its serial work
     # (Router api_server_s) is not zero, the replicas interact through it
-    shared_api_server = bool(setup.step_model.api_server_seconds(1.0) > 0)
+    shared_api_server = takes_time(setup.step_model.api_server_seconds)
     if partition and not shared_api_server:
         groups = session_affine_groups(
             workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps

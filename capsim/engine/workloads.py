@@ -35,7 +35,7 @@ from capsim.engine.lengths import LengthSpec, parse_length
 from capsim.engine.progress import Progress
 from capsim.engine.request import SimRequest
 from capsim.engine.request_log import REQUEST_BUFFER, LoggedRequests, RequestLog
-from capsim.engine.router import Router
+from capsim.engine.router import Router, takes_time
 from capsim.errors import CapsimUserError
 
 WorkloadKind = Literal["batch", "closed", "agents", "open", "trace"]
@@ -213,7 +213,7 @@ class Driver:
         # client can send at the very instant the engine finishes a request (closed
         # loops; agents with no think time; an orchestrator gathering).
         self.turnaround = log.frontend
-        self.has_turnaround = bool(self.turnaround(0.0) > 0 or self.turnaround(1e6) > 0)
+        self.has_turnaround = takes_time(self.turnaround)
         self.reacts_at_once = (
             workload.kind in ("batch", "closed", "agents") and not self.has_turnaround
         )
@@ -274,8 +274,7 @@ class Driver:
         for i in queue:
             req = self._send(*draws.get(i)[:2], ("r", i))
             yield req.done
-            if self.has_turnaround:
-                yield self.env.timeout(self.turnaround(float(req.prompt_len)))
+            yield from self._client_sees(req)
 
     def _client_sees(self, req: SimRequest):
         """Wait until the client has seen ``req`` finish (the front end's latency)."""

@@ -102,6 +102,16 @@ class ApiError(Exception):
         )
 
 
+def sse_chunk(rid: str, kind: str, model: str, choices: list, usage: dict | None = None) -> str:
+    """One server-sent event of a streamed completion (``kind``: text_completion or
+    chat.completion.chunk), with ``usage`` when given."""
+    payload = {"id": rid, "object": kind, "created": int(time.time()), "model": model}
+    payload["choices"] = choices
+    if usage is not None:
+        payload["usage"] = usage
+    return f"data: {json.dumps(payload)}\n\n"
+
+
 def create_app(
     deployment: LiveDeployment,
     served_names: list[str],
@@ -208,16 +218,9 @@ def create_app(
         chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choices: list, tokens: int | None = None) -> str:
-            payload = {
-                "id": rid,
-                "object": chunk_kind,
-                "created": int(time.time()),
-                "model": model,
-                "choices": choices,
-            }
-            if tokens is not None:
-                payload["usage"] = usage(tokens)
-            return f"data: {json.dumps(payload)}\n\n"
+            return sse_chunk(
+                rid, chunk_kind, model, choices, None if tokens is None else usage(tokens)
+            )
 
         async def events() -> AsyncIterator[str]:
             if chat:
@@ -295,14 +298,8 @@ def create_app(
         """The HTTP path of a streamed completion without the engine (transport.py)."""
         await read_body(request)
         choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
-        payload = {
-            "id": "cmpl-" + uuid.uuid4().hex,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": served_names[0],
-            "choices": [choice],
-        }
-        lines = [f"data: {json.dumps(payload)}\n\n", "data: [DONE]\n\n"]
+        first = sse_chunk("cmpl-" + uuid.uuid4().hex, "text_completion", served_names[0], [choice])
+        lines = [first, "data: [DONE]\n\n"]
         return StreamingResponse(iter(lines), media_type="text/event-stream")
 
     async def measure_transport() -> None:
