@@ -22,6 +22,7 @@ from capsim.engine.simulate import (
     simulate_level,
 )
 from capsim.errors import CapsimUserError
+from capsim.physics.memory import memory_fit
 from capsim.physics.speculative import SpecConfig
 
 CAT = load_catalog()
@@ -272,8 +273,18 @@ def test_contention_and_speedup():
 workloads = st.sampled_from(["closed", "batch", "open", "agents"])
 
 
+def hybrid_state_blocks(model: str, quant: str, tp: int) -> int:
+    """KV blocks one running sequence's recurrent state takes under vLLM (0 if none)."""
+    fit = memory_fit(CAT.gpu("rtx3090"), CAT.model(model), CAT.quant(quant), tp=tp)
+    return fit.state_blocks_per_sequence
+
+
 def random_engine_config(workload, c, seed, kv_blocks, spec, **overrides) -> PredictConfig:
-    """A small simulation with random lengths, an optional KV limit (blocks) and MTP."""
+    """A small simulation with random lengths, an optional KV limit (blocks of tokens, on
+    top of the blocks the running sequences' recurrent state takes) and MTP (on the
+    hybrid Qwen3.5-27B)."""
+    if kv_blocks and spec:
+        kv_blocks += c * hybrid_state_blocks("qwen3.5-27b", "awq-int4", 4)
     kw = dict(
         gpu="rtx3090",
         model="qwen3.5-27b" if spec else "qwen3-coder-30b-a3b",

@@ -13,6 +13,7 @@ from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
 from capsim.engine.simulate import engine_deployment, engine_fit_options
 from capsim.physics.cuda_graphs import graph_sizes, sglang_capture_sizes
+from capsim.physics.memory import memory_fit
 from capsim.physics.step import build_step_model, default_efficiency
 
 runner = CliRunner()
@@ -106,3 +107,41 @@ def test_engine_changes_the_prediction():
     vllm, llama = run("vllm"), run("llama.cpp")
     assert llama["config"]["engine"] == "llama.cpp"
     assert vllm["points"][0]["output_tok_s"] != llama["points"][0]["output_tok_s"]
+
+
+def test_sglang_caps_hybrid_batches_by_its_state_pool():
+    g = CAT.gpu("h200")
+    opts = engine_fit_options(CAT.engine("sglang"), g, kv_dtype="auto")
+    assert opts["state_layout"] == "split" and opts["state_slots_per_sequence"] == 3
+    assert opts["state_share"] == pytest.approx(0.9 / 1.9, abs=1e-4)
+    # without prefix caching SGLang holds one slot per request
+    off = engine_fit_options(CAT.engine("sglang"), g, prefix_caching=False, kv_dtype="auto")
+    assert off["state_slots_per_sequence"] == 1
+    assert engine_fit_options(CAT.engine("vllm"), g)["state_layout"] == "shared"
+
+
+def test_hybrid_state_limits_the_running_batch_in_the_simulation():
+    # a hybrid model at high concurrency: SGLang's state pool caps the batch, so the
+    # decoding requests (output tok/s x TPOT) stay at or under the cap
+    def run(engine):
+        r = runner.invoke(
+            app,
+            [
+                *("predict", "--gpu", "h200", "--model", "qwen3.6-35b-a3b", "--engine", engine),
+                *("--concurrency", "512", "--requests", "1024", "--input-tokens", "4096"),
+                *("--output-tokens", "256", "--json"),
+            ],
+        )
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["results"][0]["points"][0]
+
+    sglang = run("sglang")
+    fit = memory_fit(
+        CAT.gpu("h200"),
+        CAT.model("qwen3.6-35b-a3b"),
+        CAT.quant("bf16"),
+        **engine_fit_options(CAT.engine("sglang"), CAT.gpu("h200")),
+    )
+    decoding = sglang["output_tok_s"] * sglang["tpot_ms"]["mean"] / 1000
+    assert decoding <= fit.state_sequence_cap * 1.02
+    assert decoding > 0.5 * fit.state_sequence_cap

@@ -113,3 +113,13 @@ def test_accounting_invariants(ops):
     for r in live:
         kv.release(r)
     assert kv.free + kv.evictable == kv.num_blocks
+
+
+def test_state_blocks_are_held_while_running_and_freed_with_the_request():
+    kv = KVCache(100, state_blocks=7)
+    r = req("a", 100, session=None)
+    assert kv.allocate(r, 10)
+    kv.admit_state()
+    assert kv.free == 83 and kv.used == 17
+    kv.release(r)
+    assert kv.free == 100 and kv.used == 0

@@ -215,3 +215,48 @@ def test_gguf_mxfp4_weights_match_the_size_llama_bench_prints(model, printed_gib
     printed = printed_gib * 2**30
     assert 0.99 * printed < gguf <= printed
     assert release > 1.02 * printed  # BF16 outside the experts would be larger than the file
+
+
+def test_split_state_pool_caps_running_requests_by_hand(cat):
+    # SGLang: the state pool takes r / (1 + r) of the memory left after weights and
+    # reserves (r = 0.9), the attention KV the rest; each running request holds 3 slots
+    g, m, q = cat.gpu("h200"), cat.model("qwen3.6-35b-a3b"), cat.quant("bf16")
+    shared = memory_fit(g, m, q, gpu_memory_utilization=0.8)
+    split = memory_fit(
+        g,
+        m,
+        q,
+        gpu_memory_utilization=0.8,
+        state_layout="split",
+        state_share=0.9 / 1.9,
+        state_slots_per_sequence=3,
+    )
+    rest = split.kv_budget_bytes
+    state = split.state_bytes_per_sequence
+    # 30 GDN layers x (32 heads x 128 x 128 x 4 bytes + 3 x 8,192 conv channels x 2 bytes)
+    assert state == 30 * (32 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 32 * 128) * 2)
+    assert split.state_pool_bytes == pytest.approx(rest * 0.9 / 1.9)
+    assert split.state_sequence_cap == int(rest * 0.9 / 1.9 // (3 * state))
+    assert split.max_num_seqs == min(shared.max_num_seqs, split.state_sequence_cap)
+    kv_tokens = int(rest / 1.9 // split.kv_bytes_per_token)
+    assert split.kv_capacity_tokens == kv_tokens - kv_tokens % BLOCK_SIZE_TOKENS
+    assert split.state_blocks_per_sequence == 0
+    # the shared layout pages each running sequence's state into the KV pool instead
+    assert shared.state_sequence_cap is None
+    assert shared.kv_capacity_tokens > split.kv_capacity_tokens
+    assert shared.state_blocks_per_sequence == math.ceil(
+        state / (BLOCK_SIZE_TOKENS * shared.kv_bytes_per_token)
+    )
+    # one slot per request (radix cache off) triples the cap
+    one = memory_fit(
+        g, m, q, gpu_memory_utilization=0.8, state_layout="split", state_share=0.9 / 1.9
+    )
+    assert one.state_sequence_cap == int(rest * 0.9 / 1.9 // state)
+
+
+def test_split_state_pool_ignores_models_without_state(cat):
+    g, m, q = cat.gpu("h100-sxm"), cat.model("llama-3.1-8b"), cat.quant("bf16")
+    plain = memory_fit(g, m, q)
+    split = memory_fit(g, m, q, state_layout="split", state_share=0.5, state_slots_per_sequence=3)
+    assert split.kv_capacity_tokens == plain.kv_capacity_tokens
+    assert split.state_sequence_cap is None and split.state_layout == "shared"

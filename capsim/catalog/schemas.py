@@ -464,6 +464,37 @@ class EfficiencyProfile(Strict):
     sources: list[Source] = Field(min_length=1)
 
 
+class StatePool(Strict):
+    """Where a hybrid model's fixed-size recurrent state (Gated DeltaNet, Mamba) lives.
+
+    ``shared``: each running sequence's state takes pages of the one KV pool (vLLM's hybrid
+    KV-cache manager), so state and attention KV compete for the same bytes. ``split``: the
+    engine carves a separate pool of state slots out of the memory left after the weights
+    (SGLang's mamba pool: a share ``r / (1 + r)`` with ``r`` its mamba_full_memory_ratio)
+    and caps running requests at slots / ``slots_per_sequence``."""
+
+    layout: Literal["shared", "split"] = "shared"
+    state_share: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="split: share of the memory left after weights and reserves that goes "
+        "to the state pool (the rest holds the attention KV)",
+    )
+    slots_per_sequence: int = Field(
+        1,
+        ge=1,
+        description="split: state slots one running request holds while prefix caching is "
+        "on (1 without it)",
+    )
+
+    @model_validator(mode="after")
+    def _share_for_split(self) -> StatePool:
+        if self.layout == "split" and self.state_share is None:
+            raise ValueError("a split state pool needs state_share")
+        return self
+
+
 class BatchDefaults(Strict):
     """One row of a serving engine's default scheduler limits: it applies to GPUs of at
     least ``min_memory_gb`` that ``except_gpus`` does not name (an engine's rows are read
@@ -536,6 +567,11 @@ class Engine(Strict):
         le=1,
         description="Share of GPU memory the engine budgets for weights, activations and KV "
         "cache by default (vLLM's gpu_memory_utilization)",
+    )
+    state_pool: StatePool = Field(
+        default_factory=StatePool,
+        description="Where hybrid models' recurrent state lives (shared KV pool or a pool "
+        "of its own)",
     )
     params: dict[str, float] = Field(default_factory=dict)
     class_params: dict[str, dict[str, float]] = Field(default_factory=dict)

@@ -567,6 +567,17 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
         table.add_row(
             "linear-attention state per sequence", f"{r.state_bytes_per_sequence / 2**20:.1f} MiB"
         )
+        if r.state_sequence_cap is not None:
+            table.add_row(
+                "state pool (the engine's own)",
+                f"{r.state_pool_bytes / GIB:.2f} GiB: at most {r.state_sequence_cap:,} "
+                "running requests",
+            )
+        elif r.state_blocks_per_sequence:
+            table.add_row(
+                "state pages in the KV pool",
+                f"{r.state_blocks_per_sequence:,} blocks per running sequence",
+            )
     if r.sliding_window:
         table.add_row("sliding-window layers hold at most", f"{r.sliding_window} tokens")
     table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens")

@@ -59,10 +59,19 @@ class Stream:
 class KVCache:
     """Block accounting for one replica."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        prefix_caching: bool = True,
+        state_blocks: int = 0,
+    ):
         if num_blocks < 1:
             raise ValueError("a KV cache needs at least one block")
         self.num_blocks = num_blocks
+        # blocks each running request's recurrent state holds (hybrid models whose engine
+        # pages the state into this pool), taken at admission and freed with its KV
+        self.state_blocks = state_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.free = num_blocks  # neither held nor cached
@@ -127,6 +136,12 @@ class KVCache:
         req.blocks += n
         return True
 
+    def admit_state(self) -> None:
+        """A request joined the running set: its recurrent state takes its blocks (the
+        caller has checked they are allocatable)."""
+        if self.state_blocks:
+            self.reserve(self.state_blocks)
+
     def cached_prefix(self, req: SimRequest) -> int:
         """Leading full blocks of ``req``'s prompt found in the cache (not yet taken)."""
         if not self.prefix_caching or not req.reusable:
@@ -180,7 +195,7 @@ class KVCache:
     def release(self, req: SimRequest) -> None:
         """Free ``req``'s private blocks; its cached blocks become evictable when no other
         request holds them."""
-        self.free += req.blocks
+        self.free += req.blocks + self.state_blocks
         req.blocks = 0
         held = req.cached_len
         if held:

@@ -65,7 +65,9 @@ class Replica:
         self.env = env
         self.index = index
         self.step_model = step_model
-        self.scheduler = Scheduler(config, KVCache(num_blocks, config.block_size, prefix_caching))
+        self.scheduler = Scheduler(
+            config, KVCache(num_blocks, config.block_size, prefix_caching, config.state_blocks)
+        )
         self.fast_forward = fast_forward
         # whether clients may send at the instant a request finishes (the driver says)
         self.clients_react_at_once = True

@@ -56,6 +56,9 @@ class SchedulerConfig:
     block_size: int = 16
     decode_width: int = 1  # tokens per decoding sequence per step (k + 1 with speculation)
     decode_advance: float = 1.0  # expected tokens gained per decode step
+    # blocks of the shared KV pool one running sequence's recurrent state takes (hybrid
+    # models on an engine that pages state into the KV pool; 0 otherwise)
+    state_blocks: int = 0
 
 
 class ScheduledStep:
@@ -244,6 +247,7 @@ class Scheduler:
         computed = max(req.computed, hits * cfg.block_size)
         n = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
+        need += self.kv.state_blocks
         return need > self.kv.allocatable - self.kv.evictable_among(req, hits)
 
     # ------------------------------------------------------------------ one step
@@ -483,12 +487,13 @@ class Scheduler:
                 computed = max(req.computed, hits * cfg.block_size)
                 n = min(req.prefill_target - computed, budget)
                 need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-                if need > kv.allocatable - kv.evictable_among(req, hits):
+                if need + kv.state_blocks > kv.allocatable - kv.evictable_among(req, hits):
                     break
                 kv.take_prefix(req, hits)
                 if fresh:  # prompt tokens looked up, once per admission
                     kv.query_tokens += req.prompt_len
                 kv.allocate(req, need)
+                kv.admit_state()
                 if hits:
                     req.cached_tokens = hits * cfg.block_size
                     kv.hit_tokens += req.cached_tokens

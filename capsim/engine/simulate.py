@@ -250,15 +250,21 @@ def engine_deployment(
     )
 
 
-def engine_fit_options(engine: Engine, gpu: GPU, **options) -> dict:
+def engine_fit_options(engine: Engine, gpu: GPU, prefix_caching: bool = True, **options) -> dict:
     """memory_fit options with the engine's defaults where ``options`` leave them None:
-    its memory share and its default token budget and sequence limit for this GPU."""
+    its memory share, its default token budget and sequence limit for this GPU, and where
+    it keeps hybrid models' recurrent state (a state pool of its own holds one slot per
+    request without prefix caching)."""
     row = engine.batch_limits(gpu.name, gpu.memory_gb)
     utilization = options.pop("gpu_memory_utilization", None)
+    pool = engine.state_pool
     return dict(
         options,
         gpu_memory_utilization=engine.memory_utilization if utilization is None else utilization,
         default_limits=(row.max_num_batched_tokens, row.max_num_seqs),
+        state_layout=pool.layout,
+        state_share=pool.state_share,
+        state_slots_per_sequence=pool.slots_per_sequence if prefix_caching else 1,
     )
 
 
@@ -299,6 +305,7 @@ def build_setup(
     fit_options = engine_fit_options(
         engine,
         gpu,
+        prefix_caching=config.prefix_caching,
         kv_dtype=config.kv_dtype,
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=config.max_model_len,
@@ -341,6 +348,7 @@ def build_setup(
         block_size=BLOCK_SIZE_TOKENS,
         decode_width=step_model.decode_width,
         decode_advance=step_model.decode_advance,
+        state_blocks=fit.state_blocks_per_sequence,
     )
     max_len = config.max_model_len or fit.max_model_len
     return Setup(

@@ -316,6 +316,10 @@ class MemoryFit:
     kv_sliding_bytes_per_token: float
     sliding_window: int | None
     state_bytes_per_sequence: float
+    state_layout: str
+    state_pool_bytes: float
+    state_blocks_per_sequence: int
+    state_sequence_cap: int | None
     kv_per_layer_type: dict[str, float]
     kv_capacity_tokens: int
     max_model_len: int
@@ -353,6 +357,9 @@ def memory_fit(
     include_mtp: bool = False,
     reserve: RuntimeReserve = DEFAULT_RESERVE,
     default_limits: tuple[int, int] | None = None,
+    state_layout: str = "shared",
+    state_share: float | None = None,
+    state_slots_per_sequence: int = 1,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -372,6 +379,11 @@ def memory_fit(
         include_mtp: load the MTP module (speculative decoding with MTP).
         default_limits: the serving engine's (max_num_batched_tokens, max_num_seqs) for
             this GPU where the flags leave them unset (default: vLLM's).
+        state_layout: where a hybrid model's recurrent state lives: "shared" (pages of
+            the KV pool, one set per running sequence: vLLM) or "split" (a pool of its own,
+            ``state_share`` of the memory left after weights and reserves, holding
+            ``state_slots_per_sequence`` slots per running sequence: SGLang). With "split"
+            the state pool caps running sequences (``state_sequence_cap``).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -408,11 +420,37 @@ def memory_fit(
     layout = kv_layout(model, kv_dtype, tp)
     model_limit = model.max_position_embeddings or 10**9
     per_token = layout.bytes_per_token
-    capacity_tokens = int(max(kv_budget, 0) // per_token) if per_token else 10**12
+    state = layout.state_bytes_per_sequence
+    split = state > 0 and state_layout == "split"
+    state_pool = 0.0
+    state_cap = None
+    state_blocks = 0
+    if split:
+        if state_share is None or not 0 < state_share < 1:
+            raise ValueError(f"a split state pool needs 0 < state_share < 1, got {state_share}")
+        state_pool = max(kv_budget, 0) * state_share
+        state_cap = int(state_pool // (state * max(state_slots_per_sequence, 1)))
+        kv_pool = max(kv_budget, 0) - state_pool
+        # the attention pool alone holds a sequence's tokens; its state has a slot apart
+        token_layout = KVLayout(
+            layout.full_bytes_per_token,
+            layout.sliding_bytes_per_token,
+            layout.sliding_window,
+            0.0,
+            layout.per_layer_type,
+        )
+        max_num_seqs = max(min(max_num_seqs, state_cap), 1)
+    else:
+        kv_pool = kv_budget
+        token_layout = layout
+        if state and per_token:
+            # each running sequence's state takes whole pages of the shared pool
+            state_blocks = math.ceil(state / (BLOCK_SIZE_TOKENS * per_token))
+    capacity_tokens = int(max(kv_pool, 0) // per_token) if per_token else 10**12
     capacity_tokens -= capacity_tokens % BLOCK_SIZE_TOKENS
 
     # The longest single sequence the KV pool can hold.
-    longest = _longest_sequence(layout, kv_budget, model_limit)
+    longest = _longest_sequence(token_layout, kv_pool, model_limit)
     fits = True
     reason = "fits"
     if weights + runtime > budget:
@@ -430,6 +468,12 @@ def memory_fit(
             f"({(activations + runtime) / GIB:.1f} GiB) leave no room for a KV cache in "
             f"{budget / GIB:.1f} GiB"
         )
+    elif split and not state_cap:
+        fits = False
+        reason = (
+            f"the recurrent-state pool ({state_pool / GIB:.2f} GiB) holds no running request: "
+            f"each needs {state_slots_per_sequence} slots of {state / 2**20:.1f} MiB"
+        )
     resolved_len = max_model_len if max_model_len is not None else longest
     if fits and max_model_len is not None and max_model_len > longest:
         fits = False
@@ -445,8 +489,10 @@ def memory_fit(
         ctx = max_model_len
     else:
         ctx = max(min(resolved_len, DEFAULT_CONTEXT_TOKENS), 1)
-    seq_bytes = layout.sequence_bytes(ctx)
-    max_sequences = int(max(kv_budget, 0) // seq_bytes) if seq_bytes else 10**9
+    seq_bytes = token_layout.sequence_bytes(ctx)
+    max_sequences = int(max(kv_pool, 0) // seq_bytes) if seq_bytes else 10**9
+    if state_cap is not None:
+        max_sequences = min(max_sequences, state_cap)
     return MemoryFit(
         gpu=gpu.name,
         model=model.name,
@@ -466,6 +512,10 @@ def memory_fit(
         kv_sliding_bytes_per_token=layout.sliding_bytes_per_token,
         sliding_window=layout.sliding_window,
         state_bytes_per_sequence=layout.state_bytes_per_sequence,
+        state_layout="split" if split else "shared",
+        state_pool_bytes=state_pool,
+        state_blocks_per_sequence=state_blocks,
+        state_sequence_cap=state_cap,
         kv_per_layer_type=layout.per_layer_type,
         kv_capacity_tokens=max(capacity_tokens, 0),
         max_model_len=int(resolved_len),
