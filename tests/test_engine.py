@@ -636,3 +636,30 @@ def test_parallel_levels_give_the_same_results():
     serial = predict(cfg, CAT, workers=1)
     parallel = predict(cfg, CAT, workers=2)
     assert [lv.metrics for lv in serial.levels] == [lv.metrics for lv in parallel.levels]
+
+
+def test_abort_frees_a_running_request_and_drops_a_waiting_one():
+    """What capsim serve does when a client goes away: the request leaves the batch or
+    the queue between steps, and the blocks it held (its state's too) are free again."""
+    import simpy
+
+    from capsim.engine.kv_cache import KVCache
+    from capsim.engine.request import DONE, SimRequest
+    from capsim.engine.scheduler import Scheduler, SchedulerConfig
+
+    env = simpy.Environment()
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=4096, state_blocks=3),
+        KVCache(100, state_blocks=3),
+    )
+    a, b = SimRequest(env, 0, 0.0, 160, 50, "a"), SimRequest(env, 1, 0.0, 160, 50, "b")
+    sched.submit(a)
+    sched.submit(b)
+    step = sched.schedule(0.0)  # a is admitted (10 blocks + 3 of state); b waits
+    sched.complete(step, 0.01)
+    assert sched.running == [a] and list(sched.waiting) == [b]
+    assert sched.kv.free == 100 - 10 - 3
+    assert sched.abort(b, 0.02) and not sched.waiting and b.phase == DONE
+    assert sched.abort(a, 0.02) and not sched.running and a.finish == 0.02
+    assert sched.kv.free == 100 and sched.kv.used == 0
+    assert not sched.abort(a, 0.03)  # already gone

@@ -131,6 +131,42 @@ def test_vllm_endpoints_and_prometheus_metrics_parse(server):
     assert generated and generated[0] >= 3
 
 
+def metric_samples(url: str) -> dict[tuple[str, str], float]:
+    """Scraped samples by (name, finished_reason label or "")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            out[(sample.name, sample.labels.get("finished_reason", ""))] = sample.value
+    return out
+
+
+def test_a_client_that_disconnects_mid_stream_aborts_its_request(server):
+    before = metric_samples(server)
+    aborted_before = before.get(("vllm:request_success_total", "abort"), 0.0)
+    body = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": 4000, "stream": True}
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data")]
+    assert len(got) >= 3  # it streamed, and then the client left
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = metric_samples(server)
+        if now.get(("vllm:request_success_total", "abort"), 0.0) == aborted_before + 1:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the abandoned request was not aborted")
+    # it left the batch and freed its KV blocks; its 4,000 tokens were never generated
+    assert now[("vllm:num_requests_running", "")] == 0
+    assert now[("vllm:kv_cache_usage_perc", "")] == 0
+    generated = now[("vllm:generation_tokens_total", "")] - before.get(
+        ("vllm:generation_tokens_total", ""), 0.0
+    )
+    assert 0 < generated < 4000
+
+
 @pytest.mark.parametrize(
     ("body", "status", "words"),
     [

@@ -661,6 +661,24 @@ class Scheduler:
             self.on_finish(req)
         req.done.succeed()
 
+    def abort(self, req: SimRequest, now: float) -> bool:
+        """Drop ``req`` (a client went away), waiting or running, and free its blocks, as
+        vLLM aborts a request between steps. Call between steps only. Returns whether
+        the request was here."""
+        if req in self.waiting:
+            self.waiting.remove(req)  # holds no blocks (a preempted one released them)
+        elif req in self.running:
+            row = self.running.index(req)
+            self._store_row(row, req)
+            self.kv.release(req)
+            self._remove(row)
+            self._least_left_exact = False
+        else:
+            return False
+        req.phase = DONE
+        req.finish = now
+        return True
+
     def submit(self, req: SimRequest) -> None:
         self.waiting.append(req)
         self.submitted += 1

@@ -223,31 +223,37 @@ def create_app(
             )
 
         async def events() -> AsyncIterator[str]:
-            if chat:
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
-                yield chunk([{**first, "finish_reason": None}], 0 if continuous else None)
-            sent = 0
-            while True:
-                event = await live.queue.get()
-                while not event.finished and not live.queue.empty():
-                    event = live.queue.get_nowait()  # behind: send what is there at once
-                new = event.tokens - sent
-                if new > 0 or event.finished:
-                    reason = "length" if event.finished else None
-                    text = FILLER * max(new, 0)
-                    choice = (
-                        {"index": 0, "delta": {"content": text}}
-                        if chat
-                        else {"index": 0, "text": text, "logprobs": None}
-                    )
-                    choice["finish_reason"] = reason
-                    sent = event.tokens
-                    yield chunk([choice], sent if continuous else None)
-                if event.finished:
-                    break
-            if include_usage:
-                yield chunk([], sent)
-            yield "data: [DONE]\n\n"
+            done = False
+            try:
+                if chat:
+                    first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                    yield chunk([{**first, "finish_reason": None}], 0 if continuous else None)
+                sent = 0
+                while True:
+                    event = await live.queue.get()
+                    while not event.finished and not live.queue.empty():
+                        event = live.queue.get_nowait()  # behind: send what is there at once
+                    new = event.tokens - sent
+                    done = event.finished
+                    if new > 0 or event.finished:
+                        reason = "length" if event.finished else None
+                        text = FILLER * max(new, 0)
+                        choice = (
+                            {"index": 0, "delta": {"content": text}}
+                            if chat
+                            else {"index": 0, "text": text, "logprobs": None}
+                        )
+                        choice["finish_reason"] = reason
+                        sent = event.tokens
+                        yield chunk([choice], sent if continuous else None)
+                    if event.finished:
+                        break
+                if include_usage:
+                    yield chunk([], sent)
+                yield "data: [DONE]\n\n"
+            finally:
+                if not done:  # the client went away mid-stream: vLLM aborts the request
+                    deployment.abort(live)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 

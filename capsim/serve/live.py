@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import simpy
 
 from capsim.engine.replica import Replica
-from capsim.engine.request import SimRequest
+from capsim.engine.request import DONE, SimRequest
 from capsim.engine.router import Router
 from capsim.engine.simulate import Setup
 
@@ -36,8 +36,8 @@ event loop got to it (their work, up to this long, is not counted as the server'
 LIMITS = (
     "generated text is filler (the word 'tok' per token), clearly not a model's output; "
     "every request generates exactly its max_tokens (there is no end-of-sequence token); "
-    "a client that disconnects leaves its request running to the end in the simulation "
-    "(vLLM aborts it)"
+    "a non-streaming request whose client disconnects runs to the end (a streaming one is "
+    "aborted at the next step boundary, as vLLM aborts it)"
 )
 
 
@@ -107,6 +107,8 @@ class LiveDeployment:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._origin = 0.0
         self.finished_listeners: list = []  # called with (LiveRequest) when one finishes
+        self.aborted_listeners: list = []  # called with (LiveRequest) when one is aborted
+        self._aborting: dict[int, LiveRequest] = {}  # by rid: dropped at the next step end
         self.max_lag_s = 0.0  # the most the simulation ran behind the wall clock, real s
         self.steps = 0
         # capsim serve's own HTTP round trip, real s (capsim.serve.transport): tokens are
@@ -157,8 +159,39 @@ class LiveDeployment:
         self._live[rid] = live
         self.router.submit(req)
 
+    def abort(self, live: LiveRequest) -> None:
+        """The client of ``live`` went away: drop its request and free its KV blocks, as
+        vLLM does. A request not yet in the simulation never enters; one in it leaves at
+        the end of the step its replica is running (its queue gets no more events)."""
+        if live.sim is None:
+            self._pending = [(p, at) for p, at in self._pending if p is not live]
+            self._aborted(live)
+            return
+        rid = live.sim.rid
+        if self._live.pop(rid, None) is None:
+            return  # finished already
+        self._aborting[rid] = live
+        for replica in self.replicas:
+            if replica._wake is not None:  # idle: nothing runs, so drop it now
+                self._drop_aborted(replica)
+
+    def _aborted(self, live: LiveRequest) -> None:
+        for listener in self.aborted_listeners:
+            listener(live)
+
+    def _drop_aborted(self, replica: Replica) -> None:
+        sched = replica.scheduler
+        for rid, live in list(self._aborting.items()):
+            if live.sim.phase == DONE:  # it finished before the abort took effect
+                del self._aborting[rid]
+            elif sched.abort(live.sim, self.env.now):
+                del self._aborting[rid]
+                self._aborted(live)
+
     def _after_step(self, replica: Replica) -> None:
         self.steps += 1
+        if self._aborting:
+            self._drop_aborted(replica)
         sched = replica.scheduler
         sched.sync_requests()
         for req in sched.running:

@@ -83,6 +83,18 @@ class ServeMetrics:
         cache.labels(str(setup.scheduler.block_size), str(setup.num_blocks)).set(1)
         self._seen = {"preemptions": 0, "queries": 0, "hits": 0}
         deployment.finished_listeners.append(self.observe_finished)
+        deployment.aborted_listeners.append(self.observe_aborted)
+
+    def observe_aborted(self, live: LiveRequest) -> None:
+        """Count a request its client abandoned (finished_reason "abort", as vLLM's
+        request_success counter does) and the tokens it had been served: its prompt once
+        prefilled, its output tokens streamed so far. Its latencies are not observed."""
+        m = self.model_name
+        req = live.sim
+        if req is not None and req.first_token is not None:
+            self.prompt_tokens.labels(m).inc(req.prompt_len)
+        self.generation_tokens.labels(m).inc(live.emitted)
+        self.success.labels(m, "abort").inc()
 
     def observe_finished(self, live: LiveRequest) -> None:
         """Count a finished request and observe its latencies (simulated seconds, as a
