@@ -133,9 +133,12 @@ def test_hybrid_state_limits_the_running_batch_in_the_simulation():
             ],
         )
         assert r.exit_code == 0, r.output
-        return json.loads(r.stdout)["results"][0]["points"][0]
+        result = json.loads(r.stdout)["results"][0]
+        return result["points"][0], result["notes"]
 
-    sglang = run("sglang")
+    sglang, notes = run("sglang")
+    assert any("caps running requests" in n for n in notes)
+    assert not any("caps running requests" in n for n in run("vllm")[1])
     fit = memory_fit(
         CAT.gpu("h200"),
         CAT.model("qwen3.6-35b-a3b"),

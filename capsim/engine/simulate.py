@@ -774,6 +774,26 @@ def launch_bound_note(setup: Setup) -> str | None:
     )
 
 
+def state_cap_note(setup: Setup) -> str | None:
+    """A note when the engine's recurrent-state pool (SGLang's Mamba pool for a hybrid
+    model) caps running requests below the batch the flags allow and below the highest
+    level asked for: requests above the cap queue."""
+    fit = setup.fit
+    cap = getattr(fit, "state_sequence_cap", None)
+    if cap is None:
+        return None
+    levels = sweep_levels(setup.config)
+    if setup.config.workload not in ("closed", "batch", "agents") or max(levels) <= cap:
+        return None
+    slots = fit.state_slots_per_sequence
+    return (
+        f"the engine's recurrent-state pool ({fit.state_pool_bytes / 2**30:.1f} GiB; a "
+        f"request holds {slots} slot{'s' if slots != 1 else ''} of "
+        f"{fit.state_bytes_per_sequence / 2**20:.0f} MiB) caps running requests at {cap} "
+        "per replica; requests above it queue"
+    )
+
+
 PARALLEL_MIN_REQUESTS = 20_000
 """A sweep with at least this many requests in all runs its levels in parallel processes
 (below it, starting processes costs more than it saves)."""
@@ -1018,7 +1038,8 @@ def predict(
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,
         levels=results,
-        notes=[n for n in (launch_bound_note(setup),) if n] + profile_warnings(setup.profile),
+        notes=[n for n in (launch_bound_note(setup), state_cap_note(setup)) if n]
+        + profile_warnings(setup.profile),
     )
 
 

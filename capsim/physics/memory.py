@@ -320,6 +320,7 @@ class MemoryFit:
     state_pool_bytes: float
     state_blocks_per_sequence: int
     state_sequence_cap: int | None
+    state_slots_per_sequence: int
     kv_per_layer_type: dict[str, float]
     kv_capacity_tokens: int
     max_model_len: int
@@ -516,6 +517,7 @@ def memory_fit(
         state_pool_bytes=state_pool,
         state_blocks_per_sequence=state_blocks,
         state_sequence_cap=state_cap,
+        state_slots_per_sequence=state_slots_per_sequence if split else 1,
         kv_per_layer_type=layout.per_layer_type,
         kv_capacity_tokens=max(capacity_tokens, 0),
         max_model_len=int(resolved_len),
