@@ -96,3 +96,19 @@ def test_pessimistic_factors_are_band_edges_over_the_figure():
         level.band_80["output_tok_s"][0] / values["output_tok_s"]
     )
     assert factors["tpot_ms"] == pytest.approx(level.band_80["tpot_ms"][1] / values["tpot_ms"])
+
+
+def test_a_hybrid_model_on_sglang_is_limited_by_its_state_pool():
+    """SGLang caps running requests by its Mamba-state pool: agents beyond the cap queue,
+    and the answer names the pool and what enlarges it, not --max-num-seqs."""
+    config = PredictConfig(
+        gpu="h200",
+        model="qwen3.6-35b-a3b",
+        engine="sglang",
+        input_tokens="512",
+        output_tokens="64",
+    )
+    answer = capacity(config, Objectives(max_ttft_p90_s=2.0), CAT)
+    assert answer.limiter == "recurrent-state pool"
+    assert any("mamba" in s for s in answer.suggestions)
+    assert not any("--max-num-seqs" in s for s in answer.suggestions)

@@ -218,6 +218,8 @@ def _limiter(setup, point: CapacityPoint, engine_seqs: int) -> str:
     if point.peak_kv_usage >= KV_FULL or point.preemptions:
         return "KV cache"
     if point.concurrency > engine_seqs:
+        if getattr(setup.fit, "state_sequence_cap", None) == setup.scheduler.max_num_seqs:
+            return "recurrent-state pool"
         return "max_num_seqs"
     batch = max(1, math.ceil(point.concurrency / setup.dp))
     cfg = setup.config
@@ -241,6 +243,16 @@ def _suggestions(limiter: str, setup, config: PredictConfig) -> list[str]:
         out.append(f"another GPU (--gpus {2 * setup.dp * config.tp}) adds a replica's cache")
     elif limiter == "max_num_seqs":
         out.append("raise --max-num-seqs: the engine queues agents beyond it")
+    elif limiter == "recurrent-state pool":
+        fit = setup.fit
+        out.append(
+            f"the engine holds the recurrent state of at most {fit.state_sequence_cap} "
+            f"requests ({fit.state_slots_per_sequence} slots of "
+            f"{fit.state_bytes_per_sequence / 2**20:.0f} MiB each): SGLang's "
+            "--mamba-full-memory-ratio (or --max-mamba-cache-size) gives the state pool "
+            "more of the memory, --mamba-ssm-dtype bfloat16 halves each slot"
+        )
+        out.append(f"another replica (--gpus {2 * setup.dp * config.tp}) adds a state pool")
     elif limiter in ("memory bandwidth", "compute"):
         out.append(f"another replica (--gpus {2 * setup.dp * config.tp}) doubles the {limiter}")
         if limiter == "memory bandwidth" and setup.fmt.bits_per_weight > 5:
