@@ -148,3 +148,24 @@ def test_hybrid_state_limits_the_running_batch_in_the_simulation():
     decoding = sglang["output_tok_s"] * sglang["tpot_ms"]["mean"] / 1000
     assert decoding <= fit.state_sequence_cap * 1.02
     assert decoding > 0.5 * fit.state_sequence_cap
+
+
+def test_a_lower_max_num_seqs_than_the_state_cap_is_what_binds():
+    """With --max-num-seqs under SGLang's state-pool cap the flag sets the batch, and
+    neither predict nor the fit says the pool does."""
+    g, m, q = CAT.gpu("h200"), CAT.model("qwen3.6-35b-a3b"), CAT.quant("bf16")
+    opts = engine_fit_options(CAT.engine("sglang"), g)
+    assert memory_fit(g, m, q, **opts).state_caps_batch
+    low = memory_fit(g, m, q, max_num_seqs=64, **opts)
+    assert low.max_num_seqs == 64 and not low.state_caps_batch
+    r = runner.invoke(
+        app,
+        [
+            *("predict", "--gpu", "h200", "--model", "qwen3.6-35b-a3b", "--engine", "sglang"),
+            *("--max-num-seqs", "64", "--concurrency", "512", "--requests", "600", "--json"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert not any(
+        "caps running requests" in n for n in json.loads(r.stdout)["results"][0]["notes"]
+    )

@@ -779,9 +779,9 @@ def state_cap_note(setup: Setup) -> str | None:
     model) caps running requests below the batch the flags allow and below the highest
     level asked for: requests above the cap queue."""
     fit = setup.fit
-    cap = getattr(fit, "state_sequence_cap", None)
-    if cap is None:
+    if fit is None or not fit.state_caps_batch:
         return None
+    cap = fit.state_sequence_cap
     levels = sweep_levels(setup.config)
     if setup.config.workload not in ("closed", "batch", "agents") or max(levels) <= cap:
         return None

@@ -336,6 +336,12 @@ class MemoryFit:
     def weight_gib(self) -> float:
         return self.weight_bytes / GIB
 
+    @property
+    def state_caps_batch(self) -> bool:
+        """Whether the engine's own recurrent-state pool, not max_num_seqs as asked, sets
+        how many requests run at once (memory_fit lowered max_num_seqs to its cap)."""
+        return self.state_sequence_cap is not None and self.max_num_seqs == self.state_sequence_cap
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["units"] = "bytes per GPU unless named otherwise"

@@ -218,7 +218,7 @@ def _limiter(setup, point: CapacityPoint, engine_seqs: int) -> str:
     if point.peak_kv_usage >= KV_FULL or point.preemptions:
         return "KV cache"
     if point.concurrency > engine_seqs:
-        if getattr(setup.fit, "state_sequence_cap", None) == setup.scheduler.max_num_seqs:
+        if setup.fit is not None and setup.fit.state_caps_batch:
             return "recurrent-state pool"
         return "max_num_seqs"
     batch = max(1, math.ceil(point.concurrency / setup.dp))
