@@ -158,6 +158,12 @@ class KVCache:
             return 0
         return max(0, hits - self.streams[req.content].held)
 
+    def can_admit(self, req: SimRequest, need: int, hits: int) -> bool:
+        """Whether a waiting ``req`` can join the running set: ``need`` more blocks for its
+        tokens and its recurrent state's blocks, besides the ``hits`` cached leading blocks
+        it will take (those that are evictable now stop being allocatable)."""
+        return need + self.state_blocks <= self.allocatable - self.evictable_among(req, hits)
+
     def take_prefix(self, req: SimRequest, hits: int) -> None:
         """Reference ``hits`` cached leading blocks for ``req``."""
         if hits == 0:
@@ -193,8 +199,9 @@ class KVCache:
         self._set_evictable(req.content, stream, before)
 
     def release(self, req: SimRequest) -> None:
-        """Free ``req``'s private blocks; its cached blocks become evictable when no other
-        request holds them."""
+        """Free a running ``req``'s private blocks and its recurrent state's; its cached
+        blocks become evictable when no other request holds them. Only requests admitted
+        (``admit_state``) and not yet released come here: a finish or a preemption."""
         self.free += req.blocks + self.state_blocks
         req.blocks = 0
         held = req.cached_len

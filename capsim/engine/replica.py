@@ -104,6 +104,11 @@ class Replica:
         else:  # in a decode run: cut it at the next step boundary
             self.process.interrupt()
 
+    @property
+    def waiting_for_work(self) -> bool:
+        """Whether the replica is between steps, asleep until a request arrives."""
+        return self._wake is not None
+
     def _record_itl(self, durations: np.ndarray, sequences: int) -> None:
         if sequences <= 0 or durations.size == 0:
             return

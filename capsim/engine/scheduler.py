@@ -247,8 +247,7 @@ class Scheduler:
         computed = max(req.computed, hits * cfg.block_size)
         n = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-        need += self.kv.state_blocks
-        return need > self.kv.allocatable - self.kv.evictable_among(req, hits)
+        return not self.kv.can_admit(req, need, hits)
 
     # ------------------------------------------------------------------ one step
 
@@ -487,7 +486,7 @@ class Scheduler:
                 computed = max(req.computed, hits * cfg.block_size)
                 n = min(req.prefill_target - computed, budget)
                 need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-                if need + kv.state_blocks > kv.allocatable - kv.evictable_among(req, hits):
+                if not kv.can_admit(req, need, hits):
                     break
                 kv.take_prefix(req, hits)
                 if fresh:  # prompt tokens looked up, once per admission

@@ -172,7 +172,7 @@ class LiveDeployment:
             return  # finished already
         self._aborting[rid] = live
         for replica in self.replicas:
-            if replica._wake is not None:  # idle: nothing runs, so drop it now
+            if replica.waiting_for_work:  # no step runs, so drop it now
                 self._drop_aborted(replica)
 
     def _aborted(self, live: LiveRequest) -> None:
