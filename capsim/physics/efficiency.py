@@ -79,6 +79,17 @@ class EfficiencyParams(BaseModel):
         "balanced kernel 26% more than the plain max; 64 and above is the max). Engineering "
         "prior; calibration decides",
     )
+    moe_compute_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of the 16-bit (BF16/FP16) dense tensor peak that the fused-MoE "
+        "grouped expert GEMMs reach once compute-bound, whatever the weights' format: the "
+        "grouped kernels gather and scatter token rows per expert and (FP8 w8a8) quantise "
+        "activations per block, so FP8 weights gain little over BF16 there. None: expert "
+        "GEMMs run like dense ones (gemm_efficiency of the format's peak). Set per class "
+        "from fused-MoE kernel benchmarks",
+    )
     attention_compute_efficiency: float = Field(
         0.45, gt=0, le=1, description="Fraction of tensor peak prefill attention achieves"
     )
@@ -280,6 +291,7 @@ class EfficiencyParams(BaseModel):
             "compute": [
                 "compute_efficiency",
                 "prefill_compute_efficiency",
+                "moe_compute_efficiency",
                 "roofline_sharpness",
                 "attention_compute_efficiency",
                 "weight_only_compute_factor",

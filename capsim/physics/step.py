@@ -380,6 +380,12 @@ class StepModel:
         self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
         # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
         self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
+        # fused-MoE grouped GEMMs: the 16-bit peak x moe_compute_efficiency when set
+        self.moe_gemm_rate = (
+            sixteen * 1e12 * compute_scale * gemm_factor * p.moe_compute_efficiency
+            if p.moe_compute_efficiency
+            else None
+        )
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
 
         # --- communication
@@ -722,11 +728,7 @@ class StepModel:
             "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
             "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph / passes)),
             "t_exp_mem": expert_bytes / self.expert_bw,
-            "t_exp_cmp": expert_flops
-            / (
-                self.gemm_peak
-                * self.gemm_efficiency(self.rows_per_expert(routed / passes, touched))
-            ),
+            "t_exp_cmp": expert_flops / self.expert_gemm_rate(routed / passes, touched),
             "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
             "t_att_cmp": attn_flops / self.attention_flops_rate,
             "t_comm": t_comm,
@@ -744,6 +746,16 @@ class StepModel:
         if not ubatch or tokens <= ubatch:
             return 1
         return math.ceil(tokens / ubatch)
+
+    def expert_gemm_rate(self, routed_tokens: float, touched: float) -> float:
+        """FLOP/s of the routed experts' grouped GEMMs in a pass of ``routed_tokens``
+        tokens touching ``touched`` experts a layer: the 16-bit peak x
+        ``moe_compute_efficiency`` where the class sets it, else the format's GEMM peak at
+        the rows each expert gets (``gemm_efficiency``)."""
+        if self.moe_gemm_rate is not None:
+            return self.moe_gemm_rate
+        rows = self.rows_per_expert(routed_tokens, touched)
+        return self.gemm_peak * self.gemm_efficiency(rows)
 
     def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
         """Rows of one routed expert's GEMM: the token-expert pairs of a step spread over
