@@ -66,6 +66,35 @@ def test_expert_bytes_by_hand():
     assert step.expert_bytes == pytest.approx(48 * touched * slice_bytes)
 
 
+def test_grouped_expert_gemm_rate_by_hand():
+    """With moe_compute_efficiency set, a prefill chunk's routed-expert compute is its
+    expert FLOPs over the format's GEMM peak x that efficiency, at any rows per expert;
+    unset, the experts run at the dense GEMM efficiency of their rows."""
+    g, m, fmt = CAT.gpu("h100-sxm"), CAT.model("qwen3-coder-30b-a3b"), CAT.quant("fp8")
+    tokens = 4096
+    grouped = StepModel(g, m, fmt, Deployment(), EfficiencyParams(moe_compute_efficiency=0.33))
+    flops = tokens * grouped.expert_flops_per_token
+    assert grouped.gemm_peak == pytest.approx(g.tensor_tflops.fp8 * 1e12)
+    step = grouped.step([tokens], [tokens])
+    assert step.t_expert_compute == pytest.approx(flops / (0.33 * g.tensor_tflops.fp8 * 1e12))
+    dense = StepModel(g, m, fmt, Deployment(), EfficiencyParams())
+    rows = dense.rows_per_expert(tokens, dense.experts_touched_scalar(tokens))
+    assert rows == pytest.approx(tokens * 8 / 128, rel=1e-3)  # every expert touched
+    expected = flops / (dense.gemm_peak * dense.gemm_efficiency(rows))
+    assert dense.step([tokens], [tokens]).t_expert_compute == pytest.approx(expected)
+
+
+def test_llama_cpp_sets_its_gb10_kernel_rates():
+    """llama.cpp's GGUF GEMMs on GB10 run at the profiled MMQ rates (engine class_params),
+    other engines keep the class's."""
+    gb10 = CAT.gpu("gb10")
+    llama = default_efficiency(gb10, CAT, CAT.engine("llama.cpp"))
+    vllm = default_efficiency(gb10, CAT, CAT.engine("vllm"))
+    assert (llama.compute_efficiency, llama.moe_compute_efficiency) == (0.49, 0.235)
+    assert vllm.moe_compute_efficiency is None
+    assert vllm.compute_efficiency == 0.65
+
+
 def test_l2_reuse_term():
     params = EfficiencyParams(l2_reuse_strength=1.0)
     g, m = CAT.gpu("rtx3090"), CAT.model("qwen3-coder-30b-a3b")

@@ -83,12 +83,11 @@ class EfficiencyParams(BaseModel):
         None,
         gt=0,
         le=1,
-        description="Fraction of the 16-bit (BF16/FP16) dense tensor peak that the fused-MoE "
-        "grouped expert GEMMs reach once compute-bound, whatever the weights' format: the "
-        "grouped kernels gather and scatter token rows per expert and (FP8 w8a8) quantise "
-        "activations per block, so FP8 weights gain little over BF16 there. None: expert "
-        "GEMMs run like dense ones (gemm_efficiency of the format's peak). Set per class "
-        "from fused-MoE kernel benchmarks",
+        description="Fraction of the format's dense tensor peak that the fused-MoE grouped "
+        "expert GEMMs reach once compute-bound (they gather and scatter token rows per "
+        "expert and run many small GEMMs, so they stay well below a dense GEMM's share). "
+        "None: expert GEMMs run like dense ones (gemm_efficiency). Set per class from "
+        "grouped-GEMM kernel benchmarks",
     )
     attention_compute_efficiency: float = Field(
         0.45, gt=0, le=1, description="Fraction of tensor peak prefill attention achieves"

@@ -380,11 +380,9 @@ class StepModel:
         self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
         # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
         self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
-        # fused-MoE grouped GEMMs: the 16-bit peak x moe_compute_efficiency when set
+        # fused-MoE grouped GEMMs: the format's GEMM peak x moe_compute_efficiency when set
         self.moe_gemm_rate = (
-            sixteen * 1e12 * compute_scale * gemm_factor * p.moe_compute_efficiency
-            if p.moe_compute_efficiency
-            else None
+            self.gemm_peak * p.moe_compute_efficiency if p.moe_compute_efficiency else None
         )
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
 
@@ -749,9 +747,9 @@ class StepModel:
 
     def expert_gemm_rate(self, routed_tokens: float, touched: float) -> float:
         """FLOP/s of the routed experts' grouped GEMMs in a pass of ``routed_tokens``
-        tokens touching ``touched`` experts a layer: the 16-bit peak x
-        ``moe_compute_efficiency`` where the class sets it, else the format's GEMM peak at
-        the rows each expert gets (``gemm_efficiency``)."""
+        tokens touching ``touched`` experts a layer: the format's GEMM peak x
+        ``moe_compute_efficiency`` where the class sets it, else x the dense GEMMs'
+        efficiency at the rows each expert gets (``gemm_efficiency``)."""
         if self.moe_gemm_rate is not None:
             return self.moe_gemm_rate
         rows = self.rows_per_expert(routed_tokens, touched)
