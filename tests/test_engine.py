@@ -663,3 +663,71 @@ def test_abort_frees_a_running_request_and_drops_a_waiting_one():
     assert sched.abort(a, 0.02) and not sched.running and a.finish == 0.02
     assert sched.kv.free == 100 and sched.kv.used == 0
     assert not sched.abort(a, 0.03)  # already gone
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workload=workloads,
+    c=st.integers(1, 6),
+    seed=st.integers(0, 1000),
+    interval=st.sampled_from([2, 3, 10]),
+)
+def test_recv_interval_fast_forward_equals_step_by_step(workload, c, seed, interval):
+    """SGLang's --scheduler-recv-interval: a request sent while the engine is busy waits
+    for the scheduler's next poll; decode runs cut at that boundary, as stepping does."""
+    config = random_engine_config(
+        workload, c, seed, None, False, engine="sglang", scheduler_recv_interval=interval
+    )
+    fast = predict(config, CAT, keep_records=True).levels[0]
+    slow = predict(config.model_copy(update={"fast_forward": False}), CAT, keep_records=True)
+    assert_same_schedule(fast, slow.levels[0])
+
+
+def test_recv_interval_delays_first_tokens_under_load():
+    """With requests arriving while others decode, polling every 30 decode steps makes
+    them wait longer for their first token than polling every step; alone (C=1) the
+    engine is idle when a request comes and takes it at once."""
+    base = dict(
+        gpu="rtx3090",
+        model="qwen3-coder-30b-a3b",
+        quant="awq-int4",
+        engine="sglang",
+        requests=64,
+        input_tokens="256",
+        output_tokens="uniform:100,300",
+        profile="none",
+    )
+    ttft = {}
+    for n in (1, 30):
+        for c in (1, 8):
+            cfg = PredictConfig(**base, concurrency=[c], scheduler_recv_interval=n)
+            ttft[n, c] = predict(cfg, CAT).levels[0].metrics.ttft_ms.mean
+    assert ttft[30, 1] == pytest.approx(ttft[1, 1])
+    assert ttft[30, 8] > ttft[1, 8] * 1.5
+
+
+def test_recv_interval_is_sglangs_flag():
+    cfg = PredictConfig(gpu="rtx3090", model="qwen3-coder-30b-a3b", scheduler_recv_interval=5)
+    with pytest.raises(CapsimUserError, match="SGLang"):
+        predict(cfg, CAT)
+
+
+def test_recv_poll_arithmetic_by_hand():
+    """The poll counter: a decode step adds 1, a step with prefill work the whole
+    interval; polls come every interval from the first."""
+    import simpy
+
+    from capsim.engine.replica import Replica
+    from capsim.engine.scheduler import ScheduledStep, SchedulerConfig
+    from capsim.physics.step import Deployment, build_step_model
+
+    sm = build_step_model(CAT, "rtx3090", "qwen3-coder-30b-a3b", Deployment(quant="awq-int4"))
+    rep = Replica(simpy.Environment(), 0, sm, SchedulerConfig(recv_interval_steps=10), 1000)
+    rep._recv_count = 3
+    assert rep._steps_to_receive() == 7
+    assert rep._steps_to_receive(head_weight=1) == 7  # the head step is the first of them
+    assert rep._steps_to_receive(head_weight=10) == 1  # a prefill head: poll right after
+    assert [rep._next_poll(b, 7) for b in (1, 7, 8, 17, 18)] == [7, 7, 17, 17, 27]
+    decode = ScheduledStep(np.ones(2), np.ones(2), np.arange(2), [], None)
+    mixed = ScheduledStep(np.array([1, 50]), np.ones(2), np.arange(1), [], None)
+    assert (rep._step_weight(decode), rep._step_weight(mixed)) == (1, 10)

@@ -108,6 +108,16 @@ UbatchOption = Annotated[
         "engine's, 512 for llama.cpp, none for vLLM)",
     ),
 ]
+RecvIntervalOption = Annotated[
+    int,
+    typer.Option(
+        "--scheduler-recv-interval",
+        min=1,
+        max=10_000,
+        help="SGLang: decode steps between the scheduler's polls for new requests "
+        "(its --scheduler-recv-interval; a new request waits up to this many steps)",
+    ),
+]
 DisableCustomAllReduceOption = Annotated[
     bool, typer.Option("--disable-custom-all-reduce", help="NCCL for every all-reduce")
 ]

@@ -629,6 +629,16 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
             "routed experts: memory | compute",
             f"{step.t_expert_memory * ms:.3f} | {step.t_expert_compute * ms:.3f} ms",
         ),
+        *(
+            [
+                (
+                    "routed experts' grouped GEMMs",
+                    f"{step.expert_gemm_flops_per_s / 1e12:,.0f} TFLOPS",
+                )
+            ]
+            if step.experts_touched_per_layer
+            else []
+        ),
         (
             "attention: memory | compute",
             f"{step.t_attention_memory * ms:.3f} | {step.t_attention_compute * ms:.3f} ms",

@@ -25,6 +25,7 @@ from capsim.cli.common import (
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     ProfileOption,
+    RecvIntervalOption,
     SetOption,
     UbatchOption,
     catalog,
@@ -406,6 +407,7 @@ def predict_cmd(
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     engine: EngineOption = "vllm",
     ubatch_size: UbatchOption = None,
+    scheduler_recv_interval: RecvIntervalOption = 1,
     offline: Annotated[
         bool,
         typer.Option(
@@ -497,6 +499,7 @@ def predict_cmd(
             custom_allreduce=False if disable_custom_all_reduce else None,
             engine=engine,
             ubatch_tokens=ubatch_size,
+            scheduler_recv_interval=scheduler_recv_interval,
             offline=offline,
             router=router,
             seed=seed,

@@ -86,16 +86,25 @@ class Replica:
         # called with this replica after every step is applied (capsim serve streams
         # tokens from it); None in batch simulations
         self.step_listener: Callable[[Replica], None] | None = None
+        # requests sent but not yet taken by the scheduler (recv_interval_steps > 1), and
+        # the decode steps run since it last took them (SGLang's recv skipper counter)
+        self.recv_interval = max(1, config.recv_interval_steps)
+        self._inbox: list[SimRequest] = []
+        self._recv_count = self.recv_interval
         self.process = env.process(self.run())
 
     @property
     def outstanding(self) -> int:
         s = self.scheduler
-        return len(s.waiting) + len(s.running)
+        return len(s.waiting) + len(s.running) + len(self._inbox)
 
     def submit(self, req: SimRequest) -> None:
         req.replica = self.index
-        self.scheduler.submit(req)
+        if self.recv_interval > 1 and self._wake is None:
+            # busy: the request waits on the socket until the scheduler next polls it
+            self._inbox.append(req)
+        else:
+            self.scheduler.submit(req)
         if not self._cut_on_arrival:
             return
         self._cut_on_arrival = False
@@ -118,18 +127,57 @@ class Replica:
     def _record_itl_step(self, duration: float, sequences: int) -> None:
         self.itl.add_step(self.itl_slot, duration / self.scheduler.config.decode_advance, sequences)
 
+    def _receive(self) -> None:
+        """Hand the requests waiting on the socket to the scheduler once the interval's
+        decode steps have run (or the engine has nothing to run)."""
+        if self._inbox and (self._recv_count >= self.recv_interval or self.scheduler.idle):
+            for req in self._inbox:
+                self.scheduler.submit(req)
+            self._inbox.clear()
+            self._recv_count = 0
+        elif self._recv_count >= self.recv_interval:
+            self._recv_count = 0
+
+    def _steps_to_receive(self, head_weight: int = 0) -> int:
+        """Steps from now (a head step of ``head_weight`` first, if any) until the
+        scheduler next polls for requests; a large number when it polls every step or
+        nothing waits on the socket."""
+        if self.recv_interval <= 1:
+            return 1 << 30
+        if head_weight:
+            after_head = self._recv_count + head_weight
+            return 1 if after_head >= self.recv_interval else 1 + self.recv_interval - after_head
+        return max(self.recv_interval - self._recv_count, 1)
+
+    def _next_poll(self, boundary: int, first: int) -> int:
+        """The first step boundary at or after ``boundary`` at which the scheduler polls,
+        given that it first polls at ``first`` and then every interval."""
+        if self.recv_interval <= 1 or boundary <= first:
+            return boundary if self.recv_interval <= 1 else first
+        n = self.recv_interval
+        return first + -(-(boundary - first) // n) * n
+
+    def _step_weight(self, step) -> int:
+        """What a step adds to the poll counter: 1 for a decode-only step, the whole
+        interval for one with prefill work (SGLang weighs a prefill 1,000)."""
+        return 1 if step.count == step.decoding else self.recv_interval
+
     def run(self):
         env, sched, sm = self.env, self.scheduler, self.step_model
         while True:
             if self.settle_every_step:
                 self.events += 1
                 yield EndOfInstant(env)
+            if self.recv_interval > 1:
+                self._receive()
             if sched.idle:
                 sched.note_dry(env.now)
                 yield from self._wait_for_work()
                 continue
             if self.fast_forward and sched.steady_decode(env.now):
                 m = sched.run_length()
+                if self._inbox:
+                    m = min(m, self._steps_to_receive())
                 if m >= 2:
                     yield from self._decode_run(m)
                     continue
@@ -152,16 +200,22 @@ class Replica:
                 draft_context=step.decode_context() if spec and step.decoding else None,
             )
             applied = self.fast_forward and not sched.may_finish(step)
+            weight = self._step_weight(step)
             if applied:
                 # nobody finishes, so nothing outside the scheduler sees the step end:
                 # apply it now, and when identical decode steps follow, wait for the
                 # step and that run in one event
                 sched.complete(step, env.now + duration)
                 if sched.steady_decode(env.now):
-                    yield from self._decode_run(sched.run_length(), duration, step.decoding)
-                    continue
+                    m = sched.run_length()
+                    if self._inbox:
+                        m = min(m, self._steps_to_receive(weight) - 1)
+                    if m >= 1:
+                        yield from self._decode_run(m, duration, step.decoding, weight)
+                        continue
             self.events += 1
             yield env.timeout(duration)
+            self._recv_count += weight
             self.steps += 1
             self.busy_time += duration
             if step.decoding:
@@ -180,10 +234,13 @@ class Replica:
         yield self._wake
         self._wake = None
 
-    def _decode_run(self, m: int, head: float | None = None, head_decoding: int = 0):
+    def _decode_run(
+        self, m: int, head: float | None = None, head_decoding: int = 0, head_weight: int = 1
+    ):
         """Wait for ``m`` identical decode steps in one event, after a ``head`` step of
-        that duration (seconds) already applied to the scheduler, if given. An arrival
-        that could change the schedule cuts the wait at the next step boundary."""
+        that duration (seconds) already applied to the scheduler, if given (adding
+        ``head_weight`` to the poll counter). An arrival that could change the schedule
+        cuts the wait at the next step boundary at which the scheduler polls for it."""
         env, sched = self.env, self.scheduler
         running = sched.running
         context = sched.decode_contexts()
@@ -196,6 +253,8 @@ class Replica:
         # nobody waits ahead of it and there is room for another sequence; it then
         # interrupts the wait (see submit)
         self._cut_on_arrival = not sched.waiting and sched.can_admit_more()
+        # the first boundary at which the scheduler polls its socket (every one by default)
+        poll = self._steps_to_receive(head_weight if head is not None else 0)
         self.events += 1
         done = total
         try:
@@ -204,10 +263,16 @@ class Replica:
         except simpy.Interrupt:
             elapsed = env.now - start
             j = int(np.searchsorted(ends, elapsed - 1e-15, side="left"))
-            done = min(j + 1, total)
+            done = min(self._next_poll(j + 1, poll), total)
             remaining = float(ends[done - 1]) - elapsed
             if remaining > 0:
                 yield env.timeout(remaining)
+        if self.recv_interval > 1:
+            if done < poll:
+                self._recv_count += done - lead + (head_weight if lead else 0)
+            else:  # polled at step `poll` and every interval after it
+                since = (done - poll) % self.recv_interval
+                self._recv_count = since or self.recv_interval
         self.steps += done
         self.busy_time += float(ends[done - 1])
         if head is not None and head_decoding:

@@ -59,6 +59,10 @@ class SchedulerConfig:
     # blocks of the shared KV pool one running sequence's recurrent state takes (hybrid
     # models on an engine that pages state into the KV pool; 0 otherwise)
     state_blocks: int = 0
+    # SGLang's --scheduler-recv-interval: the scheduler takes new requests off its socket
+    # only once this many decode steps have run since it last did (a step with prefill
+    # work, or an idle loop, counts as the whole interval); 1 = every step
+    recv_interval_steps: int = 1
 
 
 class ScheduledStep:

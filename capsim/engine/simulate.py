@@ -110,6 +110,13 @@ class PredictConfig(BaseModel):
     ubatch_tokens: int | None = Field(
         None, ge=1, description="Physical batch, tokens (llama.cpp's -ub; None: the engine's)"
     )
+    scheduler_recv_interval: int = Field(
+        1,
+        ge=1,
+        le=10_000,
+        description="SGLang's --scheduler-recv-interval: decode steps between the "
+        "scheduler's polls for new requests (1: every step)",
+    )
     offline: bool = Field(
         False,
         description="Requests go straight to the engine (llama-bench, vllm bench "
@@ -302,6 +309,12 @@ def build_setup(
         dp = config.dp or 1
     spec = config.spec
     engine = cat.engine(config.engine)
+    if config.scheduler_recv_interval > 1 and engine.name != "sglang":
+        raise CapsimUserError(
+            f"--scheduler-recv-interval is SGLang's flag; {engine.name} takes new requests "
+            "every step",
+            hint="add --engine sglang, or leave --scheduler-recv-interval at 1",
+        )
     fit_options = engine_fit_options(
         engine,
         gpu,
@@ -349,6 +362,7 @@ def build_setup(
         decode_width=step_model.decode_width,
         decode_advance=step_model.decode_advance,
         state_blocks=fit.state_blocks_per_sequence,
+        recv_interval_steps=config.scheduler_recv_interval,
     )
     max_len = config.max_model_len or fit.max_model_len
     return Setup(

@@ -194,6 +194,7 @@ class StepBreakdown:
     t_host: float = 0.0  # the host's per-step work (part of t_overhead)
     t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
     allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)
+    expert_gemm_flops_per_s: float = 0.0  # rate the routed experts' grouped GEMMs run at
 
     @property
     def bytes_total(self) -> float:
@@ -726,7 +727,8 @@ class StepModel:
             "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
             "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph / passes)),
             "t_exp_mem": expert_bytes / self.expert_bw,
-            "t_exp_cmp": expert_flops / self.expert_gemm_rate(routed / passes, touched),
+            "expert_rate": (rate := self.expert_gemm_rate(routed / passes, touched)),
+            "t_exp_cmp": expert_flops / rate,
             "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
             "t_att_cmp": attn_flops / self.attention_flops_rate,
             "t_comm": t_comm,
@@ -961,6 +963,7 @@ class StepModel:
             allreduce_algorithm=self.allreduce_algorithm(
                 t["graph_tokens"] * self.model.hidden_size * ACTIVATION_BYTES
             ),
+            expert_gemm_flops_per_s=t["expert_rate"] if t["touched"] else 0.0,
         )
 
     @property
