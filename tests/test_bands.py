@@ -69,7 +69,24 @@ def test_coverage_checks_each_source_against_bands_built_without_it():
     pts = [point("h100-sxm", "output_tok_s", 1.0, 1.0, dataset=d) for d in "abc"]
     pts += [point("h100-sxm", "output_tok_s", 5.0, 1.0, dataset="d")]
     table = band_coverage(pts, {}, lambda p: p.dataset)
-    assert table["throughput"] == {"inside_50": 0.75, "inside_80": 0.75, "points": 4}
+    assert table["throughput"] == {
+        "inside_50": 0.75,
+        "inside_80": 0.75,
+        "points": 4,
+        "sources_inside_50": 0.75,
+        "sources_inside_80": 0.75,
+        "sources": 4,
+    }
+
+
+def test_coverage_per_source_weighs_each_source_the_same():
+    # a 10-point source 5x off and three 1-point sources spot on: per point 3 of 13
+    # are inside; per source 3 of 4 sources are wholly inside
+    pts = [point("h100-sxm", "output_tok_s", 5.0, 1.0, dataset="big") for _ in range(10)]
+    pts += [point("h100-sxm", "output_tok_s", 1.0, 1.0, dataset=d) for d in "abc"]
+    row = band_coverage(pts, {}, lambda p: p.dataset)["throughput"]
+    assert row["inside_50"] == pytest.approx(3 / 13)
+    assert row["sources_inside_50"] == pytest.approx(0.75) and row["sources"] == 4
 
 
 def test_a_decode_rate_counts_as_tpot_inverted():

@@ -205,24 +205,34 @@ def band_coverage(
     (``source_of(point)``, e.g. its dataset) a band table is built exactly as
     build_band_table builds the shipped one, from every other source's points, and the
     source's points are checked against it. Returns, per metric family, the share of
-    points inside the 50% and 80% bands and the number of points checked."""
+    points inside the 50% and 80% bands and the number of points checked; and the same
+    shares with every source weighing the same (``sources_inside_50``/``_80``, the mean of
+    each source's own share, over ``sources`` sources): the bands are built for the next
+    source, and a source's points fall in or out together, so a few large sources decide
+    the per-point share."""
     rows = band_rows(points, gpu_class, source_of)
-    inside: dict[str, dict[str, int]] = {}
-    counts: dict[str, int] = {}
+    # per family, per source: [points, inside 50%, inside 80%]
+    tally: dict[str, dict[str, list[int]]] = {}
     for source in sorted({r[0] for r in rows}):
         table = _table_from_rows([r for r in rows if r[0] != source])
         for _, cls, family, ratio in (r for r in rows if r[0] == source):
             band, _ = table.band(cls, family)
             if band is None or band.points < 2:
                 continue
-            counts[family] = counts.get(family, 0) + 1
-            hits = inside.setdefault(family, {"inside_50": 0, "inside_80": 0})
-            hits["inside_50"] += int(band.low_50 <= ratio <= band.high_50)
-            hits["inside_80"] += int(band.low <= ratio <= band.high)
-    return {
-        family: {
-            **{k: v / counts[family] for k, v in inside[family].items()},
-            "points": counts[family],
+            t = tally.setdefault(family, {}).setdefault(source, [0, 0, 0])
+            t[0] += 1
+            t[1] += int(band.low_50 <= ratio <= band.high_50)
+            t[2] += int(band.low <= ratio <= band.high)
+    out = {}
+    for family in sorted(tally):
+        per_source = tally[family].values()
+        n = sum(t[0] for t in per_source)
+        out[family] = {
+            "inside_50": sum(t[1] for t in per_source) / n,
+            "inside_80": sum(t[2] for t in per_source) / n,
+            "points": n,
+            "sources_inside_50": float(np.mean([t[1] / t[0] for t in per_source])),
+            "sources_inside_80": float(np.mean([t[2] / t[0] for t in per_source])),
+            "sources": len(tally[family]),
         }
-        for family in sorted(counts)
-    }
+    return out

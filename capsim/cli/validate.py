@@ -479,13 +479,24 @@ def validate_cmd(
             if json_out:
                 print_json({"coverage": table, "scheme": "leave one dataset out"})
                 return
-            headers = ("metric", "points", "inside 50% band", "inside 80% band")
+            headers = (
+                "metric",
+                "points",
+                "inside 50% band",
+                "inside 80% band",
+                "sources",
+                "per source: 50%",
+                "80%",
+            )
             rows = [
                 [
                     family,
                     str(row["points"]),
                     f"{100 * row['inside_50']:.0f}%",
                     f"{100 * row['inside_80']:.0f}%",
+                    str(row["sources"]),
+                    f"{100 * row['sources_inside_50']:.0f}%",
+                    f"{100 * row['sources_inside_80']:.0f}%",
                 ]
                 for family, row in table.items()
             ]
