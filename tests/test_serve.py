@@ -195,8 +195,10 @@ def test_malformed_json_is_a_400(server):
 
 def test_probe_against_serve_reproduces_predict(server, tmp_path):
     """Round trip at --speedup 10: throughput and TPOT within 5% of predict's for the same
-    closed workload (TTFT is compared at --speedup 1 below: at 10x the server's own HTTP
-    round trip, 2-4 ms of wall clock, is 20-40 ms of simulated time; see README)."""
+    closed workload, TTFT p50 within 10% (the driving loop wakes for each step on time and
+    the server's own round trip is taken off; what is left is the host's wall-clock noise,
+    a few tenths of a millisecond, which is several percent of a 10 ms first token at 10x
+    on this two-core host: see transport.py and the README)."""
     speedup = 10.0
     levels = [1, 4]
     summary = capsim.probe(
@@ -225,6 +227,8 @@ def test_probe_against_serve_reproduces_predict(server, tmp_path):
         assert tok_s == pytest.approx(model.output_tok_s, rel=0.05), level.concurrency
         tpot = measured.tpot_ms.mean * speedup
         assert tpot == pytest.approx(model.tpot_ms.mean, rel=0.05), level.concurrency
+        ttft = measured.ttft_ms.p50 * speedup
+        assert ttft == pytest.approx(model.ttft_ms.p50, rel=0.10), level.concurrency
 
 
 def test_first_token_times_match_predict_in_real_time(tmp_path):

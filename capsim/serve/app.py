@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from capsim.serve.live import LIMITS, LiveDeployment
 from capsim.serve.metrics import ServeMetrics
-from capsim.serve.transport import ECHO_PATH, measure_round_trip
+from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip
 
 WORD_OR_MARK = re.compile(r"\w+|[^\w\s]")
 
@@ -301,12 +301,22 @@ def create_app(
         return Response(status_code=200 if ready.is_set() else 503)
 
     async def echo(request: Request) -> Response:
-        """The HTTP path of a streamed completion without the engine (transport.py)."""
+        """The HTTP path of a streamed completion without the engine (transport.py): the
+        body read, and the chunk handed to the stream through a timer and a queue, as the
+        simulation hands a token over when its step ends (``ECHO_WAIT_S`` later, which the
+        measurement takes off)."""
         await read_body(request)
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Queue[str] = asyncio.Queue()
         choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
         first = sse_chunk("cmpl-" + uuid.uuid4().hex, "text_completion", served_names[0], [choice])
-        lines = [first, "data: [DONE]\n\n"]
-        return StreamingResponse(iter(lines), media_type="text/event-stream")
+        loop.call_at(loop.time() + ECHO_WAIT_S, ready.put_nowait, first)
+
+        async def lines() -> AsyncIterator[str]:
+            yield await ready.get()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
 
     async def measure_transport() -> None:
         try:
