@@ -192,6 +192,19 @@ def test_explain_json_breakdown():
     assert invoke("explain", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b").exit_code == 0
 
 
+def test_explain_shows_the_grouped_expert_gemm_rate():
+    """The routed experts' grouped-GEMM rate is a row of explain (Hopper: 0.33 of the FP8
+    peak, 0.33 x 1,979 = 653 TFLOPS) and a field of its JSON; a dense model has no row."""
+    base = ("explain", "--gpu", "h100-sxm", "--model", "qwen3-30b-a3b", "--quant", "fp8")
+    r = invoke(*base, "--prefill-chunk", "4096")
+    assert r.exit_code == 0, r.output
+    assert "routed experts' grouped GEMMs" in r.stdout and "653 TFLOPS" in r.stdout
+    prefill = json.loads(invoke(*base, "--json").stdout)["prefill"]
+    assert prefill["expert_gemm_flops_per_s"] == pytest.approx(0.33 * 1979e12, rel=1e-3)
+    dense = invoke("explain", "--gpu", "h100-sxm", "--model", "qwen3-8b")
+    assert dense.exit_code == 0 and "grouped GEMMs" not in dense.stdout
+
+
 def test_explain_picks_the_format_predict_would_and_warns_when_nothing_fits():
     """Without --quant, explain runs the format predict would pick (AWQ for a 32B dense
     model on one 24 GB card); an explicit format that does not fit is explained anyway,

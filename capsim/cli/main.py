@@ -40,6 +40,7 @@ from capsim.cli.common import (
     err_console,
     fitted_table,
     fmt_num,
+    fmt_sig,
     global_db,
     parse_overrides,
     print_json,
@@ -633,7 +634,7 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
             [
                 (
                     "routed experts' grouped GEMMs",
-                    f"{step.expert_gemm_flops_per_s / 1e12:,.0f} TFLOPS",
+                    f"{fmt_sig(step.expert_gemm_flops_per_s / 1e12)} TFLOPS",
                 )
             ]
             if step.experts_touched_per_layer
