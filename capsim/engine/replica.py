@@ -152,9 +152,11 @@ class Replica:
     def _next_poll(self, boundary: int, first: int) -> int:
         """The first step boundary at or after ``boundary`` at which the scheduler polls,
         given that it first polls at ``first`` and then every interval."""
-        if self.recv_interval <= 1 or boundary <= first:
-            return boundary if self.recv_interval <= 1 else first
         n = self.recv_interval
+        if n <= 1:
+            return boundary
+        if boundary <= first:
+            return first
         return first + -(-(boundary - first) // n) * n
 
     def _step_weight(self, step) -> int:

@@ -307,13 +307,13 @@ def create_app(
         measurement takes off)."""
         await read_body(request)
         loop = asyncio.get_running_loop()
-        ready: asyncio.Queue[str] = asyncio.Queue()
+        handed: asyncio.Queue[str] = asyncio.Queue()
         choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
         first = sse_chunk("cmpl-" + uuid.uuid4().hex, "text_completion", served_names[0], [choice])
-        loop.call_at(loop.time() + ECHO_WAIT_S, ready.put_nowait, first)
+        loop.call_at(loop.time() + ECHO_WAIT_S, handed.put_nowait, first)
 
         async def lines() -> AsyncIterator[str]:
-            yield await ready.get()
+            yield await handed.get()
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(lines(), media_type="text/event-stream")
