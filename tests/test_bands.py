@@ -194,3 +194,25 @@ def test_a_move_past_a_bound_goes_the_other_way_or_as_far_as_it_can():
     moves = uncertainty_moves(_two_parameter_profile(0.0, bounds=(0.0, 5.0), b_std=0.5))
     # a = 4 + 2 leaves [0, 5]: it goes down to 2; b = 2 + 0.5 stays
     assert moves == [{"a": pytest.approx(2.0), "b": pytest.approx(2.0)}, {"a": 4.0, "b": 2.5}]
+
+
+def test_profile_reruns_in_the_sweeps_workers_give_the_bands_of_reruns_in_process():
+    """The reruns that propagate a profile's parameter uncertainty run in the sweep's
+    worker processes when it has them (engine/reruns.py): the bands must be those of the
+    same reruns in this process, and they must widen with the parameters' uncertainty."""
+    from capsim.calibration.applied import calibrated_predict
+
+    config = PredictConfig(
+        gpu="rtx3090",
+        model="qwen3-coder-30b-a3b",
+        concurrency=[1, 2, 4, 8, 16, 32, 64],
+        requests=120,
+    )
+    serial = calibrated_predict(config, CAT, workers=1)
+    pooled = calibrated_predict(config, CAT, workers=2)
+    assert serial.profile is not None and "standard errors" in serial.levels[0].band_source
+    for a, b in zip(serial.levels, pooled.levels, strict=True):
+        assert a.band_80 == b.band_80 and a.band_50 == b.band_50
+    # a profile's band for a figure is wider than its residual spread alone somewhere
+    widths = [lv.band_80["output_tok_s"][1] / lv.band_80["output_tok_s"][0] for lv in serial.levels]
+    assert max(widths) > min(widths)

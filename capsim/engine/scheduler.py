@@ -662,7 +662,8 @@ class Scheduler:
         self._remove(row)
         if self.on_finish is not None:
             self.on_finish(req)
-        req.done.succeed()
+        if req.done is not None:
+            req.done.succeed()
 
     def abort(self, req: SimRequest, now: float) -> bool:
         """Drop ``req`` (a client went away), waiting or running, and free its blocks, as

@@ -8,7 +8,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,17 +19,18 @@ import numpy as np
 import simpy
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from capsim.catalog.loader import Catalog, load_catalog, process_catalog
+from capsim.catalog.loader import Catalog, load_catalog, process_catalog, share_with_workers
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
 from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
 from capsim.engine import request_log
-from capsim.engine.bands import PROPAGATION_REQUESTS, add_corpus_bands, add_profile_bands
+from capsim.engine.bands import add_corpus_bands, add_profile_bands, propagation_plan
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
 from capsim.engine.pool import worker_pool
 from capsim.engine.progress import Progress
 from capsim.engine.replica import Replica
 from capsim.engine.request_log import ItlLog, RequestLog
+from capsim.engine.reruns import Reruns
 from capsim.engine.router import Router, RouterPolicy, takes_time
 from capsim.engine.saturation import derive_run, is_saturated, shares_service
 from capsim.engine.scheduler import SchedulerConfig
@@ -887,14 +890,17 @@ def sweep_saturating(
     config: PredictConfig,
     workloads: list[Workload],
     keep_records: bool,
-    jobs: int,
+    pool: Executor | None,
     catalog: Catalog | None,
     params: EfficiencyParams | None,
     progress: Progress | None = None,
+    then: Callable[[], None] | None = None,
 ) -> list[LevelResult]:
-    """Closed-loop levels on one replica, lowest concurrency first (in ``jobs``
-    processes); once a level is saturated, every level above it is derived from its run
-    instead of simulated (engine/saturation.py). Results come back in the given order."""
+    """Closed-loop levels on one replica, lowest concurrency first (in ``pool``'s
+    workers, made by ``saturating_pool``; None: in this process); once a level is
+    saturated, every level above it is derived from its run instead of simulated
+    (engine/saturation.py). ``then()`` is called once the levels are handed to the pool
+    (to queue other work behind them). Results come back in the given order."""
     order = sorted(range(len(workloads)), key=lambda i: workloads[i].concurrency)
     results: list[LevelResult | None] = [None] * len(workloads)
     base: ReplicaRun | None = None
@@ -919,28 +925,30 @@ def sweep_saturating(
         result.service_of = float(base_level)
         return result
 
-    if jobs > 1:
-        lowest = multiprocessing.Value("i", 0)
-        with worker_pool(jobs, _share_lowest_saturated, (lowest,)) as pool:
-            dirs = catalog_dirs(catalog)
-            futures = {
-                i: pool.submit(
-                    _closed_level_in_worker, (config, dirs, params, workloads[i], keep_records)
-                )
-                for i in order
-            }
-            for i in order:
-                if base is not None:
-                    futures[i].cancel()
-                    results[i] = derived(workloads[i])
-                    measured(i)
-                    continue
-                result, run = futures[i].result()
-                # a worker skips only levels above a saturated one, met first here
-                assert result is not None, "a level below the lowest saturated one was skipped"
-                results[i], base, base_level = result, run, workloads[i].concurrency
+    if pool is not None:
+        dirs = catalog_dirs(catalog)
+        futures = {
+            i: pool.submit(
+                _closed_level_in_worker, (config, dirs, params, workloads[i], keep_records)
+            )
+            for i in order
+        }
+        if then is not None:
+            then()
+        for i in order:
+            if base is not None:
+                futures[i].cancel()
+                results[i] = derived(workloads[i])
                 measured(i)
+                continue
+            result, run = futures[i].result()
+            # a worker skips only levels above a saturated one, met first here
+            assert result is not None, "a level below the lowest saturated one was skipped"
+            results[i], base, base_level = result, run, workloads[i].concurrency
+            measured(i)
     else:
+        if then is not None:
+            then()
         for i in order:
             w = workloads[i]
             if base is not None:
@@ -952,6 +960,18 @@ def sweep_saturating(
                 base, base_level = run, w.concurrency
             measured(i)
     return results
+
+
+@contextmanager
+def saturating_pool(jobs: int) -> Iterator[Executor | None]:
+    """``jobs`` worker processes for ``sweep_saturating`` (sharing the lowest saturated
+    level they find), or None for one."""
+    if jobs <= 1:
+        yield None
+        return
+    lowest = multiprocessing.Value("i", 0)
+    with worker_pool(jobs, _share_lowest_saturated, (lowest,)) as pool:
+        yield pool
 
 
 def _simulate_in_worker(args) -> LevelResult:
@@ -989,6 +1009,8 @@ def predict(
     """
     setup = build_setup(config, catalog, params, profile)
     params = setup.base_params
+    if catalog is not None:
+        share_with_workers(catalog)  # workers forked below need not read the YAML again
     if config.workload == "open" and not config.rates:
         raise CapsimUserError("the open workload needs --rate (one or more, comma-separated)")
     workloads = [make_workload(config, level) for level in sweep_levels(config)]
@@ -1002,21 +1024,45 @@ def predict(
         shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps)
         for w in workloads
     )
+    reruns, moves, sampled = None, [], []
+    if setup.profile is not None and profile_bands:
+        reruns = Reruns(config, catalog, setup)
+        moves, sampled = propagation_plan(sweep_levels(config), setup.profile)
+        moves = [{}, *moves] if moves else []
+
+    def start_reruns(pool: Executor) -> None:
+        if reruns is not None and moves:
+            reruns.start(pool, moves, sampled)
+
     if shared:
-        results = sweep_saturating(
-            setup, config, workloads, keep_records, jobs, catalog, params, counter
-        )
+        with saturating_pool(jobs) as pool:
+            results = sweep_saturating(
+                setup,
+                config,
+                workloads,
+                keep_records,
+                pool,
+                catalog,
+                params,
+                counter,
+                then=None if pool is None else lambda: start_reruns(pool),
+            )
+            if reruns is not None:
+                reruns.collect()  # before the pool closes
     elif jobs > 1:
         with worker_pool(jobs) as pool:
             levels = pool.map(
                 _simulate_in_worker,
                 [(config, catalog_dirs(catalog), params, w, keep_records) for w in workloads],
             )
+            start_reruns(pool)
             results = []
             for result, w in zip(levels, workloads, strict=True):
                 results.append(result)
                 if counter is not None:
                     counter.settle(counter.done + level_requests(w))
+            if reruns is not None:
+                reruns.collect()
     else:
         # one process for the levels: a level whose replicas run apart may use several
         results, done = [], 0
@@ -1038,8 +1084,8 @@ def predict(
     add_relative_figures(setup, config, results)
     if band_table is not None:
         add_corpus_bands(results, setup.gpu.hardware_class, band_table)
-    if setup.profile is not None and profile_bands:
-        add_profile_bands(results, setup.profile, rerun_with(config, catalog, setup))
+    if reruns is not None:
+        add_profile_bands(results, setup.profile, reruns)
     return PredictResult(
         config=config,
         gpu=setup.gpu.name,
@@ -1072,35 +1118,6 @@ def sweep_levels(config: PredictConfig) -> list[float]:
     if config.workload == "trace":
         return [0.0]
     return [float(c) for c in config.concurrency]
-
-
-def rerun_with(config: PredictConfig, catalog, setup: Setup) -> Callable:
-    """A function that runs some of this prediction's levels again (indices into its
-    levels), with some efficiency parameters overridden and PROPAGATION_REQUESTS requests a
-    level (for the profile's parameter uncertainty), in this process, without bands."""
-    levels = sweep_levels(config)
-
-    def rerun(overrides: dict[str, float], indices: list[int]) -> list[LevelResult]:
-        params = setup.step_model.params.with_overrides(overrides)
-        out = []
-        for i in indices:
-            level = levels[i]
-            update: dict = {}
-            if config.workload == "open":
-                update = {
-                    "rates": [level],
-                    "requests": min(make_workload(config, level).requests, PROPAGATION_REQUESTS),
-                }
-            elif config.workload in ("closed", "batch", "agents"):
-                update = {"concurrency": [int(level)]}
-                if config.workload == "closed":
-                    cap = max(PROPAGATION_REQUESTS, 4 * int(level))
-                    update["requests"] = min(make_workload(config, level).requests, cap)
-            sub = config.model_copy(update=update)
-            out += predict(sub, catalog, params=params, workers=1, profile_bands=False).levels
-        return out
-
-    return rerun
 
 
 def add_relative_figures(setup: Setup, config: PredictConfig, results: list[LevelResult]):

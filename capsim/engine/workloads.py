@@ -218,9 +218,18 @@ class Driver:
             workload.kind in ("batch", "closed", "agents") and not self.has_turnaround
         )
 
-    def _send(self, prompt: int, output: int, content: object, session: str | None = None):
+    def _send(
+        self,
+        prompt: int,
+        output: int,
+        content: object,
+        session: str | None = None,
+        awaited: bool = True,
+    ):
         rid = self.first_rid + self.sent
-        req = SimRequest(self.env, rid, self.env.now, int(prompt), int(output), content, session)
+        req = SimRequest(
+            self.env, rid, self.env.now, int(prompt), int(output), content, session, awaited
+        )
         self.sent += 1
         self.output_tokens_sent += req.output_len
         self.in_flight[rid] = req
@@ -228,11 +237,19 @@ class Driver:
         return req
 
     def finished(self, req: SimRequest) -> None:
-        """A request finished: log it and let it go."""
+        """A request finished: log it and let it go (a closed loop's client then sends
+        its next request once it has seen this one end)."""
         del self.in_flight[req.rid]
         self.log.add(req.rid - self.first_rid, req)
         if self.progress is not None:
             self.progress.advance()
+        if req.done is None:  # a closed loop's client, a callback rather than a process
+            if self.has_turnaround:
+                seen = self.env.timeout(self.turnaround(float(req.prompt_len)))
+            else:  # at this instant, once the step's other finishes are through
+                seen = self.env.event()
+                seen.succeed()
+            seen.callbacks.append(self._closed_send)
 
     def close(self) -> LoggedRequests:
         """After the simulation: log the requests that never finished, and return what
@@ -247,10 +264,10 @@ class Driver:
             self.env.process(self._batch())
         elif kind == "closed":
             n = self.w.requests
-            draws = Draws(self.w, self.rng, n)
-            queue = iter(range(n))
+            self._closed_draws = Draws(self.w, self.rng, n)
+            self._closed_queue = iter(range(n))
             for _ in range(min(self.w.concurrency, n)):
-                self.env.process(self._closed_worker(queue, draws))
+                self._closed_send()
         elif kind == "agents":
             self._draw_agent_turns()
             self.env.process(self._agents())
@@ -270,11 +287,12 @@ class Driver:
                 seen = max(r.finish + self.turnaround(float(r.prompt_len)) for r in batch)
                 yield self.env.timeout(max(seen - self.env.now, 0.0))
 
-    def _closed_worker(self, queue, draws: Draws):
-        for i in queue:
-            req = self._send(*draws.get(i)[:2], ("r", i))
-            yield req.done
-            yield from self._client_sees(req)
+    def _closed_send(self, _seen=None) -> None:
+        """A closed loop's client sends the next request of the level, if any is left
+        (``_seen``: the event of its previous request's end reaching it)."""
+        i = next(self._closed_queue, None)
+        if i is not None:
+            self._send(*self._closed_draws.get(i)[:2], ("r", i), awaited=False)
 
     def _client_sees(self, req: SimRequest):
         """Wait until the client has seen ``req`` finish (the front end's latency)."""
