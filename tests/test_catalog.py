@@ -204,3 +204,44 @@ def test_builtin_dir_has_the_three_sections():
     root = builtin_db_dir()
     for sub in ("gpus", "models", "quant_formats"):
         assert any((root / sub).glob("*.yaml"))
+
+
+def test_cached_catalog_equals_the_parsed_one_and_follows_every_edit(cat, tmp_path, monkeypatch):
+    """The parsed catalog is kept in the cache folder under a key of every file's path,
+    size and modification time: reading it back gives the same entries, and an edited,
+    added or removed file, or a damaged cache file, is never served stale."""
+    import os
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", str(cache))
+    overlay = tmp_path / "db"
+    gpu = {**_gpu_data(cat), "name": "my-gpu", "aliases": []}
+    path = write(overlay / "gpus" / "my-gpu.yaml", gpu)
+    first = load_catalog([overlay])
+    assert len(list(cache.glob("catalog-*.pickle"))) == 1
+    again = load_catalog([overlay])  # read back from the cache
+    assert again is not first
+    for section in ("gpus", "models", "quant_formats", "efficiency", "engines"):
+        assert getattr(again, section).entries == getattr(first, section).entries
+        assert getattr(again, section).origin == getattr(first, section).origin
+    monkeypatch.setenv("CAPSIM_NO_CACHE", "1")
+    assert load_catalog([overlay]).gpus.entries == again.gpus.entries
+    monkeypatch.delenv("CAPSIM_NO_CACHE")
+
+    def edit(data: dict) -> None:
+        stamp = path.stat().st_mtime_ns
+        write(path, data)
+        # an edit made in the same clock tick would keep the stamp; a person's is later
+        os.utime(path, ns=(stamp + 10**9, stamp + 10**9))
+
+    edit({**gpu, "memory_gb": 48})  # same size as before: only the time tells
+    assert load_catalog([overlay]).gpu("my-gpu").memory_gb == 48
+    write(overlay / "gpus" / "other.yaml", {**gpu, "name": "other-gpu"})
+    assert load_catalog([overlay]).gpu("other-gpu").name == "other-gpu"
+    (overlay / "gpus" / "other.yaml").unlink()
+    with pytest.raises(UnknownNameError):
+        load_catalog([overlay]).gpu("other-gpu")
+    for cached in cache.glob("catalog-*.pickle"):
+        cached.write_bytes(b"not a pickle")
+    assert load_catalog([overlay]).gpu("my-gpu").memory_gb == 48
+    assert len(list(cache.glob("catalog-*.pickle"))) <= 4  # older ones are pruned

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from capsim.catalog import ENV_VAR
@@ -66,18 +65,20 @@ def builtin_db_dir() -> Path:
     )
 
 
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml's safe loader where PyYAML was built with it (about 10x faster on the catalog's
-~140 files), else the pure-Python one; both accept the same documents."""
-
-
 def load_yaml_text(text: str):
-    """Parse YAML text safely (no Python objects), with libyaml where available."""
-    return yaml.load(text, Loader=YAML_LOADER)
+    """Parse YAML text safely (no Python objects), with libyaml's safe loader where PyYAML
+    was built with it (about 10x faster on the catalog's ~160 files), else the pure-Python
+    one; both accept the same documents. PyYAML is imported here: a catalog read from the
+    cache needs none."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def read_yaml(path: Path) -> dict:
     """Parse one YAML file into a mapping, with a clear error naming the file."""
+    import yaml
+
     try:
         data = load_yaml_text(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -251,15 +252,30 @@ def share_with_workers(catalog: Catalog) -> None:
     _PROCESS_CATALOGS.setdefault(tuple(catalog.directories), catalog)
 
 
-def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
-    sections: dict[str, Section] = {k: Section(kind=k) for k in SECTIONS}
+def _catalog_files(dirs: tuple[Path, ...]) -> list[tuple[str, Path]]:
+    """Every entry file of ``dirs``, as (section, path), in load order."""
+    files = []
     for directory in dirs:
-        for kind, schema in SECTIONS.items():
+        for kind in SECTIONS:
             sub = directory / kind
-            if not sub.is_dir():
-                continue
-            for path in sorted(sub.glob("*.yaml")) + sorted(sub.glob("*.yml")):
-                sections[kind].add(load_entry(path, schema), path)
+            if sub.is_dir():
+                files += [(kind, p) for p in sorted(sub.glob("*.yaml")) + sorted(sub.glob("*.yml"))]
+    return files
+
+
+def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
+    """The catalog of ``dirs``, from capsim's cache when its files have not changed
+    (capsim/catalog/cache.py)."""
+    from capsim.catalog.cache import cached_catalog
+
+    files = _catalog_files(dirs)
+    return cached_catalog([p for _, p in files], lambda: _parse(dirs, files))
+
+
+def _parse(dirs: tuple[Path, ...], files: list[tuple[str, Path]]) -> Catalog:
+    sections: dict[str, Section] = {k: Section(kind=k) for k in SECTIONS}
+    for kind, path in files:
+        sections[kind].add(load_entry(path, SECTIONS[kind]), path)
     return Catalog(
         gpus=sections["gpus"],
         models=sections["models"],

@@ -21,11 +21,11 @@ so worker processes see them too. Every inference leaves a notice (capsim.notice
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from capsim.catalog.cache import cache_dir
 from capsim.catalog.loader import Catalog
 from capsim.catalog.schemas import Model
 from capsim.errors import CapsimUserError, UnknownNameError, normalise_name
@@ -33,7 +33,6 @@ from capsim.notices import notice
 
 HF_ENDPOINT_ENV = "HF_ENDPOINT"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
-CACHE_ENV = "CAPSIM_CACHE_DIR"
 FETCH_TIMEOUT_S = 10.0
 """Seconds to wait for the Hub before calling the machine offline."""
 
@@ -54,16 +53,6 @@ class ResolvedModel:
     name: str
     quant: str | None = None
     overlay: Path | None = None
-
-
-def cache_dir() -> Path:
-    """capsim's cache folder: ``CAPSIM_CACHE_DIR`` or the platform's user cache dir."""
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("capsim"))
 
 
 def overlay_dir() -> Path:
