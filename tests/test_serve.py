@@ -142,14 +142,10 @@ def metric_samples(url: str) -> dict[tuple[str, str], float]:
     return out
 
 
-def test_a_client_that_disconnects_mid_stream_aborts_its_request(server):
-    before = metric_samples(server)
+def assert_aborted(server: str, before: dict) -> None:
+    """The request a client abandoned (after ``before`` was scraped) is aborted: it left
+    the batch, freed its KV blocks, and its 4,000 tokens were never generated."""
     aborted_before = before.get(("vllm:request_success_total", "abort"), 0.0)
-    body = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": 4000, "stream": True}
-    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as r:
-        lines = r.iter_lines()
-        got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data")]
-    assert len(got) >= 3  # it streamed, and then the client left
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         now = metric_samples(server)
@@ -158,13 +154,32 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(server):
         time.sleep(0.1)
     else:
         pytest.fail("the abandoned request was not aborted")
-    # it left the batch and freed its KV blocks; its 4,000 tokens were never generated
     assert now[("vllm:num_requests_running", "")] == 0
     assert now[("vllm:kv_cache_usage_perc", "")] == 0
     generated = now[("vllm:generation_tokens_total", "")] - before.get(
         ("vllm:generation_tokens_total", ""), 0.0
     )
     assert 0 < generated < 4000
+
+
+def test_a_client_that_disconnects_mid_stream_aborts_its_request(server):
+    before = metric_samples(server)
+    body = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": 4000, "stream": True}
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data")]
+    assert len(got) >= 3  # it streamed, and then the client left
+    assert_aborted(server, before)
+
+
+def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(server):
+    """No chunk tells a non-streaming handler that its client left: the server listens for
+    the connection's close, as vLLM's API server does, and aborts the request then."""
+    before = metric_samples(server)
+    body = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": 4000}
+    with pytest.raises(httpx.ReadTimeout):  # 4,000 tokens take about 4 s at --speedup 10
+        httpx.post(server + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+    assert_aborted(server, before)
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,19 @@ def create_app(
             raise ApiError(400, "The request body must be a JSON object.")
         return body
 
+    async def final_tokens(live) -> int:
+        """The tokens of a request once it has finished."""
+        while True:
+            event = await live.queue.get()
+            if event.finished:
+                return event.tokens
+
+    async def disconnected(request: Request) -> None:
+        """Return once the client has closed its connection (the body is read already, so
+        the next ASGI message is the disconnect; vLLM's API server listens the same way)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
     async def generate(request: Request, chat: bool) -> Response:
         arrived = asyncio.get_running_loop().time()
         try:
@@ -187,12 +200,15 @@ def create_app(
             }
 
         if not body.get("stream"):
-            tokens = 0
-            while True:
-                event = await live.queue.get()
-                tokens = event.tokens
-                if event.finished:
-                    break
+            answer = asyncio.ensure_future(final_tokens(live))
+            gone = asyncio.ensure_future(disconnected(request))
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not answer.done():  # the client went away before its answer: vLLM aborts it
+                answer.cancel()
+                deployment.abort(live)
+                return Response(status_code=499)  # nobody reads it
+            gone.cancel()
+            tokens = answer.result()
             text = FILLER * tokens
             choice = (
                 {"index": 0, "message": {"role": "assistant", "content": text}}
