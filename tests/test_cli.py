@@ -205,6 +205,22 @@ def test_explain_shows_the_grouped_expert_gemm_rate():
     assert dense.exit_code == 0 and "grouped GEMMs" not in dense.stdout
 
 
+def test_explain_shows_the_gated_deltanet_prefill_rate():
+    """A hybrid model's chunked Gated DeltaNet prefill rate is a row of explain (Hopper:
+    0.025 of the 989.5 BF16 TFLOPS = 24.7) and a field of its JSON; a decode step has no
+    chunked tokens, and a model without GDN layers no row."""
+    base = ("explain", "--gpu", "h200", "--model", "qwen3.6-35b-a3b", "--quant", "bf16")
+    r = invoke(*base, "--prefill-chunk", "8192")
+    assert r.exit_code == 0, r.output
+    assert "Gated DeltaNet chunked prefill kernels" in r.stdout and "24.7 TFLOPS" in r.stdout
+    data = json.loads(invoke(*base, "--prefill-chunk", "8192", "--json").stdout)
+    assert data["prefill"]["gdn_prefill_flops_per_s"] == pytest.approx(0.025 * 989.5e12)
+    assert data["prefill"]["gdn_chunked_tokens"] == 8191
+    assert data["decode"]["gdn_chunked_tokens"] == 0
+    dense = invoke("explain", "--gpu", "h200", "--model", "qwen3-8b", "--prefill-chunk", "8192")
+    assert dense.exit_code == 0 and "Gated DeltaNet" not in dense.stdout
+
+
 def test_explain_picks_the_format_predict_would_and_warns_when_nothing_fits():
     """Without --quant, explain runs the format predict would pick (AWQ for a 32B dense
     model on one 24 GB card); an explicit format that does not fit is explained anyway,

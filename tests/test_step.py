@@ -84,6 +84,41 @@ def test_grouped_expert_gemm_rate_by_hand():
     assert dense.step([tokens], [tokens]).t_expert_compute == pytest.approx(expected)
 
 
+def test_gated_deltanet_chunked_prefill_rate_by_hand():
+    """With linear_attention_compute_efficiency set, the tokens a step processes beyond
+    one per sequence run the Gated DeltaNet layers at that share of the 16-bit peak: a
+    prefill chunk's attention compute grows by exactly those FLOPs at the new rate less
+    the same at the attention rate; a decode step, and a model without GDN layers, are
+    unchanged."""
+    g, m, fmt = CAT.gpu("b200"), CAT.model("qwen3.6-35b-a3b"), CAT.quant("bf16")
+    la = m.linear_attention
+    per_token = 6.0 * m.count_layers("linear_attention") * la.num_value_heads * 128 * 128
+    slow = StepModel(
+        g, m, fmt, Deployment(), EfficiencyParams(linear_attention_compute_efficiency=0.0145)
+    )
+    base = StepModel(g, m, fmt, Deployment(), EfficiencyParams())
+    assert slow.gdn_flops_per_token == pytest.approx(per_token)
+    tokens = 8192
+    gdn = (tokens - 1) * per_token  # the sequence's first token counts as its decode width
+    extra = gdn / (0.0145 * g.tensor_tflops.bf16 * 1e12) - gdn / base.attention_flops_rate
+    prefill, prefill_base = slow.step([tokens], [0]), base.step([tokens], [0])
+    assert prefill.t_attention_compute - prefill_base.t_attention_compute == pytest.approx(extra)
+    assert prefill.gdn_chunked_tokens == tokens - 1
+    assert prefill.gdn_prefill_flops_per_s == pytest.approx(0.0145 * 2250e12)
+    decode = slow.step(np.ones(64), np.full(64, 4000.0))
+    assert decode.t_total == pytest.approx(base.step(np.ones(64), np.full(64, 4000.0)).t_total)
+    # the simulator's fast paths (cached context-free terms) agree with the full terms
+    n, c = np.array([2048.0, 1.0, 1.0]), np.array([0.0, 900.0, 1200.0])
+    assert slow.scheduled_step_time(n, c) == pytest.approx(slow.step(n, c).t_total)
+    dense = CAT.model("llama-3.1-8b")
+    flat = StepModel(
+        g, dense, fmt, Deployment(), EfficiencyParams(linear_attention_compute_efficiency=0.0145)
+    )
+    plain = StepModel(g, dense, fmt, Deployment(), EfficiencyParams())
+    assert flat.step([tokens], [0]).t_total == pytest.approx(plain.step([tokens], [0]).t_total)
+    assert flat.step([tokens], [0]).gdn_chunked_tokens == 0
+
+
 def test_llama_cpp_sets_its_gb10_kernel_rates():
     """llama.cpp's GGUF GEMMs on GB10 run at the profiled MMQ rates (engine class_params),
     other engines keep the class's."""

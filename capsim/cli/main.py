@@ -644,6 +644,16 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
             "attention: memory | compute",
             f"{step.t_attention_memory * ms:.3f} | {step.t_attention_compute * ms:.3f} ms",
         ),
+        *(
+            [
+                (
+                    "Gated DeltaNet chunked prefill kernels",
+                    f"{fmt_sig(step.gdn_prefill_flops_per_s / 1e12)} TFLOPS",
+                )
+            ]
+            if step.gdn_chunked_tokens
+            else []
+        ),
         (
             "communication (all-reduce)",
             f"{step.t_communication * ms:.3f} ms"

@@ -92,6 +92,16 @@ class EfficiencyParams(BaseModel):
     attention_compute_efficiency: float = Field(
         0.45, gt=0, le=1, description="Fraction of tensor peak prefill attention achieves"
     )
+    linear_attention_compute_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of the 16-bit tensor peak that the chunked Gated DeltaNet "
+        "prefill kernels reach (FLA's Triton chain: cumsum, KKT, triangular solve, WY, "
+        "state recurrence and output, mostly latency- and memory-bound), for the tokens "
+        "a step processes beyond one per sequence. None: they run at the attention rate. "
+        "Set per class from kernel benchmarks",
+    )
     weight_only_compute_factor: float = Field(
         0.75,
         gt=0,
@@ -293,6 +303,7 @@ class EfficiencyParams(BaseModel):
                 "moe_compute_efficiency",
                 "roofline_sharpness",
                 "attention_compute_efficiency",
+                "linear_attention_compute_efficiency",
                 "weight_only_compute_factor",
             ],
             "moe": ["moe_routing_skew", "l2_reuse_strength"],

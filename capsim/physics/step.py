@@ -195,6 +195,8 @@ class StepBreakdown:
     t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
     allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)
     expert_gemm_flops_per_s: float = 0.0  # rate the routed experts' grouped GEMMs run at
+    gdn_prefill_flops_per_s: float = 0.0  # rate the chunked Gated DeltaNet prefill runs at
+    gdn_chunked_tokens: float = 0.0  # tokens through the chunked Gated DeltaNet kernels
 
     @property
     def bytes_total(self) -> float:
@@ -333,7 +335,8 @@ class StepModel:
         self.sliding_layers = model.count_layers("sliding_attention")
         self.linear_layers = model.count_layers("linear_attention")
         la = model.linear_attention
-        self.linear_flops_per_token = (
+        # Gated DeltaNet: the state update and read-out, 6 x dk x dv FLOPs a head and token
+        self.gdn_flops_per_token = (
             6.0
             * self.linear_layers
             * (la.num_value_heads / tp)
@@ -342,6 +345,7 @@ class StepModel:
             if la
             else 0.0
         )
+        self.linear_flops_per_token = self.gdn_flops_per_token
         mb = model.mamba
         if mb is not None:  # Mamba-2 SSM: state update and read-out, per head
             self.linear_flops_per_token += (
@@ -386,6 +390,12 @@ class StepModel:
             self.gemm_peak * p.moe_compute_efficiency if p.moe_compute_efficiency else None
         )
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
+        # the chunked Gated DeltaNet prefill kernels, where the class sets their own rate
+        self.gdn_prefill_rate = (
+            sixteen * 1e12 * compute_scale * p.linear_attention_compute_efficiency
+            if p.linear_attention_compute_efficiency and self.gdn_flops_per_token
+            else None
+        )
 
         # --- communication
         self.link = choose_interconnect(gpu, tp, dep.interconnect)
@@ -730,7 +740,9 @@ class StepModel:
             "expert_rate": (rate := self.expert_gemm_rate(routed / passes, touched)),
             "t_exp_cmp": expert_flops / rate,
             "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
-            "t_att_cmp": attn_flops / self.attention_flops_rate,
+            "t_att_cmp": (
+                attn_flops / self.attention_flops_rate + self.gdn_prefill_extra(tokens, seqs)
+            ),
             "t_comm": t_comm,
             "t_host": t_host,
             "t_floor": t_floor,
@@ -738,6 +750,22 @@ class StepModel:
             "t_draft": draft_time,
             "decode_only": self._decode_only(tokens, seqs),
         }
+
+    def gdn_chunked_tokens(self, tokens: float, seqs: int) -> float:
+        """Tokens of a step that run through the chunked Gated DeltaNet prefill kernels:
+        those beyond the decode width of each sequence (a decode runs the recurrent
+        kernel, whose state traffic is costed with the KV)."""
+        return max(tokens - seqs * self.decode_width, 0.0)
+
+    def gdn_prefill_extra(self, tokens: float, seqs: int) -> float:
+        """Seconds the chunked Gated DeltaNet prefill kernels take beyond their FLOPs at
+        the attention rate (0 where the class sets no rate of their own): the step's
+        chunked tokens' GDN FLOPs at ``linear_attention_compute_efficiency`` of the 16-bit
+        peak, less the same FLOPs at the attention rate (already in its compute term)."""
+        if self.gdn_prefill_rate is None:
+            return 0.0
+        flops = self.gdn_chunked_tokens(tokens, seqs) * self.gdn_flops_per_token
+        return flops / self.gdn_prefill_rate - flops / self.attention_flops_rate
 
     def passes(self, tokens: float) -> int:
         """Passes a step of ``tokens`` tokens runs as: 1, or with a physical batch
@@ -964,6 +992,14 @@ class StepModel:
                 t["graph_tokens"] * self.model.hidden_size * ACTIVATION_BYTES
             ),
             expert_gemm_flops_per_s=t["expert_rate"] if t["touched"] else 0.0,
+            gdn_prefill_flops_per_s=(
+                (self.gdn_prefill_rate or self.attention_flops_rate)
+                if self.gdn_flops_per_token
+                else 0.0
+            ),
+            gdn_chunked_tokens=(
+                self.gdn_chunked_tokens(tokens, seqs) if self.gdn_flops_per_token else 0.0
+            ),
         )
 
     @property
