@@ -62,9 +62,7 @@ def cached_catalog(files: list[Path], parse: Callable[[], object]):
     try:
         with path.open("rb") as f:
             return pickle.load(f)
-    except FileNotFoundError:
-        pass
-    except Exception:  # a truncated or foreign file: parse again and overwrite it
+    except Exception:  # none yet, or a truncated or foreign file: parse (and overwrite) it
         pass
     catalog = parse()
     try:

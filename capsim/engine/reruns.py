@@ -81,12 +81,8 @@ class Reruns:
         out = []
         for i in indices:
             key = _key(overrides, i)
-            if key in self._done:
+            if key in self._done:  # run in a worker (start, then collect)
                 out.append(self._done.pop(key))
-                continue
-            future = self._futures.pop(key, None)
-            if future is not None:
-                out.append(future.result())
                 continue
             sub = self.level_config(i)
             out += predict(sub, self.catalog, params=params, workers=1, profile_bands=False).levels

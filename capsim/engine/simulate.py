@@ -899,8 +899,8 @@ def sweep_saturating(
     """Closed-loop levels on one replica, lowest concurrency first (in ``pool``'s
     workers, made by ``saturating_pool``; None: in this process); once a level is
     saturated, every level above it is derived from its run instead of simulated
-    (engine/saturation.py). ``then()`` is called once the levels are handed to the pool
-    (to queue other work behind them). Results come back in the given order."""
+    (engine/saturation.py). With a pool, ``then()`` is called once the levels are handed to
+    it (to queue other work behind them). Results come back in the given order."""
     order = sorted(range(len(workloads)), key=lambda i: workloads[i].concurrency)
     results: list[LevelResult | None] = [None] * len(workloads)
     base: ReplicaRun | None = None
@@ -947,8 +947,6 @@ def sweep_saturating(
             results[i], base, base_level = result, run, workloads[i].concurrency
             measured(i)
     else:
-        if then is not None:
-            then()
         for i in order:
             w = workloads[i]
             if base is not None:
@@ -1045,7 +1043,7 @@ def predict(
                 catalog,
                 params,
                 counter,
-                then=None if pool is None else lambda: start_reruns(pool),
+                then=lambda: start_reruns(pool),
             )
             if reruns is not None:
                 reruns.collect()  # before the pool closes
