@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 from capsim.calibration.kernels import (
+    KERNEL_FIT,
+    PREFILL_KERNEL_FIT,
     KernelRow,
+    benchmark_elementwise_bytes,
     compare_kernels,
+    default_fit,
+    eager_elementwise_seconds,
     fit_kernel_params,
     load_kernel_dataset,
     mape,
@@ -21,11 +26,17 @@ from capsim.physics.step import Deployment, build_step_model, default_efficiency
 
 CAT = load_catalog()
 H100 = Path(__file__).resolve().parents[1] / "calibration/kernels/h100-sxm-decode-layers.json"
+FUSED = H100.with_name("h100-sxm-fused-layers.json")
 
 
 @pytest.fixture(scope="module")
 def h100():
     return load_kernel_dataset(H100)
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return load_kernel_dataset(FUSED)
 
 
 def hopper_params_with(**overrides):
@@ -85,23 +96,85 @@ def test_kernel_seconds_is_the_step_without_host_overheads_and_communication():
     assert one == pytest.approx(sm.dense_weight_bytes / sm.dense_bw + floor, rel=0.02)
 
 
-def test_hopper_class_defaults_reproduce_the_h100_measurements(h100):
-    points = compare_kernels(h100, CAT)
-    assert len(points) == 262
-    assert mape(points) < 8.0
-    assert max(abs(p.error) for p in points) < 0.30
+def test_fused_dataset_holds_decode_and_prefill_with_the_evidence_beside_them(fused):
+    assert fused.elementwise == "fused"
+    assert fused.runs[0]["device"] == "NVIDIA H100 80GB HBM3"
+    prefill = [r for r in fused.rows if r.new_tokens > 1]
+    assert {r.new_tokens for r in prefill} == {512, 2048, 8192, 16384}
+    assert all(r.context == 0 and r.batch == 1 for r in prefill)
+    assert fused.gemms and fused.attention and fused.profiles
+    # the profiles: the fused layer runs fused norms and SiLU-and-multiply, not eager ones
+    names = " ".join(k for p in fused.profiles for k in p["kernels"])
+    assert "fused" in names and "layer_norm" not in names
 
 
-def test_fit_recovers_the_class_file_and_beats_generic_priors(h100):
-    fit = fit_kernel_params(h100, CAT)
+def test_hopper_class_defaults_reproduce_the_h100_measurements(fused):
+    points = compare_kernels(fused, CAT)
+    assert len(points) == 348  # 252 usable decode rows and 96 prefills
+    assert mape(points) < 5.0
+    assert max(abs(p.error) for p in points) < 0.25
+    prefill = [p for p in points if p.row.new_tokens > 1]
+    assert mape(prefill) < 6.0
+
+
+def test_fit_recovers_the_class_file_and_beats_generic_priors(fused):
+    fit = fit_kernel_params(fused, CAT)
+    assert tuple(fit.values) == KERNEL_FIT + PREFILL_KERNEL_FIT
     defaults = CAT.efficiency.entries["datacenter-hopper"].params
     for name, value in fit.values.items():
         assert value == pytest.approx(defaults[name], abs=max(3 * fit.std[name], 0.01))
     # a wrong prior makes the error worse: the fit does something
     worse = compare_kernels(
-        h100, CAT, hopper_params_with(bandwidth_efficiency=0.5, layer_overhead_graph_us=0.0)
+        fused, CAT, hopper_params_with(bandwidth_efficiency=0.5, layer_overhead_graph_us=0.0)
     )
     assert mape(worse) > 2 * fit.mape_fitted
+
+
+def test_without_the_elementwise_term_long_prompts_at_tp8_run_too_fast(fused):
+    # the norms move the replicated hidden state: at TP=8 and 16K tokens they are a fifth
+    # of the layer, so leaving them out (an efficiency of 1 on a tiny byte count) must
+    # make those prefills clearly too fast, while TP=1 moves far less
+    params = hopper_params_with(elementwise_bandwidth_efficiency=1.0)
+    points = compare_kernels(fused, CAT, params)
+    long = [p for p in points if p.row.new_tokens == 16384]
+    tp8 = np.mean([p.error for p in long if p.row.tp_shard == 8])
+    tp1 = np.mean([p.error for p in long if p.row.tp_shard == 1])
+    assert tp8 < -0.08 and tp8 < tp1 - 0.04
+
+
+def test_eager_datasets_fit_without_the_elementwise_rate(h100):
+    # an eager benchmark's elementwise kernels are added as profiled, so their rate is not
+    # the step model's to fit; decode-only rows identify the decode terms alone
+    assert default_fit(h100) == KERNEL_FIT
+    prefill = load_kernel_dataset(H100.with_name("h200-prefill-layers.json"))
+    assert "elementwise_bandwidth_efficiency" not in default_fit(prefill)
+    assert "prefill_compute_efficiency" in default_fit(prefill)
+
+
+def test_benchmark_elementwise_bytes_by_hand():
+    # llama-3.1-8b at TP=8: h 4096, q 512, f 1792 per GPU
+    m = CAT.model("llama-3.1-8b")
+    bf16 = benchmark_elementwise_bytes(m, 8, "bf16")
+    assert bf16["fused"] == 16 * 4096 + 6 * 1792
+    assert bf16["norm"] == 8 * 4096 and bf16["add"] == 12 * 4096
+    assert bf16["silu_mul"] == 10 * 1792 and bf16["fp8_cast"] == 0
+    fp8 = benchmark_elementwise_bytes(m, 8, "fp8")
+    assert fp8["fused"] == 14 * 4096 + 5 * 1792 + 3 * 512
+    assert fp8["fp8_cast"] == 3 * (2 * 4096 + 512 + 1792)
+
+
+def test_eager_elementwise_time_by_hand(h100):
+    # one decode row of 64 sequences: bytes at each kernel's share of 3,350 GB/s, plus the
+    # eager layer's extra kernels, times 32 layers
+    r = row(tp_shard=8, batch=64)
+    shares, extra = h100.eager_elementwise_shares, h100.eager_extra_floor_us["bf16"]
+    per_token = (
+        8 * 4096 / shares["norm"] + 12 * 4096 / shares["add"] + 10 * 1792 / shares["silu_mul"]
+    ) / 3350e9
+    want = (per_token * 64 + extra * 1e-6) * 32
+    assert eager_elementwise_seconds(r, h100, CAT) == pytest.approx(want)
+    fused = h100.model_copy(update={"elementwise": "fused"})
+    assert eager_elementwise_seconds(r, fused, CAT) == 0.0
 
 
 def test_h100_fit_predicts_the_h200_out_of_sample():
@@ -111,5 +184,15 @@ def test_h100_fit_predicts_the_h200_out_of_sample():
     assert h200.runs[0]["device"] == "NVIDIA H200"
     points = compare_kernels(h200, CAT)
     assert len(points) == 262
-    assert mape(points) < 10.0
-    assert abs(np.mean([p.error for p in points])) < 0.05
+    assert mape(points) < 6.0
+    assert abs(np.mean([p.error for p in points])) < 0.04
+
+
+def test_h100_fit_predicts_h200_prefills_out_of_sample():
+    # whole prompts of 512-16K tokens through eager PyTorch layers on an H200: the fused
+    # H100's GEMM, attention and floor terms plus the eager kernels as profiled
+    h200 = load_kernel_dataset(H100.with_name("h200-prefill-layers.json"))
+    points = compare_kernels(h200, CAT)
+    assert len(points) == 96
+    assert mape(points) < 7.0
+    assert max(abs(p.error) for p in points) < 0.25

@@ -416,7 +416,7 @@ def test_eager_step_is_the_longer_of_gpu_work_and_launches():
 
 
 def test_hardware_class_defaults_come_from_data():
-    assert default_efficiency(CAT.gpu("h100-sxm"), CAT).bandwidth_efficiency == 0.82
+    assert default_efficiency(CAT.gpu("h100-sxm"), CAT).bandwidth_efficiency == 0.83
     assert default_efficiency(CAT.gpu("b200"), CAT).bandwidth_efficiency == 0.85
     assert default_efficiency(CAT.gpu("rtx3090"), CAT).bandwidth_efficiency == 0.80
     assert all(g.hardware_class in CAT.efficiency.entries for g in CAT.gpus)

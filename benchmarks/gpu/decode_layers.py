@@ -93,13 +93,22 @@ def timed_graph(fn, replays: int = 20, repeats: int = 5) -> float:
 class Layers:
     """``n`` decoder layers of one TP shard with a KV cache for ``batch`` x ``context``."""
 
-    def __init__(self, shape: dict, tp: int, n: int, batch: int, context: int, fmt: str = "bf16"):
+    def __init__(
+        self,
+        shape: dict,
+        tp: int,
+        n: int,
+        batch: int,
+        context: int,
+        fmt: str = "bf16",
+        fused: bool = False,
+    ):
         s = shard(shape, tp)
-        self.fmt = fmt
+        self.fmt, self.fused = fmt, fused
         d, hd = shape["hidden_size"], shape["head_dim"]
         self.h, self.kvh, self.hd, self.ffn = s["heads"], s["kv_heads"], hd, s["ffn"]
         self.batch, self.context = batch, context
-        dev, dt = "cuda", torch.bfloat16
+        dev, dt = ("cuda" if torch.cuda.is_available() else "cpu"), torch.bfloat16
         qkv_out = (self.h + 2 * self.kvh) * hd
 
         def w(*size):
@@ -124,6 +133,7 @@ class Layers:
         ]
         self.x = torch.randn(batch, d, device=dev, dtype=dt)
         self.out = torch.empty_like(self.x)
+        self.residual = torch.zeros_like(self.x)
         self.one = torch.ones((), device=dev, dtype=torch.float32)
         weight_elem = 1 if fmt == "fp8" else BF16
         self.weight_bytes_per_layer = weight_elem * (
@@ -141,7 +151,19 @@ class Layers:
             xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
         )
 
+    def gemm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """xq @ weight.T for an input already in the weights' format (FP8: quantised by the
+        fused kernel that produced it)."""
+        if self.fmt != "fp8":
+            return F.linear(xq, weight)
+        return torch._scaled_mm(
+            xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
+        )
+
     def step(self) -> None:
+        if self.fused:
+            self.step_fused()
+            return
         x = self.x
         b, g = self.batch, self.h // self.kvh
         for p in self.layers:
@@ -158,6 +180,27 @@ class Layers:
             gu = self.linear(hn, p["gate_up"])
             x = x + self.linear(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :], p["down"])
         self.out.copy_(x)
+
+    def step_fused(self) -> None:
+        """The same layers with vLLM's fused elementwise kernels (fused_ops)."""
+        from fused_ops import add_rms_norm, quantize, silu_mul
+
+        fp8 = self.fmt == "fp8"
+        h, residual = self.x, self.residual
+        b, g = self.batch, self.h // self.kvh
+        for p in self.layers:
+            hn, residual = add_rms_norm(h, residual, p["norm1"], 1e-6, fp8)
+            qkv = self.gemm(hn, p["qkv"])
+            q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], -1)
+            p["k_cache"][:, :, self.context] = k.view(b, self.kvh, self.hd)
+            p["v_cache"][:, :, self.context] = v.view(b, self.kvh, self.hd)
+            att = F.scaled_dot_product_attention(
+                q.view(b, self.kvh, g, self.hd), p["k_cache"], p["v_cache"]
+            ).reshape(b, self.h * self.hd)
+            h = self.gemm(quantize(att) if fp8 else att, p["o"])
+            hn, residual = add_rms_norm(h, residual, p["norm2"], 1e-6, fp8)
+            h = self.gemm(silu_mul(self.gemm(hn, p["gate_up"]), fp8), p["down"])
+        torch.add(h, residual, out=self.out)
 
 
 def layer_count(shape: dict, tp: int, batch: int, context: int, budget_gb: float) -> int:
@@ -195,6 +238,11 @@ def main() -> None:
     ap.add_argument("--contexts", default="16,2048")
     ap.add_argument("--formats", default="bf16", help="bf16 and/or fp8 weights")
     ap.add_argument("--budget-gb", type=float, default=55.0)
+    ap.add_argument(
+        "--fused",
+        action="store_true",
+        help="vLLM's fused elementwise kernels (torch.compile) instead of eager ones",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -234,7 +282,7 @@ def main() -> None:
                             if n < 4:
                                 continue
                             try:
-                                layers = Layers(shape, tp, n, batch, context, fmt)
+                                layers = Layers(shape, tp, n, batch, context, fmt, args.fused)
                                 us = timed_graph(layers.step)
                             except RuntimeError as exc:  # e.g. a shape a kernel rejects
                                 print(f"skip {name} tp{tp} b{batch} {fmt}: {exc}", flush=True)
@@ -245,6 +293,7 @@ def main() -> None:
                                 "kind": "decode_layers",
                                 "model": name,
                                 "weights": fmt,
+                                "elementwise": "fused" if args.fused else "eager",
                                 "tp_shard": tp,
                                 "batch": batch,
                                 "context": context,

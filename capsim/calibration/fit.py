@@ -50,6 +50,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "bandwidth_efficiency": (0.3, 1.0),
     "moe_bandwidth_efficiency": (0.15, 1.0),
     "kv_bandwidth_efficiency": (0.2, 1.0),
+    "elementwise_bandwidth_efficiency": (0.1, 1.0),
     "compute_efficiency": (0.005, 1.0),  # a tiny model on a CPU core: 0.03-0.06 (cpu-host)
     "attention_compute_efficiency": (0.02, 1.0),
     "step_overhead_us": (0.0, 20_000.0),

@@ -1,13 +1,22 @@
-"""Kernel-level decode measurements against the step model's GPU terms.
+"""Kernel-level layer measurements against the step model's GPU terms.
 
-A kernel dataset (``calibration/kernels/*.json``, written from the output of
-``benchmarks/gpu/decode_layers.py``) holds the measured GPU time of dense decoder layers in a
-decode step on one real GPU, per tensor-parallel shard, batch size and context length. Each
-row becomes a whole-model figure, ``num_layers x us_per_layer + lm_head_us`` (microseconds),
-compared with ``StepModel.kernel_seconds`` for the same model, format, TP size, batch and
-context: the weights, attention and per-layer kernel-floor terms, without host overheads or
+A kernel dataset (``calibration/kernels/*.json``, written by
+``benchmarks/gpu/make_kernel_dataset.py`` from the output of ``benchmarks/gpu/decode_layers.py``
+and ``prefill_layers.py``) holds the measured GPU time of dense decoder layers on one real
+GPU, per tensor-parallel shard, batch size, new tokens per sequence (1 in a decode step, the
+prompt in a prefill) and context length. Each row becomes a whole-model figure,
+``num_layers x us_per_layer + lm_head_us`` (microseconds), compared with
+``StepModel.kernel_seconds`` for the same model, format, TP size and step: the weights,
+attention, elementwise and per-layer kernel-floor terms, without host overheads or
 communication. Fitting those terms' efficiency parameters to the rows gives measured values
 for a hardware class, with standard errors from the Jacobian.
+
+The benchmark's elementwise kernels are its own, so each row is compared with what they
+move: a ``fused`` dataset runs vLLM's fused kernels (two add-RMSNorms and SiLU-and-multiply,
+with FP8 quantisation fused into them), costed by the step model's elementwise term at the
+benchmark's byte count; an ``eager`` dataset runs PyTorch's separate kernels (RMSNorm,
+residual adds, SiLU, multiply, FP8 casts), whose time is known from a kernel profile as each
+kernel's share of peak bandwidth (``eager_elementwise_shares``) and added as measured.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -22,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from capsim.calibration.compare import mape
 from capsim.calibration.fit import bounds_and_start, check_fittable, jacobian_std
 from capsim.catalog.loader import Catalog
+from capsim.catalog.schemas import Model
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import kv_heads_per_gpu
@@ -34,6 +45,13 @@ KERNEL_FIT = (
     "layer_overhead_graph_us",
 )
 """The step-model parameters a decode-layer measurement identifies."""
+
+PREFILL_KERNEL_FIT = (
+    "prefill_compute_efficiency",
+    "attention_compute_efficiency",
+    "elementwise_bandwidth_efficiency",
+)
+"""What prefill rows add: large-M GEMMs, prefill attention and the elementwise kernels."""
 
 SHORT_CONTEXT = 16
 """Contexts up to this many tokens leave attention negligible (tokens)."""
@@ -48,13 +66,15 @@ class KernelRow(BaseModel):
     weights: str
     tp_shard: int
     batch: int
+    new_tokens: int = 1
     context: int
     layers_built: int
     us_per_layer: float
     lm_head_us: float
     weight_bytes_per_layer: float
-    kv_bytes_per_layer: float
-    achieved_gb_s: float
+    kv_bytes_per_layer: float = 0.0
+    achieved_gb_s: float | None = None
+    attention_backend: str | None = None
     run: int
 
 
@@ -68,7 +88,13 @@ class KernelDataset(BaseModel):
     source: dict[str, str]
     caveats: list[str]
     runs: list[dict]
+    elementwise: Literal["eager", "fused"] = "eager"
+    eager_elementwise_shares: dict[str, float] | None = None
+    eager_extra_floor_us: dict[str, float] | None = None
     rows: list[KernelRow]
+    gemms: list[dict] = []
+    attention: list[dict] = []
+    profiles: list[dict] = []
 
 
 def load_kernel_dataset(path: Path) -> KernelDataset:
@@ -90,7 +116,7 @@ def usable(row: KernelRow, ds: KernelDataset, catalog: Catalog) -> bool:
     (sequence, KV head); with fewer of those than the GPU's multiprocessors and a real
     context, it leaves most of the GPU idle in a way vLLM's decode kernels do not.
     """
-    if row.context <= SHORT_CONTEXT:
+    if row.context <= SHORT_CONTEXT or row.new_tokens > 1:
         return True
     sm_count = ds.runs[row.run].get("sm_count", 0)
     return row.batch * kv_heads_per_gpu(catalog.model(row.model), row.tp_shard) >= sm_count
@@ -99,6 +125,49 @@ def usable(row: KernelRow, ds: KernelDataset, catalog: Catalog) -> bool:
 def measured_step_us(row: KernelRow, catalog: Catalog) -> float:
     """Whole-model decode-step GPU time of a row, microseconds."""
     return catalog.model(row.model).num_layers * row.us_per_layer + row.lm_head_us
+
+
+EAGER_OPS = ("norm", "add", "silu_mul", "fp8_cast")
+"""The eager benchmark's elementwise kernels, as named in ``eager_elementwise_shares``."""
+
+
+def benchmark_elementwise_bytes(model: Model, tp: int, weights: str) -> dict[str, float]:
+    """Bytes per token and layer each kind of elementwise kernel of the benchmark moves.
+
+    Fused (``fused``): two add-RMSNorms reading the input and the residual and writing both
+    (16 h bytes; with FP8 the normed copy is one byte, 14 h), SiLU-and-multiply reading both
+    halves and writing one (6 f; 5 f with FP8) and, with FP8, the cast of attention's output
+    (3 q). Eager: RMSNorm read and write (2 x 4 h), two residual adds (2 x 6 h), SiLU (4 f)
+    then the multiply (6 f), and with FP8 a cast of each GEMM's input (3 bytes an element).
+    h: hidden size, q: query width, f: FFN width, per GPU."""
+    h = float(model.hidden_size)
+    q = model.num_attention_heads / tp * model.head_dim
+    f = (model.intermediate_size or 0) / tp
+    fp8 = weights == "fp8"
+    fused = (14 * h + 5 * f + 3 * q) if fp8 else (16 * h + 6 * f)
+    return {
+        "fused": fused,
+        "norm": 8 * h,
+        "add": 12 * h,
+        "silu_mul": 10 * f,
+        "fp8_cast": 3 * (2 * h + q + f) if fp8 else 0.0,
+    }
+
+
+def eager_elementwise_seconds(row: KernelRow, ds: KernelDataset, catalog: Catalog) -> float:
+    """Time the eager benchmark's elementwise kernels take in a row's whole model (s): each
+    kernel's bytes at its measured share of the GPU's peak bandwidth, and the fixed cost of
+    the kernels it runs beyond the fused layer's (``eager_extra_floor_us`` a layer, by
+    format), which the step model's kernel floor (fitted on fused layers) leaves out."""
+    shares = ds.eager_elementwise_shares
+    if ds.elementwise != "eager" or not shares:
+        return 0.0
+    model = catalog.model(row.model)
+    per_token = benchmark_elementwise_bytes(model, row.tp_shard, row.weights)
+    peak = catalog.gpu(ds.gpu).memory_bandwidth_gb_s * 1e9
+    seconds = sum(per_token[op] / (peak * shares[op]) for op in EAGER_OPS if per_token[op])
+    floor = (ds.eager_extra_floor_us or {}).get(row.weights, 0.0) * 1e-6
+    return (seconds * row.batch * row.new_tokens + floor) * model.num_layers
 
 
 @dataclass(frozen=True)
@@ -126,16 +195,21 @@ def compare_kernels(
             continue
         key = (row.model, row.weights, row.tp_shard)
         if key not in models:
+            model = catalog.model(row.model)
+            fused = ds.elementwise == "fused"
+            per_layer = benchmark_elementwise_bytes(model, row.tp_shard, row.weights)["fused"]
             models[key] = StepModel(
                 gpu,
-                catalog.model(row.model),
+                model,
                 catalog.quant(row.weights),
                 Deployment(tp=row.tp_shard),
                 p,
+                elementwise_bytes=per_layer * model.num_layers if fused else 0.0,
             )
-        ones = np.ones(row.batch, dtype=int)
-        predicted = models[key].kernel_seconds(ones, np.full(row.batch, row.context)) * 1e6
-        points.append(KernelPoint(row, measured_step_us(row, catalog), predicted))
+        new = np.full(row.batch, row.new_tokens)
+        seconds = models[key].kernel_seconds(new, np.full(row.batch, row.context))
+        seconds += eager_elementwise_seconds(row, ds, catalog)
+        points.append(KernelPoint(row, measured_step_us(row, catalog), seconds * 1e6))
     return points
 
 
@@ -149,14 +223,28 @@ class KernelFit:
     points: list[KernelPoint]
 
 
+def default_fit(ds: KernelDataset) -> tuple[str, ...]:
+    """What a dataset's rows identify: the decode terms, and with prefill rows the prefill
+    GEMM and attention rates, and the elementwise bandwidth where the benchmark's
+    elementwise kernels are the fused ones the step model costs."""
+    if not any(r.new_tokens > 1 for r in ds.rows):
+        return KERNEL_FIT
+    prefill = PREFILL_KERNEL_FIT
+    if ds.elementwise != "fused":
+        prefill = tuple(n for n in prefill if n != "elementwise_bandwidth_efficiency")
+    return KERNEL_FIT + prefill
+
+
 def fit_kernel_params(
     ds: KernelDataset,
     catalog: Catalog,
-    names: tuple[str, ...] = KERNEL_FIT,
+    names: tuple[str, ...] | None = None,
     weights: tuple[str, ...] | None = None,
 ) -> KernelFit:
-    """Least-squares fit of ``names`` to the usable rows (optionally only some weight
-    formats), on log residuals; standard errors from the Jacobian."""
+    """Least-squares fit of ``names`` (default: ``default_fit``) to the usable rows
+    (optionally only some weight formats), on log residuals; standard errors from the
+    Jacobian."""
+    names = default_fit(ds) if names is None else names
     check_fittable(names)
     sub = ds
     if weights is not None:

@@ -180,19 +180,20 @@ def calibrate_kernels_cmd(
         str | None,
         typer.Option(
             "--fit",
-            help="Comma-separated parameters to fit (default: the decode-layer terms, "
-            "calibration/kernels.py KERNEL_FIT)",
+            help="Comma-separated parameters to fit (default: what the rows identify: the "
+            "decode terms, and with prefill rows the prefill GEMM, attention and elementwise "
+            "terms; calibration/kernels.py default_fit)",
         ),
     ] = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
-    """Fit the step model's GPU terms to decode-layer measurements from one real GPU."""
-    from capsim.calibration.kernels import KERNEL_FIT, fit_kernel_params, load_kernel_dataset
+    """Fit the step model's GPU terms to layer measurements from one real GPU."""
+    from capsim.calibration.kernels import fit_kernel_params, load_kernel_dataset
 
     cat = catalog(db)
     ds = load_kernel_dataset(dataset)
-    names = tuple(split_list(fit)) if fit is not None else KERNEL_FIT
+    names = tuple(split_list(fit)) if fit is not None else None
     formats = tuple(split_list(weights)) if weights else None
     result = fit_kernel_params(ds, cat, names, formats)
     if json_out:

@@ -617,6 +617,12 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
     if step.state_bytes:
         rows.append(("linear-attention state traffic", f"{step.state_bytes / GB:.4f} GB"))
     rows.append(("sampler logits traffic (float32)", f"{step.sampler_bytes / GB:.4f} GB"))
+    rows.append(
+        (
+            "elementwise kernels (norms, activation)",
+            f"{step.activation_bytes / GB:.4f} GB, {step.t_elementwise * 1e3:.3f} ms",
+        )
+    )
     rows += [
         (
             "FLOPs (linear + attention)",

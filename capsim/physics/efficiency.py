@@ -52,6 +52,17 @@ class EfficiencyParams(BaseModel):
         le=1,
         description="Fraction of peak bandwidth attention kernels achieve reading KV cache",
     )
+    elementwise_bandwidth_efficiency: float = Field(
+        0.45,
+        gt=0,
+        le=1,
+        description="Fraction of peak DRAM bandwidth the layers' elementwise kernels "
+        "(fused add-RMSNorm, SiLU-and-multiply, rotary, MoE sums) achieve at large token "
+        "counts. Fitted to 0.45 on an H100's decode and prefill layers with the fused "
+        "kernels vLLM's torch.compile generates (calibration/kernels/"
+        "h100-sxm-fused-layers.json; its profiles time the add-RMSNorms at 0.66-0.71 of peak "
+        "and SiLU-and-multiply at 0.40-0.46); other classes assume the same share",
+    )
     # --- compute
     compute_efficiency: float = Field(
         0.60,
@@ -295,6 +306,7 @@ class EfficiencyParams(BaseModel):
                 "bandwidth_efficiency",
                 "moe_bandwidth_efficiency",
                 "kv_bandwidth_efficiency",
+                "elementwise_bandwidth_efficiency",
                 "non_native_bandwidth_factor",
             ],
             "compute": [

@@ -76,6 +76,7 @@ from capsim.physics.communication import (
 )
 from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.elementwise import elementwise_bytes_per_token
 from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
 from capsim.physics.moe import expected_distinct_experts
 from capsim.physics.parameters import attention_params, layer_ffn_params, parameter_breakdown
@@ -191,6 +192,8 @@ class StepBreakdown:
     t_total: float
     bound: str
     sampler_bytes: float = 0.0  # the sampler's passes over the logits (in t_dense_memory)
+    activation_bytes: float = 0.0  # the elementwise kernels' activation traffic
+    t_elementwise: float = 0.0  # their time (norms, rotary, activation, MoE sums; in t_memory)
     t_host: float = 0.0  # the host's per-step work (part of t_overhead)
     t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
     allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)
@@ -200,7 +203,13 @@ class StepBreakdown:
 
     @property
     def bytes_total(self) -> float:
-        return self.weight_bytes + self.expert_bytes + self.kv_read_bytes + self.kv_write_bytes
+        return (
+            self.weight_bytes
+            + self.expert_bytes
+            + self.kv_read_bytes
+            + self.kv_write_bytes
+            + self.activation_bytes
+        )
 
     @property
     def flops_total(self) -> float:
@@ -275,7 +284,11 @@ class StepModel:
         deployment: Deployment | None = None,
         params: EfficiencyParams | None = None,
         draft: StepModel | None = None,
+        elementwise_bytes: float | None = None,
     ):
+        """``elementwise_bytes``: bytes per token the layers' elementwise kernels move
+        (default: vLLM's fused layer, ``elementwise_bytes_per_token``); a kernel benchmark
+        with other kernels passes its own."""
         self.gpu = gpu
         self.model = model
         self.fmt = fmt
@@ -322,6 +335,12 @@ class StepModel:
         self.dense_flops_per_token = 2.0 * (body_active - routed_active) / tp
         self.expert_flops_per_token = 2.0 * routed_active / tp
         self.lm_head_flops_per_token = 2.0 * model.vocab_size * model.hidden_size / tp
+        # norms, rotary, cache writes, activation, MoE sums: separate memory-bound kernels
+        self.elementwise_bytes_per_token = (
+            elementwise_bytes_per_token(model, tp)
+            if elementwise_bytes is None
+            else elementwise_bytes
+        )
         heads = model.num_attention_heads / tp
         if model.mla is not None:
             m = model.mla
@@ -383,6 +402,7 @@ class StepModel:
         self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
         self.expert_bw = bandwidth * p.moe_bandwidth_efficiency * format_bw
         self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
+        self.elementwise_bw = bandwidth * p.elementwise_bandwidth_efficiency
         # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
         self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
         # fused-MoE grouped GEMMs: the format's GEMM peak x moe_compute_efficiency when set
@@ -720,6 +740,7 @@ class StepModel:
             + tokens * self.linear_flops_per_token
         )
         t_comm = passes * self.communication_scalar(graph / passes) if tokens else 0.0
+        activation_bytes = graph * self.elementwise_bytes_per_token
         t_host = self.host_seconds(seqs) if seqs else 0.0
         t_floor = passes * self.kernel_floor_us(tokens) * 1e-6 if seqs else 0.0
         t_dispatch = passes * self.dispatch_seconds(tokens / passes) if seqs else 0.0
@@ -734,6 +755,8 @@ class StepModel:
             "linear_flops": dense_flops + expert_flops,
             "attn_flops": attn_flops,
             "sampler_bytes": sampler_bytes,
+            "activation_bytes": activation_bytes,
+            "t_elementwise": activation_bytes / self.elementwise_bw,
             "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
             "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph / passes)),
             "t_exp_mem": expert_bytes / self.expert_bw,
@@ -803,8 +826,9 @@ class StepModel:
         )
 
     def _gpu(self, t: dict[str, float]) -> float:
-        """The GPU's work in a step (s): rooflines, communication and the kernel floor."""
-        return self._roofline(t) + t["t_comm"] + t["t_floor"]
+        """The GPU's work in a step (s): rooflines, elementwise kernels, communication and
+        the kernel floor."""
+        return self._roofline(t) + t["t_elementwise"] + t["t_comm"] + t["t_floor"]
 
     def _overlapped(self, gpu, dispatch):
         """A step's GPU work and eager launches together (s, scalars or arrays): the longer
@@ -856,7 +880,7 @@ class StepModel:
         measurement captures a graph for each exact batch, so nothing is padded."""
         agg = self._aggregate(new_tokens, context)
         t = self._terms(*agg, agg[1], 0.0, pad=False)
-        return self._roofline(t) + self.kernel_floor_us(agg[0]) * 1e-6
+        return self._roofline(t) + t["t_elementwise"] + self.kernel_floor_us(agg[0]) * 1e-6
 
     def step_time(
         self,
@@ -940,7 +964,7 @@ class StepModel:
         cmp_parts = (t["t_dense_cmp"], t["t_exp_cmp"], t["t_att_cmp"])
         pairs = list(zip(mem_parts, cmp_parts, strict=True))
         terms = {
-            "memory": sum(m for m, f in pairs if m >= f),
+            "memory": sum(m for m, f in pairs if m >= f) + t["t_elementwise"],
             "compute": sum(f for m, f in pairs if f > m),
             "communication": t["t_comm"],
             "overhead": t["t_host"] + t["t_floor"],
@@ -977,7 +1001,7 @@ class StepModel:
             t_expert_compute=t["t_exp_cmp"],
             t_attention_memory=t["t_att_mem"],
             t_attention_compute=t["t_att_cmp"],
-            t_memory=sum(mem_parts),
+            t_memory=sum(mem_parts) + t["t_elementwise"],
             t_compute=sum(cmp_parts),
             t_communication=t["t_comm"],
             t_overhead=t["t_host"] + t["t_floor"],
@@ -986,6 +1010,8 @@ class StepModel:
             t_total=total,
             bound=max(terms, key=terms.get),
             sampler_bytes=t["sampler_bytes"],
+            activation_bytes=t["activation_bytes"],
+            t_elementwise=t["t_elementwise"],
             t_host=t["t_host"],
             t_host_hidden=t["t_host"] + device - total,
             allreduce_algorithm=self.allreduce_algorithm(
@@ -1075,6 +1101,7 @@ class StepModel:
             gpu = (
                 _roofline_scalar(t["t_dense_mem"], t["t_dense_cmp"], self.params.roofline_sharpness)
                 + _roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], self.params.roofline_sharpness)
+                + t["t_elementwise"]
                 + t["t_comm"]
                 + t["t_floor"]
             )
