@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -160,7 +162,10 @@ def test_validate_table_shows_seconds_with_significant_digits(width_80):
     r = invoke(*COMMANDS_AT_80["validate"])
     rows = [line.split() for line in r.stdout.splitlines()]
     ttft = next(row for row in rows if "ttft_s" in row)
-    assert ttft[1:6] == ["1", "ttft_s", "median", "0.0533", "0.0185"], ttft
+    # the measured 53.3 ms and the prediction (tens of ms) in seconds, three significant
+    # digits each (the prediction moves with the physics; its format must not)
+    assert ttft[1:5] == ["1", "ttft_s", "median", "0.0533"], ttft
+    assert re.fullmatch(r"0\.0[1-9]\d\d", ttft[5]), ttft
     # the scenario whole: folded onto a second line where the column is narrow, never cut
     assert "h200-mixtral-8x7b-bf16-vllm-tp" in r.stdout and "…" not in r.stdout
 

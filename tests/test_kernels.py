@@ -196,3 +196,79 @@ def test_h100_fit_predicts_h200_prefills_out_of_sample():
     assert len(points) == 96
     assert mape(points) < 7.0
     assert max(abs(p.error) for p in points) < 0.25
+
+
+# ------------------------------------------------------------- published fused-MoE timings
+
+MOE = H100.with_name("hopper-fused-moe-public.json")
+
+
+@pytest.fixture(scope="module")
+def moe():
+    from capsim.calibration.moe_kernels import load_moe_dataset
+
+    return load_moe_dataset(MOE)
+
+
+def test_moe_dataset_quotes_every_source_and_keeps_decode_batches(moe):
+    from capsim.calibration.moe_kernels import is_moe_dataset
+
+    assert is_moe_dataset(MOE) and not is_moe_dataset(FUSED)
+    assert len(moe.sources) == 4
+    assert all(s["url"].startswith("https://github.com/") and s["quote"] for s in moe.sources)
+    assert {r.source for r in moe.rows} == {0, 1, 2, 3}
+    assert max(r.batch for r in moe.rows) <= 512
+    # each source's smallest and largest batch are quoted as printed (the middle rows
+    # are elided with "...")
+    for i, source in enumerate(moe.sources):
+        rows = sorted((r for r in moe.rows if r.source == i), key=lambda r: r.batch)
+        for r in (rows[0], rows[-1]):
+            assert f"{r.us:.2f}" in source["quote"], (r, source["quote"])
+
+
+def test_fused_moe_seconds_by_hand():
+    # Mixtral-8x7B at TP=2 on an H100, one token: top-2 of 8 experts, each slice
+    # 3 x 14336 x 4096 / 2 BF16 weights read at 0.94 of 3.35 TB/s, 0.29 us an expert,
+    # the activation and the sum at 0.45 of peak, and 25 us of fixed cost
+    sm = build_step_model(CAT, "h100-sxm", "mixtral-8x7b", Deployment(tp=2, quant="bf16"))
+    p = sm.params
+    read = 2 * 3 * 14336 * 4096 / 2 * 2 / (3350e9 * p.moe_bandwidth_efficiency)
+    per_expert = 2 * p.moe_expert_overhead_us * 1e-6
+    elementwise = (3 * 2 * 14336 / 2 + 3 * 4096) * 2 / (3350e9 * p.elementwise_bandwidth_efficiency)
+    want = read + per_expert + elementwise + p.moe_layer_overhead_us * 1e-6
+    assert sm.fused_moe_seconds(1) == pytest.approx(want, rel=0.005)
+    with pytest.raises(ValueError, match="no MoE layers"):
+        build_step_model(CAT, "h100-sxm", "llama-3.1-8b").fused_moe_seconds(1)
+
+
+def test_hopper_class_defaults_reproduce_the_published_moe_timings(moe):
+    from capsim.calibration.moe_kernels import compare_moe_kernels
+
+    points = compare_moe_kernels(moe, CAT)
+    assert len(points) == 40
+    assert mape(points) < 6.0
+    assert max(abs(p.error) for p in points) < 0.12
+
+
+def test_moe_fit_recovers_the_class_file_and_needs_the_per_expert_cost(moe):
+    from capsim.calibration.moe_kernels import (
+        MOE_KERNEL_FIT,
+        compare_moe_kernels,
+        fit_moe_kernel_params,
+    )
+
+    fit = fit_moe_kernel_params(moe, CAT)
+    defaults = CAT.efficiency.entries["datacenter-hopper"].params
+    for name in MOE_KERNEL_FIT:
+        assert fit.values[name] == pytest.approx(defaults[name], abs=max(3 * fit.std[name], 0.01))
+    # without a per-expert cost no bandwidth and fixed cost fit both a few large experts
+    # (Mixtral's) and hundreds of small ones (Qwen3-Next's at TP=4)
+    two = fit_moe_kernel_params(
+        moe,
+        CAT,
+        ("moe_bandwidth_efficiency", "moe_layer_overhead_us"),
+        hopper_params_with(moe_expert_overhead_us=0.0),
+    )
+    assert two.mape_fitted > 3 * fit.mape_fitted
+    assert max(abs(p.error) for p in two.points) > 0.3
+    assert mape(compare_moe_kernels(moe, CAT)) < 6.0

@@ -188,19 +188,37 @@ def calibrate_kernels_cmd(
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
-    """Fit the step model's GPU terms to layer measurements from one real GPU."""
+    """Fit the step model's GPU terms to kernel measurements: decode and prefill layers
+    timed on one real GPU, or published fused-MoE kernel timings."""
     from capsim.calibration.kernels import fit_kernel_params, load_kernel_dataset
+    from capsim.calibration.moe_kernels import (
+        MOE_KERNEL_FIT,
+        fit_moe_kernel_params,
+        is_moe_dataset,
+        load_moe_dataset,
+    )
 
     cat = catalog(db)
-    ds = load_kernel_dataset(dataset)
     names = tuple(split_list(fit)) if fit is not None else None
-    formats = tuple(split_list(weights)) if weights else None
-    result = fit_kernel_params(ds, cat, names, formats)
+    if is_moe_dataset(dataset):
+        if weights:
+            raise CapsimUserError(
+                "--weights selects rows of a layer dataset; a fused-MoE dataset is fitted whole",
+                hint="leave --weights out",
+            )
+        ds = load_moe_dataset(dataset)
+        result = fit_moe_kernel_params(ds, cat, names or MOE_KERNEL_FIT)
+        ds_gpu = ", ".join(sorted({r.gpu for r in ds.rows}))
+    else:
+        ds = load_kernel_dataset(dataset)
+        formats = tuple(split_list(weights)) if weights else None
+        result = fit_kernel_params(ds, cat, names, formats)
+        ds_gpu = ds.gpu
     if json_out:
         print_json(
             {
                 "dataset": ds.name,
-                "gpu": ds.gpu,
+                "gpu": ds_gpu,
                 "rows_used": len(result.points),
                 "mape_class_defaults": result.mape_prior,
                 "mape_fitted": result.mape_fitted,
@@ -211,7 +229,7 @@ def calibrate_kernels_cmd(
             }
         )
         return
-    table = Table(title=f"{ds.name} on {ds.gpu}: {len(result.points)} rows", box=box.SIMPLE_HEAD)
+    table = Table(title=f"{ds.name} on {ds_gpu}: {len(result.points)} rows", box=box.SIMPLE_HEAD)
     for col in ("parameter", "class default", "fitted", "std"):
         table.add_column(col, justify="left" if col == "parameter" else "right", overflow="fold")
     for n, v in result.values.items():

@@ -194,6 +194,14 @@ class EfficiencyParams(BaseModel):
     moe_layer_overhead_us: float = Field(
         15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
     )
+    moe_expert_overhead_us: float = Field(
+        0.0,
+        ge=0,
+        description="GPU time per routed expert a step touches, per MoE layer, beyond its "
+        "weight read (us): each touched expert's tiles fill and drain their pipelines, so "
+        "many small expert slices (hundreds of experts, TP shards) read slower than a few "
+        "large ones. 0 where no kernel timing sets it",
+    )
     cuda_graph_max_tokens: int = Field(
         512,
         ge=0,
@@ -333,6 +341,7 @@ class EfficiencyParams(BaseModel):
                 "layer_overhead_compiled_us",
                 "launch_overlap",
                 "moe_layer_overhead_us",
+                "moe_expert_overhead_us",
             ],
             "communication": [
                 "allreduce_efficiency",

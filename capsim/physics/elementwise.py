@@ -58,6 +58,15 @@ def linear_attention_elements(model: Model, tp: int) -> float:
     return 2.0 * (qk + v) + 3.0 * v
 
 
+def routed_moe_elements(model: Model, tp: int) -> float:
+    """Elements per token an MoE layer's routed experts' elementwise kernels move, per
+    GPU: the activation on each of the top-k slices and the sum of the k outputs."""
+    moe = model.moe
+    gate = 3.0 if model.mlp_gated else 2.0
+    k = moe.experts_per_token
+    return gate * k * moe.moe_intermediate_size / tp + (k + 1.0) * model.hidden_size
+
+
 def ffn_elements(model: Model, layer: int, tp: int) -> float:
     """Elements per token one layer's FFN elementwise kernels move, per GPU."""
     kind = model.ffn_kind(layer)
@@ -67,10 +76,8 @@ def ffn_elements(model: Model, layer: int, tp: int) -> float:
     if kind == "dense":
         return gate * (model.intermediate_size or 0) / tp
     moe = model.moe
-    k = moe.experts_per_token
-    routed = gate * k * moe.moe_intermediate_size / tp
     shared = gate * moe.num_shared_experts * moe.shared_width / tp
-    return routed + shared + (k + 1.0) * model.hidden_size
+    return routed_moe_elements(model, tp) + shared
 
 
 def elementwise_bytes_per_token(model: Model, tp: int) -> float:

@@ -76,7 +76,7 @@ from capsim.physics.communication import (
 )
 from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.elementwise import elementwise_bytes_per_token
+from capsim.physics.elementwise import elementwise_bytes_per_token, routed_moe_elements
 from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
 from capsim.physics.moe import expected_distinct_experts
 from capsim.physics.parameters import attention_params, layer_ffn_params, parameter_breakdown
@@ -547,6 +547,22 @@ class StepModel:
         it to each client-side first token and finish."""
         return self.frontend_seconds(prompt_tokens) - self.api_server_seconds(prompt_tokens)
 
+    def fused_moe_seconds(self, tokens: int) -> float:
+        """GPU time of one MoE layer's fused-experts call for a step of ``tokens`` tokens
+        (s), as vLLM's ``benchmark_moe.py`` times it (in a CUDA graph): the routed experts'
+        grouped GEMMs (their weight read and per-expert cost against their FLOPs, the
+        step's smooth roofline), the activation on each token's expert slices and the sum
+        of its expert outputs, and the call's fixed cost (``moe_layer_overhead_us``:
+        routing, alignment, launches). Shared experts are not part of the call."""
+        if not self.moe_layers:
+            raise ValueError(f"{self.model.name} has no MoE layers")
+        t = self._terms(float(tokens), int(tokens), 0.0, 0.0, 0.0, 0.0, 0, 0.0, pad=False)
+        p = self.params
+        experts = _roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p.roofline_sharpness)
+        elements = routed_moe_elements(self.model, self.deployment.tp)
+        elementwise = tokens * elements * ACTIVATION_BYTES / self.elementwise_bw
+        return experts / self.moe_layers + elementwise + p.moe_layer_overhead_us * 1e-6
+
     def kernel_floor_us(self, tokens: float) -> float:
         """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
         routing kernels), us, with or without CUDA graphs. Eager launches are
@@ -759,7 +775,10 @@ class StepModel:
             "t_elementwise": activation_bytes / self.elementwise_bw,
             "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
             "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph / passes)),
-            "t_exp_mem": expert_bytes / self.expert_bw,
+            "t_exp_mem": (
+                expert_bytes / self.expert_bw
+                + passes * self.moe_layers * touched * self.params.moe_expert_overhead_us * 1e-6
+            ),
             "expert_rate": (rate := self.expert_gemm_rate(routed / passes, touched)),
             "t_exp_cmp": expert_flops / rate,
             "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,

@@ -1,0 +1,143 @@
+"""Published fused-MoE kernel timings against the step model's MoE terms.
+
+A fused-MoE dataset (``calibration/kernels/*fused-moe*.json``, ``kind: fused_moe``) holds the
+times that vLLM's ``benchmarks/kernels/benchmark_moe.py`` and SGLang's
+``tuning_fused_moe_triton.py`` print for one MoE layer's fused-experts call at a batch of
+tokens (CUDA-graph replays on one GPU), copied from public pull requests with their quotes.
+Each row is compared with ``StepModel.fused_moe_seconds`` for the same GPU, model, format and
+TP shard: the routed experts' weight read and per-expert cost against their FLOPs, their
+elementwise kernels and the call's fixed cost. Fitting the MoE parameters to rows from
+several shapes separates them: a few large experts (Mixtral's) pin the read bandwidth, many
+small ones (Qwen3-Next's 512 at TP=4) the per-expert cost.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from capsim.calibration.compare import mape
+from capsim.calibration.fit import bounds_and_start, check_fittable, jacobian_std
+from capsim.calibration.kernels import KernelFit, KernelPoint
+from capsim.catalog.loader import Catalog
+from capsim.errors import CapsimUserError
+from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.step import Deployment, StepModel, default_efficiency
+
+MOE_KERNEL_FIT = ("moe_bandwidth_efficiency", "moe_layer_overhead_us", "moe_expert_overhead_us")
+"""The step-model parameters fused-MoE timings at decode batches identify."""
+
+
+class MoeKernelRow(BaseModel):
+    """One published timing: one MoE layer's fused-experts call, microseconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str
+    model: str
+    weights: str
+    tp_shard: int
+    batch: int
+    us: float
+    source: int  # index into the dataset's sources
+
+
+class MoeKernelDataset(BaseModel):
+    """A fused-MoE timing file: its sources (with quotes), caveats and rows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: Literal["fused_moe"]
+    sources: list[dict[str, str]]
+    caveats: list[str]
+    rows: list[MoeKernelRow]
+
+
+def is_moe_dataset(path: Path) -> bool:
+    """Whether a kernel dataset file holds fused-MoE timings."""
+    try:
+        return json.loads(Path(path).read_text()).get("kind") == "fused_moe"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def load_moe_dataset(path: Path) -> MoeKernelDataset:
+    """Read and validate a fused-MoE dataset (JSON)."""
+    try:
+        return MoeKernelDataset.model_validate(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise CapsimUserError(
+            f"no kernel dataset at {path}", hint="see calibration/kernels/"
+        ) from None
+    except ValueError as exc:
+        raise CapsimUserError(f"{path} is not a valid fused-MoE dataset: {exc}") from None
+
+
+def hardware_class(ds: MoeKernelDataset, catalog: Catalog) -> str:
+    """The one hardware class of a dataset's GPUs (a fit needs one set of priors)."""
+    classes = {catalog.gpu(r.gpu).hardware_class for r in ds.rows}
+    if len(classes) != 1:
+        raise CapsimUserError(f"{ds.name} mixes hardware classes {sorted(classes)}")
+    return classes.pop()
+
+
+def compare_moe_kernels(
+    ds: MoeKernelDataset, catalog: Catalog, params: EfficiencyParams | None = None
+) -> list[KernelPoint]:
+    """Predicted vs measured for every row (params: each GPU's class defaults)."""
+    models: dict[tuple[str, str, str, int], StepModel] = {}
+    points = []
+    for row in ds.rows:
+        key = (row.gpu, row.model, row.weights, row.tp_shard)
+        if key not in models:
+            gpu = catalog.gpu(row.gpu)
+            models[key] = StepModel(
+                gpu,
+                catalog.model(row.model),
+                catalog.quant(row.weights),
+                Deployment(tp=row.tp_shard),
+                params or default_efficiency(gpu, catalog),
+            )
+        predicted = models[key].fused_moe_seconds(row.batch) * 1e6
+        points.append(KernelPoint(row, row.us, predicted))
+    return points
+
+
+def fit_moe_kernel_params(
+    ds: MoeKernelDataset,
+    catalog: Catalog,
+    names: tuple[str, ...] = MOE_KERNEL_FIT,
+    base: EfficiencyParams | None = None,
+) -> KernelFit:
+    """Least-squares fit of ``names`` to every row, on log residuals, from ``base`` (the
+    class's priors by default); standard errors from the Jacobian."""
+    check_fittable(names)
+    if base is None:
+        hw = hardware_class(ds, catalog)
+        base = default_efficiency(next(g for g in catalog.gpus if g.hardware_class == hw), catalog)
+    lower, upper, x0 = bounds_and_start(names, base)
+
+    def params_for(x) -> EfficiencyParams:
+        return base.with_overrides(dict(zip(names, map(float, x), strict=True)))
+
+    def residuals(x) -> np.ndarray:
+        pts = compare_moe_kernels(ds, catalog, params_for(x))
+        return np.array([np.log(p.predicted_us / p.measured_us) for p in pts])
+
+    from scipy.optimize import least_squares  # heavy: imported where fits run
+
+    result = least_squares(residuals, x0, bounds=(lower, upper), x_scale=upper - lower)
+    std = jacobian_std(result.jac, result.fun)
+    return KernelFit(
+        values=dict(zip(names, map(float, result.x), strict=True)),
+        std=dict(zip(names, map(float, std), strict=True)),
+        prior=dict(zip(names, map(float, x0), strict=True)),
+        mape_prior=mape(compare_moe_kernels(ds, catalog, base)),
+        mape_fitted=mape(compare_moe_kernels(ds, catalog, params_for(result.x))),
+        points=compare_moe_kernels(ds, catalog, params_for(result.x)),
+    )
