@@ -272,3 +272,14 @@ def test_moe_fit_recovers_the_class_file_and_needs_the_per_expert_cost(moe):
     assert two.mape_fitted > 3 * fit.mape_fitted
     assert max(abs(p.error) for p in two.points) > 0.3
     assert mape(compare_moe_kernels(moe, CAT)) < 6.0
+
+
+def test_h100_fit_predicts_the_fused_h200_layers_out_of_sample():
+    # the same fused grid on an H200 (1.43x the bandwidth, the same SMs): decode and prefill
+    # from the H100's parameters and the catalog's bandwidth alone
+    h200 = load_kernel_dataset(H100.with_name("h200-fused-layers.json"))
+    assert h200.elementwise == "fused" and h200.runs[0]["device"] == "NVIDIA H200"
+    points = compare_kernels(h200, CAT)
+    assert len(points) == 348
+    assert mape(points) < 9.0
+    assert abs(np.median([p.error for p in points])) < 0.08
