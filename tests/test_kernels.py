@@ -283,3 +283,22 @@ def test_h100_fit_predicts_the_fused_h200_layers_out_of_sample():
     assert len(points) == 348
     assert mape(points) < 9.0
     assert abs(np.median([p.error for p in points])) < 0.08
+
+
+def test_an_moe_layer_swaps_the_dense_ffn_floor_for_the_fused_call():
+    # the measured tiny layers: the dense FFN's kernels take 4.35-4.43 us more than the
+    # router GEMM an MoE layer runs instead, which the class file carries
+    import json
+
+    data = json.loads(H100.with_name("h100-sxm-ffn-floor.json").read_text())
+    for batch in (1, 8, 64):
+        us = {r["variant"]: r["us_per_layer"] for r in data["rows"] if r["batch"] == batch}
+        assert us["attention_only"] < us["router"] < us["dense"]
+        assert us["dense"] - us["router"] == pytest.approx(4.4, abs=0.1)
+    # qwen3-30b-a3b: 48 layers, all MoE: 48 x 36 + 48 x (25 - 4.4) us
+    sm = build_step_model(CAT, "h100-sxm", "qwen3-30b-a3b")
+    p = sm.params
+    assert p.moe_replaced_ffn_floor_us == 4.4
+    assert sm.kernel_floor_us(1) == pytest.approx(48 * 36 + 48 * (25 - 4.4))
+    dense = build_step_model(CAT, "h100-sxm", "llama-3.1-8b")
+    assert dense.kernel_floor_us(1) == pytest.approx(32 * 36)

@@ -194,6 +194,14 @@ class EfficiencyParams(BaseModel):
     moe_layer_overhead_us: float = Field(
         15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
     )
+    moe_replaced_ffn_floor_us: float = Field(
+        0.0,
+        ge=0,
+        description="Part of layer_overhead_graph_us that a dense FFN's kernels (gate/up GEMM, "
+        "SiLU-and-multiply, down GEMM) take beyond the router GEMM an MoE layer runs "
+        "instead (us): an MoE layer's floor drops by it, and its fused-experts call's fixed "
+        "cost (moe_layer_overhead_us) comes in its place. 0 where not measured",
+    )
     moe_expert_overhead_us: float = Field(
         0.0,
         ge=0,
@@ -342,6 +350,7 @@ class EfficiencyParams(BaseModel):
                 "launch_overlap",
                 "moe_layer_overhead_us",
                 "moe_expert_overhead_us",
+                "moe_replaced_ffn_floor_us",
             ],
             "communication": [
                 "allreduce_efficiency",

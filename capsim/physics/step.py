@@ -568,7 +568,8 @@ class StepModel:
         routing kernels), us, with or without CUDA graphs. Eager launches are
         ``dispatch_seconds``."""
         p = self.params
-        return self.layers * p.layer_overhead_graph_us + self.moe_layers * p.moe_layer_overhead_us
+        moe = p.moe_layer_overhead_us - p.moe_replaced_ffn_floor_us
+        return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe)
 
     def host_seconds(self, sequences: int) -> float:
         """CPU work of one step that nothing overlaps (scheduling, input preparation,
