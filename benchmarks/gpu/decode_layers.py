@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
+from fused_ops import add_fused_option
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = 2  # bytes per element
@@ -90,7 +91,70 @@ def timed_graph(fn, replays: int = 20, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-class Layers:
+class ShardLayers:
+    """``n`` decoder layers' weights of one TP shard (random bf16, or FP8 with per-tensor
+    scales) and their GEMMs; ``fused`` picks vLLM's fused elementwise kernels."""
+
+    def __init__(
+        self,
+        shape: dict,
+        tp: int,
+        n: int,
+        fmt: str = "bf16",
+        fused: bool = False,
+        device: str | None = None,
+    ):
+        s = shard(shape, tp)
+        self.fmt, self.fused = fmt, fused
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        d, hd = shape["hidden_size"], shape["head_dim"]
+        self.d, self.vocab = d, s["vocab"]
+        self.h, self.kvh, self.hd, self.ffn = s["heads"], s["kv_heads"], hd, s["ffn"]
+        qkv_out = (self.h + 2 * self.kvh) * hd
+
+        def lin(*size):
+            weight = self.randn(*size)
+            return weight.to(torch.float8_e4m3fn) if fmt == "fp8" else weight
+
+        self.layers = [
+            {
+                "norm1": self.ones(d),
+                "qkv": lin(qkv_out, d),
+                "o": lin(d, self.h * hd),
+                "norm2": self.ones(d),
+                "gate_up": lin(2 * self.ffn, d),
+                "down": lin(d, self.ffn),
+            }
+            for _ in range(n)
+        ]
+        self.one = torch.ones((), device=self.device, dtype=torch.float32)
+        weight_elem = 1 if fmt == "fp8" else BF16
+        self.weight_bytes_per_layer = weight_elem * (
+            qkv_out * d + d * self.h * hd + 3 * self.ffn * d
+        )
+
+    def randn(self, *size) -> torch.Tensor:
+        return torch.randn(*size, device=self.device, dtype=torch.bfloat16) * 0.02
+
+    def ones(self, *size) -> torch.Tensor:
+        return torch.ones(*size, device=self.device, dtype=torch.bfloat16)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x @ weight.T in bf16, or as an FP8 GEMM with per-tensor scales (activation
+        quantised to FP8 first by its own kernel, as vLLM's unfused FP8 linear does)."""
+        return self.gemm(x.to(torch.float8_e4m3fn) if self.fmt == "fp8" else x, weight)
+
+    def gemm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """xq @ weight.T for an input already in the weights' format (FP8: quantised by the
+        fused kernel that produced it)."""
+        if self.fmt != "fp8":
+            return F.linear(xq, weight)
+        return torch._scaled_mm(
+            xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
+        )
+
+
+class Layers(ShardLayers):
     """``n`` decoder layers of one TP shard with a KV cache for ``batch`` x ``context``."""
 
     def __init__(
@@ -103,62 +167,15 @@ class Layers:
         fmt: str = "bf16",
         fused: bool = False,
     ):
-        s = shard(shape, tp)
-        self.fmt, self.fused = fmt, fused
-        d, hd = shape["hidden_size"], shape["head_dim"]
-        self.h, self.kvh, self.hd, self.ffn = s["heads"], s["kv_heads"], hd, s["ffn"]
+        super().__init__(shape, tp, n, fmt, fused)
         self.batch, self.context = batch, context
-        dev, dt = ("cuda" if torch.cuda.is_available() else "cpu"), torch.bfloat16
-        qkv_out = (self.h + 2 * self.kvh) * hd
-
-        def w(*size):
-            return torch.randn(*size, device=dev, dtype=dt) * 0.02
-
-        def lin(*size):
-            weight = w(*size)
-            return weight.to(torch.float8_e4m3fn) if fmt == "fp8" else weight
-
-        self.layers = [
-            {
-                "norm1": torch.ones(d, device=dev, dtype=dt),
-                "qkv": lin(qkv_out, d),
-                "o": lin(d, self.h * hd),
-                "norm2": torch.ones(d, device=dev, dtype=dt),
-                "gate_up": lin(2 * self.ffn, d),
-                "down": lin(d, self.ffn),
-                "k_cache": w(batch, self.kvh, context + 1, hd),
-                "v_cache": w(batch, self.kvh, context + 1, hd),
-            }
-            for _ in range(n)
-        ]
-        self.x = torch.randn(batch, d, device=dev, dtype=dt)
+        for p in self.layers:
+            p["k_cache"] = self.randn(batch, self.kvh, context + 1, self.hd)
+            p["v_cache"] = self.randn(batch, self.kvh, context + 1, self.hd)
+        self.x = torch.randn(batch, self.d, device=self.device, dtype=torch.bfloat16)
         self.out = torch.empty_like(self.x)
         self.residual = torch.zeros_like(self.x)
-        self.one = torch.ones((), device=dev, dtype=torch.float32)
-        weight_elem = 1 if fmt == "fp8" else BF16
-        self.weight_bytes_per_layer = weight_elem * (
-            qkv_out * d + d * self.h * hd + 3 * self.ffn * d
-        )
-        self.kv_bytes_per_layer = BF16 * 2 * batch * self.kvh * (context + 1) * hd
-
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x @ weight.T in bf16, or as an FP8 GEMM with per-tensor scales (activation
-        quantised to FP8 first, as vLLM's FP8 linear method does)."""
-        if self.fmt != "fp8":
-            return F.linear(x, weight)
-        xq = x.to(torch.float8_e4m3fn)
-        return torch._scaled_mm(
-            xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
-        )
-
-    def gemm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """xq @ weight.T for an input already in the weights' format (FP8: quantised by the
-        fused kernel that produced it)."""
-        if self.fmt != "fp8":
-            return F.linear(xq, weight)
-        return torch._scaled_mm(
-            xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
-        )
+        self.kv_bytes_per_layer = BF16 * 2 * batch * self.kvh * (context + 1) * self.hd
 
     def step(self) -> None:
         if self.fused:
@@ -238,11 +255,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="16,2048")
     ap.add_argument("--formats", default="bf16", help="bf16 and/or fp8 weights")
     ap.add_argument("--budget-gb", type=float, default=55.0)
-    ap.add_argument(
-        "--fused",
-        action="store_true",
-        help="vLLM's fused elementwise kernels (torch.compile) instead of eager ones",
-    )
+    add_fused_option(ap)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -41,6 +41,15 @@ def _quantize(x):
     return x.to(FP8)
 
 
+def add_fused_option(parser) -> None:
+    """The benchmarks' ``--fused`` flag (an argparse parser)."""
+    parser.add_argument(
+        "--fused",
+        action="store_true",
+        help="vLLM's fused elementwise kernels (torch.compile) instead of eager ones",
+    )
+
+
 add_rms_norm = torch.compile(_add_rms_norm, dynamic=True)
 silu_mul = torch.compile(_silu_mul, dynamic=True)
 quantize = torch.compile(_quantize, dynamic=True)

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from decode_layers import load_shape, peaks, shard
+from decode_layers import ShardLayers, load_shape, peaks, shard, timed_graph
+from fused_ops import add_fused_option
 
 BF16 = 2  # bytes per element
 
@@ -52,32 +53,10 @@ def timed(fn, target_s: float = 0.25, repeats: int = 3) -> float:
             fn()
             samples.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(samples)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    graph.replay()
-    torch.cuda.synchronize()
-    replays = max(2, min(50, int(target_s / max(time.perf_counter() - t0, 1e-6))))
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / replays)
-    del graph
-    return statistics.median(samples)
+    # one replay sizes the run, then enough replays for about target_s a repeat
+    one = timed_graph(fn, replays=1, repeats=1)
+    replays = max(2, min(50, int(target_s / max(one * 1e-6, 1e-6))))
+    return timed_graph(fn, replays=replays, repeats=repeats)
 
 
 def backend_context(name: str):
@@ -106,7 +85,7 @@ def causal_attention(q, k, v, backend: str):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-class PrefillLayers:
+class PrefillLayers(ShardLayers):
     """``n`` decoder layers of one TP shard over a prompt of ``tokens`` tokens."""
 
     def __init__(
@@ -120,62 +99,12 @@ class PrefillLayers:
         device: str,
         fused: bool = False,
     ):
-        s = shard(shape, tp)
-        self.fmt, self.backend, self.fused = fmt, backend, fused
-        d, hd = shape["hidden_size"], shape["head_dim"]
-        self.h, self.kvh, self.hd, self.ffn = s["heads"], s["kv_heads"], hd, s["ffn"]
-        self.tokens = tokens
-        dt = torch.bfloat16
-        qkv_out = (self.h + 2 * self.kvh) * hd
-
-        def w(*size):
-            return torch.randn(*size, device=device, dtype=dt) * 0.02
-
-        def lin(*size):
-            weight = w(*size)
-            return weight.to(torch.float8_e4m3fn) if fmt == "fp8" else weight
-
-        self.layers = [
-            {
-                "norm1": torch.ones(d, device=device, dtype=dt),
-                "qkv": lin(qkv_out, d),
-                "o": lin(d, self.h * hd),
-                "norm2": torch.ones(d, device=device, dtype=dt),
-                "gate_up": lin(2 * self.ffn, d),
-                "down": lin(d, self.ffn),
-            }
-            for _ in range(n)
-        ]
-        self.lm_head = w(s["vocab"], d)
-        self.x = torch.randn(tokens, d, device=device, dtype=dt)
+        super().__init__(shape, tp, n, fmt, fused, device)
+        self.backend, self.tokens = backend, tokens
+        self.lm_head = self.randn(self.vocab, self.d)
+        self.x = torch.randn(tokens, self.d, device=device, dtype=torch.bfloat16)
         self.residual = torch.zeros_like(self.x)
-        self.logits = torch.empty(1, s["vocab"], device=device, dtype=dt)
-        self.one = torch.ones((), device=device, dtype=torch.float32)
-        weight_elem = 1 if fmt == "fp8" else BF16
-        self.weight_bytes_per_layer = weight_elem * (
-            qkv_out * d + d * self.h * hd + 3 * self.ffn * d
-        )
-
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x @ weight.T in bf16, or an FP8 GEMM with per-tensor scales."""
-        if self.fmt != "fp8":
-            return F.linear(x, weight)
-        return torch._scaled_mm(
-            x.to(torch.float8_e4m3fn),
-            weight.t(),
-            scale_a=self.one,
-            scale_b=self.one,
-            out_dtype=torch.bfloat16,
-        )
-
-    def gemm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """xq @ weight.T for an input already in the weights' format (FP8: quantised by the
-        fused kernel that produced it)."""
-        if self.fmt != "fp8":
-            return F.linear(xq, weight)
-        return torch._scaled_mm(
-            xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
-        )
+        self.logits = torch.empty(1, self.vocab, device=device, dtype=torch.bfloat16)
 
     def attend(self, qkv: torch.Tensor) -> torch.Tensor:
         """Causal attention of the prompt's queries over its keys, (tokens, q width)."""
@@ -207,18 +136,10 @@ class PrefillLayers:
         if self.fused:
             self.step_fused()
             return
-        x, n, hd = self.x, self.tokens, self.hd
+        x = self.x
         for p in self.layers:
             hn = F.rms_norm(x, (x.shape[-1],), p["norm1"], 1e-6)
-            qkv = self.linear(hn, p["qkv"])
-            q, k, v = qkv.split([self.h * hd, self.kvh * hd, self.kvh * hd], -1)
-            att = causal_attention(
-                q.view(n, self.h, hd).transpose(0, 1).unsqueeze(0),
-                k.view(n, self.kvh, hd).transpose(0, 1).unsqueeze(0),
-                v.view(n, self.kvh, hd).transpose(0, 1).unsqueeze(0),
-                self.backend,
-            )
-            att = att.squeeze(0).transpose(0, 1).reshape(n, self.h * hd)
+            att = self.attend(self.linear(hn, p["qkv"]))
             x = x + self.linear(att, p["o"])
             hn = F.rms_norm(x, (x.shape[-1],), p["norm2"], 1e-6)
             gu = self.linear(hn, p["gate_up"])
@@ -336,11 +257,7 @@ def main() -> None:
     ap.add_argument("--attention-backends", default="cudnn,flash")
     ap.add_argument("--parts", default="gemm,attention,layers")
     ap.add_argument("--budget-gb", type=float, default=40.0)
-    ap.add_argument(
-        "--fused",
-        action="store_true",
-        help="vLLM's fused elementwise kernels (torch.compile) instead of eager ones",
-    )
+    add_fused_option(ap)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"

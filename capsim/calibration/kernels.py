@@ -22,6 +22,7 @@ kernel's share of peak bandwidth (``eager_elementwise_shares``) and added as mea
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -245,30 +246,40 @@ def fit_kernel_params(
     (optionally only some weight formats), on log residuals; standard errors from the
     Jacobian."""
     names = default_fit(ds) if names is None else names
-    check_fittable(names)
     sub = ds
     if weights is not None:
         sub = ds.model_copy(update={"rows": [r for r in ds.rows if r.weights in weights]})
     base = default_efficiency(catalog.gpu(ds.gpu), catalog)
+    return fit_points(names, base, lambda params: compare_kernels(sub, catalog, params))
+
+
+def fit_points(
+    names: tuple[str, ...],
+    base: EfficiencyParams,
+    compare: Callable[[EfficiencyParams], list[KernelPoint]],
+) -> KernelFit:
+    """Least-squares fit of ``names`` from ``base`` to the points ``compare`` gives for a
+    parameter set, on log residuals, within the calibration bounds; standard errors from
+    the Jacobian."""
+    check_fittable(names)
     lower, upper, x0 = bounds_and_start(names, base)
 
     def params_for(x) -> EfficiencyParams:
         return base.with_overrides(dict(zip(names, map(float, x), strict=True)))
 
     def residuals(x) -> np.ndarray:
-        pts = compare_kernels(sub, catalog, params_for(x))
-        return np.array([np.log(p.predicted_us / p.measured_us) for p in pts])
+        return np.array([np.log(p.predicted_us / p.measured_us) for p in compare(params_for(x))])
 
     from scipy.optimize import least_squares  # heavy: imported where fits run
 
     result = least_squares(residuals, x0, bounds=(lower, upper), x_scale=upper - lower)
     std = jacobian_std(result.jac, result.fun)
-    fitted = compare_kernels(sub, catalog, params_for(result.x))
+    fitted = compare(params_for(result.x))
     return KernelFit(
         values=dict(zip(names, map(float, result.x), strict=True)),
         std=dict(zip(names, map(float, std), strict=True)),
         prior=dict(zip(names, map(float, x0), strict=True)),
-        mape_prior=mape(compare_kernels(sub, catalog, base)),
+        mape_prior=mape(compare(base)),
         mape_fitted=mape(fitted),
         points=fitted,
     )

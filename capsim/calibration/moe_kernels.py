@@ -17,12 +17,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from capsim.calibration.compare import mape
-from capsim.calibration.fit import bounds_and_start, check_fittable, jacobian_std
-from capsim.calibration.kernels import KernelFit, KernelPoint
+from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
@@ -116,28 +113,7 @@ def fit_moe_kernel_params(
 ) -> KernelFit:
     """Least-squares fit of ``names`` to every row, on log residuals, from ``base`` (the
     class's priors by default); standard errors from the Jacobian."""
-    check_fittable(names)
     if base is None:
         hw = hardware_class(ds, catalog)
         base = default_efficiency(next(g for g in catalog.gpus if g.hardware_class == hw), catalog)
-    lower, upper, x0 = bounds_and_start(names, base)
-
-    def params_for(x) -> EfficiencyParams:
-        return base.with_overrides(dict(zip(names, map(float, x), strict=True)))
-
-    def residuals(x) -> np.ndarray:
-        pts = compare_moe_kernels(ds, catalog, params_for(x))
-        return np.array([np.log(p.predicted_us / p.measured_us) for p in pts])
-
-    from scipy.optimize import least_squares  # heavy: imported where fits run
-
-    result = least_squares(residuals, x0, bounds=(lower, upper), x_scale=upper - lower)
-    std = jacobian_std(result.jac, result.fun)
-    return KernelFit(
-        values=dict(zip(names, map(float, result.x), strict=True)),
-        std=dict(zip(names, map(float, std), strict=True)),
-        prior=dict(zip(names, map(float, x0), strict=True)),
-        mape_prior=mape(compare_moe_kernels(ds, catalog, base)),
-        mape_fitted=mape(compare_moe_kernels(ds, catalog, params_for(result.x))),
-        points=compare_moe_kernels(ds, catalog, params_for(result.x)),
-    )
+    return fit_points(names, base, lambda params: compare_moe_kernels(ds, catalog, params))
