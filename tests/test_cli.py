@@ -221,6 +221,19 @@ def test_explain_shows_the_gated_deltanet_prefill_rate():
     assert dense.exit_code == 0 and "Gated DeltaNet" not in dense.stdout
 
 
+def test_explain_shows_the_elementwise_kernels_bytes_and_time():
+    """The elementwise kernels' activation traffic and time are a row of explain and fields
+    of its JSON: llama-3.1-8b at TP=1 moves 5,636,096 bytes a token (tests/test_elementwise.py),
+    so a 4,096-token prefill chunk moves 23.09 GB at 0.45 of an H100's 3,350 GB/s."""
+    base = ("explain", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--quant", "bf16")
+    r = invoke(*base, "--prefill-chunk", "4096")
+    assert r.exit_code == 0, r.output
+    assert "elementwise kernels (norms, activation)" in r.stdout
+    prefill = json.loads(invoke(*base, "--prefill-chunk", "4096", "--json").stdout)["prefill"]
+    assert prefill["activation_bytes"] == pytest.approx(4096 * 5_636_096)
+    assert prefill["t_elementwise"] == pytest.approx(4096 * 5_636_096 / (3350e9 * 0.45))
+
+
 def test_explain_picks_the_format_predict_would_and_warns_when_nothing_fits():
     """Without --quant, explain runs the format predict would pick (AWQ for a 32B dense
     model on one 24 GB card); an explicit format that does not fit is explained anyway,
