@@ -27,7 +27,7 @@ FFNType = Literal["dense", "moe", "none"]
 class Strict(BaseModel):
     """Base: unknown fields are errors, so a typo in a YAML file is caught."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Source(Strict):
