@@ -153,6 +153,37 @@ class ShardLayers:
             xq, weight.t(), scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16
         )
 
+    def attend(self, p: dict, qkv: torch.Tensor) -> torch.Tensor:
+        """Attention of layer ``p`` given its fused QKV projection, (tokens, q width)."""
+        raise NotImplementedError
+
+    def run_eager(self, x: torch.Tensor) -> torch.Tensor:
+        """Every layer with PyTorch's separate elementwise kernels (RMSNorm, residual add,
+        SiLU, multiply, FP8 casts); the last layer's output."""
+        for p in self.layers:
+            hn = F.rms_norm(x, (x.shape[-1],), p["norm1"], 1e-6)
+            x = x + self.linear(self.attend(p, self.linear(hn, p["qkv"])), p["o"])
+            hn = F.rms_norm(x, (x.shape[-1],), p["norm2"], 1e-6)
+            gu = self.linear(hn, p["gate_up"])
+            x = x + self.linear(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :], p["down"])
+        return x
+
+    def run_fused(
+        self, h: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer with vLLM's fused elementwise kernels (fused_ops); the last layer's
+        output and the residual stream, whose sum is the hidden state."""
+        from fused_ops import add_rms_norm, quantize, silu_mul
+
+        fp8 = self.fmt == "fp8"
+        for p in self.layers:
+            hn, residual = add_rms_norm(h, residual, p["norm1"], 1e-6, fp8)
+            att = self.attend(p, self.gemm(hn, p["qkv"]))
+            h = self.gemm(quantize(att) if fp8 else att, p["o"])
+            hn, residual = add_rms_norm(h, residual, p["norm2"], 1e-6, fp8)
+            h = self.gemm(silu_mul(self.gemm(hn, p["gate_up"]), fp8), p["down"])
+        return h, residual
+
 
 class Layers(ShardLayers):
     """``n`` decoder layers of one TP shard with a KV cache for ``batch`` x ``context``."""
@@ -177,47 +208,24 @@ class Layers(ShardLayers):
         self.residual = torch.zeros_like(self.x)
         self.kv_bytes_per_layer = BF16 * 2 * batch * self.kvh * (context + 1) * self.hd
 
+    def attend(self, p: dict, qkv: torch.Tensor) -> torch.Tensor:
+        """Write the new token's K and V into layer ``p``'s cache and attend over it (each
+        KV head's query group as a short query block), (batch, q width)."""
+        b, g = self.batch, self.h // self.kvh
+        q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], -1)
+        p["k_cache"][:, :, self.context] = k.view(b, self.kvh, self.hd)
+        p["v_cache"][:, :, self.context] = v.view(b, self.kvh, self.hd)
+        att = F.scaled_dot_product_attention(
+            q.view(b, self.kvh, g, self.hd), p["k_cache"], p["v_cache"]
+        )
+        return att.reshape(b, self.h * self.hd)
+
     def step(self) -> None:
         if self.fused:
-            self.step_fused()
-            return
-        x = self.x
-        b, g = self.batch, self.h // self.kvh
-        for p in self.layers:
-            hn = F.rms_norm(x, (x.shape[-1],), p["norm1"], 1e-6)
-            qkv = self.linear(hn, p["qkv"])
-            q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], -1)
-            p["k_cache"][:, :, self.context] = k.view(b, self.kvh, self.hd)
-            p["v_cache"][:, :, self.context] = v.view(b, self.kvh, self.hd)
-            att = F.scaled_dot_product_attention(
-                q.view(b, self.kvh, g, self.hd), p["k_cache"], p["v_cache"]
-            )
-            x = x + self.linear(att.reshape(b, self.h * self.hd), p["o"])
-            hn = F.rms_norm(x, (x.shape[-1],), p["norm2"], 1e-6)
-            gu = self.linear(hn, p["gate_up"])
-            x = x + self.linear(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :], p["down"])
-        self.out.copy_(x)
-
-    def step_fused(self) -> None:
-        """The same layers with vLLM's fused elementwise kernels (fused_ops)."""
-        from fused_ops import add_rms_norm, quantize, silu_mul
-
-        fp8 = self.fmt == "fp8"
-        h, residual = self.x, self.residual
-        b, g = self.batch, self.h // self.kvh
-        for p in self.layers:
-            hn, residual = add_rms_norm(h, residual, p["norm1"], 1e-6, fp8)
-            qkv = self.gemm(hn, p["qkv"])
-            q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], -1)
-            p["k_cache"][:, :, self.context] = k.view(b, self.kvh, self.hd)
-            p["v_cache"][:, :, self.context] = v.view(b, self.kvh, self.hd)
-            att = F.scaled_dot_product_attention(
-                q.view(b, self.kvh, g, self.hd), p["k_cache"], p["v_cache"]
-            ).reshape(b, self.h * self.hd)
-            h = self.gemm(quantize(att) if fp8 else att, p["o"])
-            hn, residual = add_rms_norm(h, residual, p["norm2"], 1e-6, fp8)
-            h = self.gemm(silu_mul(self.gemm(hn, p["gate_up"]), fp8), p["down"])
-        torch.add(h, residual, out=self.out)
+            h, residual = self.run_fused(self.x, self.residual)
+            torch.add(h, residual, out=self.out)
+        else:
+            self.out.copy_(self.run_eager(self.x))
 
 
 def layer_count(shape: dict, tp: int, batch: int, context: int, budget_gb: float) -> int:

@@ -106,7 +106,7 @@ class PrefillLayers(ShardLayers):
         self.residual = torch.zeros_like(self.x)
         self.logits = torch.empty(1, self.vocab, device=device, dtype=torch.bfloat16)
 
-    def attend(self, qkv: torch.Tensor) -> torch.Tensor:
+    def attend(self, p: dict, qkv: torch.Tensor) -> torch.Tensor:
         """Causal attention of the prompt's queries over its keys, (tokens, q width)."""
         n, hd = self.tokens, self.hd
         q, k, v = qkv.split([self.h * hd, self.kvh * hd, self.kvh * hd], -1)
@@ -118,33 +118,13 @@ class PrefillLayers(ShardLayers):
         )
         return att.squeeze(0).transpose(0, 1).reshape(n, self.h * hd)
 
-    def step_fused(self) -> None:
-        """The same layers with vLLM's fused elementwise kernels (fused_ops)."""
-        from fused_ops import add_rms_norm, quantize, silu_mul
-
-        fp8 = self.fmt == "fp8"
-        h, residual = self.x, self.residual
-        for p in self.layers:
-            hn, residual = add_rms_norm(h, residual, p["norm1"], 1e-6, fp8)
-            att = self.attend(self.gemm(hn, p["qkv"]))
-            h = self.gemm(quantize(att) if fp8 else att, p["o"])
-            hn, residual = add_rms_norm(h, residual, p["norm2"], 1e-6, fp8)
-            h = self.gemm(silu_mul(self.gemm(hn, p["gate_up"]), fp8), p["down"])
-        torch.mm(h[-1:] + residual[-1:], self.lm_head.t(), out=self.logits)
-
     def step(self) -> None:
         if self.fused:
-            self.step_fused()
-            return
-        x = self.x
-        for p in self.layers:
-            hn = F.rms_norm(x, (x.shape[-1],), p["norm1"], 1e-6)
-            att = self.attend(self.linear(hn, p["qkv"]))
-            x = x + self.linear(att, p["o"])
-            hn = F.rms_norm(x, (x.shape[-1],), p["norm2"], 1e-6)
-            gu = self.linear(hn, p["gate_up"])
-            x = x + self.linear(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :], p["down"])
-        torch.mm(x[-1:], self.lm_head.t(), out=self.logits)
+            h, residual = self.run_fused(self.x, self.residual)
+            torch.mm(h[-1:] + residual[-1:], self.lm_head.t(), out=self.logits)
+        else:
+            x = self.run_eager(self.x)
+            torch.mm(x[-1:], self.lm_head.t(), out=self.logits)
 
 
 def layer_count(shape: dict, tp: int, tokens: int, budget_gb: float) -> int:

@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -53,6 +53,8 @@ PREFILL_KERNEL_FIT = (
     "elementwise_bandwidth_efficiency",
 )
 """What prefill rows add: large-M GEMMs, prefill attention and the elementwise kernels."""
+
+DatasetT = TypeVar("DatasetT", bound=BaseModel)
 
 SHORT_CONTEXT = 16
 """Contexts up to this many tokens leave attention negligible (tokens)."""
@@ -100,14 +102,20 @@ class KernelDataset(BaseModel):
 
 def load_kernel_dataset(path: Path) -> KernelDataset:
     """Read and validate a kernel dataset (JSON)."""
+    return load_json_dataset(path, KernelDataset, "kernel dataset")
+
+
+def load_json_dataset(path: Path, schema: type[DatasetT], what: str) -> DatasetT:
+    """Read a JSON file and validate it as ``schema``; a missing or invalid file is a user
+    error naming ``what`` it should have been."""
     try:
-        return KernelDataset.model_validate(json.loads(Path(path).read_text()))
+        return schema.model_validate(json.loads(Path(path).read_text()))
     except FileNotFoundError:
         raise CapsimUserError(
             f"no kernel dataset at {path}", hint="see calibration/kernels/"
         ) from None
-    except (ValueError, json.JSONDecodeError) as exc:
-        raise CapsimUserError(f"{path} is not a valid kernel dataset: {exc}") from None
+    except ValueError as exc:  # bad JSON (JSONDecodeError) or a failed validation
+        raise CapsimUserError(f"{path} is not a valid {what}: {exc}") from None
 
 
 def usable(row: KernelRow, ds: KernelDataset, catalog: Catalog) -> bool:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points
+from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points, load_json_dataset
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
@@ -65,14 +65,7 @@ def is_moe_dataset(path: Path) -> bool:
 
 def load_moe_dataset(path: Path) -> MoeKernelDataset:
     """Read and validate a fused-MoE dataset (JSON)."""
-    try:
-        return MoeKernelDataset.model_validate(json.loads(Path(path).read_text()))
-    except FileNotFoundError:
-        raise CapsimUserError(
-            f"no kernel dataset at {path}", hint="see calibration/kernels/"
-        ) from None
-    except ValueError as exc:
-        raise CapsimUserError(f"{path} is not a valid fused-MoE dataset: {exc}") from None
+    return load_json_dataset(path, MoeKernelDataset, "fused-MoE dataset")
 
 
 def hardware_class(ds: MoeKernelDataset, catalog: Catalog) -> str:
