@@ -121,7 +121,8 @@ class Replica:
     def _record_itl(self, durations: np.ndarray, sequences: int) -> None:
         if sequences <= 0 or durations.size == 0:
             return
-        per_token = durations / self.scheduler.config.decode_advance
+        advance = self.scheduler.config.decode_advance
+        per_token = durations if advance == 1.0 else durations / advance
         self.itl.add_run(self.itl_slot, per_token, sequences)
 
     def _record_itl_step(self, duration: float, sequences: int) -> None:
@@ -248,8 +249,14 @@ class Replica:
         context = sched.decode_contexts()
         times = self.step_model.decode_run_times(context, m)
         lead = 0 if head is None else 1
-        ends = np.cumsum(times) if head is None else np.cumsum(np.concatenate(([head], times)))
         total = m + lead
+        if head is None:
+            ends = np.cumsum(times)
+        else:  # the head step, then the run: one buffer, summed in place
+            ends = np.empty(total)
+            ends[0] = head
+            ends[1:] = times
+            np.cumsum(ends, out=ends)
         start = env.now
         # an arrival joins the back of the queue: it can change the schedule only if
         # nobody waits ahead of it and there is room for another sequence; it then

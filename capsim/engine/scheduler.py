@@ -140,6 +140,9 @@ class Scheduler:
         self._state = np.zeros((6, cap))
         self._kv, self._gen, self._out, self._blocks, self._computed, self._target = self._state
         self._dec = np.zeros(cap, dtype=bool)
+        # read-only rows the common all-decode step hands out as views (no allocation)
+        self._row_numbers = np.arange(cap)
+        self._decode_widths = np.full(cap, float(config.decode_width))
         self._prefilling = 0  # running rows not decoding
         # a lower bound on the output tokens any decoding row still has to generate:
         # while it exceeds FINISH_TOLERANCE nobody can finish, so the check is skipped
@@ -277,7 +280,7 @@ class Scheduler:
             # the common case: every running request decodes and the budget holds them all
             context = self._kv[:n].copy()
             need = np.ceil((context + width) / cfg.block_size) - self._blocks[:n]
-            return np.full(n, float(width)), context, need, True
+            return self._decode_widths[:n], context, need, True
         remaining = self._target[:n] - self._computed[:n]
         want = np.where(dec, width, remaining)
         before = np.cumsum(want) - want
@@ -467,7 +470,7 @@ class Scheduler:
             grant = context = np.zeros(0)
         prefills: list[tuple[SimRequest, int, int]] = []
         if rows is None:  # every running request decodes
-            decode_rows = np.arange(n_running)
+            decode_rows = self._row_numbers[:n_running]
             decoding = None
             budget = cfg.max_num_batched_tokens - n_running * cfg.decode_width
         else:
@@ -564,11 +567,14 @@ class Scheduler:
         if self._least_left > FINISH_TOLERANCE + LEAST_LEFT_MARGIN:
             return []
         n = len(self.running)
-        dec = self._dec[:n]
         left = self._out[:n] - self._gen[:n]
-        finishing = dec & (self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE)
-        still = dec & ~finishing
-        self._least_left = float(left[still].min()) if still.any() else math.inf
+        finishing = self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE
+        if self._prefilling:
+            dec = self._dec[:n]
+            finishing &= dec
+            left[~dec] = math.inf
+        left[finishing] = math.inf  # the least left of those still decoding
+        self._least_left = float(left.min()) if n else math.inf
         self._least_left_exact = True
         done = finishing.nonzero()[0].tolist()
         finished = [self.running[row] for row in done]

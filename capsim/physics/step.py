@@ -1069,6 +1069,8 @@ class StepModel:
         c0 = np.asarray(context, dtype=float)
         seqs = c0.size
         width = self.decode_width
+        if self.kv.sliding_window is None and self.deployment.spec is None:
+            return self._affine_decode_run_times(float(c0.sum()), seqs, n_steps)
         j = np.arange(n_steps, dtype=float)
         # summed context of the batch at each step: only the windowed terms and a draft
         # model need each sequence's own context, the rest is linear in the sum
@@ -1103,6 +1105,56 @@ class StepModel:
         device = gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
         if self.deployment.spec is not None:
             device = device + self._draft_run(seqs, ctx_sum, ctx)
+        return self._with_host(host, device)
+
+    def _affine_decode_run_times(self, context_sum: float, seqs: int, n_steps: int) -> np.ndarray:
+        """``decode_run_times`` without a sliding window or speculation, seconds: every term
+        that changes from step to step (the KV read, the attention FLOPs) is then affine in
+        the step index, so the run costs a handful of vector operations however long it
+        is. ``context_sum``: the batch's summed context (tokens) before the run."""
+        kv = self.kv
+        adv = self.decode_advance
+        host, gpu, dispatch, att_mem, att_cmp = self._context_free(float(seqs), seqs, seqs)
+        layers = self.full_layers + self.sliding_layers
+        kv_bytes = kv.full_bytes_per_token + kv.sliding_bytes_per_token
+        # at step j: summed context S0 + seqs adv j; KV read of (S + seqs) tokens and
+        # S + seqs query-key pairs a layer (one new token each)
+        pair_time = self.pair_flops * layers / self.attention_flops_rate
+        mem0 = att_mem + (context_sum + seqs) * kv_bytes / self.kv_bw
+        cmp0 = att_cmp + (context_sum + seqs) * pair_time
+        mem_slope = seqs * adv * kv_bytes / self.kv_bw
+        cmp_slope = seqs * adv * pair_time
+        j = np.arange(n_steps, dtype=float)
+        t_mem = mem_slope * j
+        t_mem += mem0
+        t_cmp = cmp_slope * j
+        t_cmp += cmp0
+        last = n_steps - 1
+        p = self.params.roofline_sharpness
+        if (
+            p < 64
+            and mem0 > 0
+            and (mem0 >= cmp0) == (mem0 + mem_slope * last >= cmp0 + cmp_slope * last)
+        ):
+            # one side dominates the whole run (both are affine): no elementwise max/min
+            hi, lo = (t_mem, t_cmp) if mem0 >= cmp0 else (t_cmp, t_mem)
+            lo /= hi
+            lo **= p
+            lo += 1.0
+            lo **= 1.0 / p
+            lo *= hi
+            attention = lo
+        else:
+            attention = roofline(t_mem, t_cmp, p)
+        attention += gpu
+        device = attention if not dispatch else self._overlapped(attention, dispatch)
+        if not self.async_host:
+            device += host
+            return device
+        hidden = self.params.async_host_overlap * host
+        if device[0] >= hidden:  # device time only grows along the run
+            device += host - hidden
+            return device
         return self._with_host(host, device)
 
     def _context_free(
