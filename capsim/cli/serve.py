@@ -127,6 +127,7 @@ def run_server(setup, names: list[str], speedup: float, host: str, port: int) ->
     from capsim import __version__
     from capsim.serve.app import create_app
     from capsim.serve.live import LiveDeployment
+    from capsim.serve.transport import stamped_protocol
 
     local = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
     if ":" in local and not local.startswith("["):
@@ -134,7 +135,9 @@ def run_server(setup, names: list[str], speedup: float, host: str, port: int) ->
     self_url = f"http://{local}:{port}" if port else None  # port 0: not known in advance
     app = create_app(LiveDeployment(setup, speedup), names, __version__, self_url)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(
+            app, host=host, port=port, log_level="warning", http=stamped_protocol() or "auto"
+        )
     except OSError as exc:  # the port is taken, or the address cannot be bound
         raise CapsimUserError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",

@@ -288,12 +288,17 @@ class Prober:
         await asyncio.gather(*(one(i) for i in range(n)))
 
     async def sample_metrics(self, client, samples: list[dict], stop: asyncio.Event):
-        while not stop.is_set():
-            samples.append(await self.scrape(client))
+        """Scrape every ``metrics_interval_s`` until ``stop``, the first one interval after
+        the level starts: the scrape just before it stands for its start, and one at the
+        instant of its first burst would hold those requests up while the server renders
+        its metrics (milliseconds on a busy host, a first token's tenth at a high
+        ``capsim serve --speedup``)."""
+        while True:
             try:
                 await asyncio.wait_for(stop.wait(), self.cfg.metrics_interval_s)
+                return
             except TimeoutError:
-                continue
+                samples.append(await self.scrape(client))
 
     async def run(self) -> RunSummary:
         cfg = self.cfg

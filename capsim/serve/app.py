@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from capsim.serve.live import LIMITS, LiveDeployment
 from capsim.serve.metrics import ServeMetrics
-from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip
+from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip, received_at
 
 WORD_OR_MARK = re.compile(r"\w+|[^\w\s]")
 
@@ -177,7 +177,7 @@ def create_app(
             pass
 
     async def generate(request: Request, chat: bool) -> Response:
-        arrived = asyncio.get_running_loop().time()
+        arrived = received_at(request.scope, asyncio.get_running_loop())
         try:
             body = await read_body(request)
             model = check_model(body)
@@ -321,12 +321,13 @@ def create_app(
         body read, and the chunk handed to the stream through a timer and a queue, as the
         simulation hands a token over when its step ends (``ECHO_WAIT_S`` later, which the
         measurement takes off)."""
-        await read_body(request)
         loop = asyncio.get_running_loop()
+        arrived = received_at(request.scope, loop)
+        await read_body(request)
         handed: asyncio.Queue[str] = asyncio.Queue()
         choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
         first = sse_chunk("cmpl-" + uuid.uuid4().hex, "text_completion", served_names[0], [choice])
-        loop.call_at(loop.time() + ECHO_WAIT_S, handed.put_nowait, first)
+        loop.call_at(arrived + ECHO_WAIT_S, handed.put_nowait, first)
 
         async def lines() -> AsyncIterator[str]:
             yield await handed.get()
