@@ -17,8 +17,6 @@ from rich import box
 from rich.table import Table
 
 from capsim.catalog import ENV_VAR
-from capsim.cli.calibrate import calibrate_cmd, calibrate_kernels_cmd
-from capsim.cli.capacity import capacity_cmd
 from capsim.cli.common import (
     PLAIN_HELP,
     AsyncSchedulingOption,
@@ -48,12 +46,6 @@ from capsim.cli.common import (
     spec_config,
     user_errors,
 )
-from capsim.cli.importers import import_app
-from capsim.cli.plan import plan_cmd
-from capsim.cli.predict import predict_cmd
-from capsim.cli.probe import probe_app
-from capsim.cli.serve import serve_cmd
-from capsim.cli.validate import validate_cmd
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -61,7 +53,7 @@ if TYPE_CHECKING:
     from capsim.catalog.schemas import GPU, Model
     from capsim.physics.step import StepBreakdown
 
-app = typer.Typer(
+APP_SETTINGS: dict[str, Any] = dict(
     name="capsim",
     help="Predict LLM serving throughput on your GPUs before you buy or reconfigure them.",
     no_args_is_help=True,
@@ -69,14 +61,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     **PLAIN_HELP,
 )
+
+cli = typer.Typer(**APP_SETTINGS)
+"""The commands defined in this module; ``app`` adds those of the other cli modules."""
 gpus_app = typer.Typer(
     help="List GPUs in the catalog, or show one.", add_completion=False, **PLAIN_HELP
 )
 models_app = typer.Typer(help="List models in the catalog, show one, import one.", **PLAIN_HELP)
-app.add_typer(gpus_app, name="gpus")
-app.add_typer(models_app, name="models")
-app.add_typer(probe_app, name="probe")
-app.add_typer(import_app, name="import")
+cli.add_typer(gpus_app, name="gpus")
+cli.add_typer(models_app, name="models")
 
 
 AllOption = Annotated[
@@ -97,7 +90,7 @@ def print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@cli.callback()
 def main(
     db: DbOption = None,
     show_version: Annotated[
@@ -407,7 +400,7 @@ def models_import_hf(
 # ----------------------------------------------------------------------------- quants
 
 
-@app.command("quants")
+@cli.command("quants")
 @user_errors
 def quants_list(json_out: JsonOption = False, db: DbOption = None) -> None:
     """List weight formats: bits per weight and what stays unquantised."""
@@ -447,7 +440,7 @@ def quants_list(json_out: JsonOption = False, db: DbOption = None) -> None:
     console.print(table)
 
 
-@app.command("engines")
+@cli.command("engines")
 @user_errors
 def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
     """List serving engines and the defaults capsim simulates for each."""
@@ -477,7 +470,7 @@ def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
 # ----------------------------------------------------------------------------- fit
 
 
-@app.command("fit")
+@cli.command("fit")
 @user_errors
 def fit_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. rtx3090")],
@@ -690,7 +683,7 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
     return rows
 
 
-@app.command("explain")
+@cli.command("explain")
 @user_errors
 def explain_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
@@ -836,13 +829,74 @@ def explain_cmd(
         console.print(f"[bold yellow]warning:[/] {fit_note}", highlight=False)
 
 
-app.command("predict")(user_errors(predict_cmd))
-app.command("validate")(user_errors(validate_cmd))
-app.command("calibrate")(user_errors(calibrate_cmd))
-app.command("calibrate-kernels")(user_errors(calibrate_kernels_cmd))
-app.command("plan")(user_errors(plan_cmd))
-app.command("capacity")(user_errors(capacity_cmd))
-app.command("serve")(user_errors(serve_cmd))
+COMMANDS = {
+    "predict": ("capsim.cli.predict", "predict_cmd"),
+    "validate": ("capsim.cli.validate", "validate_cmd"),
+    "calibrate": ("capsim.cli.calibrate", "calibrate_cmd"),
+    "calibrate-kernels": ("capsim.cli.calibrate", "calibrate_kernels_cmd"),
+    "plan": ("capsim.cli.plan", "plan_cmd"),
+    "capacity": ("capsim.cli.capacity", "capacity_cmd"),
+    "serve": ("capsim.cli.serve", "serve_cmd"),
+}
+"""Commands defined in other cli modules: (module, function), in the order --help lists
+them. A command line names one, so only its module is imported (start-up time)."""
+
+GROUPS = {
+    "probe": ("capsim.cli.probe", "probe_app"),
+    "import": ("capsim.cli.importers", "import_app"),
+}
+"""Command groups defined in other cli modules: (module, Typer)."""
+
+
+def _add_command(target: typer.Typer, name: str) -> None:
+    """Register the command or group ``name`` of another cli module on ``target``."""
+    import importlib
+
+    if name in COMMANDS:
+        module, attr = COMMANDS[name]
+        target.command(name)(user_errors(getattr(importlib.import_module(module), attr)))
+    else:
+        module, attr = GROUPS[name]
+        target.add_typer(getattr(importlib.import_module(module), attr), name=name)
+
+
+_full: list[typer.Typer] = []
+
+
+def full_app() -> typer.Typer:
+    """Every command: this module's and the other cli modules' (registered once)."""
+    if not _full:
+        for name in [*GROUPS, *COMMANDS]:
+            _add_command(cli, name)
+        _full.append(cli)
+    return _full[0]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # the whole command line, for tests and ``python -m``
+        return full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def app_for(args: list[str]) -> typer.Typer:
+    """The command line that ``args`` needs: the global callback and the one command or
+    group they name (so typer builds only its options, and no other command's module is
+    imported), or every command where they name none, or one this module does not know
+    (--help, a typo: the full listing and its did-you-mean)."""
+    name = args[0] if args and not args[0].startswith("-") else None
+    own = {info.name: info for info in cli.registered_commands}
+    groups = {info.name: info for info in cli.registered_groups}
+    if name is None or not (name in own or name in groups or name in COMMANDS or name in GROUPS):
+        return full_app()
+    slim = typer.Typer(**APP_SETTINGS)
+    slim.registered_callback = cli.registered_callback
+    if name in own:
+        slim.registered_commands.append(own[name])
+    elif name in groups:
+        slim.registered_groups.append(groups[name])
+    else:
+        _add_command(slim, name)
+    return slim
 
 
 EXIT_INTERRUPTED = 130
@@ -867,7 +921,7 @@ def _exit_interrupted(say: bool) -> None:
 def run() -> None:
     """Console-script entry point."""
     try:
-        app()
+        app_for(sys.argv[1:])()
     except KeyboardInterrupt:
         _exit_interrupted(say=True)
     except SystemExit as exc:
