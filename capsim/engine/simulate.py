@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +30,7 @@ from capsim.engine.partition import session_affine_groups
 from capsim.engine.pool import worker_pool
 from capsim.engine.progress import Progress
 from capsim.engine.replica import Replica
+from capsim.engine.replication import ReplicationJoin, folded_itl, part_seed, replication_parts
 from capsim.engine.request_log import ItlLog, RequestLog
 from capsim.engine.reruns import Reruns
 from capsim.engine.router import Router, RouterPolicy, takes_time
@@ -660,7 +662,10 @@ def level_runs(
         groups = session_affine_groups(
             workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
         )
-    if groups is None:
+    parts = [workload.requests] if keep_records else level_parts(workload)
+    if groups is None and len(parts) > 1:
+        runs = [replicated_run(setup, workload, parts, seed, workers, catalog, progress)]
+    elif groups is None:
         runs = [run_replicas(setup, workload, seed, keep_records, progress=progress)]
     else:
         # each group's request ids start after the turns of the groups before it
@@ -683,6 +688,51 @@ def level_runs(
                 for i, agents, first in jobs
             ]
     return runs
+
+
+def level_parts(workload: Workload) -> list[int]:
+    """Request counts of the independent replications a level is simulated as (one: the
+    level itself; engine/replication.py)."""
+    return replication_parts(workload.kind, workload.requests, workload.concurrency)
+
+
+def _run_part(args) -> ReplicaRun:
+    """One replication of a level in a worker process, its ITL samples folded."""
+    config, extra_dirs, params, workload, seed = args
+    setup = build_setup(config, process_catalog(extra_dirs), params)
+    return folded_itl(run_replicas(setup, workload, seed))
+
+
+def replicated_run(
+    setup: Setup,
+    workload: Workload,
+    parts: list[int],
+    seed: int,
+    workers: int = 1,
+    catalog: Catalog | None = None,
+    progress: Progress | None = None,
+) -> ReplicaRun:
+    """A long closed-loop level as independent replications of ``parts`` requests each,
+    in up to ``workers`` processes, joined end to end (engine/replication.py)."""
+    join = ReplicationJoin(workload.requests, setup.step_model.frontend_parallel_seconds)
+    pieces = [
+        (dataclass_replace(workload, requests=n), part_seed(seed, k)) for k, n in enumerate(parts)
+    ]
+    if workers > 1:
+        dirs = catalog_dirs(catalog)
+        with worker_pool(min(workers, len(pieces))) as pool:
+            futures = [
+                pool.submit(_run_part, (setup.config, dirs, setup.base_params, w, s))
+                for w, s in pieces
+            ]
+            for future, (w, _) in zip(futures, pieces, strict=True):
+                join.add(future.result())  # in order: each part starts where the last ended
+                if progress is not None:
+                    progress.advance(w.requests)
+    else:
+        for w, s in pieces:
+            join.add(run_replicas(setup, w, s, progress=progress))
+    return join.run()
 
 
 def concat_arrays(arrays: list[np.ndarray]) -> np.ndarray:
@@ -858,11 +908,16 @@ def closed_level(
     seed: int,
     keep_records: bool,
     progress: Progress | None = None,
+    workers: int = 1,
+    catalog: Catalog | None = None,
 ) -> tuple[LevelResult, ReplicaRun | None]:
     """A closed-loop level on one replica, with its run when it is saturated (the levels
-    above it are derived from that run)."""
+    above it are derived from that run); a long level's replications run in up to
+    ``workers`` processes."""
     started = time.perf_counter()
-    (run,) = level_runs(setup, workload, seed, keep_records, progress=progress)
+    (run,) = level_runs(
+        setup, workload, seed, keep_records, workers=workers, catalog=catalog, progress=progress
+    )
     result = measure_level(
         [run], workload, keep_records, started, setup.step_model.frontend_parallel_seconds
     )
@@ -895,6 +950,7 @@ def sweep_saturating(
     params: EfficiencyParams | None,
     progress: Progress | None = None,
     then: Callable[[], None] | None = None,
+    workers: int | None = None,
 ) -> list[LevelResult]:
     """Closed-loop levels on one replica, lowest concurrency first (in ``pool``'s
     workers, made by ``saturating_pool``; None: in this process); once a level is
@@ -953,7 +1009,10 @@ def sweep_saturating(
                 results[i] = derived(w)
                 measured(i)
                 continue
-            results[i], run = closed_level(setup, w, config.seed, keep_records, progress)
+            part_workers = resolve_workers(workers, len(level_parts(w)), level_requests(w))
+            results[i], run = closed_level(
+                setup, w, config.seed, keep_records, progress, part_workers, catalog
+            )
             if run is not None:
                 base, base_level = run, w.concurrency
             measured(i)
@@ -1044,6 +1103,7 @@ def predict(
                 params,
                 counter,
                 then=lambda: start_reruns(pool),
+                workers=workers,
             )
             if reruns is not None:
                 reruns.collect()  # before the pool closes
