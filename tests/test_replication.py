@@ -18,13 +18,13 @@ BASE = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4")
 
 
 def test_parts_by_hand():
-    # 1,000,000 // 131,072 = 7 parts, each far above 1,000 rounds of 16
-    assert replication_parts("closed", 1_000_000, 16) == [142_858] + [142_857] * 6
-    # 2 x 2^17 requests at C=100 would be 2,621 rounds a part: two parts
+    # 1,000,000 // 65,536 = 15 parts, each far above 1,000 rounds of 16
+    assert replication_parts("closed", 1_000_000, 16) == [66_667] * 10 + [66_666] * 5
+    # four parts of 2^16 would be 655 rounds of 100 each: two parts of 1,310 rounds
     assert replication_parts("closed", 262_144, 100) == [131_072, 131_072]
     # a part must run 1,000 rounds: at C=256, 262,144 requests are one part
     assert replication_parts("closed", 262_144, 256) == [262_144]
-    assert replication_parts("closed", 262_143, 1) == [262_143]
+    assert replication_parts("closed", 131_071, 1) == [131_071]
     assert replication_parts("open", 10_000_000, None) == [10_000_000]
     assert replication_parts("agents", 10_000_000, 16) == [10_000_000]
     parts = replication_parts("closed", 1_000_003, 1)

@@ -8,11 +8,11 @@ engine with its own random stream, which worker processes can run side by side; 
 are then laid end to end in time (part k starts when part k-1's last request finished) and
 measured as one run. Each part adds one start-up burst and one final drain of C requests,
 at most 1 / MIN_ROUNDS of its requests. How a level is split depends only on its request
-count, its concurrency and its seed, never on how many processes run it, so the figures do
-not depend on the machine. A replicated level keeps its requests exactly up to
-``request_log.REQUEST_BUFFER`` (folded beyond, as one simulation would), its ITL samples
-folded, and it is never the saturated run that levels above it are derived from (its
-sends and finishes restart with every part).
+count and concurrency (and each part's seed on the level's), never on how many processes
+run it, so the figures do not depend on the machine. A replicated level keeps its
+requests exactly up to ``request_log.REQUEST_BUFFER`` (folded beyond, as one simulation
+would), its ITL samples folded, and it is never the saturated run that levels above it are
+derived from (its sends and finishes restart with every part).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from capsim.engine import request_log
 from capsim.metrics import RequestSummary, RequestTable
 from capsim.streaming import LogSketch
 
-PART_REQUESTS = 2**17
-"""Requests (131,072) in one replication of a long closed-loop level, about; a level is
-split only from twice this many requests."""
+PART_REQUESTS = 2**16
+"""Requests (65,536) in one replication of a long closed-loop level, about; a level is split
+only from twice this many requests. Parts this size keep two workers evenly busy on 1M
+requests (15 parts; 7 parts of 2^17 left one worker idle for the last) and a bar moving."""
 
 MIN_ROUNDS = 1000
 """Rounds of its concurrency each replication runs at least, so that its start-up burst and
