@@ -731,3 +731,17 @@ def test_recv_poll_arithmetic_by_hand():
     decode = ScheduledStep(np.ones(2), np.ones(2), np.arange(2), [], None)
     mixed = ScheduledStep(np.array([1, 50]), np.ones(2), np.arange(1), [], None)
     assert (rep._step_weight(decode), rep._step_weight(mixed)) == (1, 10)
+
+
+def test_steps_costed_from_moments_simulate_what_the_arrays_do(monkeypatch):
+    """The scheduler's token moments (StepModel.moment_step_time) change no figure of a
+    simulation against costing every step from its arrays."""
+    from capsim.physics.step import StepModel
+
+    cfg = PredictConfig(**BASE, concurrency=[1, 5, 24], requests=60, output_tokens="uniform:16,200")
+    fast = predict(cfg, CAT, workers=1)
+    monkeypatch.setattr(StepModel, "takes_moments", property(lambda self: False))
+    slow = predict(cfg, CAT, workers=1)
+    for a, b in zip(fast.levels, slow.levels, strict=True):
+        assert a.metrics.model_dump() == b.metrics.model_dump()
+        assert a.steps == b.steps

@@ -785,3 +785,38 @@ def test_a_tied_embedding_is_read_every_step_as_the_output_head():
     su = StepModel(g, u, fmt, Deployment(), default_efficiency(g, CAT))
     parts = weight_bytes(u, fmt)
     assert su.dense_weight_bytes == pytest.approx(sum(parts.values()) - parts["embeddings"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model=st.sampled_from(
+        ["qwen3-coder-30b-a3b", "qwen2.5-coder-32b", "qwen3.5-27b", "llama-3.1-8b"]
+    ),
+    decoding=st.lists(st.integers(0, 40_000), max_size=64),
+    prefills=st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 30_000)), max_size=4),
+    eager=st.booleans(),
+)
+def test_moment_step_time_equals_the_arrays(model, decoding, prefills, eager):
+    """The engine's common step (every running request decodes, some prompts admitted)
+    costed from the token moments the scheduler sums gives the arrays' duration exactly:
+    whole-number tokens and contexts sum without rounding in either order."""
+    if not decoding and not prefills:
+        return
+    sm = build_step_model(CAT, "rtx3090", model, Deployment(cuda_graphs=not eager))
+    assert sm.takes_moments  # none of these has a sliding window
+    new = np.array([1.0] * len(decoding) + [float(n) for n, _ in prefills])
+    ctx = np.array([float(c) for c in decoding] + [float(c) for _, c in prefills])
+    moments = (
+        float(new.sum()),
+        int(new.size),
+        float(ctx.sum()),
+        float(sum(n * c for n, c in zip(new.tolist(), ctx.tolist(), strict=True))),
+        float(sum(n * n for n in new.tolist())),
+    )
+    assert sm.moment_step_time(*moments) == sm.scheduled_step_time(new, ctx)
+
+
+def test_models_with_a_sliding_window_or_a_drafter_do_not_take_moments():
+    assert not build_step_model(CAT, "h100-sxm", "gpt-oss-120b", Deployment()).takes_moments
+    mtp = SpecConfig(method="mtp", num_tokens=2, acceptance=0.6)
+    assert not build_step_model(CAT, "rtx3090", "qwen3.5-27b", Deployment(spec=mtp)).takes_moments

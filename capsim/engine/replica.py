@@ -189,19 +189,21 @@ class Replica:
                 # nothing fits (e.g. a prompt larger than the whole KV cache): wait for work
                 yield from self._wait_for_work()
                 continue
-            new, ctx = step.new_tokens, step.context
             spec = sm.deployment.spec is not None
-            logits = None
-            if spec:
-                # verification samples every drafted position; a prefill chunk samples one
-                prefilling = step.count - step.decoding
-                logits = step.decoding * sm.decode_width + prefilling
-            duration = sm.scheduled_step_time(
-                new,
-                ctx,
-                logits_tokens=logits,
-                draft_context=step.decode_context() if spec and step.decoding else None,
-            )
+            if step.moments is not None and sm.takes_moments:
+                duration = sm.moment_step_time(*step.moments)
+            else:
+                logits = None
+                if spec:
+                    # verification samples every drafted position; a prefill chunk samples one
+                    prefilling = step.count - step.decoding
+                    logits = step.decoding * sm.decode_width + prefilling
+                duration = sm.scheduled_step_time(
+                    step.new_tokens,
+                    step.context,
+                    logits_tokens=logits,
+                    draft_context=step.decode_context() if spec and step.decoding else None,
+                )
             applied = self.fast_forward and not sched.may_finish(step)
             weight = self._step_weight(step)
             if applied:

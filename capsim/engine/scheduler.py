@@ -73,7 +73,15 @@ class ScheduledStep:
     which of the leading (running) entries of ``new_tokens`` decode (None: all of them).
     """
 
-    __slots__ = ("_decoding", "context", "decode_rows", "new_tokens", "prefills")
+    __slots__ = (
+        "_admitted",
+        "_context",
+        "_decoding",
+        "_new_tokens",
+        "decode_rows",
+        "moments",
+        "prefills",
+    )
 
     def __init__(
         self,
@@ -82,12 +90,37 @@ class ScheduledStep:
         decode_rows: np.ndarray,
         prefills: list[tuple[SimRequest, int, int]],
         decoding: np.ndarray | None,
+        admitted: tuple[list[float], list[float]] | None = None,
+        moments: tuple[float, int, float, float, float] | None = None,
     ):
-        self.new_tokens = new_tokens
-        self.context = context
+        self._new_tokens = new_tokens
+        self._context = context
+        self._admitted = admitted  # (tokens, contexts) appended to the arrays on first use
         self.decode_rows = decode_rows
         self.prefills = prefills
         self._decoding = decoding
+        # where the scheduler summed them as it went: (tokens, sequences, summed context,
+        # sum of tokens x context, sum of tokens squared), every count a whole number
+        self.moments = moments
+
+    def _join_admitted(self) -> None:
+        if self._admitted is not None:
+            tokens, contexts = self._admitted
+            self._new_tokens = np.concatenate((self._new_tokens, tokens))
+            self._context = np.concatenate((self._context, contexts))
+            self._admitted = None
+
+    @property
+    def new_tokens(self) -> np.ndarray:
+        """Tokens each scheduled sequence processes, running ones first."""
+        self._join_admitted()
+        return self._new_tokens
+
+    @property
+    def context(self) -> np.ndarray:
+        """Tokens in KV of each scheduled sequence before the step, in the same order."""
+        self._join_admitted()
+        return self._context
 
     def decode_context(self) -> np.ndarray:
         """Tokens in KV of each decoding sequence before the step (what a drafter reads)."""
@@ -101,6 +134,8 @@ class ScheduledStep:
 
     @property
     def count(self) -> int:
+        if self.moments is not None:
+            return self.moments[1]
         return int(self.new_tokens.size)
 
     @property
@@ -515,10 +550,22 @@ class Scheduler:
                 budget -= n
         if not preempted and not self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             self.note_dry(now)
-        if admitted_tokens:
-            grant = np.concatenate((grant, admitted_tokens))
-            context = np.concatenate((context, admitted_context))
-        return ScheduledStep(grant, context, decode_rows, prefills, decoding)
+        moments = None
+        if rows is None and cfg.decode_advance == 1.0:
+            # every running request decodes from a whole number of tokens: the step's
+            # token moments in a few additions, exactly what the arrays would sum to
+            width = cfg.decode_width
+            context_sum = float(context.sum())
+            tokens, dot = float(n_running * width), width * context_sum
+            square = float(n_running * width * width)
+            for n, c in zip(admitted_tokens, admitted_context, strict=True):
+                tokens += n
+                context_sum += c
+                dot += n * c
+                square += n * n
+            moments = (tokens, n_running + len(admitted_tokens), context_sum, dot, square)
+        admitted = (admitted_tokens, admitted_context) if admitted_tokens else None
+        return ScheduledStep(grant, context, decode_rows, prefills, decoding, admitted, moments)
 
     def complete(self, step: ScheduledStep, now: float) -> list[SimRequest]:
         """Apply a finished step; return the requests that finished."""

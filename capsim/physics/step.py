@@ -933,6 +933,23 @@ class StepModel:
             draft = self.draft_seconds(draft_context.size, draft_context)
         return self._seconds(sums, logits, draft)
 
+    @property
+    def takes_moments(self) -> bool:
+        """Whether ``moment_step_time`` applies: no sliding-window attention (whose KV reads
+        need each sequence's own context) and no speculation (whose drafter does)."""
+        return self.kv.sliding_window is None and self.deployment.spec is None
+
+    def moment_step_time(
+        self, tokens: float, seqs: int, context_sum: float, dot: float, square: float
+    ) -> float:
+        """``scheduled_step_time`` from the step's token moments, seconds: ``tokens`` new
+        tokens over ``seqs`` sequences that held ``context_sum`` tokens in KV before it,
+        with sum(new x context) = ``dot`` and sum(new^2) = ``square`` (``takes_moments``
+        must hold). The same sums ``_sums`` takes from the arrays, without them."""
+        total = context_sum + tokens
+        pairs = dot + 0.5 * (square + tokens)
+        return self._seconds((tokens, seqs, total, total, pairs, pairs), seqs, 0.0)
+
     def _seconds(
         self, sums: tuple[float, int, float, float, float, float], logits: int, draft: float
     ) -> float:
