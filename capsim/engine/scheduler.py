@@ -384,14 +384,24 @@ class Scheduler:
             i += 1
         return preempted
 
-    def _running_parts_slow(self) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
-        """The per-request loop's result as arrays: (preempted, rows, tokens, contexts)."""
+    def _running_parts_slow(
+        self,
+    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray, tuple[float, int, float, float, float]]:
+        """The per-request loop's result as arrays: (preempted, rows, tokens, contexts), and
+        the token moments of those rows (see ScheduledStep.moments)."""
         parts: list[tuple[SimRequest, int, float, int]] = []
         preempted = self._schedule_running_slow(parts)
         rows = np.array([p[3] for p in parts], dtype=np.int64)
-        grant = np.array([p[1] for p in parts], dtype=float)
-        context = np.array([p[2] for p in parts], dtype=float)
-        return preempted, rows, grant, context
+        tokens = [p[1] for p in parts]
+        contexts = [p[2] for p in parts]
+        moments = (
+            float(sum(tokens)),
+            len(parts),
+            float(sum(contexts)),
+            float(sum(n * c for n, c in zip(tokens, contexts, strict=True))),
+            float(sum(n * n for n in tokens)),
+        )
+        return preempted, rows, np.array(tokens, dtype=float), np.array(contexts), moments
 
     def _running_parts_decode_head(
         self,
@@ -496,8 +506,9 @@ class Scheduler:
         running = self.running
         n_running = len(running)
         preempted = False
+        moments = None  # of the running rows scheduled, where summed on the way
         if 0 < n_running <= SMALL_BATCH:
-            preempted, rows, grant, context = self._running_parts_slow()
+            preempted, rows, grant, context, moments = self._running_parts_slow()
         elif n_running:
             preempted, rows, grant, context = self._running_parts()
         else:
@@ -550,20 +561,28 @@ class Scheduler:
                 budget -= n
         if not preempted and not self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             self.note_dry(now)
-        moments = None
-        if rows is None and cfg.decode_advance == 1.0:
-            # every running request decodes from a whole number of tokens: the step's
-            # token moments in a few additions, exactly what the arrays would sum to
+        if rows is None:  # every running request decodes: the moments in one sum
             width = cfg.decode_width
             context_sum = float(context.sum())
-            tokens, dot = float(n_running * width), width * context_sum
-            square = float(n_running * width * width)
+            moments = (
+                float(n_running * width),
+                n_running,
+                context_sum,
+                width * context_sum,
+                float(n_running * width * width),
+            )
+        if moments is not None and cfg.decode_advance == 1.0:
+            # whole-number tokens and contexts: these additions are exactly what the
+            # arrays would sum to (with fractional speculative progress they need not be)
+            tokens, seqs, context_sum, dot, square = moments
             for n, c in zip(admitted_tokens, admitted_context, strict=True):
                 tokens += n
                 context_sum += c
                 dot += n * c
                 square += n * n
-            moments = (tokens, n_running + len(admitted_tokens), context_sum, dot, square)
+            moments = (tokens, seqs + len(admitted_tokens), context_sum, dot, square)
+        else:
+            moments = None
         admitted = (admitted_tokens, admitted_context) if admitted_tokens else None
         return ScheduledStep(grant, context, decode_rows, prefills, decoding, admitted, moments)
 
