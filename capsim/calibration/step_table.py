@@ -40,6 +40,9 @@ class MeasuredStepModel:
         self.decode_width = 1
         self.decode_advance = 1.0
         self.draft = None
+        # it tells decoding from prefilling sequences by their tokens: steps are costed
+        # from the arrays, not from the scheduler's token moments
+        self.takes_moments = False
 
     def frontend_seconds(self, prompt_tokens: float) -> float:
         """No front-end latency: a measured step table already holds what the server
