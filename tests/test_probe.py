@@ -59,8 +59,12 @@ def test_probe_levels_and_token_accounting(mock_url, tmp_path, workload, monkeyp
         assert m.output_tokens == 8 * 20
         assert lv.server_deltas["vllm:generation_tokens_total"] == 8 * 20
         assert m.itl_ms.count == 8 * 19
+    # the mock batches like a server (2 ms a token + 0.5 ms per active stream): 400, 667
+    # and 1,000 tok/s at C=1, 2, 4. A level lasts about 0.2 s, so one pause of the test's
+    # process (its collector, a busy host) can undo the 1.5x from C=2 to 4; C=1 to 4 (2.5x)
+    # still shows that the probe keeps C requests in flight
     throughput = [lv.metrics.output_tok_s for lv in summary.levels]
-    assert throughput == sorted(throughput)
+    assert throughput[2] > throughput[0] * 1.2
     text = (tmp_path / "run.json").read_text() + (tmp_path / "run.jsonl").read_text()
     assert "secret-key-do-not-store" not in text
     lines = (tmp_path / "run.jsonl").read_text().splitlines()
