@@ -20,11 +20,13 @@ import functools
 import math
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capsim.calibration.compare import METRIC_KINDS, ComparedPoint
+if TYPE_CHECKING:  # comparing the corpus is only for building bands, not for reading them
+    from capsim.calibration.compare import ComparedPoint
 
 MIN_POINTS = 15
 """Points a (class, family) needs for its own band; fewer use the pooled corpus."""
@@ -116,6 +118,8 @@ def _ratio(p: ComparedPoint) -> float | None:
 
 def _family_ratio(p: ComparedPoint) -> tuple[str, float] | None:
     """(metric family, measured / predicted as the family's figure) of a scored point."""
+    from capsim.calibration.compare import METRIC_KINDS
+
     ratio = _ratio(p)
     family = METRIC_KINDS.get(p.metric)
     if not p.scored or ratio is None or family is None:
