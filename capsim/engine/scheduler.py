@@ -178,6 +178,7 @@ class Scheduler:
         # read-only rows the common all-decode step hands out as views (no allocation)
         self._row_numbers = np.arange(cap)
         self._decode_widths = np.full(cap, float(config.decode_width))
+        self._row_numbers.flags.writeable = self._decode_widths.flags.writeable = False
         self._prefilling = 0  # running rows not decoding
         # a lower bound on the output tokens any decoding row still has to generate:
         # while it exceeds FINISH_TOLERANCE nobody can finish, so the check is skipped

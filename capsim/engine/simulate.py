@@ -970,7 +970,8 @@ def sweep_saturating(
     workers, made by ``saturating_pool``; None: in this process); once a level is
     saturated, every level above it is derived from its run instead of simulated
     (engine/saturation.py). With a pool, ``then()`` is called once the levels are handed to
-    it (to queue other work behind them). Results come back in the given order."""
+    it (to queue other work behind them). Results come back in the given order. Without a
+    pool, a long level's replications run in up to ``workers`` processes (None: automatic)."""
     order = sorted(range(len(workloads)), key=lambda i: workloads[i].concurrency)
     results: list[LevelResult | None] = [None] * len(workloads)
     base: ReplicaRun | None = None
