@@ -8,6 +8,7 @@ suggestions on stderr and exit with code 2, without a traceback.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -860,16 +861,12 @@ def _add_command(target: typer.Typer, name: str) -> None:
         target.add_typer(getattr(importlib.import_module(module), attr), name=name)
 
 
-_full: list[typer.Typer] = []
-
-
+@functools.cache
 def full_app() -> typer.Typer:
     """Every command: this module's and the other cli modules' (registered once)."""
-    if not _full:
-        for name in [*GROUPS, *COMMANDS]:
-            _add_command(cli, name)
-        _full.append(cli)
-    return _full[0]
+    for name in [*GROUPS, *COMMANDS]:
+        _add_command(cli, name)
+    return cli
 
 
 def __getattr__(name: str) -> Any:

@@ -90,15 +90,15 @@ class ReplicationJoin:
         self.tables: list[RequestTable] = []
         self.summary = RequestSummary() if total_requests > request_log.REQUEST_BUFFER else None
         self.itl = LogSketch(weighted=True)
-        self.runs = 0
-        self.first = None
+        self.run_type = None  # ReplicaRun (engine/simulate.py imports this module)
         self.totals = dict.fromkeys(
             ("query_tokens", "hit_tokens", "preemptions", "steps", "events"), 0
         )
         self.peak_kv_usage = 0.0
 
     def add(self, run) -> None:
-        """The next replication's run (its ITL folded: ``folded_itl``)."""
+        """The next replication's run (its ITL samples are folded here where a worker has
+        not folded them already, ``folded_itl``)."""
         if run.requests is None:
             raise ValueError("a replication folded its requests: parts are under the buffer")
         table = shifted(run.requests, self.offset)
@@ -113,15 +113,13 @@ class ReplicationJoin:
         for name in self.totals:
             self.totals[name] += getattr(run, name)
         self.peak_kv_usage = max(self.peak_kv_usage, run.peak_kv_usage)
-        self.first = self.first or run
-        self.runs += 1
+        self.run_type = type(run)
 
     def run(self):
         """The replications as one ReplicaRun (no saturation data: see the module)."""
-        if self.first is None:
+        if self.run_type is None:
             raise ValueError("no replication was added")
-        return dataclasses.replace(
-            self.first,
+        return self.run_type(
             requests=None if self.summary is not None else RequestTable.concat(self.tables),
             summary=self.summary,
             records=None,

@@ -562,7 +562,8 @@ class Scheduler:
                 budget -= n
         if not preempted and not self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             self.note_dry(now)
-        if rows is None:  # every running request decodes: the moments in one sum
+        whole = cfg.decode_advance == 1.0  # no fractional speculative progress
+        if rows is None and whole:  # every running request decodes: the moments in one sum
             width = cfg.decode_width
             context_sum = float(context.sum())
             moments = (
@@ -572,7 +573,7 @@ class Scheduler:
                 width * context_sum,
                 float(n_running * width * width),
             )
-        if moments is not None and cfg.decode_advance == 1.0:
+        if moments is not None and whole:
             # whole-number tokens and contexts: these additions are exactly what the
             # arrays would sum to (with fractional speculative progress they need not be)
             tokens, seqs, context_sum, dot, square = moments

@@ -663,11 +663,12 @@ def level_runs(
         groups = session_affine_groups(
             workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
         )
-    parts = [workload.requests] if keep_records else level_parts(workload)
-    if groups is None and len(parts) > 1:
-        runs = [replicated_run(setup, workload, parts, seed, workers, catalog, progress)]
-    elif groups is None:
-        runs = [run_replicas(setup, workload, seed, keep_records, progress=progress)]
+    if groups is None:
+        parts = [workload.requests] if keep_records else level_parts(workload)
+        if len(parts) > 1:
+            runs = [replicated_run(setup, workload, parts, seed, workers, catalog, progress)]
+        else:
+            runs = [run_replicas(setup, workload, seed, keep_records, progress=progress)]
     else:
         # each group's request ids start after the turns of the groups before it
         turns = workload.turns

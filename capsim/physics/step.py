@@ -935,8 +935,10 @@ class StepModel:
 
     @property
     def takes_moments(self) -> bool:
-        """Whether ``moment_step_time`` applies: no sliding-window attention (whose KV reads
-        need each sequence's own context) and no speculation (whose drafter does)."""
+        """Whether a step depends on its sequences' contexts only through their sum: no
+        sliding-window attention (whose KV reads need each sequence's own context) and no
+        speculation (whose drafter does). Then ``moment_step_time`` applies and a decode run
+        is affine in its step (``_affine_decode_run_times``)."""
         return self.kv.sliding_window is None and self.deployment.spec is None
 
     def moment_step_time(
@@ -1086,7 +1088,7 @@ class StepModel:
         c0 = np.asarray(context, dtype=float)
         seqs = c0.size
         width = self.decode_width
-        if self.kv.sliding_window is None and self.deployment.spec is None:
+        if self.takes_moments:  # the contexts enter only through their sum
             return self._affine_decode_run_times(float(c0.sum()), seqs, n_steps)
         j = np.arange(n_steps, dtype=float)
         # summed context of the batch at each step: only the windowed terms and a draft
