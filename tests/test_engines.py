@@ -112,12 +112,46 @@ def test_engine_changes_the_prediction():
 def test_sglang_caps_hybrid_batches_by_its_state_pool():
     g = CAT.gpu("h200")
     opts = engine_fit_options(CAT.engine("sglang"), g, kv_dtype="auto")
-    assert opts["state_layout"] == "split" and opts["state_slots_per_sequence"] == 3
+    # default launch: radix cache and overlap scheduler on -> extra_buffer, 3 + 2 slots
+    assert opts["state_layout"] == "split" and opts["state_slots_per_sequence"] == 5
     assert opts["state_share"] == pytest.approx(0.9 / 1.9, abs=1e-4)
+    # --disable-overlap-schedule (capsim --no-async-scheduling) -> no_buffer, 3 slots
+    sync = engine_fit_options(CAT.engine("sglang"), g, async_scheduling=False, kv_dtype="auto")
+    assert sync["state_slots_per_sequence"] == 3
+    # an engine without the field keeps one count either way
+    assert (
+        engine_fit_options(CAT.engine("vllm"), g, async_scheduling=False)[
+            "state_slots_per_sequence"
+        ]
+        == CAT.engine("vllm").state_pool.slots_per_sequence
+    )
     # without prefix caching SGLang holds one slot per request
     off = engine_fit_options(CAT.engine("sglang"), g, prefix_caching=False, kv_dtype="auto")
     assert off["state_slots_per_sequence"] == 1
+    off_sync = engine_fit_options(
+        CAT.engine("sglang"), g, prefix_caching=False, async_scheduling=False
+    )
+    assert off_sync["state_slots_per_sequence"] == 1
     assert engine_fit_options(CAT.engine("vllm"), g)["state_layout"] == "shared"
+
+
+def test_turning_sglangs_overlap_scheduler_off_raises_its_hybrid_state_cap():
+    """--no-async-scheduling reaches the memory fit: SGLang then keeps 3 state slots a
+    request instead of 5, so the same pool serves 5/3 as many (within a slot's rounding)."""
+    from capsim.engine.simulate import PredictConfig, build_setup
+
+    def cap(async_scheduling):
+        config = PredictConfig(
+            gpu="h200",
+            model="qwen3.6-35b-a3b",
+            engine="sglang",
+            concurrency=[1],
+            async_scheduling=async_scheduling,
+        )
+        return build_setup(config, CAT).fit.state_sequence_cap
+
+    default, sync = cap(None), cap(False)
+    assert sync == pytest.approx(default * 5 / 3, abs=2)
 
 
 def test_hybrid_state_limits_the_running_batch_in_the_simulation():

@@ -471,7 +471,9 @@ class StatePool(Strict):
     KV-cache manager), so state and attention KV compete for the same bytes. ``split``: the
     engine carves a separate pool of state slots out of the memory left after the weights
     (SGLang's mamba pool: a share ``r / (1 + r)`` with ``r`` its mamba_full_memory_ratio)
-    and caps running requests at slots / ``slots_per_sequence``."""
+    and caps running requests at slots / ``slots_per_sequence`` (with prefix caching the
+    engine keeps checkpoint slots beside each request's working one, more of them while its
+    overlap scheduler runs a step ahead)."""
 
     layout: Literal["shared", "split"] = "shared"
     state_share: float | None = Field(
@@ -485,7 +487,12 @@ class StatePool(Strict):
         1,
         ge=1,
         description="split: state slots one running request holds while prefix caching is "
-        "on (1 without it)",
+        "on (1 without it), with the engine's overlap (async) scheduler on, its default",
+    )
+    slots_per_sequence_without_overlap: int | None = Field(
+        None,
+        ge=1,
+        description="split: the same with the overlap scheduler off (None: as with it)",
     )
 
     @model_validator(mode="after")

@@ -742,6 +742,7 @@ def explain_cmd(
     fit_options = engine_fit_options(
         eng,
         g,
+        async_scheduling=async_scheduling,
         kv_dtype=kv_dtype,
         enforce_eager=enforce_eager,
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",

@@ -263,21 +263,32 @@ def engine_deployment(
     )
 
 
-def engine_fit_options(engine: Engine, gpu: GPU, prefix_caching: bool = True, **options) -> dict:
+def engine_fit_options(
+    engine: Engine,
+    gpu: GPU,
+    prefix_caching: bool = True,
+    async_scheduling: bool | None = None,
+    **options,
+) -> dict:
     """memory_fit options with the engine's defaults where ``options`` leave them None:
     its memory share, its default token budget and sequence limit for this GPU, and where
     it keeps hybrid models' recurrent state (a state pool of its own holds one slot per
-    request without prefix caching)."""
+    request without prefix caching, and with it as many as the engine keeps with its
+    overlap scheduler on or, ``async_scheduling`` False, off; None: the engine's default)."""
     row = engine.batch_limits(gpu.name, gpu.memory_gb)
     utilization = options.pop("gpu_memory_utilization", None)
     pool = engine.state_pool
+    slots = pool.slots_per_sequence
+    overlap = engine.async_scheduling if async_scheduling is None else async_scheduling
+    if not overlap and pool.slots_per_sequence_without_overlap is not None:
+        slots = pool.slots_per_sequence_without_overlap
     return dict(
         options,
         gpu_memory_utilization=engine.memory_utilization if utilization is None else utilization,
         default_limits=(row.max_num_batched_tokens, row.max_num_seqs),
         state_layout=pool.layout,
         state_share=pool.state_share,
-        state_slots_per_sequence=pool.slots_per_sequence if prefix_caching else 1,
+        state_slots_per_sequence=slots if prefix_caching else 1,
     )
 
 
@@ -325,6 +336,7 @@ def build_setup(
         engine,
         gpu,
         prefix_caching=config.prefix_caching,
+        async_scheduling=config.async_scheduling,
         kv_dtype=config.kv_dtype,
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=config.max_model_len,
