@@ -54,13 +54,19 @@ def test_a_class_band_needs_enough_points_and_sources():
     assert pooled and band == table.bands[POOLED]["TPOT"]
 
 
-def test_every_source_weighs_the_same_in_a_band():
-    # 100 points of one write-up 2x off, three write-ups spot on: the median is 1, not 2
-    pts = [point("h100-sxm", "output_tok_s", 2.0, 1.0, dataset="big") for _ in range(100)]
-    pts += [point("h100-sxm", "output_tok_s", 1.0, 1.0, dataset=f"s{i}") for i in range(3)]
-    band = build_band_table(pts, {}).bands[POOLED]["throughput"]
-    assert band.low_50 == pytest.approx(1.0) and band.high == pytest.approx(2.0)
-    assert band.low_50 < band.high_50 < band.high
+def test_a_source_weighs_the_square_root_of_its_points_in_a_band():
+    # 4 points of one write-up 2x over (weight 4 x 1/2 = 2, sqrt(4)), one write-up spot on
+    # and one 2x under (weight 1 each): midpoint shares 1/8 (0.5), 3/8 (1.0), then 9/16 ..
+    # 15/16 (2.0), so the 25th percentile lies halfway from 0.5 to 1.0 in log units.
+    # Every point alike would put it on 1.0, every source alike at 0.5 ** (1/4).
+    pts = [point("h100-sxm", "output_tok_s", 2.0, 1.0, dataset="big") for _ in range(4)]
+    pts += [point("h100-sxm", "output_tok_s", 1.0, 1.0, dataset="exact")]
+    pts += [point("h100-sxm", "output_tok_s", 0.5, 1.0, dataset="under")]
+    table = build_band_table(pts, {})
+    band = table.bands[POOLED]["throughput"]
+    assert band.low_50 == pytest.approx(0.5**0.5)
+    assert band.high_50 == pytest.approx(2.0) and band.sources == 3 and band.points == 6
+    assert "n^0.5" in table.note
 
 
 def test_coverage_checks_each_source_against_bands_built_without_it():
