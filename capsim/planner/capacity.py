@@ -251,6 +251,12 @@ def _suggestions(limiter: str, setup, config: PredictConfig) -> list[str]:
             f"{fit.state_bytes_per_sequence / 2**20:.0f} MiB each): SGLang's "
             "--mamba-full-memory-ratio (or --max-mamba-cache-size) gives the state pool "
             "more of the memory, --mamba-ssm-dtype bfloat16 halves each slot"
+            + (
+                ", and with its overlap scheduler off (--disable-overlap-schedule; capsim "
+                "--no-async-scheduling) a request holds fewer slots"
+                if config.async_scheduling is not False
+                else ""
+            )
         )
         out.append(f"another replica (--gpus {2 * setup.dp * config.tp}) adds a state pool")
     elif limiter in ("memory bandwidth", "compute"):
