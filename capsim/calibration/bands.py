@@ -46,11 +46,11 @@ POOLED = "all"
 
 SOURCE_WEIGHT_POWER = 0.5
 """A source with n points weighs n ** SOURCE_WEIGHT_POWER in a band, each point n ** (p - 1).
-Chosen by leave-one-dataset-out coverage on the November 2026 corpus (415 points, 23
-datasets): with every source weighing the same (p = 0) the throughput bands held 62% and 89%
-of points (50% and 80% bands) and with every point weighing the same (p = 1) 50% and 79%;
-p = 0.5 holds 55% and 82%, TPOT 48% and 69% (its 80% band misses one source's 25 points
-whatever the weighting: vLLM on Strix Halo, 1.6-8x slower than predicted)."""
+Chosen by leave-one-dataset-out coverage on the November 2026 corpus (362 scored points, 24
+datasets): with every source weighing the same (p = 0) the throughput bands held 62% and 95%
+of points (50% and 80% bands; 42-58% and 72-88% wanted), with every point weighing the same
+(p = 1) 50% and 81%, TPOT 50% and 77%; p = 0.5 holds throughput 53% and 86%, TPOT 54% and
+81%, and weighs a source's points less than p = 1, since they fall in or out together."""
 
 LOW_Q, HIGH_Q = 10.0, 90.0
 """Percentiles of measured / predicted that bound the 80% band."""
