@@ -111,7 +111,9 @@ def test_a_hybrid_model_on_sglang_is_limited_by_its_state_pool():
     answer = capacity(config, Objectives(max_ttft_p90_s=2.0), CAT)
     assert answer.limiter == "recurrent-state pool"
     assert any("mamba" in s for s in answer.suggestions)
-    assert any("--disable-overlap-schedule" in s for s in answer.suggestions)
+    assert any(
+        "--disable-overlap-schedule" in s and "holds 3 slots" in s for s in answer.suggestions
+    )
     assert not any("--max-num-seqs" in s for s in answer.suggestions)
     # with the overlap scheduler already off the hint is not repeated
     sync = config.model_copy(update={"async_scheduling": False})

@@ -20,9 +20,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.calibration.applied import calibrated_predict, calibrated_setup
-from capsim.catalog.loader import Catalog
+from capsim.catalog.loader import Catalog, load_catalog
 from capsim.engine.bands import pessimistic_factors
-from capsim.engine.simulate import LevelResult, PredictConfig
+from capsim.engine.simulate import LevelResult, PredictConfig, engine_fit_options
 from capsim.errors import CapsimUserError
 
 MAX_CONCURRENCY = 8192
@@ -206,7 +206,7 @@ def capacity(
         max_concurrency=good,
         binding=binding,
         limiter=limiter,
-        suggestions=_suggestions(limiter, setup, config),
+        suggestions=_suggestions(limiter, setup, config, catalog or load_catalog()),
         curve=curve,
         notes=notes,
     )
@@ -234,7 +234,7 @@ def _mean_length(spec: str) -> float:
     return float(parse_length(spec).mean)
 
 
-def _suggestions(limiter: str, setup, config: PredictConfig) -> list[str]:
+def _suggestions(limiter: str, setup, config: PredictConfig, catalog: Catalog) -> list[str]:
     out = []
     if limiter == "KV cache":
         if config.kv_dtype == "auto":
@@ -245,6 +245,14 @@ def _suggestions(limiter: str, setup, config: PredictConfig) -> list[str]:
         out.append("raise --max-num-seqs: the engine queues agents beyond it")
     elif limiter == "recurrent-state pool":
         fit = setup.fit
+        # the slots a request would hold with the engine's overlap scheduler off, as the
+        # memory fit counts them
+        sync_slots = engine_fit_options(
+            catalog.engine(config.engine),
+            setup.gpu,
+            prefix_caching=config.prefix_caching,
+            async_scheduling=False,
+        )["state_slots_per_sequence"]
         out.append(
             f"the engine holds the recurrent state of at most {fit.state_sequence_cap} "
             f"requests ({fit.state_slots_per_sequence} slots of "
@@ -252,9 +260,9 @@ def _suggestions(limiter: str, setup, config: PredictConfig) -> list[str]:
             "--mamba-full-memory-ratio (or --max-mamba-cache-size) gives the state pool "
             "more of the memory, --mamba-ssm-dtype bfloat16 halves each slot"
             + (
-                ", and with its overlap scheduler off (--disable-overlap-schedule; capsim "
-                "--no-async-scheduling) a request holds fewer slots"
-                if config.async_scheduling is not False
+                f", and with its overlap scheduler off (--disable-overlap-schedule; capsim "
+                f"--no-async-scheduling) a request holds {sync_slots} slots"
+                if sync_slots < fit.state_slots_per_sequence
                 else ""
             )
         )
