@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from capsim.calibration.compare import compare_dataset
-from capsim.calibration.fit import cross_validate, fit_profile
+from capsim.calibration.crossval import cross_validate
+from capsim.calibration.fit import fit_profile
 from capsim.calibration.profiles import load_profile
 from capsim.calibration.published import MeasuredPoint, PublishedDataset, load_published
 from capsim.catalog.loader import load_catalog
@@ -178,7 +179,8 @@ def test_a_probed_server_with_speculation_is_simulated_with_its_measured_accepta
 
 
 def test_hardware_classes_name_their_own_fit_set():
-    from capsim.calibration.fit import DEFAULT_FIT, FIT_BOUNDS, class_fit
+    from capsim.calibration.fit import DEFAULT_FIT, class_fit
+    from capsim.calibration.least_squares import FIT_BOUNDS
 
     assert class_fit("consumer-ampere", CAT) == DEFAULT_FIT
     blackwell = class_fit("datacenter-blackwell", CAT)
@@ -254,7 +256,7 @@ def test_a_profile_applies_the_parameters_it_was_fitted_with_held():
 
 
 def test_a_dataset_spanning_hardware_classes_is_split_per_class():
-    from capsim.calibration.fit import group_by_class
+    from capsim.calibration.crossval import group_by_class
     from capsim.calibration.published import load_published
 
     (mixed,) = [

@@ -11,7 +11,7 @@ import pytest
 
 import capsim
 from capsim.calibration.compare import compare_dataset
-from capsim.calibration.fit import fit_profile
+from capsim.calibration.fit import HOLD_STEPS, fit_profile, nearest_allowed
 from capsim.calibration.published import MeasuredPoint, dataset_from_run
 from capsim.calibration.selection import (
     COLLINEARITY,
@@ -209,6 +209,61 @@ def test_calibration_pins_prefill_compute_it_was_not_told_about():
     assert max(abs(r.error) for r in profile.residuals) < 0.3
     assert {"throughput", "TTFT", "TPOT"} <= set(profile.metric_log_sd)
     assert profile.held_reasons  # the rest say why they were held
+
+
+def test_an_unpinned_term_is_held_where_the_data_stop_ruling_its_prior_out():
+    # one parameter on a plateau: each of three residuals is 0.1 plus (0.2 - v) below
+    # v = 0.2, flat above it. At the optimum (v = 1) the sum of squares is 0.03, over
+    # 3 - 1 degrees of freedom: a tolerance of 0.015. The prior 0.05 is ruled out; the
+    # held value is the plateau's edge nearest it, where the sum has risen by 0.015.
+    base = np.array([0.1, 0.1, 0.1])
+
+    def residuals(x):
+        return base + 0.1 * max(0.0, 0.2 - float(x[0])) * 10
+
+    problem = SimpleNamespace(residuals=residuals)
+    x = np.array([1.0])
+    r = residuals(x)
+    held = nearest_allowed(problem, x, r, 0, 0.05)
+    # the edge: 3 x (0.1 + (0.2 - v))^2 - 0.03 = 0.015 -> 0.2 - v = sqrt(0.015) - 0.1
+    edge = 0.2 - (np.sqrt(0.015) - 0.1)
+    assert held >= edge - 1e-12  # on the allowed side
+    # within the bisection's resolution (a 1/2^HOLD_STEPS step of the log distance)
+    step = (np.log(1.0) - np.log(0.05)) / 2**HOLD_STEPS
+    assert np.log(held) - np.log(edge) <= step
+    # a prior inside the plateau is kept exactly
+    assert nearest_allowed(problem, x, r, 0, 0.5) == 0.5
+
+
+def test_a_run_from_another_host_is_refitted_from_the_optimum():
+    # the stored tiny-qwen3-moe probe (2026-11-22, the former Intel host: prefill twice as
+    # fast and decode steps half as costly per sequence as this class's priors): fitted on
+    # C=1, 2 and 4, the C=8 it also measured. Compute efficiency drifts to its bound 1 on a
+    # plateau (prefill no longer compute-bound); held at its prior 0.05 (the former rule)
+    # it doubled TTFT and the per-sequence term was never chosen (C=8 tok/s -30%, TPOT
+    # +42%, TTFT p50 +44%).
+    ds = dataset_from_run(RUN.with_name("cpu-vllm-tiny-qwen3-moe.json"))
+    train = ds.model_copy(
+        update={
+            "scenarios": [
+                s.model_copy(update={"points": [p for p in s.points if p.concurrency <= 4]})
+                for s in ds.scenarios
+            ]
+        }
+    )
+    profile = fit_profile([train], CAT, "other-host-moe")
+    assert profile.held["compute_efficiency"] > 0.2, profile.held_reasons
+    assert "nearest its prior" in profile.held_reasons["compute_efficiency"]
+    assert "per_sequence_overhead_us" in profile.parameters
+    predicted = compare_dataset(ds, CAT, profile.params(CAT, "cpu-host"))
+    for metric, statistic in (("output_tok_s", "mean"), ("tpot_s", "mean"), ("ttft_s", "median")):
+        pts = [
+            p
+            for p in predicted
+            if p.concurrency == 8 and p.metric == metric and p.statistic == statistic
+        ]
+        measured = sum(p.measured for p in pts) / len(pts)
+        assert abs(pts[0].predicted / measured - 1) < 0.15, (metric, pts[0].predicted, measured)
 
 
 def test_predict_with_a_profile_bands_every_figure(tmp_path):

@@ -1,26 +1,18 @@
-"""Fitting efficiency parameters to measurements, and the profiles that hold them.
+"""Fitting a profile: which parameters to fit, the joint fit that holds those it cannot
+pin, and the profile that records them (the least-squares machinery is in
+least_squares.py, cross-validation in crossval.py).
 
-Residuals are log(predicted / measured) per point: relative errors, symmetric in over-
-and under-prediction. ``scipy.optimize.least_squares`` minimises them with a soft-L1 loss
-(robust to a few odd points, such as seed 002's C=3 values) within each parameter's bounds,
-simulating every measured scenario with the engine at each evaluation.
-
-Uncertainty comes from the Jacobian at the optimum: cov = s^2 (J^T J)^-1 with
-s^2 = sum(r^2) / (n - p). A parameter is reported as not identifiable when the data barely
-move the residuals along it (its singular direction is weak) or its standard error exceeds
-half its bounded range; such a parameter is flagged, and its value is whatever the joint
-optimum left it at (near its prior, the hardware-class default, when the data ignore it).
+A parameter is reported as not identifiable when the data barely move the residuals along
+it (its singular direction is weak) or its standard error exceeds half its bounded range;
+such a parameter is flagged, and its value is whatever the joint optimum left it at (near
+its prior, the hardware-class default, when the data ignore it).
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterator
 from concurrent.futures import Executor
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -28,8 +20,20 @@ from capsim.calibration.compare import (
     ENGINE_SIMULATED,
     METRIC_KINDS,
     ComparedPoint,
-    compare_dataset,
-    compare_datasets,
+)
+from capsim.calibration.least_squares import (
+    AT_BOUND,
+    DEFAULT_PRIOR_WEIGHT,
+    ROBUST_SCALE,
+    FitProblem,
+    bounds_and_start,
+    check_fittable,
+    correlation_of,
+    jacobian_covariance,
+    jacobian_std,
+    scenario_pool,
+    solve,
+    start_point,
 )
 from capsim.calibration.profiles import FittedParameter, PointResidual, Profile
 from capsim.calibration.published import PublishedDataset
@@ -37,61 +41,12 @@ from capsim.calibration.selection import (
     CANDIDATE_FIT,
     IDENTIFIABLE_RSE,
     fit_warnings,
-    point_weights,
     select_parameters,
 )
 from capsim.catalog.loader import Catalog
-from capsim.engine.pool import worker_pool
-from capsim.errors import CapsimUserError, close_matches
+from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import default_efficiency
-
-FIT_BOUNDS: dict[str, tuple[float, float]] = {
-    "bandwidth_efficiency": (0.3, 1.0),
-    "moe_bandwidth_efficiency": (0.15, 1.0),
-    "moe_layer_overhead_us": (0.0, 200.0),
-    "moe_expert_overhead_us": (0.0, 5.0),
-    "kv_bandwidth_efficiency": (0.2, 1.0),
-    "elementwise_bandwidth_efficiency": (0.1, 1.0),
-    "compute_efficiency": (0.005, 1.0),  # a tiny model on a CPU core: 0.03-0.06 (cpu-host)
-    "attention_compute_efficiency": (0.02, 1.0),
-    "step_overhead_us": (0.0, 20_000.0),
-    "per_sequence_overhead_us": (0.0, 2_000.0),
-    "layer_overhead_graph_us": (0.0, 200.0),
-    "layer_overhead_eager_us": (0.0, 2000.0),
-    "layer_overhead_compiled_us": (0.0, 2000.0),
-    "allreduce_latency_us": (0.0, 300.0),
-    "allreduce_eager_launch_us": (0.0, 500.0),
-    "l2_reuse_strength": (0.0, 1.0),
-    "moe_routing_skew": (0.0, 2.0),
-    "compute_power_exponent": (0.0, 4.0),
-    "bandwidth_power_exponent": (0.0, 4.0),
-    "async_host_overlap": (0.0, 1.0),
-    "prefill_compute_efficiency": (0.02, 1.0),
-    "custom_allreduce_latency_us": (0.0, 100.0),
-    "frontend_request_ms": (0.0, 500.0),
-    "api_server_ms_per_request": (0.0, 200.0),
-}
-"""Parameters calibration may fit, with their bounds (units as in EfficiencyParams)."""
-
-FIT_TOLERANCE = 1e-4
-"""least_squares stops when the cost or the parameters change by less than this (relative).
-Standard errors are 10% of a value or more, so finer convergence buys nothing but
-simulations."""
-
-ROBUST_SCALE = 0.1
-"""soft-L1 scale on log residuals: errors beyond about 10% count linearly, not squared."""
-
-DEFAULT_PRIOR_WEIGHT = 0.0
-"""Default pull of each fitted parameter towards its prior (``prior_weight``): off. With a
-weight w the loss gains one residual per parameter, w x (value - prior) / (its bounded
-range), next to the points' log residuals, so moving a parameter across its whole range
-costs w in log units, like a point w off. Measured with ``capsim validate --calibrated
---prior-weight 1``: on seed 002 it lowered cross-validated error (leave a level out 16.7%
--> 15.0%, leave a point out 13.6% -> 12.6%) at about the same in-sample error (10.9% ->
-11.0%), and on seed 000 (353% -> 328%); on seed 001 (three parameters far from their
-priors, four points) it raised leave-one-point-out error from 11.3% to 18.8%, and on seed
-004 from 83% to 88%. A pull that helps two datasets and hurts two is not a default."""
 
 DEFAULT_FIT = (
     "bandwidth_efficiency",
@@ -113,185 +68,11 @@ def class_fit(hw_class: str, catalog: Catalog) -> tuple[str, ...]:
     return tuple(entry.fit) if entry is not None and entry.fit else DEFAULT_FIT
 
 
-@dataclass
-class FitProblem:
-    """Points of one hardware class and the parameters to fit."""
-
-    datasets: list[PublishedDataset]
-    catalog: Catalog
-    names: list[str]
-    base: EfficiencyParams
-    evaluations: int = 0
-    last: list[ComparedPoint] = field(default_factory=list)
-    pool: Executor | None = None  # processes to simulate the scenarios in
-
-    def params_for(self, x: np.ndarray) -> EfficiencyParams:
-        return self.base.with_overrides(dict(zip(self.names, map(float, x), strict=True)))
-
-    def residuals(self, x: np.ndarray) -> np.ndarray:
-        params = self.params_for(x)
-        points = compare_datasets(self.datasets, self.catalog, params, self.pool)
-        self.evaluations += 1
-        self.last = points
-        weights = np.sqrt(point_weights(points))
-        return weights * np.array([np.log(p.predicted / p.measured) for p in points])
-
-
-@contextmanager
-def scenario_pool(datasets: list[PublishedDataset]) -> Iterator[Executor | None]:
-    """Worker processes (one per core) to simulate a fit's scenarios in, or None on one
-    core or with a single scenario."""
-    scenarios = sum(len(ds.scenarios) for ds in datasets)
-    cores = os.cpu_count() or 1
-    if cores < 2 or scenarios < 2:
-        yield None
-        return
-    with worker_pool(min(cores, scenarios)) as pool:
-        yield pool
-
-
-def bounds_and_start(
-    names: list[str] | tuple[str, ...], base: EfficiencyParams
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Lower and upper bounds of fittable parameters, and their starting values (the
-    base values, clipped into the bounds)."""
-    lower = np.array([FIT_BOUNDS[n][0] for n in names])
-    upper = np.array([FIT_BOUNDS[n][1] for n in names])
-    x0 = np.clip(np.array([prior_value(base, n) for n in names], dtype=float), lower, upper)
-    return lower, upper, x0
-
-
-AT_BOUND = 0.002
-"""A fitted value within this share of its range from a bound counts as at the bound."""
-
-INHERITED_PRIORS = {"prefill_compute_efficiency": "compute_efficiency"}
-"""Parameters whose unset value (None) means another's: their prior is that one's."""
-
-
-def prior_value(base: EfficiencyParams, name: str) -> float:
-    """A parameter's prior in ``base``, following INHERITED_PRIORS where it is unset."""
-    value = getattr(base, name)
-    return getattr(base, INHERITED_PRIORS[name]) if value is None else value
-
-
-def start_point(
-    names: list[str],
-    x0: np.ndarray,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    start: dict[str, float] | None,
-) -> np.ndarray:
-    """Where a fit starts: ``start``'s values (clipped into the bounds) for the parameters
-    it names, the priors ``x0`` for the others and when it is None."""
-    if start is None:
-        return x0
-    return np.clip([start.get(n, x0[i]) for i, n in enumerate(names)], lower, upper)
-
-
-def jacobian_covariance(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
-    """Covariance of least-squares parameters from the Jacobian at the optimum (units of
-    the parameters squared): s^2 (J^T J)^-1, s^2 = sum(r^2) / (n - p) (pseudo-inverse);
-    infinite where it cannot be computed."""
-    n, p = jac.shape
-    s2 = float(residuals @ residuals) / max(n - p, 1)
-    try:
-        return np.linalg.pinv(jac.T @ jac) * s2
-    except np.linalg.LinAlgError:
-        return np.full((p, p), np.inf)
-
-
-def jacobian_std(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
-    """Standard errors of least-squares parameters: sqrt of the diagonal of
-    ``jacobian_covariance``."""
-    return np.sqrt(np.clip(np.diag(jacobian_covariance(jac, residuals)), 0, None))
-
-
-def correlation_of(cov: np.ndarray, names: list[str]) -> dict[str, dict[str, float]]:
-    """Each pair of parameters' correlation (-1..1) from their covariance, as
-    {name: {other: rho}} with each pair once (the first name in ``names`` order holds it);
-    pairs with an infinite or zero variance are left out."""
-    out: dict[str, dict[str, float]] = {}
-    for i, a in enumerate(names):
-        for j in range(i + 1, len(names)):
-            denom = math.sqrt(cov[i, i] * cov[j, j]) if cov[i, i] > 0 and cov[j, j] > 0 else 0
-            if denom and math.isfinite(denom) and math.isfinite(cov[i, j]):
-                rho = float(np.clip(cov[i, j] / denom, -1.0, 1.0))
-                out.setdefault(a, {})[names[j]] = rho
-    return out
-
-
-CrossValidation = Literal["level", "point"]
-"""Cross-validation schemes: leave one concurrency level out, or leave one point out."""
-
-
-def check_fittable(names) -> None:
-    """Reject parameter names calibration cannot fit, naming those it can."""
-    unknown = [n for n in names if n not in FIT_BOUNDS]
-    if unknown:
-        raise CapsimUserError(
-            f"cannot fit {', '.join(unknown)}",
-            hint="fittable: " + ", ".join(FIT_BOUNDS),
-            suggestions=[m for n in unknown for m in close_matches(n, FIT_BOUNDS)],
-        )
-
-
 def hardware_class_of(ds: PublishedDataset, catalog: Catalog) -> str:
     classes = {catalog.gpu(sc.gpu).hardware_class for sc in ds.scenarios}
     if len(classes) != 1:
         raise CapsimUserError(f"dataset {ds.name} mixes hardware classes {sorted(classes)}")
     return classes.pop()
-
-
-@dataclass
-class LeastSquaresFit:
-    """The optimum of one least-squares fit: parameter values, the Jacobian of the points
-    fitted, and the residuals of every point there."""
-
-    x: np.ndarray
-    jac: np.ndarray
-    residuals: np.ndarray
-
-
-def solve(
-    problem: FitProblem,
-    x0: np.ndarray,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    max_evaluations: int,
-    fitted: np.ndarray | None = None,
-    prior: np.ndarray | None = None,
-    prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-) -> LeastSquaresFit:
-    """Minimise the soft-L1 loss of ``problem``'s log residuals from ``x0`` within bounds.
-    ``fitted`` (a boolean mask over the points) leaves the others out of the loss; they
-    are still simulated and come back in ``residuals``. With ``prior_weight`` > 0 each
-    parameter is pulled towards ``prior`` (see DEFAULT_PRIOR_WEIGHT); the Jacobian that
-    comes back holds the points' rows only, so standard errors and identifiability say
-    what the data pin down."""
-    pull = prior_weight > 0 and prior is not None
-    span = upper - lower
-
-    def loss_residuals(x: np.ndarray) -> np.ndarray:
-        r = problem.residuals(x)
-        r = r if fitted is None else r[fitted]
-        return np.concatenate((r, prior_weight * (x - prior) / span)) if pull else r
-
-    from scipy.optimize import least_squares  # heavy: imported where fits run
-
-    result = least_squares(
-        loss_residuals,
-        x0,
-        bounds=(lower, upper),
-        loss="soft_l1",
-        f_scale=ROBUST_SCALE,
-        x_scale=span,
-        diff_step=0.02,
-        max_nfev=max_evaluations,
-        ftol=FIT_TOLERANCE,
-        xtol=FIT_TOLERANCE,
-    )
-    jac = result.jac[: -len(x0)] if pull else result.jac
-    return LeastSquaresFit(result.x, jac, problem.residuals(result.x))
 
 
 def fit_candidates(hw_class: str, catalog: Catalog) -> list[str]:
@@ -321,6 +102,73 @@ def fit_setup(
     return hw_class, list(fit), default_efficiency(gpu, catalog, engine)
 
 
+@dataclass
+class JointFit:
+    """The joint fit of chosen parameters, dropping (holding) those it cannot pin."""
+
+    datasets: list[PublishedDataset]
+    catalog: Catalog
+    pool: Executor | None
+    max_evaluations: int
+    prior_weight: float
+    drop_unpinned: bool  # False when the user named the parameters (--fit)
+
+    def run(
+        self,
+        names: list[str],
+        base: EfficiencyParams,
+        x_start: np.ndarray,
+        held: dict[str, float],
+        held_reasons: dict[str, str],
+    ) -> tuple:
+        """Fit ``names`` from ``x_start``; a parameter the fit cannot pin (standard error
+        above its value, or its prior where the value has gone to 0: a term fitted to its
+        floor is pinned there, not loose) drifts along a direction the data do not see:
+        the worst is held (``nearest_allowed``; recorded in ``held`` where that is not its
+        prior, with the reason in ``held_reasons``) and the rest fitted again. Returns
+        (names, base with the held values, x, residuals, Jacobian, standard errors,
+        the FitProblem)."""
+        lower, upper, x0 = bounds_and_start(names, base)
+        while True:
+            problem = FitProblem(self.datasets, self.catalog, names, base, pool=self.pool)
+            if names:
+                optimum = solve(
+                    problem,
+                    x_start,
+                    lower,
+                    upper,
+                    self.max_evaluations,
+                    prior=x0,
+                    prior_weight=self.prior_weight,
+                )
+                x, jac, r = optimum.x, optimum.jac, optimum.residuals
+            else:
+                x, jac = x0, np.zeros((0, 0))
+                r = problem.residuals(x0)
+            std = jacobian_std(jac, r) if names else np.zeros(0)
+            rse = std / np.maximum(np.abs(x), np.abs(x0)) if names else np.zeros(0)
+            worst = int(np.argmax(rse)) if names else -1
+            if not self.drop_unpinned or len(names) < 2 or not rse[worst] > UNPINNED_RSE:
+                return names, base, x, r, jac, std, problem
+            hold = nearest_allowed(problem, x, r, worst, float(x0[worst]))
+            name = names[worst]
+            reason = f"not pinned once fitted with the others: {x[worst]:.3g} +- {std[worst]:.3g}"
+            if hold == float(x0[worst]):
+                reason += " (held at its prior, the rest fitted again)"
+            else:  # the data rule the prior out: hold where they stop ruling it out
+                held[name] = hold
+                reason += (
+                    f" (held at {hold:.3g}, the value nearest its prior {x0[worst]:.3g} "
+                    "that the data allow within one standard deviation; the rest fitted again)"
+                )
+            held_reasons[name] = reason
+            base = base.with_overrides({name: hold})
+            keep = [i for i in range(len(names)) if i != worst]
+            names = [names[i] for i in keep]
+            lower, upper, x0 = bounds_and_start(names, base)
+            x_start = np.clip(x[keep], lower, upper)
+
+
 def fit_profile(
     datasets: list[PublishedDataset],
     catalog: Catalog,
@@ -335,7 +183,9 @@ def fit_profile(
     ``start`` (e.g. a fit on more points, to converge in fewer evaluations), pulled
     towards the priors by ``prior_weight`` (see DEFAULT_PRIOR_WEIGHT)."""
     hw_class, names, base = fit_setup(datasets, catalog, fit)
+    candidates = list(names)
     held_reasons: dict[str, str] = {}
+    held: dict[str, float] = {}  # held away from their priors (nearest_allowed)
     with scenario_pool(datasets) as pool:
         if fit is None:
             names, held_reasons = choose_parameters(datasets, catalog, names, base, pool)
@@ -343,40 +193,26 @@ def fit_profile(
         x_start = start_point(names, x0, lower, upper, start)
         if fit is None and start is None and len(names) > 1:
             x_start = stagewise_start(datasets, catalog, names, base, pool, max_evaluations)
-        while True:
-            problem = FitProblem(datasets, catalog, names, base, pool=pool)
-            if names:
-                optimum = solve(
-                    problem,
-                    x_start,
-                    lower,
-                    upper,
-                    max_evaluations,
-                    prior=x0,
-                    prior_weight=prior_weight,
+        joint = JointFit(datasets, catalog, pool, max_evaluations, prior_weight, fit is None)
+        names, base, x, r, jac, std, problem = joint.run(names, base, x_start, held, held_reasons)
+        if fit is None and start is None and poor_fit(problem, x):
+            # the choice was made from the Jacobian at the priors; far from them (a term
+            # that moved several-fold) another term may explain what the fit still misses:
+            # look again from the optimum, once, and fit what it adds with the rest
+            others = [c for c in candidates if c not in names and c not in held]
+            others = [c for c in others if not held_reasons.get(c, "").startswith("not pinned")]
+            at_optimum = base.with_overrides(dict(zip(names, map(float, x), strict=True)))
+            room = max_fitted(datasets) - len(names)
+            more = choose_parameters(datasets, catalog, others, at_optimum, pool)[0][:room]
+            if more:
+                for c in more:
+                    held_reasons.pop(c, None)
+                lower, upper, x0 = bounds_and_start(names + more, base)
+                x_start = np.clip(np.concatenate((x, x0[len(names) :])), lower, upper)
+                names, base, x, r, jac, std, problem = joint.run(
+                    names + more, base, x_start, held, held_reasons
                 )
-                x, jac = optimum.x, optimum.jac
-                r = optimum.residuals
-            else:
-                x, jac = x0, np.zeros((0, 0))
-                r = problem.residuals(x0)
-            std = jacobian_std(jac, r) if names else np.zeros(0)
-            # a chosen parameter the joint fit cannot pin (standard error above its
-            # value, or its prior where the value has gone to 0: a term fitted to its
-            # floor is pinned there, not loose) drifts along a direction the data do not
-            # see: hold the worst at its prior and fit the rest again
-            rse = std / np.maximum(np.abs(x), np.abs(x0)) if names else np.zeros(0)
-            worst = int(np.argmax(rse)) if names else -1
-            if fit is not None or len(names) < 2 or not rse[worst] > UNPINNED_RSE:
-                break
-            held_reasons[names[worst]] = (
-                f"not pinned once fitted with the others: {x[worst]:.3g} +- {std[worst]:.3g} "
-                "(held at its prior, the rest fitted again)"
-            )
-            keep = [i for i in range(len(names)) if i != worst]
-            names = [names[i] for i in keep]
-            lower, upper, x0 = bounds_and_start(names, base)
-            x_start = np.clip(x[keep], lower, upper)
+        lower, upper, x0 = bounds_and_start(names, base)
     scale = upper - lower
     n, p = r.size, len(names)
     dof = max(n - p, 1)
@@ -420,6 +256,7 @@ def fit_profile(
         fitted_from=[ds.name for ds in datasets],
         parameters=parameters,
         correlation=correlation,
+        held=held,
         held_reasons=held_reasons,
         log_residual_sd=float(np.sqrt(float(final @ final) / dof)),
         metric_log_sd=metric_log_sd(points),
@@ -461,9 +298,53 @@ def profile_uncertainty(
 
 UNPINNED_RSE = 1.0
 """A chosen parameter whose standard error after the joint fit exceeds its value (100%; or
-its prior, where the value is smaller) is held at its prior and the rest fitted again
-(backward elimination): seen on the tiny-qwen3 live loop, where compute and attention
-efficiency traded off (0.19 +- 41 and 0.10 +- 65)."""
+its prior, where the value is smaller) is held (at its prior, or where the data stop ruling
+the prior out: ``nearest_allowed``) and the rest fitted again (backward elimination): seen
+on the tiny-qwen3 live loop, where compute and attention efficiency traded off (0.19 +- 41
+and 0.10 +- 65)."""
+
+
+HOLD_STEPS = 6
+"""Bisection steps of ``nearest_allowed`` (the held value to within 1/64 of the way, in
+log units, from the fitted value to the prior)."""
+
+
+def nearest_allowed(
+    problem: FitProblem, x: np.ndarray, r: np.ndarray, index: int, prior: float
+) -> float:
+    """Where to hold parameter ``index`` of a fit the data cannot pin (optimum ``x``, its
+    residuals ``r``): its prior when the points there fit about as well (the sum of squared
+    residuals rises by at most the fit's residual variance, one standard deviation's worth
+    of misfit, the others at their fitted values), else the value between the optimum and
+    the prior nearest the prior at which they still do (bisected in log units where both
+    are positive). A term that drifted to a bound along a plateau (a compute efficiency at
+    1 where a small model's prefill is no longer compute-bound) is held at the plateau's
+    edge, not at a prior the data rule out (seen on a probe of tiny-qwen3-moe on another
+    host: compute efficiency 1 +- 9.5 held at its prior 0.05 doubled TTFT)."""
+    ssr = float(r @ r)
+    tolerance = ssr / max(r.size - x.size, 1)
+    fitted = float(x[index])
+
+    def allowed(value: float) -> bool:
+        moved = x.copy()
+        moved[index] = value
+        rr = problem.residuals(moved)
+        return float(rr @ rr) - ssr <= tolerance
+
+    if prior == fitted or allowed(prior):
+        return prior
+    logs = fitted > 0 and prior > 0
+    a, b = (math.log(fitted), math.log(prior)) if logs else (fitted, prior)
+    near, far = 0.0, 1.0  # fractions of the way to the prior: allowed, not allowed
+    for _ in range(HOLD_STEPS):
+        mid = (near + far) / 2
+        value = a + mid * (b - a)
+        if allowed(math.exp(value) if logs else value):
+            near = mid
+        else:
+            far = mid
+    value = a + near * (b - a)
+    return float(math.exp(value) if logs else value)
 
 
 def stagewise_start(
@@ -501,6 +382,24 @@ def metric_log_sd(points: list[ComparedPoint]) -> dict[str, float]:
     return {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in sorted(groups.items())}
 
 
+def poor_fit(problem: FitProblem, x: np.ndarray) -> bool:
+    """Whether the points at ``x`` draw a poor-fit warning (fit_warnings)."""
+    problem.residuals(x)
+    return bool(fit_warnings(problem.last, np.array([pt.error for pt in problem.last])))
+
+
+def max_fitted(datasets: list[PublishedDataset]) -> int:
+    """The most parameters a fit chooses: a third of the distinct measured (level,
+    metric) pairs, at least one."""
+    distinct = {
+        (sc.name, p.concurrency, p.metric, p.statistic)
+        for ds in datasets
+        for sc in ds.scenarios
+        for p in sc.points
+    }
+    return max(1, len(distinct) // 3)
+
+
 def choose_parameters(
     datasets: list[PublishedDataset],
     catalog: Catalog,
@@ -513,122 +412,14 @@ def choose_parameters(
     (level, metric) pairs are fitted (at least one)."""
     lower, upper, x0 = bounds_and_start(candidates, base)
     problem = FitProblem(datasets, catalog, candidates, base, pool=pool)
-    distinct = {
-        (sc.name, p.concurrency, p.metric, p.statistic)
-        for ds in datasets
-        for sc in ds.scenarios
-        for p in sc.points
-    }
     chosen = select_parameters(
         problem.residuals,
         candidates,
         x0,
         lower,
         upper,
-        max(1, len(distinct) // 3),
+        max_fitted(datasets),
         # the points of the first evaluation, at the priors, in residual order
         families=lambda: [METRIC_KINDS.get(p.metric, p.metric) for p in problem.last],
     )
     return chosen.fitted, chosen.held
-
-
-def group_by_class(datasets: list[PublishedDataset], catalog: Catalog) -> dict[str, list]:
-    """Datasets by hardware class; one whose scenarios span several classes (a write-up
-    that measured an A100 and an H100) is split into one part per class, under its name."""
-    groups: dict[str, list[PublishedDataset]] = {}
-    for ds in datasets:
-        by_class: dict[str, list] = {}
-        for sc in ds.scenarios:
-            by_class.setdefault(catalog.gpu(sc.gpu).hardware_class, []).append(sc)
-        for hw_class, scenarios in by_class.items():
-            part = ds if len(by_class) == 1 else ds.model_copy(update={"scenarios": scenarios})
-            groups.setdefault(hw_class, []).append(part)
-    return groups
-
-
-def without_level(ds: PublishedDataset, concurrency: int) -> PublishedDataset | None:
-    """The dataset with every point at one concurrency removed (None if nothing is left)."""
-    scenarios = []
-    for sc in ds.scenarios:
-        kept = [p for p in sc.points if p.concurrency != concurrency]
-        if kept:
-            scenarios.append(sc.model_copy(update={"points": kept}))
-    return ds.model_copy(update={"scenarios": scenarios}) if scenarios else None
-
-
-def only_level(ds: PublishedDataset, concurrency: int) -> PublishedDataset:
-    scenarios = []
-    for sc in ds.scenarios:
-        kept = [p for p in sc.points if p.concurrency == concurrency]
-        if kept:
-            scenarios.append(sc.model_copy(update={"points": kept}))
-    return ds.model_copy(update={"scenarios": scenarios})
-
-
-def cross_validate(
-    datasets: list[PublishedDataset],
-    catalog: Catalog,
-    fit: tuple[str, ...] | None = None,
-    max_evaluations: int = 60,
-    scheme: CrossValidation = "level",
-    start: dict[str, float] | None = None,
-    prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-) -> list[ComparedPoint]:
-    """Out-of-sample predictions of every point of ``datasets`` (one hardware class).
-
-    ``level``: leave one concurrency level out; fit on the other levels of every dataset,
-    predict the left-out level. ``point``: leave one point out; refit on all other points
-    and predict that point. Each refit starts from ``start`` (the fit on every point,
-    computed here for ``point`` when not given) or else from the priors; where it starts
-    changes how fast it converges, not what it leaves out.
-    """
-    if scheme == "point":
-        return leave_one_point_out(datasets, catalog, fit, max_evaluations, start, prior_weight)
-    out: list[ComparedPoint] = []
-    levels = sorted({p.concurrency for ds in datasets for sc in ds.scenarios for p in sc.points})
-    if len(levels) < 2:
-        return out
-    for level in levels:
-        train = [t for t in (without_level(ds, level) for ds in datasets) if t is not None]
-        profile = fit_profile(
-            train, catalog, f"cv-{level}", fit, max_evaluations, start, prior_weight
-        )
-        gpu = datasets[0].scenarios[0].gpu
-        params = profile.params(catalog, gpu)
-        for ds in datasets:
-            test = only_level(ds, level)
-            if test.scenarios:
-                out += compare_dataset(test, catalog, params)
-    return out
-
-
-def leave_one_point_out(
-    datasets: list[PublishedDataset],
-    catalog: Catalog,
-    fit: tuple[str, ...] | None = None,
-    max_evaluations: int = 60,
-    start: dict[str, float] | None = None,
-    prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-) -> list[ComparedPoint]:
-    """Leave one point out: for each point, refit on all the others (from ``start``, or
-    the optimum of a fit on every point, so each refit takes a few evaluations) and
-    predict it. The other points of its level stay in the fit, so this asks less of the
-    model than leaving a whole level out."""
-    _, names, base = fit_setup(datasets, catalog, fit)
-    lower, upper, x0 = bounds_and_start(names, base)
-    out: list[ComparedPoint] = []
-    with scenario_pool(datasets) as pool:
-        problem = FitProblem(datasets, catalog, names, base, pool=pool)
-        if start is None:
-            x_start = solve(
-                problem, x0, lower, upper, 2 * max_evaluations, None, x0, prior_weight
-            ).x
-        else:
-            x_start = start_point(names, x0, lower, upper, start)
-        points = problem.residuals(x_start).size
-        for i in range(points):
-            fitted = np.ones(points, dtype=bool)
-            fitted[i] = False
-            solve(problem, x_start, lower, upper, max_evaluations, fitted, x0, prior_weight)
-            out.append(problem.last[i])  # the last evaluation is at the refit's optimum
-    return out

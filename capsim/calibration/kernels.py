@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from capsim.calibration.compare import mape
-from capsim.calibration.fit import bounds_and_start, check_fittable, jacobian_std
+from capsim.calibration.least_squares import bounds_and_start, check_fittable, jacobian_std
 from capsim.catalog.loader import Catalog
 from capsim.catalog.schemas import Model
 from capsim.errors import CapsimUserError

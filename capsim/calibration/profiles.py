@@ -79,7 +79,8 @@ class Profile(BaseModel):
     )
     held_reasons: dict[str, str] = Field(
         default_factory=dict,
-        description="Candidates the data could not pin, held at their priors, and why",
+        description="Candidates the data could not pin, held at their priors (or at the "
+        "value in ``held`` nearest the prior that the data allow), and why",
     )
     log_residual_sd: float = Field(description="Spread of log(predicted/measured), for bands")
     metric_log_sd: dict[str, float] = Field(

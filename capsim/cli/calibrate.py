@@ -69,7 +69,8 @@ def calibrate_cmd(
     """Fit efficiency parameters per hardware class with scipy least_squares."""
     import numpy as np
 
-    from capsim.calibration.fit import cross_validate, fit_profile, group_by_class
+    from capsim.calibration.crossval import cross_validate, group_by_class
+    from capsim.calibration.fit import fit_profile
     from capsim.calibration.published import load_published
 
     cat = catalog(db)
@@ -159,7 +160,8 @@ def print_profiles(profiles) -> None:
             )
         console.print(table)
         for key, why in profile.held_reasons.items():
-            console.print(f"held at its prior: {key}: {why}", highlight=False)
+            where = "its prior" if key not in profile.held else f"{profile.held[key]:.4g}"
+            console.print(f"held at {where}: {key}: {why}", highlight=False)
         for warning in profile.warnings:
             console.print(f"[yellow]poor fit[/yellow]: {warning}", highlight=False)
         cv = "—" if profile.cv_log_residual_sd is None else f"{profile.cv_log_residual_sd:.3f}"

@@ -62,7 +62,7 @@ def markdown(points: list[ComparedPoint]) -> str:
 def calibration_parts(datasets, cat) -> list:
     """The datasets as ``validate --calibrated`` fits them, by name: a dataset spanning
     hardware classes is fitted per class, as a calibration would."""
-    from capsim.calibration.fit import group_by_class
+    from capsim.calibration.crossval import group_by_class
 
     parts = [part for group in group_by_class(datasets, cat).values() for part in group]
     return sorted(parts, key=lambda d: d.name)
@@ -76,7 +76,8 @@ def part_errors(
     part, every fit pulled towards the priors by ``prior_weight``; ``status(text)``, if
     given, hears which step runs."""
     from capsim.calibration.compare import compare_dataset
-    from capsim.calibration.fit import cross_validate, fit_profile
+    from capsim.calibration.crossval import cross_validate
+    from capsim.calibration.fit import fit_profile
 
     say = status or (lambda text: None)
     say(f"{ds.name}: simulating")
@@ -314,7 +315,7 @@ def validate_cmd(
 ) -> None:
     """Predict every published measurement and report the error."""
     from capsim.calibration.compare import METRIC_KINDS, compare_or_skip, error_summary, mape
-    from capsim.calibration.fit import check_fittable
+    from capsim.calibration.least_squares import check_fittable
     from capsim.calibration.published import load_published
 
     exclusive_outputs(json=json_out, markdown=md)
