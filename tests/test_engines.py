@@ -75,6 +75,25 @@ def test_llama_cpp_prefill_runs_in_ubatch_passes():
     assert vllm.weight_bytes == pytest.approx(one.weight_bytes, rel=1e-9)
 
 
+def test_llama_cpp_sycl_runs_moe_prefill_at_its_per_expert_rate():
+    """llama.cpp's SYCL backend on Arc (workstation-xe2) runs a prompt's routed experts one
+    at a time: its expert GEMMs take the rate that reproduces an unpatched B70 build's
+    Qwen3.6-35B-A3B pp2048 (688 t/s, llama.cpp PR 23142). Against the class default that
+    slows a MoE prompt several-fold and leaves a decode token (memory-bound) almost alone;
+    other engines keep the class's rate."""
+    eng, g, m = CAT.engine("llama.cpp"), CAT.gpu("intel-arc-pro-b70"), CAT.model("qwen3.5-35b-a3b")
+    llama = default_efficiency(g, CAT, eng)
+    assert llama.moe_compute_efficiency == 0.011
+    assert default_efficiency(g, CAT, CAT.engine("vllm")).moe_compute_efficiency is None
+    dep = engine_deployment(eng, g, tp=1, quant="gguf-q4_k_m", max_num_seqs=4)
+    sycl = build_step_model(CAT, g, m, dep, llama)
+    default = build_step_model(CAT, g, m, dep, default_efficiency(g, CAT))
+    prompt = [np.array([512]), np.array([0])]
+    assert 5 < sycl.step(*prompt).t_total / default.step(*prompt).t_total < 12
+    token = [np.array([1]), np.array([512])]
+    assert sycl.step(*token).t_total / default.step(*token).t_total < 1.05
+
+
 def test_engine_defaults_reach_memory_fit():
     g = CAT.gpu("h100-sxm")
     opts = engine_fit_options(CAT.engine("sglang"), g, kv_dtype="auto")
