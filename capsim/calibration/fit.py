@@ -195,12 +195,16 @@ def fit_profile(
             x_start = stagewise_start(datasets, catalog, names, base, pool, max_evaluations)
         joint = JointFit(datasets, catalog, pool, max_evaluations, prior_weight, fit is None)
         names, base, x, r, jac, std, problem = joint.run(names, base, x_start, held, held_reasons)
-        if fit is None and start is None and poor_fit(problem, x):
+        if fit is None and start is None and poor_fit(problem):
             # the choice was made from the Jacobian at the priors; far from them (a term
             # that moved several-fold) another term may explain what the fit still misses:
             # look again from the optimum, once, and fit what it adds with the rest
-            others = [c for c in candidates if c not in names and c not in held]
-            others = [c for c in others if not held_reasons.get(c, "").startswith("not pinned")]
+            # not those held as unpinned (every value in ``held`` is one of them)
+            others = [
+                c
+                for c in candidates
+                if c not in names and not held_reasons.get(c, "").startswith("not pinned")
+            ]
             at_optimum = base.with_overrides(dict(zip(names, map(float, x), strict=True)))
             room = max_fitted(datasets) - len(names)
             more = choose_parameters(datasets, catalog, others, at_optimum, pool)[0][:room]
@@ -382,9 +386,10 @@ def metric_log_sd(points: list[ComparedPoint]) -> dict[str, float]:
     return {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in sorted(groups.items())}
 
 
-def poor_fit(problem: FitProblem, x: np.ndarray) -> bool:
-    """Whether the points at ``x`` draw a poor-fit warning (fit_warnings)."""
-    problem.residuals(x)
+def poor_fit(problem: FitProblem) -> bool:
+    """Whether the points of ``problem``'s last evaluation draw a poor-fit warning
+    (fit_warnings). After ``JointFit.run`` that evaluation is at the optimum it returns
+    (``solve`` ends by evaluating its result), so nothing is simulated again."""
     return bool(fit_warnings(problem.last, np.array([pt.error for pt in problem.last])))
 
 
