@@ -124,6 +124,22 @@ def test_apple_class_reproduces_an_m3_max_llama_bench_prompt(model, quant, measu
     assert 512 / seconds == pytest.approx(measured_tok_s, rel=0.05)
 
 
+def test_llama_cpp_sycl_attention_slows_a_long_prompt_as_measured_on_a_b70():
+    """llama.cpp's SYCL flash attention (vector units, March-June 2026 builds) runs at 2.5%
+    of the B70's 16-bit rate: one 2,048-token micro-batch of Qwen3.5-27B Q4_K_M at depths 0,
+    8,000, 16,000 and 32,000 lands within 12% of issue 21862's fa=1 rows (882.7, 595.4,
+    414.3, 227.1 t/s), where the class rate left the prompt rate almost flat with depth;
+    vLLM keeps the class rate."""
+    eng, g, m = CAT.engine("llama.cpp"), CAT.gpu("intel-arc-pro-b70"), CAT.model("qwen3.5-27b")
+    assert default_efficiency(g, CAT, eng).attention_compute_efficiency == 0.025
+    assert default_efficiency(g, CAT, CAT.engine("vllm")).attention_compute_efficiency == 0.25
+    dep = engine_deployment(eng, g, tp=1, quant="gguf-q4_k_m", max_num_seqs=1, ubatch_tokens=2048)
+    sm = build_step_model(CAT, g, m, dep, default_efficiency(g, CAT, eng))
+    for depth, measured in [(0, 882.7), (8000, 595.4), (16000, 414.3), (32000, 227.1)]:
+        rate = 2048 / sm.step(np.array([2048]), np.array([depth])).t_total
+        assert rate == pytest.approx(measured, rel=0.12), depth
+
+
 def test_engine_defaults_reach_memory_fit():
     g = CAT.gpu("h100-sxm")
     opts = engine_fit_options(CAT.engine("sglang"), g, kv_dtype="auto")
