@@ -587,7 +587,12 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
 # ----------------------------------------------------------------------------- explain
 
 
-def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> list[tuple[str, str]]:
+def step_rows(
+    step: StepBreakdown,
+    tokens_out: float,
+    ridge: float | None,
+    int8_gemm_flops_per_s: float | None = None,
+) -> list[tuple[str, str]]:
     from capsim.physics.memory import GB
 
     ms = 1e3
@@ -625,6 +630,16 @@ def step_rows(step: StepBreakdown, tokens_out: float, ridge: float | None) -> li
         (
             "dense weights: memory | compute",
             f"{step.t_dense_memory * ms:.3f} | {step.t_dense_compute * ms:.3f} ms",
+        ),
+        *(
+            [
+                (
+                    "dense GEMMs on int8 tensor cores (MMQ)",
+                    f"{fmt_sig(int8_gemm_flops_per_s / 1e12)} TFLOPS",
+                )
+            ]
+            if int8_gemm_flops_per_s
+            else []
         ),
         (
             "routed experts: memory | compute",
@@ -809,7 +824,7 @@ def explain_cmd(
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
-        for row in step_rows(step, out, ridge):
+        for row in step_rows(step, out, ridge, sm.int8_gemm_rate):
             table.add_row(*row)
         console.print(table)
     frontend = sm.frontend_seconds(chunk)

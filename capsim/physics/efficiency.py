@@ -100,6 +100,17 @@ class EfficiencyParams(BaseModel):
         "None: expert GEMMs run like dense ones (gemm_efficiency). Set per class from "
         "grouped-GEMM kernel benchmarks",
     )
+    weight_only_int8_gemm_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of the GPU's int8 tensor peak that a weight-only format's dense "
+        "GEMMs reach when the engine quantises their activations to 8 bits and multiplies "
+        "on int8 tensor cores (llama.cpp's MMQ kernels on NVIDIA) instead of dequantising "
+        "the weights to 16 bits. None, or a GPU without an int8 tensor rate: the 16-bit "
+        "path (compute_efficiency x weight_only_compute_factor). Routed experts keep their "
+        "own rate (moe_compute_efficiency). Set per engine and class from kernel benchmarks",
+    )
     attention_compute_efficiency: float = Field(
         0.45, gt=0, le=1, description="Fraction of tensor peak prefill attention achieves"
     )
@@ -333,6 +344,7 @@ class EfficiencyParams(BaseModel):
                 "attention_compute_efficiency",
                 "linear_attention_compute_efficiency",
                 "weight_only_compute_factor",
+                "weight_only_int8_gemm_efficiency",
             ],
             "moe": ["moe_routing_skew", "l2_reuse_strength"],
             "frontend": [

@@ -409,6 +409,14 @@ class StepModel:
         self.moe_gemm_rate = (
             self.gemm_peak * p.moe_compute_efficiency if p.moe_compute_efficiency else None
         )
+        # weight-only dense GEMMs on int8 tensor cores (activations quantised to 8 bits, as
+        # llama.cpp's MMQ does) where the engine and class say so and the GPU has the rate
+        int8_peak = gpu.tensor_tflops.int8 if "int8" in gpu.native_formats else None
+        self.int8_gemm_rate = (
+            int8_peak * 1e12 * compute_scale * p.weight_only_int8_gemm_efficiency
+            if weight_only and int8_peak and p.weight_only_int8_gemm_efficiency
+            else None
+        )
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
         # the chunked Gated DeltaNet prefill kernels, where the class sets their own rate
         self.gdn_prefill_rate = (
@@ -683,7 +691,7 @@ class StepModel:
             touched = float(self.experts_touched(tokens)) if self.draft_routed_slice else 0.0
             bytes_per_pass = self.draft_layer_bytes + touched * self.draft_routed_slice
             t_mem = bytes_per_pass / self.dense_bw + kv_pass / self.kv_bw
-            rate = self.gemm_peak * self.gemm_efficiency(tokens)
+            rate = self.dense_gemm_rate(tokens)
             t_flop = tokens * self.draft_layer_flops_per_token / rate
             per_pass = roofline(t_mem, t_flop, p.roofline_sharpness) * p.drafter_layer_cost
             comm = float(self.communication_seconds(tokens)) / max(self.layers, 1)
@@ -775,7 +783,7 @@ class StepModel:
             "activation_bytes": activation_bytes,
             "t_elementwise": activation_bytes / self.elementwise_bw,
             "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
-            "t_dense_cmp": dense_flops / (self.gemm_peak * self.gemm_efficiency(graph / passes)),
+            "t_dense_cmp": dense_flops / self.dense_gemm_rate(graph / passes),
             "t_exp_mem": (
                 expert_bytes / self.expert_bw
                 + passes * self.moe_layers * touched * self.params.moe_expert_overhead_us * 1e-6
@@ -817,6 +825,14 @@ class StepModel:
         if not ubatch or tokens <= ubatch:
             return 1
         return math.ceil(tokens / ubatch)
+
+    def dense_gemm_rate(self, rows: float) -> float:
+        """FLOP/s of the dense (non-expert) GEMMs of a pass of ``rows`` tokens: the int8
+        tensor path where it applies (``weight_only_int8_gemm_efficiency``), else the
+        format's GEMM peak x ``gemm_efficiency(rows)``."""
+        if self.int8_gemm_rate is not None:
+            return self.int8_gemm_rate
+        return self.gemm_peak * self.gemm_efficiency(rows)
 
     def expert_gemm_rate(self, routed_tokens: float, touched: float) -> float:
         """FLOP/s of the routed experts' grouped GEMMs in a pass of ``routed_tokens``
