@@ -253,7 +253,7 @@ class Replica:
         lead = 0 if head is None else 1
         total = m + lead
         if head is None:
-            ends = np.cumsum(times)
+            ends = np.add.accumulate(times)
         else:  # the head step, then the run: one buffer, summed in place
             ends = np.empty(total)
             ends[0] = head

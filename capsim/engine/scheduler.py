@@ -28,6 +28,10 @@ import numpy as np
 from capsim.engine.kv_cache import KVCache
 from capsim.engine.request import DECODE, DONE, PREFILL, WAITING, SimRequest
 
+# the ufunc reductions themselves: ndarray.sum/min/max add a Python-level wrapper
+# (numpy/_core/_methods.py) that costs a microsecond a call on these short arrays
+_sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
+
 SMALL_BATCH = 8
 """Up to this many running requests, the per-request loop is faster than numpy's fixed
 cost per call; both paths schedule identically (tested)."""
@@ -344,7 +348,7 @@ class Scheduler:
         the caller has checked that the cache can provide them all."""
         if not rows.size:
             return
-        self.kv.reserve(int(counts.sum()))
+        self.kv.reserve(int(_sum(counts)))
         self._blocks[rows] += counts
 
     def _schedule_running_slow(self, step_parts: list) -> bool:
@@ -424,7 +428,7 @@ class Scheduler:
         need = np.ceil((kv_tokens[:head] + width) / bs) - blocks[:head]
         short = (need > 0).nonzero()[0]
         counts = need[short]
-        total = float(counts.sum())
+        total = float(_sum(counts))
         tail: list[tuple[int, float, float, float]] = []  # (row, tokens, context, blocks)
         for i in range(head, n):
             if budget <= 0:
@@ -471,7 +475,7 @@ class Scheduler:
         running, kv = self.running, self.kv
         if everyone:
             more = np.maximum(need, 0.0)
-            total = float(more.sum())
+            total = float(_sum(more))
             if total <= kv.allocatable:  # the common case: no preemption
                 self._grow_leading(more, total)
                 return False, None, grant, context
@@ -527,7 +531,7 @@ class Scheduler:
                 for i in np.flatnonzero(~decoding).tolist():
                     row = int(rows[i])
                     prefills.append((running[row], int(grant[i]), row))
-            budget = cfg.max_num_batched_tokens - int(grant.sum())
+            budget = cfg.max_num_batched_tokens - int(_sum(grant))
         admitted_tokens: list[float] = []
         admitted_context: list[float] = []
         if not preempted:
@@ -565,7 +569,7 @@ class Scheduler:
         whole = cfg.decode_advance == 1.0  # no fractional speculative progress
         if rows is None and whole:  # every running request decodes: the moments in one sum
             width = cfg.decode_width
-            context_sum = float(context.sum())
+            context_sum = float(_sum(context))
             moments = (
                 float(n_running * width),
                 n_running,
@@ -642,7 +646,7 @@ class Scheduler:
             finishing &= dec
             left[~dec] = math.inf
         left[finishing] = math.inf  # the least left of those still decoding
-        self._least_left = float(left.min()) if n else math.inf
+        self._least_left = float(_min(left)) if n else math.inf
         self._least_left_exact = True
         done = finishing.nonzero()[0].tolist()
         finished = [self.running[row] for row in done]
@@ -662,7 +666,7 @@ class Scheduler:
         more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
         self._state[:2, :n] += gain  # tokens in KV and generated
         self._least_left -= gain
-        total = float(more.sum())
+        total = float(_sum(more))
         assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
         self._grow_leading(more, total)
         return self._finish_done(now)
@@ -674,7 +678,7 @@ class Scheduler:
         adv = cfg.decode_advance
         # ceil is monotone, so the first finish is the smallest remaining output's
         if not self._least_left_exact:
-            self._least_left = float((self._out[:n] - self._gen[:n]).min())
+            self._least_left = float(_min(self._out[:n] - self._gen[:n]))
             self._least_left_exact = True
         remaining = self._least_left
         m_finish = max(math.ceil((remaining - FINISH_TOLERANCE) / adv), 1)
@@ -695,10 +699,11 @@ class Scheduler:
         n = len(self.running)
         bs = cfg.block_size
         room = self._blocks[:n] * bs - (self._kv[:n] + cfg.decode_width - 1.0)
-        if room.min() < 0 or room.max() >= bs:
+        if _min(room) < 0 or _max(room) >= bs:
             return None
         k, j = divmod(self.kv.allocatable, n)
-        r_j = float(np.partition(room, j)[j])
+        room.partition(j)  # a temporary: partitioned in place
+        r_j = float(room[j])
         return min(m_finish, math.floor(r_j) + k * bs)
 
     def _block_limit_search(self, m_finish: int) -> int:

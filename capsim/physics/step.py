@@ -716,8 +716,8 @@ class StepModel:
 
     def _sums(self, n: np.ndarray, c: np.ndarray) -> tuple[float, int, float, float, float, float]:
         """``_aggregate`` for float arrays of scheduled sequences (every ``n`` positive)."""
-        tokens = float(n.sum())
-        sum_total = float(c.sum()) + tokens
+        tokens = float(np.add.reduce(n))
+        sum_total = float(np.add.reduce(c)) + tokens
         # sum of n*c + n*(n+1)/2: the causal query-key pairs of each sequence
         pairs = float(n @ c) + 0.5 * (float(n @ n) + tokens)
         window = self.kv.sliding_window
@@ -1105,7 +1105,7 @@ class StepModel:
         seqs = c0.size
         width = self.decode_width
         if self.takes_moments:  # the contexts enter only through their sum
-            return self._affine_decode_run_times(float(c0.sum()), seqs, n_steps)
+            return self._affine_decode_run_times(float(np.add.reduce(c0)), seqs, n_steps)
         j = np.arange(n_steps, dtype=float)
         # summed context of the batch at each step: only the windowed terms and a draft
         # model need each sequence's own context, the rest is linear in the sum
