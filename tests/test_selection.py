@@ -284,3 +284,22 @@ def test_predict_with_a_profile_bands_every_figure(tmp_path):
         for low, high in level.band_80.values():
             assert 0 < low < high
         assert "calibration profile" in level.band_source
+
+
+def test_a_llama_cpp_geforce_calibration_can_move_its_int8_gemm_rate():
+    """Where llama.cpp runs GGUF weights on int8 tensor cores (GeForce classes), a prompt's
+    dense GEMMs do not depend on compute_efficiency, so an automatic calibration offers the
+    int8 term instead of leaving the prompt rate unfittable; naming it for an engine that
+    does not use it (vLLM on the same card) is refused with a hint."""
+    from capsim.calibration.fit import fit_setup
+    from capsim.calibration.published import load_dataset
+    from capsim.errors import CapsimUserError
+
+    cat = load_catalog()
+    published = Path(__file__).resolve().parents[1] / "calibration" / "published"
+    llama = load_dataset(published / "corpus-client-rtx3090-llamacpp-vulkan.yaml")
+    vllm = load_dataset(published / "seed002-rtx3090-moe-vs-dense.yaml")
+    assert "weight_only_int8_gemm_efficiency" in fit_setup([llama], cat, None)[1]
+    assert "weight_only_int8_gemm_efficiency" not in fit_setup([vllm], cat, None)[1]
+    with pytest.raises(CapsimUserError, match="not used by vllm"):
+        fit_setup([vllm], cat, ("weight_only_int8_gemm_efficiency",))

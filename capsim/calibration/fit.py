@@ -97,9 +97,23 @@ def fit_setup(
     scenario = datasets[0].scenarios[0]
     gpu = catalog.gpu(scenario.gpu)
     engine = catalog.engines.find(ENGINE_SIMULATED.get(scenario.engine, scenario.engine))
-    fit = fit_candidates(hw_class, catalog) if fit is None else fit
+    base = default_efficiency(gpu, catalog, engine)
+    int8_path = base.weight_only_int8_gemm_efficiency is not None
+    if fit is None:
+        fit = fit_candidates(hw_class, catalog)
+        if int8_path:
+            # the engine multiplies weight-only formats on int8 tensor cores on this class
+            # (llama.cpp's MMQ on GeForce): their dense GEMMs run at this term, not at
+            # compute_efficiency, so a prompt's rate can only move through it
+            fit = [*fit, "weight_only_int8_gemm_efficiency"]
+    elif "weight_only_int8_gemm_efficiency" in fit and not int8_path:
+        raise CapsimUserError(
+            f"weight_only_int8_gemm_efficiency is not used by {engine.name} on {hw_class}",
+            hint="it applies where the engine runs weight-only formats on int8 tensor cores "
+            "(llama.cpp on GeForce Ampere and Ada); fit compute_efficiency instead",
+        )
     check_fittable(fit)
-    return hw_class, list(fit), default_efficiency(gpu, catalog, engine)
+    return hw_class, list(fit), base
 
 
 @dataclass
