@@ -192,6 +192,29 @@ def test_explain_json_breakdown():
     assert invoke("explain", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b").exit_code == 0
 
 
+def test_explain_costs_a_prefill_chunk_after_tokens_already_in_kv():
+    """--prefill-context puts the chunk behind tokens already in KV (a later chunk of a long
+    prompt, llama-bench's -d): the chunk attends to them, so its attention FLOPs grow and
+    its rate falls; at a B70's 16,000-token depth the SYCL figure of issue 21862's fit."""
+
+    def prefill(depth: int) -> dict:
+        r = invoke(
+            "explain", "--gpu", "intel-arc-pro-b70", "--model", "qwen3.5-27b",
+            "--quant", "gguf-q4_k_m", "--engine", "llama.cpp", "--ubatch-size", "2048",
+            "--prefill-chunk", "2048", "--prefill-context", str(depth), "--json",
+        )  # fmt: skip
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["prefill"]
+
+    start, deep = prefill(0), prefill(16000)
+    assert start["context_tokens"] == 0 and deep["context_tokens"] == 16000
+    assert deep["attention_flops"] > 5 * start["attention_flops"]
+    assert deep["prefill_tok_s"] == pytest.approx(387.6, rel=0.01)
+    assert start["prefill_tok_s"] > 2 * deep["prefill_tok_s"]
+    bad = invoke("explain", "--gpu", "rtx3090", "--model", "qwen3-8b", "--prefill-context", "-3")
+    assert bad.exit_code == 2 and "--prefill-context" in bad.output
+
+
 def test_explain_shows_the_grouped_expert_gemm_rate():
     """The routed experts' grouped-GEMM rate is a row of explain (Hopper: 0.33 of the FP8
     peak, 0.33 x 1,979 = 653 TFLOPS) and a field of its JSON; a dense model has no row."""

@@ -713,6 +713,15 @@ def explain_cmd(
         int | None,
         typer.Option("--prefill-chunk", min=1, help="Tokens of the prefill chunk"),
     ] = None,
+    prefill_context: Annotated[
+        int,
+        typer.Option(
+            "--prefill-context",
+            min=0,
+            help="Tokens already in KV before the prefill chunk (a later chunk of a long "
+            "prompt; llama-bench's -d depth)",
+        ),
+    ] = 0,
     spec: SpecOption = None,
     spec_acceptance: SpecAcceptanceOption = None,
     power_limit: PowerLimitOption = None,
@@ -785,7 +794,7 @@ def explain_cmd(
     sm = build_step_model(cat, g, m, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
-    prefill = sm.step(np.array([chunk]), np.array([0]))
+    prefill = sm.step(np.array([chunk]), np.array([prefill_context]))
     peak = getattr(g.tensor_tflops, sm.compute_dtype)
     ridge = peak * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if peak else None
     if json_out:
@@ -808,7 +817,11 @@ def explain_cmd(
                     "tokens_per_sequence": per_seq,
                     "output_tok_s": batch * per_seq / decode.t_total,
                 },
-                "prefill": {**prefill.to_dict(), "prefill_tok_s": chunk / prefill.t_total},
+                "prefill": {
+                    **prefill.to_dict(),
+                    "context_tokens": prefill_context,
+                    "prefill_tok_s": chunk / prefill.t_total,
+                },
                 "frontend_s_per_request": sm.frontend_seconds(chunk),
                 "api_server_serial_s_per_request": sm.api_server_seconds(chunk),
             }
@@ -819,7 +832,12 @@ def explain_cmd(
     note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
     for label, step, out in (
         (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
-        (f"prefill chunk: {chunk:,} tokens", prefill, chunk),
+        (
+            f"prefill chunk: {chunk:,} tokens"
+            + (f" after {prefill_context:,} in KV" if prefill_context else ""),
+            prefill,
+            chunk,
+        ),
     ):
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
