@@ -211,8 +211,12 @@ def test_explain_costs_a_prefill_chunk_after_tokens_already_in_kv():
     assert deep["attention_flops"] > 5 * start["attention_flops"]
     assert deep["prefill_tok_s"] == pytest.approx(387.6, rel=0.01)
     assert start["prefill_tok_s"] > 2 * deep["prefill_tok_s"]
-    bad = invoke("explain", "--gpu", "rtx3090", "--model", "qwen3-8b", "--prefill-context", "-3")
-    assert bad.exit_code == 2 and "--prefill-context" in bad.output
+    for value in ("-3", "abc", "999999999999"):
+        bad = invoke(
+            "explain", "--gpu", "rtx3090", "--model", "qwen3-8b", "--prefill-context", value
+        )
+        assert bad.exit_code == 2 and "--prefill-context" in bad.output, value
+        assert "Traceback" not in bad.output
 
 
 def test_explain_shows_the_grouped_expert_gemm_rate():

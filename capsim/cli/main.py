@@ -794,6 +794,13 @@ def explain_cmd(
     sm = build_step_model(cat, g, m, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
+    longest = m.max_position_embeddings
+    if longest and prefill_context + chunk > longest:
+        raise CapsimUserError(
+            f"--prefill-context {prefill_context:,} plus a {chunk:,}-token chunk exceeds "
+            f"{m.name}'s {longest:,}-token context",
+            hint=f"--prefill-context is 0 to {max(longest - chunk, 0):,} with this chunk",
+        )
     prefill = sm.step(np.array([chunk]), np.array([prefill_context]))
     peak = getattr(g.tensor_tflops, sm.compute_dtype)
     ridge = peak * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if peak else None
