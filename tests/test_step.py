@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -176,9 +179,79 @@ def test_sliding_window_caps_kv_reads():
 
 
 def test_linear_attention_state_traffic():
+    """A decode reads and writes each sequence's recurrent state once; an MTP verify of
+    k + 1 tokens reads it once and writes one state per position (k + 1). The stream runs
+    at linear_attention_state_bandwidth_efficiency where set, else at the KV rate."""
     sm = model_step(model="qwen3.5-27b", quant="awq-int4", gpu="rtx3090", tp=4)
+    per_sequence = sm.kv.state_bytes_per_sequence
     step = sm.step([1, 1, 1], [500, 500, 500])
-    assert step.state_bytes == pytest.approx(2 * 3 * sm.kv.state_bytes_per_sequence)
+    assert step.state_bytes == pytest.approx(2 * 3 * per_sequence)
+    assert step.t_state == pytest.approx(2 * 3 * per_sequence / sm.kv_bw)
+    assert step.bytes_total > step.kv_read_bytes + step.state_bytes
+    mtp = model_step(
+        model="qwen3.5-27b", quant="awq-int4", gpu="rtx3090", tp=4, spec=parse_spec("mtp:3")
+    )
+    verify = mtp.step([4, 4, 4], [500, 500, 500])
+    assert verify.state_bytes == pytest.approx((1 + 4) * 3 * per_sequence)
+    slow = model_step(
+        model="qwen3.5-27b",
+        quant="awq-int4",
+        gpu="rtx3090",
+        tp=4,
+        params={"linear_attention_state_bandwidth_efficiency": 0.5},
+    )
+    rate = 0.5 * CAT.gpu("rtx3090").memory_bandwidth_gb_s * 1e9
+    assert slow.step([1, 1, 1], [500, 500, 500]).t_state == pytest.approx(
+        2 * 3 * per_sequence / rate
+    )
+
+
+H100_GDN = json.loads(
+    (Path(__file__).parents[1] / "calibration/kernels/h100-sxm-gdn-kernels.json").read_text()
+)
+
+
+def test_hopper_class_streams_gdn_decode_state_as_measured_on_an_h100():
+    """The H100 class's state rate reproduces the measured recurrent decode kernel
+    (calibration/kernels/h100-sxm-gdn-kernels.json) wherever the state, not the call's
+    floor, decides it (32 MB and more a call): the state read and written at
+    ``state_bw`` plus a few microseconds of the layer's floor. The KV rate (0.92 of peak)
+    would make every such call about a fifth too fast."""
+    sm = model_step(model="qwen3.5-27b", gpu="h100-sxm", quant="bf16")
+    rows = [r for r in H100_GDN["decode"] if r["state_bytes_per_layer"] >= 32e6]
+    assert len(rows) >= 50
+    errors = [
+        (2 * r["state_bytes_per_layer"] / sm.state_bw * 1e6 + 4.7) / r["kernel_us"] - 1
+        for r in rows
+    ]
+    assert max(abs(e) for e in errors) < 0.08
+    assert abs(float(np.median(errors))) < 0.02
+    kv_rate = [2 * r["state_bytes_per_layer"] / sm.kv_bw * 1e6 / r["kernel_us"] - 1 for r in rows]
+    assert float(np.median(kv_rate)) < -0.15
+
+
+def test_hopper_class_costs_gdn_prefill_chunks_as_measured_on_an_h100():
+    """A prompt's chunked Gated DeltaNet kernels, as capsim costs them on an H100 (the
+    serial chunk walk per token plus the heads' FLOPs at the class rate), against their
+    measured device time per layer (h100-sxm-gdn-kernels.json, 4-64 value heads, 2K-32K
+    tokens) less the 18.6 us a call the layer floor holds: within 12% everywhere, and
+    FlashInfer PR 3866's FLA column (397B at TP8) within 6%. The former flat rate
+    (0.025 of peak) was 2x slow at 48-64 heads."""
+    errors = []
+    for r in H100_GDN["prefill"]:
+        sm = model_step(model=r["model"], gpu="h100-sxm", quant="bf16", tp=r["tp"])
+        t = r["tokens"]
+        gdn = (t - 1) * sm.gdn_flops_per_token
+        seconds = sm.gdn_prefill_extra(t, 1) + gdn / sm.attention_flops_rate
+        per_layer_us = seconds / sm.linear_layers * 1e6
+        errors.append(per_layer_us / (r["kernel_us"] - 18.6) - 1)
+    assert len(errors) == 17 and max(abs(e) for e in errors) < 0.12
+    sm = model_step(model="qwen3.5-397b-a17b", gpu="h100-sxm", quant="bf16", tp=8)
+    for tokens, ms in ((2048, 0.086), (8192, 0.259), (65536, 1.954)):
+        flops = (tokens - 1) * sm.gdn_flops_per_token
+        seconds = sm.gdn_prefill_extra(tokens, 1) + flops / sm.attention_flops_rate
+        layer_ms = seconds / sm.linear_layers * 1e3 + 0.0186
+        assert layer_ms == pytest.approx(ms, rel=0.06)
 
 
 def test_attention_pairs():

@@ -614,7 +614,13 @@ def step_rows(
         ("KV read / written", f"{step.kv_read_bytes / GB:.4f} / {step.kv_write_bytes / GB:.4f} GB"),
     ]
     if step.state_bytes:
-        rows.append(("linear-attention state traffic", f"{step.state_bytes / GB:.4f} GB"))
+        rows.append(
+            (
+                "linear-attention state traffic",
+                f"{step.state_bytes / GB:.4f} GB, {step.t_state * 1e3:.3f} ms at "
+                f"{fmt_sig(step.state_bytes_per_s / 1e9)} GB/s",
+            )
+        )
     rows.append(("sampler logits traffic (float32)", f"{step.sampler_bytes / GB:.4f} GB"))
     rows.append(
         (
@@ -663,7 +669,12 @@ def step_rows(
             [
                 (
                     "Gated DeltaNet chunked prefill kernels",
-                    f"{fmt_sig(step.gdn_prefill_flops_per_s / 1e12)} TFLOPS",
+                    f"{fmt_sig(step.gdn_prefill_flops_per_s / 1e12)} TFLOPS"
+                    + (
+                        f" + {fmt_sig(step.gdn_prefill_token_seconds * 1e9)} ns/token/layer"
+                        if step.gdn_prefill_token_seconds
+                        else ""
+                    ),
                 )
             ]
             if step.gdn_chunked_tokens

@@ -124,6 +124,24 @@ class EfficiencyParams(BaseModel):
         "a step processes beyond one per sequence. None: they run at the attention rate. "
         "Set per class from kernel benchmarks",
     )
+    linear_attention_prefill_token_ns: float | None = Field(
+        None,
+        ge=0,
+        description="Nanoseconds a chunked Gated DeltaNet prefill spends per token and "
+        "layer whatever its heads: the state recurrence walks a sequence's 64-token chunks "
+        "one after another, a latency chain that more heads run beside rather than behind. "
+        "Added to the FLOPs at linear_attention_compute_efficiency (then the rate of each "
+        "added head). None: 0. Set per class from kernel benchmarks",
+    )
+    linear_attention_state_bandwidth_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of peak DRAM bandwidth at which the recurrent (decode and "
+        "verify) linear-attention kernel streams each sequence's state, read once and "
+        "written once per token a step: 8-column float32 tiles, one warp each. None: "
+        "kv_bandwidth_efficiency. Set per class from kernel benchmarks",
+    )
     weight_only_compute_factor: float = Field(
         0.75,
         gt=0,
@@ -333,6 +351,7 @@ class EfficiencyParams(BaseModel):
                 "bandwidth_efficiency",
                 "moe_bandwidth_efficiency",
                 "kv_bandwidth_efficiency",
+                "linear_attention_state_bandwidth_efficiency",
                 "elementwise_bandwidth_efficiency",
                 "non_native_bandwidth_factor",
             ],
@@ -343,6 +362,7 @@ class EfficiencyParams(BaseModel):
                 "roofline_sharpness",
                 "attention_compute_efficiency",
                 "linear_attention_compute_efficiency",
+                "linear_attention_prefill_token_ns",
                 "weight_only_compute_factor",
                 "weight_only_int8_gemm_efficiency",
             ],

@@ -200,6 +200,9 @@ class StepBreakdown:
     expert_gemm_flops_per_s: float = 0.0  # rate the routed experts' grouped GEMMs run at
     gdn_prefill_flops_per_s: float = 0.0  # rate the chunked Gated DeltaNet prefill runs at
     gdn_chunked_tokens: float = 0.0  # tokens through the chunked Gated DeltaNet kernels
+    gdn_prefill_token_seconds: float = 0.0  # their serial chunk walk, per token and layer
+    t_state: float = 0.0  # the recurrent state stream (in t_attention_memory)
+    state_bytes_per_s: float = 0.0  # the rate it streams at
 
     @property
     def bytes_total(self) -> float:
@@ -208,6 +211,7 @@ class StepBreakdown:
             + self.expert_bytes
             + self.kv_read_bytes
             + self.kv_write_bytes
+            + self.state_bytes
             + self.activation_bytes
         )
 
@@ -402,6 +406,10 @@ class StepModel:
         self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
         self.expert_bw = bandwidth * p.moe_bandwidth_efficiency * format_bw
         self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
+        # the recurrent linear-attention kernel's state stream (decode and verify)
+        self.state_bw = bandwidth * (
+            p.linear_attention_state_bandwidth_efficiency or p.kv_bandwidth_efficiency
+        )
         self.elementwise_bw = bandwidth * p.elementwise_bandwidth_efficiency
         # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
         self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
@@ -418,7 +426,9 @@ class StepModel:
             else None
         )
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
-        # the chunked Gated DeltaNet prefill kernels, where the class sets their own rate
+        # the chunked Gated DeltaNet prefill kernels, where the class sets their own rate,
+        # and their serial walk over chunks, seconds per token and layer
+        self.gdn_prefill_token_seconds = (p.linear_attention_prefill_token_ns or 0.0) * 1e-9
         self.gdn_prefill_rate = (
             sixteen * 1e12 * compute_scale * p.linear_attention_compute_efficiency
             if p.linear_attention_compute_efficiency and self.gdn_flops_per_token
@@ -757,7 +767,7 @@ class StepModel:
         sampler_bytes = logits * self.model.vocab_size * 4.0 * self.params.sampler_logit_passes
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
         kv_write = tokens * kv.bytes_per_token
-        state = 2.0 * seqs * kv.state_bytes_per_sequence  # read and written once per step
+        state = self.state_traffic_bytes(seqs)
         dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
         expert_flops = routed * self.expert_flops_per_token
         attn_flops = (
@@ -790,7 +800,8 @@ class StepModel:
             ),
             "expert_rate": (rate := self.expert_gemm_rate(routed / passes, touched)),
             "t_exp_cmp": expert_flops / rate,
-            "t_att_mem": (kv_read + kv_write + state) / self.kv_bw,
+            "t_att_mem": (kv_read + kv_write) / self.kv_bw + state / self.state_bw,
+            "t_state": state / self.state_bw,
             "t_att_cmp": (
                 attn_flops / self.attention_flops_rate + self.gdn_prefill_extra(tokens, seqs)
             ),
@@ -802,6 +813,15 @@ class StepModel:
             "decode_only": self._decode_only(tokens, seqs),
         }
 
+    def state_traffic_bytes(self, seqs: int) -> float:
+        """Bytes of recurrent state (Gated DeltaNet, Mamba) a step moves: each scheduled
+        sequence's state read once and written once per token of its decode width. A
+        speculative verify of k + 1 tokens writes k + 1 states, one per draft position, so
+        that a rejection can roll back to the last accepted one (vLLM's and SGLang's
+        recurrent kernels store a state slot per position); a plain decode reads and
+        writes one. Bytes."""
+        return seqs * self.kv.state_bytes_per_sequence * (1.0 + self.decode_width)
+
     def gdn_chunked_tokens(self, tokens: float, seqs: int) -> float:
         """Tokens of a step that run through the chunked Gated DeltaNet prefill kernels:
         those beyond the decode width of each sequence (a decode runs the recurrent
@@ -812,11 +832,17 @@ class StepModel:
         """Seconds the chunked Gated DeltaNet prefill kernels take beyond their FLOPs at
         the attention rate (0 where the class sets no rate of their own): the step's
         chunked tokens' GDN FLOPs at ``linear_attention_compute_efficiency`` of the 16-bit
-        peak, less the same FLOPs at the attention rate (already in its compute term)."""
+        peak, plus ``linear_attention_prefill_token_ns`` a chunked token and GDN layer
+        (the serial walk over chunks), less the same FLOPs at the attention rate (already
+        in its compute term). The walk is charged for every chunked token of the step, as
+        if its prefilling sequences ran one after another; they run side by side, so a
+        step of several short prompts is costed a little high."""
         if self.gdn_prefill_rate is None:
             return 0.0
-        flops = self.gdn_chunked_tokens(tokens, seqs) * self.gdn_flops_per_token
-        return flops / self.gdn_prefill_rate - flops / self.attention_flops_rate
+        chunked = self.gdn_chunked_tokens(tokens, seqs)
+        flops = chunked * self.gdn_flops_per_token
+        walk = chunked * self.linear_layers * self.gdn_prefill_token_seconds
+        return walk + flops / self.gdn_prefill_rate - flops / self.attention_flops_rate
 
     def passes(self, tokens: float) -> int:
         """Passes a step of ``tokens`` tokens runs as: 1, or with a physical batch
@@ -1081,6 +1107,11 @@ class StepModel:
             gdn_chunked_tokens=(
                 self.gdn_chunked_tokens(tokens, seqs) if self.gdn_flops_per_token else 0.0
             ),
+            gdn_prefill_token_seconds=(
+                self.gdn_prefill_token_seconds if self.gdn_prefill_rate else 0.0
+            ),
+            t_state=t["t_state"],
+            state_bytes_per_s=self.state_bw if t["state"] else 0.0,
         )
 
     @property
