@@ -219,6 +219,26 @@ def test_explain_costs_a_prefill_chunk_after_tokens_already_in_kv():
         assert "Traceback" not in bad.output
 
 
+def test_explain_refuses_a_context_past_the_model_and_warns_of_a_batch_past_the_cache():
+    """--context must leave room for the decode's new token in the model's positions
+    (exit 2 with the range); a decode batch whose KV exceeds what fits is costed but
+    warned of (table and JSON ``kv_note``), with how many such sequences a server runs.
+    Qwen3-8B on an RTX 3090 in BF16: 40,960 positions, 33,728 tokens of KV."""
+    base = ("explain", "--gpu", "rtx3090", "--model", "qwen3-8b")
+    for value in ("40960", "10000000", "-1", "2k"):
+        bad = invoke(*base, "--context", value)
+        assert bad.exit_code == 2 and "--context" in bad.output, value
+        assert "Traceback" not in bad.output
+    assert "0 to 40,959" in invoke(*base, "--context", "40960").output
+    fine = json.loads(invoke(*base, "--batch", "4", "--context", "8000", "--json").stdout)
+    assert fine["kv_note"] is None
+    full = json.loads(invoke(*base, "--batch", "8", "--context", "8000", "--json").stdout)
+    assert "64,008 tokens of KV cache and 33,728 fit" in full["kv_note"]
+    assert "at most 4 of them" in full["kv_note"]
+    table = invoke(*base, "--batch", "8", "--context", "8000")
+    assert table.exit_code == 0 and "warning:" in table.output and "at most 4" in table.output
+
+
 def test_explain_shows_the_grouped_expert_gemm_rate():
     """The routed experts' grouped-GEMM rate is a row of explain (Hopper: 0.33 of the FP8
     peak, 0.33 x 1,979 = 653 TFLOPS) and a field of its JSON; a dense model has no row."""

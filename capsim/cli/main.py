@@ -773,6 +773,13 @@ def explain_cmd(
     cat, (ref,) = resolve_models(cat, [model])
     m = cat.model(ref.name)
     quant = quant or ref.quant
+    longest = m.max_position_embeddings
+    if longest and context >= longest:
+        raise CapsimUserError(
+            f"--context {context:,} leaves no room for a new token in {m.name}'s "
+            f"{longest:,}-token context",
+            hint=f"--context is 0 to {longest - 1:,}",
+        )
     # the format predict would run: the release format if it fits, else the first that does
     fit_options = engine_fit_options(
         eng,
@@ -805,7 +812,7 @@ def explain_cmd(
     sm = build_step_model(cat, g, m, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
-    longest = m.max_position_embeddings
+    kv_note = batch_kv_note(fit, batch, context + sm.decode_width, f"{tp}x {g.name}")
     if longest and prefill_context + chunk > longest:
         raise CapsimUserError(
             f"--prefill-context {prefill_context:,} plus a {chunk:,}-token chunk exceeds "
@@ -824,6 +831,7 @@ def explain_cmd(
                 "quant_reason": quant_reason,
                 "fits": fit.fits,
                 "fit_note": fit_note,
+                "kv_note": kv_note,
                 "deployment": dep.model_dump(mode="json"),
                 "compute_dtype": sm.compute_dtype,
                 "native_format": sm.native,
@@ -878,8 +886,33 @@ def explain_cmd(
     )
     if quant in (None, "auto"):
         console.print(f"weight format {quant_reason}", highlight=False)
-    if fit_note:
-        console.print(f"[bold yellow]warning:[/] {fit_note}", highlight=False)
+    for warning in (fit_note, kv_note):
+        if warning:
+            console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+
+
+def batch_kv_note(fit, batch: int, tokens_each: int, where: str) -> str | None:
+    """A warning when a decode step of ``batch`` sequences holding ``tokens_each`` tokens of
+    KV each needs more than the cache holds (models without sliding-window layers, whose
+    cache is simply tokens), else None."""
+    if not fit.fits or fit.sliding_window is not None or not fit.kv_capacity_tokens:
+        return None
+    need = batch * tokens_each
+    if need <= fit.kv_capacity_tokens:
+        return None
+    most = fit.kv_capacity_tokens // tokens_each
+    sequences = "1 sequence" if batch == 1 else f"{batch:,} sequences"
+    limit = (
+        "not one sequence this long fits"
+        if most == 0
+        else f"a server runs at most {most:,} of them at once (the rest wait or are preempted)"
+    )
+    return (
+        f"{sequences} of {tokens_each:,} tokens {'needs' if batch == 1 else 'need'} "
+        f"{need:,} tokens of KV cache and "
+        f"{fit.kv_capacity_tokens:,} fit on {where}: {limit}, so this step is costed for a "
+        "batch no server would run"
+    )
 
 
 COMMANDS = {
