@@ -893,3 +893,24 @@ def test_models_with_a_sliding_window_or_a_drafter_do_not_take_moments():
     assert not build_step_model(CAT, "h100-sxm", "gpt-oss-120b", Deployment()).takes_moments
     mtp = SpecConfig(method="mtp", num_tokens=2, acceptance=0.6)
     assert not build_step_model(CAT, "rtx3090", "qwen3.5-27b", Deployment(spec=mtp)).takes_moments
+
+
+def test_datacenter_blackwell_takes_hoppers_kernel_latency_set_whole():
+    """With no Blackwell timing of them, the B200 class's layer floor and fused-MoE call
+    terms are Hopper's measured set, taken together (the three MoE terms were fitted as one;
+    a subset is not a fit): change one there and this says which here. A one-request TP8
+    decode on a B200 then pays Hopper's per-layer floor and MoE call cost: 36 us a layer,
+    less 4.4 us for the FFN kernels an MoE layer drops, plus its 25 us call."""
+    names = (
+        "layer_overhead_graph_us",
+        "moe_layer_overhead_us",
+        "moe_replaced_ffn_floor_us",
+        "moe_expert_overhead_us",
+        "moe_bandwidth_efficiency",
+    )
+    hopper = default_efficiency(CAT.gpu("h100-sxm"), CAT)
+    blackwell = default_efficiency(CAT.gpu("b200"), CAT)
+    for name in names:
+        assert getattr(blackwell, name) == getattr(hopper, name), name
+    sm = model_step(gpu="b200", model="gpt-oss-120b", tp=8)
+    assert sm.kernel_floor_us(1) == pytest.approx(36 * (36 - 4.4 + 25))
