@@ -245,3 +245,15 @@ def test_cached_catalog_equals_the_parsed_one_and_follows_every_edit(cat, tmp_pa
         cached.write_bytes(b"not a pickle")
     assert load_catalog([overlay]).gpu("my-gpu").memory_gb == 48
     assert len(list(cache.glob("catalog-*.pickle"))) <= 4  # older ones are pruned
+
+
+def test_gpu_measured_efficiency_names_real_parameters_with_a_measurement_source():
+    """A GPU's own ``efficiency`` (laid over its class's) names EfficiencyParams fields with
+    valid values, and the GPU cites a capsim measurement (calibration/kernels/) for them."""
+    from capsim.physics.efficiency import EfficiencyParams
+
+    carrying = [g for g in load_catalog().gpus if g.efficiency]
+    assert carrying, "no GPU carries measured efficiency parameters"
+    for g in carrying:
+        EfficiencyParams().with_overrides(g.efficiency)  # raises on an unknown name or value
+        assert any(str(s.url).startswith("calibration/kernels/") for s in g.sources), g.name

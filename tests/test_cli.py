@@ -255,18 +255,18 @@ def test_explain_shows_the_grouped_expert_gemm_rate():
 def test_explain_shows_the_gated_deltanet_prefill_rate():
     """A hybrid model's chunked Gated DeltaNet prefill rate and serial chunk walk are a
     row of explain (Hopper: 0.063 of the 989.5 BF16 TFLOPS = 62.3, and 18.2 ns a token and
-    layer) and fields of its JSON, beside the state stream's rate (0.745 of the H200's
-    4,800 GB/s); a decode step has no chunked tokens, and a model without GDN layers no
-    row."""
+    layer) and fields of its JSON, beside the state stream's rate (the H200's own measured
+    0.62 of its 4,800 GB/s, over the class's 0.745); a decode step has no chunked tokens,
+    and a model without GDN layers no row."""
     base = ("explain", "--gpu", "h200", "--model", "qwen3.6-35b-a3b", "--quant", "bf16")
     r = invoke(*base, "--prefill-chunk", "8192")
     assert r.exit_code == 0, r.output
     assert "Gated DeltaNet chunked prefill" in r.stdout and "62.3 TFLOPS" in r.stdout
-    assert "18.2 ns/token/layer" in r.stdout and "at 3,576 GB/s" in r.stdout
+    assert "18.2 ns/token/layer" in r.stdout and "at 2,976 GB/s" in r.stdout
     data = json.loads(invoke(*base, "--prefill-chunk", "8192", "--json").stdout)
     assert data["prefill"]["gdn_prefill_flops_per_s"] == pytest.approx(0.063 * 989.5e12)
     assert data["prefill"]["gdn_prefill_token_seconds"] == pytest.approx(18.2e-9)
-    assert data["decode"]["state_bytes_per_s"] == pytest.approx(0.745 * 4800e9)
+    assert data["decode"]["state_bytes_per_s"] == pytest.approx(0.62 * 4800e9)
     assert data["prefill"]["gdn_chunked_tokens"] == 8191
     assert data["decode"]["gdn_chunked_tokens"] == 0
     dense = invoke("explain", "--gpu", "h200", "--model", "qwen3-8b", "--prefill-chunk", "8192")

@@ -230,6 +230,28 @@ def test_hopper_class_streams_gdn_decode_state_as_measured_on_an_h100():
     assert float(np.median(kv_rate)) < -0.15
 
 
+def test_an_h200_streams_gdn_decode_state_at_its_own_measured_share():
+    """The recurrent kernel's share of peak does not carry from the H100 to the H200 (its
+    one-warp tiles keep too few reads in flight for HBM3e): the H200's YAML carries its own
+    measured 0.62 over the class's 0.745, which reproduces calibration/kernels/
+    h200-gdn-decode.json from 32 MB a call on; the class value would be a fifth fast."""
+    data = json.loads(
+        (Path(__file__).parents[1] / "calibration/kernels/h200-gdn-decode.json").read_text()
+    )
+    sm = model_step(model="qwen3.5-27b", gpu="h200", quant="bf16")
+    assert sm.params.linear_attention_state_bandwidth_efficiency == 0.62
+    rows = [r for r in data["decode"] if r["state_bytes_per_layer"] >= 32e6]
+    assert len(rows) >= 12
+    errors = [
+        (2 * r["state_bytes_per_layer"] / sm.state_bw * 1e6 + 5.3) / r["kernel_us"] - 1
+        for r in rows
+    ]
+    assert max(abs(e) for e in errors) < 0.08
+    class_rate = 0.745 * CAT.gpu("h200").memory_bandwidth_gb_s * 1e9
+    fast = [2 * r["state_bytes_per_layer"] / class_rate * 1e6 / r["kernel_us"] - 1 for r in rows]
+    assert float(np.median(fast)) < -0.15
+
+
 def test_hopper_class_costs_gdn_prefill_chunks_as_measured_on_an_h100():
     """A prompt's chunked Gated DeltaNet kernels, as capsim costs them on an H100 (the
     serial chunk walk per token plus the heads' FLOPs at the class rate), against their

@@ -155,6 +155,12 @@ class GPU(Strict):
     )
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None
+    efficiency: dict[str, float] = Field(
+        default_factory=dict,
+        description="Efficiency parameters measured on this GPU itself where they differ "
+        "from its hardware class's (hardware_db/efficiency/CLASS.yaml), laid over them; "
+        "each with its measurement among the sources",
+    )
 
     @field_validator("native_formats")
     @classmethod

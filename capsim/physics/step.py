@@ -132,11 +132,14 @@ class Deployment(BaseModel):
 def default_efficiency(
     gpu: GPU, catalog: Catalog | None = None, engine: Engine | None = None
 ) -> EfficiencyParams:
-    """Generic efficiency parameters overlaid with the GPU's hardware-class file, then the
-    serving engine's priors for that class (hardware_db/engines/)."""
+    """Generic efficiency parameters overlaid with the GPU's hardware-class file, then what
+    was measured on the GPU itself (its YAML's ``efficiency``), then the serving engine's
+    priors for that class (hardware_db/engines/)."""
     params = EfficiencyParams()
     if catalog is not None and gpu.hardware_class in catalog.efficiency.entries:
         params = params.with_overrides(catalog.efficiency.entries[gpu.hardware_class].params)
+    if gpu.efficiency:
+        params = params.with_overrides(gpu.efficiency)
     if engine is not None:
         extra = engine.efficiency_overrides(gpu.hardware_class)
         if extra:
