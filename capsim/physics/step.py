@@ -771,6 +771,7 @@ class StepModel:
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
         kv_write = tokens * kv.bytes_per_token
         state = self.state_traffic_bytes(seqs)
+        t_state = state / self.state_bw
         dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
         expert_flops = routed * self.expert_flops_per_token
         attn_flops = (
@@ -803,8 +804,8 @@ class StepModel:
             ),
             "expert_rate": (rate := self.expert_gemm_rate(routed / passes, touched)),
             "t_exp_cmp": expert_flops / rate,
-            "t_att_mem": (kv_read + kv_write) / self.kv_bw + state / self.state_bw,
-            "t_state": state / self.state_bw,
+            "t_att_mem": (kv_read + kv_write) / self.kv_bw + t_state,
+            "t_state": t_state,
             "t_att_cmp": (
                 attn_flops / self.attention_flops_rate + self.gdn_prefill_extra(tokens, seqs)
             ),
