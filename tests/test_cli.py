@@ -237,6 +237,13 @@ def test_explain_refuses_a_context_past_the_model_and_warns_of_a_batch_past_the_
     assert "at most 4 of them" in full["kv_note"]
     table = invoke(*base, "--batch", "8", "--context", "8000")
     assert table.exit_code == 0 and "warning:" in table.output and "at most 4" in table.output
+    # a hybrid's recurrent state takes pages of the same pool: the memory fit's count (10
+    # sequences of 8,001 tokens of Qwen3.5-9B), not the tokens alone (12), sets the limit
+    hybrid = ("explain", "--gpu", "rtx3090", "--model", "qwen3.5-9b", "--context", "8000")
+    at_limit = json.loads(invoke(*hybrid, "--batch", "10", "--json").stdout)
+    assert at_limit["kv_note"] is None
+    over = json.loads(invoke(*hybrid, "--batch", "11", "--json").stdout)["kv_note"]
+    assert "at most 10 of them" in over and "more KV cache than 1x rtx3090 holds" in over
 
 
 def test_explain_shows_the_grouped_expert_gemm_rate():

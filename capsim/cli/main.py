@@ -781,6 +781,8 @@ def explain_cmd(
             hint=f"--context is 0 to {longest - 1:,}",
         )
     # the format predict would run: the release format if it fits, else the first that does
+    # the fit also counts how many sequences of the decode step's length the cache holds
+    width = 1 if spec_cfg is None else spec_cfg.verify_width
     fit_options = engine_fit_options(
         eng,
         g,
@@ -788,6 +790,7 @@ def explain_cmd(
         kv_dtype=kv_dtype,
         enforce_eager=enforce_eager,
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
+        context_tokens=context + width,
     )
     fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
@@ -812,7 +815,7 @@ def explain_cmd(
     sm = build_step_model(cat, g, m, dep, params)
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
-    kv_note = batch_kv_note(fit, batch, context + sm.decode_width, f"{tp}x {g.name}")
+    kv_note = batch_kv_note(fit, batch, f"{tp}x {g.name}")
     if longest and prefill_context + chunk > longest:
         raise CapsimUserError(
             f"--prefill-context {prefill_context:,} plus a {chunk:,}-token chunk exceeds "
@@ -891,27 +894,30 @@ def explain_cmd(
             console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
 
-def batch_kv_note(fit, batch: int, tokens_each: int, where: str) -> str | None:
-    """A warning when a decode step of ``batch`` sequences holding ``tokens_each`` tokens of
-    KV each needs more than the cache holds (models without sliding-window layers, whose
-    cache is simply tokens), else None."""
-    if not fit.fits or fit.sliding_window is not None or not fit.kv_capacity_tokens:
+def batch_kv_note(fit, batch: int, where: str) -> str | None:
+    """A warning when a decode step of ``batch`` sequences of ``fit.context_tokens`` tokens
+    each is more than the KV cache holds at once (``fit.max_sequences``: whole blocks,
+    sliding windows and any recurrent-state pool counted), else None."""
+    if not fit.fits or batch <= fit.max_sequences:
         return None
-    need = batch * tokens_each
-    if need <= fit.kv_capacity_tokens:
-        return None
-    most = fit.kv_capacity_tokens // tokens_each
+    tokens_each, most = fit.context_tokens, fit.max_sequences
     sequences = "1 sequence" if batch == 1 else f"{batch:,} sequences"
+    verb = "needs" if batch == 1 else "need"
+    if fit.sliding_window is None and not fit.state_bytes_per_sequence:  # tokens alone
+        need = (
+            f"{verb} {batch * tokens_each:,} tokens of KV cache and "
+            f"{fit.kv_capacity_tokens:,} fit on {where}"
+        )
+    else:
+        need = f"{verb} more KV cache than {where} holds"
     limit = (
         "not one sequence this long fits"
         if most == 0
         else f"a server runs at most {most:,} of them at once (the rest wait or are preempted)"
     )
     return (
-        f"{sequences} of {tokens_each:,} tokens {'needs' if batch == 1 else 'need'} "
-        f"{need:,} tokens of KV cache and "
-        f"{fit.kv_capacity_tokens:,} fit on {where}: {limit}, so this step is costed for a "
-        "batch no server would run"
+        f"{sequences} of {tokens_each:,} tokens {need}: {limit}, so this step is costed for "
+        "a batch no server would run"
     )
 
 
