@@ -128,3 +128,39 @@ def test_a_saturated_sweep_derives_the_levels_above_and_changes_nothing(monkeypa
             assert a.model_dump(exclude=skip) == b.model_dump(exclude=skip)
             assert (a.service_of is not None) == (a.level in derived)
             assert b.service_of is None
+
+
+def test_a_sweep_of_per_level_request_counts_derives_only_equal_counts(monkeypatch):
+    # Without --requests each level runs its own default count (8 per client), so the
+    # levels above a saturated one replay more requests than it ran: none may be derived
+    # from it (each is simulated, and matches its own simulation), while levels given one
+    # fixed count still are.
+    config = PredictConfig(
+        **BASE,
+        concurrency=[4, 6, 8, 12],
+        input_tokens="uniform:100,400",
+        output_tokens="uniform:50,300",
+        kv_capacity_tokens=16 * 80,
+        seed=5,
+        profile="none",
+    )
+    derived = []
+    real_derive = simulate.derive_run
+
+    def counting(run, concurrency, turnaround):
+        derived.append(concurrency)
+        return real_derive(run, concurrency, turnaround)
+
+    monkeypatch.setattr(simulate, "derive_run", counting)
+    for workers in (1, 2):
+        derived.clear()
+        reused = predict(config, CAT, workers=workers)
+        simulated = predict(config, CAT, workers=1, reuse_saturated=False)
+        assert not derived
+        assert [lv.metrics.requests for lv in reused.levels] == [32, 48, 64, 96]
+        for a, b in zip(reused.levels, simulated.levels, strict=True):
+            skip = {"sim_seconds", "service_of"}
+            assert a.model_dump(exclude=skip) == b.model_dump(exclude=skip)
+    fixed = predict(config.model_copy(update={"requests": 96}), CAT, workers=1)
+    assert derived and max(derived) == 12
+    assert [lv.metrics.requests for lv in fixed.levels] == [96] * 4

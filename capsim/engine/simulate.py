@@ -888,9 +888,12 @@ def state_cap_note(setup: Setup) -> str | None:
     )
 
 
-PARALLEL_MIN_REQUESTS = 20_000
+PARALLEL_MIN_REQUESTS = 1_000
 """A sweep with at least this many requests in all runs its levels in parallel processes
-(below it, starting processes costs more than it saves)."""
+(below it, starting processes costs more than it saves). Forked workers start in tens of
+milliseconds: on this project's 2-core machine an RTX 3090 sweep of 6 levels and 504
+requests took 0.25 s in one process and 0.19 s in two, 1..64 at 8 requests a client
+(16,640) 2.16 s and 1.24 s."""
 
 
 def level_requests(workload: Workload) -> int:
@@ -920,11 +923,12 @@ def catalog_dirs(catalog: Catalog | None) -> list[Path] | None:
     return catalog.directories[1:]
 
 
-_lowest_saturated = None  # in a sweep's worker processes: a shared multiprocessing.Value
+_lowest_saturated = None  # in a sweep's worker processes: a shared multiprocessing.Array
 
 
 def _share_lowest_saturated(value) -> None:
-    """Worker initializer: the lowest saturated level any worker has found (0: none)."""
+    """Worker initializer: the lowest saturated level any worker has found and its
+    request count ([level, requests]; level 0: none)."""
     global _lowest_saturated
     _lowest_saturated = value
 
@@ -939,8 +943,8 @@ def closed_level(
     catalog: Catalog | None = None,
 ) -> tuple[LevelResult, ReplicaRun | None]:
     """A closed-loop level on one replica, with its run when it is saturated (the levels
-    above it are derived from that run); a long level's replications run in up to
-    ``workers`` processes."""
+    above it with as many requests are derived from that run); a long level's
+    replications run in up to ``workers`` processes."""
     started = time.perf_counter()
     (run,) = level_runs(
         setup, workload, seed, keep_records, workers=workers, catalog=catalog, progress=progress
@@ -953,17 +957,22 @@ def closed_level(
 
 def _closed_level_in_worker(args) -> tuple[LevelResult | None, ReplicaRun | None]:
     """``closed_level`` in a worker process. Skipped (None, None) when another worker has
-    already found a lower level saturated."""
+    already found a lower level saturated that ran as many requests (the level is then
+    derived from it)."""
     config, extra_dirs, params, workload, keep_records = args
     lowest = _lowest_saturated
-    if lowest is not None and 0 < lowest.value < workload.concurrency:
-        return None, None
+    requests = level_requests(workload)
+    if lowest is not None:
+        with lowest.get_lock():
+            level, level_count = lowest[0], lowest[1]
+        if 0 < level < workload.concurrency and level_count == requests:
+            return None, None
     setup = build_setup(config, process_catalog(extra_dirs), params)
     result, run = closed_level(setup, workload, config.seed, keep_records)
     if run is not None and lowest is not None:
         with lowest.get_lock():
-            if lowest.value == 0 or workload.concurrency < lowest.value:
-                lowest.value = workload.concurrency
+            if lowest[0] == 0 or workload.concurrency < lowest[0]:
+                lowest[0], lowest[1] = workload.concurrency, requests
     return result, run
 
 
@@ -981,14 +990,17 @@ def sweep_saturating(
 ) -> list[LevelResult]:
     """Closed-loop levels on one replica, lowest concurrency first (in ``pool``'s
     workers, made by ``saturating_pool``; None: in this process); once a level is
-    saturated, every level above it is derived from its run instead of simulated
-    (engine/saturation.py). With a pool, ``then()`` is called once the levels are handed to
-    it (to queue other work behind them). Results come back in the given order. Without a
-    pool, a long level's replications run in up to ``workers`` processes (None: automatic)."""
+    saturated, every level above it that runs as many requests is derived from its run
+    instead of simulated (engine/saturation.py: the derivation replays the same requests,
+    so a level of another count, e.g. the default count that grows with the level, is
+    simulated, and becomes the base for the levels above it when it saturates too). With
+    a pool, ``then()`` is called once the levels are handed to it (to queue other work
+    behind them). Results come back in the given order. Without a pool, a long level's
+    replications run in up to ``workers`` processes (None: automatic)."""
     order = sorted(range(len(workloads)), key=lambda i: workloads[i].concurrency)
     results: list[LevelResult | None] = [None] * len(workloads)
     base: ReplicaRun | None = None
-    base_level = 0
+    base_level = base_requests = 0
     done = 0  # requests of the levels measured so far
 
     def measured(i: int) -> None:
@@ -1020,20 +1032,23 @@ def sweep_saturating(
         if then is not None:
             then()
         for i in order:
-            if base is not None:
+            if base is not None and level_requests(workloads[i]) == base_requests:
                 futures[i].cancel()
                 results[i] = derived(workloads[i])
                 measured(i)
                 continue
             result, run = futures[i].result()
-            # a worker skips only levels above a saturated one, met first here
+            # a worker skips only levels above a saturated one of the same count, met first
             assert result is not None, "a level below the lowest saturated one was skipped"
-            results[i], base, base_level = result, run, workloads[i].concurrency
+            results[i] = result
+            if run is not None:
+                base, base_level = run, workloads[i].concurrency
+                base_requests = level_requests(workloads[i])
             measured(i)
     else:
         for i in order:
             w = workloads[i]
-            if base is not None:
+            if base is not None and level_requests(w) == base_requests:
                 results[i] = derived(w)
                 measured(i)
                 continue
@@ -1042,7 +1057,7 @@ def sweep_saturating(
                 setup, w, config.seed, keep_records, progress, part_workers, catalog
             )
             if run is not None:
-                base, base_level = run, w.concurrency
+                base, base_level, base_requests = run, w.concurrency, level_requests(w)
             measured(i)
     return results
 
@@ -1050,11 +1065,11 @@ def sweep_saturating(
 @contextmanager
 def saturating_pool(jobs: int) -> Iterator[Executor | None]:
     """``jobs`` worker processes for ``sweep_saturating`` (sharing the lowest saturated
-    level they find), or None for one."""
+    level they find and its request count), or None for one."""
     if jobs <= 1:
         yield None
         return
-    lowest = multiprocessing.Value("i", 0)
+    lowest = multiprocessing.Array("q", [0, 0])
     with worker_pool(jobs, _share_lowest_saturated, (lowest,)) as pool:
         yield pool
 
