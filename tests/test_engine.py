@@ -324,9 +324,12 @@ def assert_same_schedule(a, b) -> None:
     kv_blocks=st.sampled_from([None, 160, 400]),
     seqs=st.sampled_from([2, 256]),
     spec=st.booleans(),
+    engine=st.sampled_from(["vllm", "sglang"]),
 )
-def test_fast_forward_equals_step_by_step(workload, c, seed, kv_blocks, seqs, spec):
-    config = random_engine_config(workload, c, seed, kv_blocks, spec, max_num_seqs=seqs)
+def test_fast_forward_equals_step_by_step(workload, c, seed, kv_blocks, seqs, spec, engine):
+    config = random_engine_config(
+        workload, c, seed, kv_blocks, spec, max_num_seqs=seqs, engine=engine
+    )
     fast = predict(config, CAT, keep_records=True).levels[0]
     step_by_step = config.model_copy(update={"fast_forward": False})
     slow = predict(step_by_step, CAT, keep_records=True).levels[0]
@@ -745,3 +748,67 @@ def test_steps_costed_from_moments_simulate_what_the_arrays_do(monkeypatch):
     for a, b in zip(fast.levels, slow.levels, strict=True):
         assert a.metrics.model_dump() == b.metrics.model_dump()
         assert a.steps == b.steps
+
+
+def test_sglang_runs_prefill_batches_apart_from_decodes():
+    """SGLang's default scheduler (no --enable-mixed-chunk) runs a prefill batch on its
+    own whenever it can admit a waiting request or continue a chunked prompt, and the
+    running requests decode only in the batches between; vLLM carries both in one step."""
+    import simpy
+
+    from capsim.engine.kv_cache import KVCache
+    from capsim.engine.request import DECODE, SimRequest
+    from capsim.engine.scheduler import Scheduler, SchedulerConfig
+
+    env = simpy.Environment()
+    for mixes in (True, False):
+        sched = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=8, max_num_batched_tokens=256, mixes_prefill_and_decode=mixes
+            ),
+            KVCache(1000),
+        )
+        a = SimRequest(env, 0, 0.0, 100, 50, "a")
+        sched.submit(a)
+        sched.complete(sched.schedule(0.0), 0.01)  # a's prompt, alone
+        assert a.phase == DECODE
+        b = SimRequest(env, 1, 0.0, 400, 50, "b")
+        sched.submit(b)
+        first = sched.schedule(0.01)
+        sched.complete(first, 0.02)
+        if mixes:  # a decodes beside b's first chunk (255 tokens of the 256 budget)
+            assert first.decoding == 1 and first.prefills[0][1] == 255
+        else:  # b's first chunk alone, with the whole budget; a waits
+            assert first.decoding == 0 and first.prefills[0][1] == 256
+        second = sched.schedule(0.02)  # b's prompt is not done: its next chunk comes first
+        sched.complete(second, 0.03)
+        assert second.decoding == (1 if mixes else 0)
+        assert b.phase == DECODE
+        third = sched.schedule(0.03)  # nothing left to prefill: both decode
+        assert third.decoding == 2 and not third.prefills
+
+
+def test_enable_mixed_chunk_is_sglangs_flag_and_mixes_its_steps():
+    """--enable-mixed-chunk turns SGLang's separate prefill batches into vLLM-style mixed
+    steps (decodes no longer wait out every prompt); on another engine it is refused."""
+    base = dict(
+        gpu="rtx3090",
+        model="qwen3-coder-30b-a3b",
+        quant="awq-int4",
+        concurrency=[8],
+        requests=32,
+        input_tokens="2048",
+        output_tokens="uniform:50,150",
+        profile="none",
+    )
+    apart = predict(PredictConfig(**base, engine="sglang"), CAT).levels[0].metrics
+    mixed = predict(PredictConfig(**base, engine="sglang", mixed_chunk=True), CAT)
+    vllm = predict(PredictConfig(**base), CAT).levels[0].metrics
+    assert mixed.levels[0].metrics.tpot_ms.mean < apart.tpot_ms.mean
+    assert vllm.completed == apart.completed == 32
+    with pytest.raises(CapsimUserError, match="--enable-mixed-chunk is SGLang's flag"):
+        predict(PredictConfig(**base, mixed_chunk=True), CAT)
+    result = CliRunner().invoke(
+        app, ["predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--enable-mixed-chunk"]
+    )
+    assert result.exit_code == 2 and "SGLang's flag" in result.output

@@ -88,6 +88,19 @@ def test_a_level_derived_from_a_saturated_one_equals_its_simulation(config, c, e
         assert is_saturated(direct)
 
 
+def count_derivations(monkeypatch) -> list[int]:
+    """The levels engine.simulate derives from a saturated run, appended as it does."""
+    derived: list[int] = []
+    real_derive = simulate.derive_run
+
+    def counting(run, concurrency, turnaround):
+        derived.append(concurrency)
+        return real_derive(run, concurrency, turnaround)
+
+    monkeypatch.setattr(simulate, "derive_run", counting)
+    return derived
+
+
 def test_derivation_needs_saturation():
     # Two clients on a server with room for twelve: the queue runs dry, and the level
     # above has a different service (more requests batched at once), so deriving it from
@@ -110,14 +123,7 @@ def test_a_saturated_sweep_derives_the_levels_above_and_changes_nothing(monkeypa
         seed=5,
         profile="none",  # a profile's bands rerun the sweep, which would count twice
     )
-    derived = []
-    real_derive = simulate.derive_run
-
-    def counting(run, concurrency, turnaround):
-        derived.append(concurrency)
-        return real_derive(run, concurrency, turnaround)
-
-    monkeypatch.setattr(simulate, "derive_run", counting)
+    derived = count_derivations(monkeypatch)
     for workers in (1, 2):
         derived.clear()
         reused = predict(config, CAT, keep_records=True, workers=workers)
@@ -144,14 +150,7 @@ def test_a_sweep_of_per_level_request_counts_derives_only_equal_counts(monkeypat
         seed=5,
         profile="none",
     )
-    derived = []
-    real_derive = simulate.derive_run
-
-    def counting(run, concurrency, turnaround):
-        derived.append(concurrency)
-        return real_derive(run, concurrency, turnaround)
-
-    monkeypatch.setattr(simulate, "derive_run", counting)
+    derived = count_derivations(monkeypatch)
     for workers in (1, 2):
         derived.clear()
         reused = predict(config, CAT, workers=workers)

@@ -118,6 +118,14 @@ RecvIntervalOption = Annotated[
         "(its --scheduler-recv-interval; a new request waits up to this many steps)",
     ),
 ]
+MixedChunkOption = Annotated[
+    bool,
+    typer.Option(
+        "--enable-mixed-chunk",
+        help="SGLang: prefill chunks share a step with the decodes (its --enable-mixed-chunk; "
+        "by default SGLang runs prefill batches apart and decodes wait)",
+    ),
+]
 DisableCustomAllReduceOption = Annotated[
     bool, typer.Option("--disable-custom-all-reduce", help="NCCL for every all-reduce")
 ]

@@ -24,6 +24,7 @@ from capsim.cli.common import (
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    MixedChunkOption,
     ProfileOption,
     RecvIntervalOption,
     SetOption,
@@ -408,6 +409,7 @@ def predict_cmd(
     engine: EngineOption = "vllm",
     ubatch_size: UbatchOption = None,
     scheduler_recv_interval: RecvIntervalOption = 1,
+    mixed_chunk: MixedChunkOption = False,
     offline: Annotated[
         bool,
         typer.Option(
@@ -500,6 +502,7 @@ def predict_cmd(
             engine=engine,
             ubatch_tokens=ubatch_size,
             scheduler_recv_interval=scheduler_recv_interval,
+            mixed_chunk=mixed_chunk,
             offline=offline,
             router=router,
             seed=seed,

@@ -51,6 +51,18 @@ FINISH_TOLERANCE = 1e-9
 counts as finished, so step-by-step and fast-forwarded runs agree despite rounding."""
 
 
+def token_moments(tokens: list, contexts: list) -> tuple[float, int, float, float, float]:
+    """ScheduledStep.moments of sequences given as lists: (tokens, sequences, summed
+    context, sum of tokens x context, sum of tokens squared)."""
+    return (
+        float(sum(tokens)),
+        len(tokens),
+        float(sum(contexts)),
+        float(sum(n * c for n, c in zip(tokens, contexts, strict=True))),
+        float(sum(n * n for n in tokens)),
+    )
+
+
 @dataclass
 class SchedulerConfig:
     """Engine limits (vLLM flags of the same names)."""
@@ -67,6 +79,11 @@ class SchedulerConfig:
     # only once this many decode steps have run since it last did (a step with prefill
     # work, or an idle loop, counts as the whole interval); 1 = every step
     recv_interval_steps: int = 1
+    # whether a step carries prefill chunks and decodes together (vLLM, llama.cpp); False:
+    # SGLang's default scheduler, which runs a prefill batch (the chunk in progress, then
+    # the waiting requests it can admit) on its own whenever it has one, and decode
+    # batches otherwise, so decodes wait while prompts are prefilled
+    mixes_prefill_and_decode: bool = True
 
 
 class ScheduledStep:
@@ -284,7 +301,9 @@ class Scheduler:
     def head_blocked(self) -> bool:
         """Whether the first waiting request could not be admitted in the next step."""
         cfg = self.config
-        budget = cfg.max_num_batched_tokens - len(self.running) * cfg.decode_width
+        budget = cfg.max_num_batched_tokens
+        if cfg.mixes_prefill_and_decode:  # the decodes share the step's budget
+            budget -= len(self.running) * cfg.decode_width
         if budget <= 0:
             return True
         req = self.waiting[0]
@@ -399,13 +418,7 @@ class Scheduler:
         rows = np.array([p[3] for p in parts], dtype=np.int64)
         tokens = [p[1] for p in parts]
         contexts = [p[2] for p in parts]
-        moments = (
-            float(sum(tokens)),
-            len(parts),
-            float(sum(contexts)),
-            float(sum(n * c for n, c in zip(tokens, contexts, strict=True))),
-            float(sum(n * n for n in tokens)),
-        )
+        moments = token_moments(tokens, contexts)
         return preempted, rows, np.array(tokens, dtype=float), np.array(contexts), moments
 
     def _running_parts_decode_head(
@@ -507,7 +520,12 @@ class Scheduler:
 
     def schedule(self, now: float) -> ScheduledStep:
         cfg = self.config
-        kv = self.kv
+        if not cfg.mixes_prefill_and_decode and (
+            self._prefilling or (self.waiting and len(self.running) < cfg.max_num_seqs)
+        ):
+            step = self._schedule_prefill_only(now)
+            if step is not None:
+                return step
         running = self.running
         n_running = len(running)
         preempted = False
@@ -534,38 +552,82 @@ class Scheduler:
             budget = cfg.max_num_batched_tokens - int(_sum(grant))
         admitted_tokens: list[float] = []
         admitted_context: list[float] = []
-        if not preempted:
-            while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                req = self.waiting[0]
-                hits = 0
-                fresh = req.computed == 0 and not req.cached_len
-                if fresh:
-                    hits = kv.cached_prefix(req)
-                computed = max(req.computed, hits * cfg.block_size)
-                n = min(req.prefill_target - computed, budget)
-                need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-                if not kv.can_admit(req, need, hits):
-                    break
-                kv.take_prefix(req, hits)
-                if fresh:  # prompt tokens looked up, once per admission
-                    kv.query_tokens += req.prompt_len
-                kv.allocate(req, need)
-                kv.admit_state()
-                if hits:
-                    req.cached_tokens = hits * cfg.block_size
-                    kv.hit_tokens += req.cached_tokens
-                req.computed = computed
-                self.waiting.popleft()
-                req.phase = PREFILL
-                if req.first_scheduled is None:
-                    req.first_scheduled = now
-                row = self._append(req)
-                prefills.append((req, n, row))
-                admitted_tokens.append(n)
-                admitted_context.append(float(computed))
-                budget -= n
+        if not preempted and cfg.mixes_prefill_and_decode:
+            budget = self._admit(now, budget, prefills, admitted_tokens, admitted_context)
         if not preempted and not self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             self.note_dry(now)
+        return self._finish_schedule(
+            grant,
+            context,
+            decode_rows,
+            prefills,
+            decoding,
+            rows,
+            n_running,
+            moments,
+            admitted_tokens,
+            admitted_context,
+        )
+
+    def _admit(
+        self,
+        now: float,
+        budget: float,
+        prefills: list,
+        admitted_tokens: list[float],
+        admitted_context: list[float],
+    ) -> float:
+        """Admit waiting requests in arrival order while the step's token ``budget``,
+        ``max_num_seqs`` and the KV cache allow, each with its first chunk; returns the
+        budget left."""
+        cfg, kv, running = self.config, self.kv, self.running
+        while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            hits = 0
+            fresh = req.computed == 0 and not req.cached_len
+            if fresh:
+                hits = kv.cached_prefix(req)
+            computed = max(req.computed, hits * cfg.block_size)
+            n = min(req.prefill_target - computed, budget)
+            need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
+            if not kv.can_admit(req, need, hits):
+                break
+            kv.take_prefix(req, hits)
+            if fresh:  # prompt tokens looked up, once per admission
+                kv.query_tokens += req.prompt_len
+            kv.allocate(req, need)
+            kv.admit_state()
+            if hits:
+                req.cached_tokens = hits * cfg.block_size
+                kv.hit_tokens += req.cached_tokens
+            req.computed = computed
+            self.waiting.popleft()
+            req.phase = PREFILL
+            if req.first_scheduled is None:
+                req.first_scheduled = now
+            row = self._append(req)
+            prefills.append((req, n, row))
+            admitted_tokens.append(n)
+            admitted_context.append(float(computed))
+            budget -= n
+        return budget
+
+    def _finish_schedule(
+        self,
+        grant: np.ndarray,
+        context: np.ndarray,
+        decode_rows: np.ndarray,
+        prefills: list,
+        decoding: np.ndarray | None,
+        rows: np.ndarray | None,
+        n_running: int,
+        moments: tuple | None,
+        admitted_tokens: list[float],
+        admitted_context: list[float],
+    ) -> ScheduledStep:
+        """The ScheduledStep of the running rows scheduled and the requests admitted, with
+        the step's token moments where they sum exactly."""
+        cfg = self.config
         whole = cfg.decode_advance == 1.0  # no fractional speculative progress
         if rows is None and whole:  # every running request decodes: the moments in one sum
             width = cfg.decode_width
@@ -591,6 +653,60 @@ class Scheduler:
             moments = None
         admitted = (admitted_tokens, admitted_context) if admitted_tokens else None
         return ScheduledStep(grant, context, decode_rows, prefills, decoding, admitted, moments)
+
+    def _schedule_prefill_only(self, now: float) -> ScheduledStep | None:
+        """SGLang's prefill batch (engines that do not mix prefill and decode): the
+        running requests still in prefill take their next chunks, oldest first, then
+        waiting requests are admitted, all within the step's token budget; decoding
+        requests wait for the next decode batch. None when there is nothing to prefill
+        (no chunk in progress and the queue's head cannot be admitted), or a chunk in
+        progress cannot get its KV blocks (the step is then scheduled as usual)."""
+        cfg, kv, running = self.config, self.kv, self.running
+        budget = cfg.max_num_batched_tokens
+        bs = cfg.block_size
+        rows: list[int] = []
+        tokens: list[float] = []
+        contexts: list[float] = []
+        prefills: list[tuple[SimRequest, int, int]] = []
+        if self._prefilling:
+            blocks = self._blocks
+            for i in np.flatnonzero(~self._dec[: len(running)]).tolist():
+                if budget <= 0:
+                    break
+                req = running[i]
+                n = min(req.prefill_target - req.computed, budget)
+                need = math.ceil((req.computed + n) / bs) - int(blocks[i])
+                if need > 0:
+                    if not kv.allocate(req, need):
+                        if not rows:
+                            return None
+                        break
+                    blocks[i] += need
+                rows.append(i)
+                tokens.append(float(n))
+                contexts.append(float(req.computed))
+                prefills.append((req, int(n), i))
+                budget -= n
+        admitted_tokens: list[float] = []
+        admitted_context: list[float] = []
+        budget = self._admit(now, budget, prefills, admitted_tokens, admitted_context)
+        if not rows and not admitted_tokens:
+            return None
+        if not self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            self.note_dry(now)
+        moments = token_moments(tokens, contexts)
+        return self._finish_schedule(
+            np.array(tokens, dtype=float),
+            np.array(contexts, dtype=float),
+            np.zeros(0, dtype=np.int64),
+            prefills,
+            np.zeros(len(rows), dtype=bool),
+            np.array(rows, dtype=np.int64),
+            len(running),
+            moments,
+            admitted_tokens,
+            admitted_context,
+        )
 
     def complete(self, step: ScheduledStep, now: float) -> list[SimRequest]:
         """Apply a finished step; return the requests that finished."""

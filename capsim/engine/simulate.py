@@ -123,6 +123,11 @@ class PredictConfig(BaseModel):
         description="SGLang's --scheduler-recv-interval: decode steps between the "
         "scheduler's polls for new requests (1: every step)",
     )
+    mixed_chunk: bool = Field(
+        False,
+        description="SGLang's --enable-mixed-chunk: its prefill chunks share a step with "
+        "the decodes (as vLLM's always do) instead of running in batches of their own",
+    )
     offline: bool = Field(
         False,
         description="Requests go straight to the engine (llama-bench, vllm bench "
@@ -332,6 +337,12 @@ def build_setup(
             "every step",
             hint="add --engine sglang, or leave --scheduler-recv-interval at 1",
         )
+    if config.mixed_chunk and engine.mixes_prefill_and_decode:
+        raise CapsimUserError(
+            f"--enable-mixed-chunk is SGLang's flag; {engine.name} always carries prefill "
+            "chunks and decodes in one step",
+            hint="add --engine sglang, or leave --enable-mixed-chunk out",
+        )
     fit_options = engine_fit_options(
         engine,
         gpu,
@@ -381,6 +392,7 @@ def build_setup(
         decode_advance=step_model.decode_advance,
         state_blocks=fit.state_blocks_per_sequence,
         recv_interval_steps=config.scheduler_recv_interval,
+        mixes_prefill_and_decode=engine.mixes_prefill_and_decode or config.mixed_chunk,
     )
     max_len = config.max_model_len or fit.max_model_len
     return Setup(
