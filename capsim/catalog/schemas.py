@@ -470,6 +470,22 @@ class EfficiencyProfile(Strict):
     sources: list[Source] = Field(min_length=1)
 
 
+class AdmissionReserve(Strict):
+    """Output tokens an engine reserves in its KV pool before admitting a request (SGLang's
+    PrefillAdder): every running request holds min(tokens still to generate, clip) x the
+    current ratio, a request being admitted its whole min(max_new_tokens, clip); the ratio
+    starts at ``init_ratio``, falls by (init - min) / ``decay_steps`` each decode batch to
+    ``init_ratio x min_ratio_factor``, and after a retraction (preemption) restarts from
+    (generated + ``retract_decode_steps`` x running) / (sum of max_new_tokens + 1), at
+    most 1."""
+
+    init_ratio: float = Field(gt=0, le=1)
+    min_ratio_factor: float = Field(gt=0, le=1)
+    decay_steps: int = Field(ge=1)
+    clip_tokens: int = Field(ge=1, description="CLIP_MAX_NEW_TOKENS: cap on one request's reserve")
+    retract_decode_steps: int = Field(ge=0)
+
+
 class StatePool(Strict):
     """Where a hybrid model's fixed-size recurrent state (Gated DeltaNet, Mamba) lives.
 
@@ -585,6 +601,11 @@ class Engine(Strict):
         default_factory=StatePool,
         description="Where hybrid models' recurrent state lives (shared KV pool or a pool "
         "of its own)",
+    )
+    admission_reserve: AdmissionReserve | None = Field(
+        None,
+        description="Decode tokens reserved in the KV pool before admitting a request "
+        "(SGLang's new_token_ratio); None: a request is admitted when its prompt fits (vLLM)",
     )
     params: dict[str, float] = Field(default_factory=dict)
     class_params: dict[str, dict[str, float]] = Field(default_factory=dict)

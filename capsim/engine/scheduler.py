@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from capsim.catalog.schemas import AdmissionReserve
+from capsim.engine.admission import ReserveState
 from capsim.engine.kv_cache import KVCache
 from capsim.engine.request import DECODE, DONE, PREFILL, WAITING, SimRequest
 
@@ -84,6 +86,8 @@ class SchedulerConfig:
     # the waiting requests it can admit) on its own whenever it has one, and decode
     # batches otherwise, so decodes wait while prompts are prefilled
     mixes_prefill_and_decode: bool = True
+    # SGLang's admission reserve (engine/admission.py); None: vLLM's, none
+    reserve: AdmissionReserve | None = None
 
 
 class ScheduledStep:
@@ -191,6 +195,7 @@ class Scheduler:
         # requests, sent together, reach the engine one API-server turn apart, and the
         # engine may run dry between them at any level (engine/saturation.py)
         self.dry_counts_from = 1
+        self.reserve = ReserveState(config.reserve) if config.reserve is not None else None
         cap = config.max_num_seqs + 1
         # one row per float field, so removing a running request shifts one array
         self._state = np.zeros((6, cap))
@@ -313,7 +318,63 @@ class Scheduler:
         computed = max(req.computed, hits * cfg.block_size)
         n = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-        return not self.kv.can_admit(req, need, hits)
+        if not self.kv.can_admit(req, need, hits):
+            return True
+        return self.reserve is not None and not self._reserve_admits(req, computed)
+
+    def _reserve_admits(
+        self, req: SimRequest, computed: float, offset: float | None = None
+    ) -> bool:
+        """Whether the admission reserve lets ``req`` in (``computed`` of its prompt's
+        tokens in KV or cached), against ``offset`` tokens already held (None: the running
+        requests' holds, none of them prefilling)."""
+        reserve = self.reserve
+        if offset is None:
+            n = len(self.running)
+            offset = reserve.running_offset(self._out[:n] - self._gen[:n])
+        tokens = (
+            req.prefill_target - computed + reserve.request_tokens(req.output_len - req.generated)
+        )
+        return tokens < self.kv.allocatable * self.config.block_size - offset
+
+    def _reserve_cap(self, limit: int) -> int | None:
+        """In a decode run of up to ``limit`` steps with requests waiting: the step after
+        which the reserve, shrinking as the ratio decays and outputs progress, first lets
+        the head of the queue in (None if it does not within the run, or something else
+        holds it back: the token budget, max_num_seqs, the KV cache)."""
+        cfg = self.config
+        if not self.waiting or len(self.running) >= cfg.max_num_seqs:
+            return None
+        budget = cfg.max_num_batched_tokens
+        if cfg.mixes_prefill_and_decode:
+            budget -= len(self.running) * cfg.decode_width
+        req = self.waiting[0]
+        if budget <= 0:
+            return None
+        hits = self.kv.cached_prefix(req) if req.computed == 0 and not req.cached_len else 0
+        if hits:
+            return 1  # a cached prefix may be evicted mid-run: look again after one step
+        n = min(req.prefill_target - req.computed, budget)
+        need = math.ceil((req.computed + n) / cfg.block_size) - req.total_blocks
+        if not self.kv.can_admit(req, need, 0):
+            return None
+        rows = len(self.running)
+        adv, width = cfg.decode_advance, cfg.decode_width
+        return self.reserve.first_admissible_step(
+            limit,
+            req.prefill_target
+            - req.computed
+            + self.reserve.request_tokens(req.output_len - req.generated),
+            float(self.kv.allocatable),
+            cfg.block_size,
+            self._kv[:rows],
+            self._blocks[:rows],
+            self._out[:rows] - self._gen[:rows],
+            adv,
+            # the blocks taken before admission: a mixed step first gives the decodes theirs
+            width + (adv if cfg.mixes_prefill_and_decode else 0.0),
+            need + self.kv.state_blocks,
+        )
 
     # ------------------------------------------------------------------ one step
 
@@ -326,6 +387,10 @@ class Scheduler:
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
+        if self.reserve is not None:
+            n = len(self.running)
+            dec = self._dec[:n]
+            self.reserve.retracted(self._gen[:n][dec], self._out[:n][dec])
 
     def _grant_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """Tokens each running request gets this step (vLLM's in-order budget loop, in
@@ -581,6 +646,15 @@ class Scheduler:
         ``max_num_seqs`` and the KV cache allow, each with its first chunk; returns the
         budget left."""
         cfg, kv, running = self.config, self.kv, self.running
+        reserve = self.reserve
+        offset = 0.0
+        if reserve is not None and self.waiting:
+            n_run = len(running)
+            dec = self._dec[:n_run]
+            offset = reserve.running_offset((self._out[:n_run] - self._gen[:n_run])[dec])
+            for req, n, _ in prefills:  # chunks this step that finish their prompt
+                if req.computed + n >= req.prefill_target:
+                    offset += reserve.request_tokens(req.output_len - req.generated)
         while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = self.waiting[0]
             hits = 0
@@ -592,6 +666,11 @@ class Scheduler:
             need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
             if not kv.can_admit(req, need, hits):
                 break
+            if reserve is not None:
+                if not self._reserve_admits(req, computed, offset):
+                    break
+                if computed + n >= req.prefill_target:  # its last chunk charges its outputs
+                    offset += reserve.request_tokens(req.output_len - req.generated)
             kv.take_prefix(req, hits)
             if fresh:  # prompt tokens looked up, once per admission
                 kv.query_tokens += req.prompt_len
@@ -719,6 +798,8 @@ class Scheduler:
             self._kv[rows] += adv
             self._gen[rows] += adv
         if k:
+            if self.reserve is not None:
+                self.reserve.decode_batches(1)
             self._least_left -= adv
             if k + self._prefilling < len(self.running):  # some decoding rows waited
                 self._least_left_exact = False
@@ -782,6 +863,8 @@ class Scheduler:
         more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
         self._state[:2, :n] += gain  # tokens in KV and generated
         self._least_left -= gain
+        if self.reserve is not None:
+            self.reserve.decode_batches(steps)
         total = float(_sum(more))
         assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
         self._grow_leading(more, total)
@@ -798,11 +881,16 @@ class Scheduler:
             self._least_left_exact = True
         remaining = self._least_left
         m_finish = max(math.ceil((remaining - FINISH_TOLERANCE) / adv), 1)
+        m = None
         if adv == 1.0:
-            fast = self._block_limit_one_token(m_finish)
-            if fast is not None:
-                return fast
-        return self._block_limit_search(m_finish)
+            m = self._block_limit_one_token(m_finish)
+        if m is None:
+            m = self._block_limit_search(m_finish)
+        if self.reserve is not None and m > 1:
+            cap = self._reserve_cap(m)
+            if cap is not None:
+                m = min(m, cap)
+        return m
 
     def _block_limit_one_token(self, m_finish: int) -> int | None:
         """``_block_limit_search`` in closed form for one token a step, or None when the
@@ -855,6 +943,8 @@ class Scheduler:
         self.kv.register(req, req.prompt_len + req.output_len - 1)
         self.kv.release(req)
         self._remove(row)
+        if self.reserve is not None and not self.running and not self.waiting:
+            self.reserve.reset()  # the server goes idle
         if self.on_finish is not None:
             self.on_finish(req)
         if req.done is not None:

@@ -393,6 +393,7 @@ def build_setup(
         state_blocks=fit.state_blocks_per_sequence,
         recv_interval_steps=config.scheduler_recv_interval,
         mixes_prefill_and_decode=engine.mixes_prefill_and_decode or config.mixed_chunk,
+        reserve=engine.admission_reserve,
     )
     max_len = config.max_model_len or fit.max_model_len
     return Setup(

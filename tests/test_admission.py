@@ -1,0 +1,154 @@
+"""SGLang's admission reserve (engine/admission.py): hand-worked admissions, the ratio's
+schedule, and a decode run that stops where the shrinking reserve first admits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from capsim.catalog.loader import load_catalog
+from capsim.engine.admission import ReserveState
+from capsim.engine.kv_cache import KVCache
+from capsim.engine.request import DECODE, SimRequest
+from capsim.engine.scheduler import Scheduler, SchedulerConfig
+from capsim.engine.simulate import PredictConfig, predict
+from capsim.errors import CapsimUserError
+
+CAT = load_catalog()
+
+SGLANG = CAT.engine("sglang").admission_reserve  # SGLang's defaults (its environ.py)
+
+
+def test_the_ratio_decays_per_decode_batch_to_its_floor_and_restarts_after_a_retraction():
+    assert SGLANG.clip_tokens == 4096 and SGLANG.retract_decode_steps == 20
+    state = ReserveState(SGLANG)
+    assert state.ratio() == 0.7
+    state.decode_batches(300)  # halfway: 0.7 - 300 x (0.7 - 0.098) / 600
+    assert state.ratio() == pytest.approx(0.7 - 300 * 0.602 / 600)
+    state.decode_batches(10_000)
+    assert state.ratio() == pytest.approx(0.098)
+    # two requests left, 100 and 300 tokens generated of 1,000 each: (400 + 40) / 2,001
+    state.retracted(np.array([100.0, 300.0]), np.array([1000.0, 1000.0]))
+    assert state.ratio() == pytest.approx(440 / 2001)
+    state.decode_batches(1)  # the batch that retracted does not decay it
+    assert state.ratio() == pytest.approx(440 / 2001)
+    state.decode_batches(1)
+    assert state.ratio() == pytest.approx(440 / 2001 - 0.602 / 600)
+    state.reset()
+    assert state.ratio() == 0.7
+
+
+def scheduler(reserve, blocks=100, mixes=False):
+    return Scheduler(
+        SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=4096,
+            mixes_prefill_and_decode=mixes,
+            reserve=reserve,
+        ),
+        KVCache(blocks),
+    )
+
+
+def test_a_request_waits_for_the_reserve_that_vllm_does_not_keep():
+    """100 blocks of 16 tokens. a (prompt 160, output 1,000) runs; b (prompt 320, output
+    600) needs 320 + 600 = 920 tokens below the free pool less a's hold. After a's prompt
+    and first token 1,600 - 176 = 1,424 tokens are free and a holds 0.7 x 999 = 699.3:
+    920 >= 724.7, so b waits. Without a reserve b is admitted at once."""
+    env = simpy.Environment()
+    for reserve in (SGLANG, None):
+        sched = scheduler(reserve)
+        a = SimRequest(env, 0, 0.0, 160, 1000, "a")
+        sched.submit(a)
+        sched.complete(sched.schedule(0.0), 0.01)
+        assert a.phase == DECODE
+        b = SimRequest(env, 1, 0.0, 320, 600, "b")
+        sched.submit(b)
+        step = sched.schedule(0.01)
+        if reserve is None:
+            assert [p[0] for p in step.prefills] == [b]
+        else:
+            assert not step.prefills and step.decoding == 1  # a decodes, b waits
+            assert sched.head_blocked()
+
+
+def test_a_decode_run_stops_where_the_reserve_first_admits_the_head():
+    """Four requests decode (outputs of 1,000); a fifth waits on the reserve alone. Each
+    decode batch takes 4 tokens of the pool, and the reserve falls by about 0.7 x 4 tokens
+    plus the ratio's decay on 4,000 tokens to go: the head gets in a few hundred batches
+    on, long before any request finishes. Stepping one batch at a time and the
+    scheduler's run length agree on the batch."""
+    env = simpy.Environment()
+
+    def setup():
+        sched = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=8,
+                max_num_batched_tokens=4096,
+                mixes_prefill_and_decode=False,
+                reserve=SGLANG,
+            ),
+            KVCache(300),
+        )
+        for i in range(4):
+            sched.submit(SimRequest(env, i, 0.0, 64, 1000, str(i)))
+        sched.complete(sched.schedule(0.0), 0.01)
+        head = SimRequest(env, 4, 0.0, 480, 1400, "head")
+        sched.submit(head)
+        return sched, head
+
+    sched, head = setup()
+    steps = 0
+    while True:
+        step = sched.schedule(0.0)
+        if step.prefills:
+            assert step.prefills[0][0] is head
+            break
+        assert not sched.complete(step, 0.0)
+        steps += 1
+    assert 1 < steps < 999
+    sched, head = setup()
+    assert sched.steady_decode(0.0) and sched.head_blocked()
+    assert sched.run_length() == steps
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    c=st.integers(3, 10),
+    seed=st.integers(0, 10_000),
+    kv_blocks=st.integers(150, 500),
+    out=st.sampled_from(["uniform:200,800", "lognormal:400,0.5"]),
+    mixed=st.booleans(),
+)
+def test_decode_runs_under_the_reserve_equal_stepping(c, seed, kv_blocks, out, mixed):
+    """Long outputs on a small pool keep the queue's head waiting on SGLang's reserve;
+    a decode run then ends at the batch where the reserve would first admit it, so the
+    fast-forwarded simulation equals the one stepped batch by batch, request by request."""
+    config = PredictConfig(
+        gpu="rtx3090",
+        model="qwen3-coder-30b-a3b",
+        quant="awq-int4",
+        engine="sglang",
+        mixed_chunk=mixed,
+        concurrency=[c],
+        requests=3 * c,
+        input_tokens="uniform:50,400",
+        output_tokens=out,
+        kv_capacity_tokens=16 * kv_blocks,
+        max_num_batched_tokens=512,
+        seed=seed,
+        profile="none",
+    )
+    try:
+        fast = predict(config, CAT, keep_records=True).levels[0]
+    except CapsimUserError:  # a drawn request longer than the KV cache
+        assume(False)
+    slow = predict(config.model_copy(update={"fast_forward": False}), CAT, keep_records=True)
+    slow = slow.levels[0]
+    assert fast.steps == slow.steps and fast.preemptions == slow.preemptions
+    for x, y in zip(fast.records, slow.records, strict=True):
+        assert x.first_token == pytest.approx(y.first_token, rel=1e-9, abs=1e-9)
+        assert x.finish == pytest.approx(y.finish, rel=1e-9, abs=1e-9)
