@@ -14,7 +14,7 @@ from capsim.engine.admission import ReserveState
 from capsim.engine.kv_cache import KVCache
 from capsim.engine.request import DECODE, SimRequest
 from capsim.engine.scheduler import Scheduler, SchedulerConfig
-from capsim.engine.simulate import PredictConfig, predict
+from capsim.engine.simulate import PredictConfig, build_setup, predict
 from capsim.errors import CapsimUserError
 
 CAT = load_catalog()
@@ -56,8 +56,8 @@ def scheduler(reserve, blocks=100, mixes=False):
 def test_a_request_waits_for_the_reserve_that_vllm_does_not_keep():
     """100 blocks of 16 tokens. a (prompt 160, output 1,000) runs; b (prompt 320, output
     600) needs 320 + 600 = 920 tokens below the free pool less a's hold. After a's prompt
-    and first token 1,600 - 176 = 1,424 tokens are free and a holds 0.7 x 999 = 699.3:
-    920 >= 724.7, so b waits. Without a reserve b is admitted at once."""
+    (10 blocks) 90 blocks, 1,440 tokens, are free and a holds 0.7 x 999 = 699.3:
+    920 >= 740.7, so b waits. Without a reserve b is admitted at once."""
     env = simpy.Environment()
     for reserve in (SGLANG, None):
         sched = scheduler(reserve)
@@ -152,3 +152,33 @@ def test_decode_runs_under_the_reserve_equal_stepping(c, seed, kv_blocks, out, m
     for x, y in zip(fast.records, slow.records, strict=True):
         assert x.first_token == pytest.approx(y.first_token, rel=1e-9, abs=1e-9)
         assert x.finish == pytest.approx(y.finish, rel=1e-9, abs=1e-9)
+
+
+def test_schedule_conservativeness_scales_the_reserve_and_is_sglangs_flag():
+    """SGLang's --schedule-conservativeness multiplies the starting ratio (0.7 x c, at
+    most 1): at 0.5 the request held back above (920 tokens against 1,440 free less
+    0.35 x 999 = 349.65: 920 < 1,090.35) gets in; on vLLM the flag is refused."""
+    base = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4", profile="none")
+    setup = build_setup(PredictConfig(**base, engine="sglang", schedule_conservativeness=0.5))
+    assert setup.scheduler.reserve.init_ratio == pytest.approx(0.35)
+    assert build_setup(
+        PredictConfig(**base, engine="sglang", schedule_conservativeness=3)
+    ).scheduler.reserve.init_ratio == pytest.approx(1.0)
+    env = simpy.Environment()
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=4096,
+            mixes_prefill_and_decode=False,
+            reserve=setup.scheduler.reserve,
+        ),
+        KVCache(100),
+    )
+    a = SimRequest(env, 0, 0.0, 160, 1000, "a")
+    sched.submit(a)
+    sched.complete(sched.schedule(0.0), 0.01)
+    b = SimRequest(env, 1, 0.0, 320, 600, "b")
+    sched.submit(b)
+    assert [p[0] for p in sched.schedule(0.01).prefills] == [b]
+    with pytest.raises(CapsimUserError, match="--schedule-conservativeness is SGLang's flag"):
+        build_setup(PredictConfig(**base, schedule_conservativeness=0.5))

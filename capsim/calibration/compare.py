@@ -119,6 +119,11 @@ def scenario_config(
         ubatch_tokens=int(flags["ubatch_tokens"]) if "ubatch_tokens" in flags else None,
         scheduler_recv_interval=int(flags.get("scheduler_recv_interval", 1)),
         mixed_chunk=bool(flags.get("enable_mixed_chunk", False)),
+        schedule_conservativeness=(
+            float(flags["schedule_conservativeness"])
+            if "schedule_conservativeness" in flags
+            else None
+        ),
         max_num_batched_tokens=(
             int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
         ),

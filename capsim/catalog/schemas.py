@@ -479,7 +479,7 @@ class AdmissionReserve(Strict):
     (generated + ``retract_decode_steps`` x running) / (sum of max_new_tokens + 1), at
     most 1."""
 
-    init_ratio: float = Field(gt=0, le=1)
+    init_ratio: float = Field(ge=0, le=1)
     min_ratio_factor: float = Field(gt=0, le=1)
     decay_steps: int = Field(ge=1)
     clip_tokens: int = Field(ge=1, description="CLIP_MAX_NEW_TOKENS: cap on one request's reserve")

@@ -118,6 +118,16 @@ RecvIntervalOption = Annotated[
         "(its --scheduler-recv-interval; a new request waits up to this many steps)",
     ),
 ]
+ConservativenessOption = Annotated[
+    float | None,
+    typer.Option(
+        "--schedule-conservativeness",
+        min=0,
+        max=100,
+        help="SGLang: scales the KV tokens reserved for running requests' later output "
+        "(its --schedule-conservativeness; default 1, lower admits more and retracts more)",
+    ),
+]
 MixedChunkOption = Annotated[
     bool,
     typer.Option(

@@ -441,6 +441,15 @@ def quants_list(json_out: JsonOption = False, db: DbOption = None) -> None:
     console.print(table)
 
 
+def reserve_text(reserve) -> str:
+    """An engine's admission reserve: the share of running requests' output still to come
+    held back in the KV pool, from its start to its floor ('-': none)."""
+    if reserve is None:
+        return "-"
+    low = reserve.init_ratio * reserve.min_ratio_factor
+    return f"{reserve.init_ratio:g}-{low:.2g}"
+
+
 @cli.command("engines")
 @user_errors
 def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
@@ -450,8 +459,11 @@ def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
         print_json([e.model_dump(mode="json") for e in cat.engines])
         return
     table = Table(title="Serving engines (pass with --engine)")
-    for col in ("name", "step tokens / sequences", "graphs", "ubatch", "mixes prefill"):
-        table.add_column(col, overflow="fold")
+    table.add_column("name", no_wrap=True)
+    table.add_column("step tokens / sequences", overflow="fold")
+    table.add_column("graphs", no_wrap=True)
+    for col in ("ubatch", "mixes prefill", "reserve ratio"):
+        table.add_column(col, overflow="fold", max_width=9)
     for e in cat.engines:
         limits = "\n".join(
             f"{row.max_num_batched_tokens}/{row.max_num_seqs}"
@@ -464,6 +476,7 @@ def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
             e.graph_capture,
             str(e.ubatch_tokens or "-"),
             "yes" if e.mixes_prefill_and_decode else "no",
+            reserve_text(e.admission_reserve),
         )
     console.print(table)
 

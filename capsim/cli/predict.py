@@ -16,6 +16,7 @@ from rich import box
 
 from capsim.cli.common import (
     AsyncSchedulingOption,
+    ConservativenessOption,
     DbOption,
     DisableCustomAllReduceOption,
     EngineOption,
@@ -410,6 +411,7 @@ def predict_cmd(
     ubatch_size: UbatchOption = None,
     scheduler_recv_interval: RecvIntervalOption = 1,
     mixed_chunk: MixedChunkOption = False,
+    schedule_conservativeness: ConservativenessOption = None,
     offline: Annotated[
         bool,
         typer.Option(
@@ -503,6 +505,7 @@ def predict_cmd(
             ubatch_tokens=ubatch_size,
             scheduler_recv_interval=scheduler_recv_interval,
             mixed_chunk=mixed_chunk,
+            schedule_conservativeness=schedule_conservativeness,
             offline=offline,
             router=router,
             seed=seed,

@@ -123,6 +123,14 @@ class PredictConfig(BaseModel):
         description="SGLang's --scheduler-recv-interval: decode steps between the "
         "scheduler's polls for new requests (1: every step)",
     )
+    schedule_conservativeness: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="SGLang's --schedule-conservativeness: scales the admission reserve's "
+        "starting ratio (0.7 x this, at most 1; 0 reserves nothing for running requests). "
+        "None: SGLang's default, 1",
+    )
     mixed_chunk: bool = Field(
         False,
         description="SGLang's --enable-mixed-chunk: its prefill chunks share a step with "
@@ -337,6 +345,16 @@ def build_setup(
             "every step",
             hint="add --engine sglang, or leave --scheduler-recv-interval at 1",
         )
+    reserve = engine.admission_reserve
+    if config.schedule_conservativeness is not None:
+        if reserve is None:
+            raise CapsimUserError(
+                f"--schedule-conservativeness is SGLang's flag; {engine.name} admits a "
+                "request when its prompt fits and reserves nothing for later tokens",
+                hint="add --engine sglang, or leave --schedule-conservativeness out",
+            )
+        scaled = min(reserve.init_ratio * config.schedule_conservativeness, 1.0)
+        reserve = reserve.model_copy(update={"init_ratio": scaled})
     if config.mixed_chunk and engine.mixes_prefill_and_decode:
         raise CapsimUserError(
             f"--enable-mixed-chunk is SGLang's flag; {engine.name} always carries prefill "
@@ -393,7 +411,7 @@ def build_setup(
         state_blocks=fit.state_blocks_per_sequence,
         recv_interval_steps=config.scheduler_recv_interval,
         mixes_prefill_and_decode=engine.mixes_prefill_and_decode or config.mixed_chunk,
-        reserve=engine.admission_reserve,
+        reserve=reserve,
     )
     max_len = config.max_model_len or fit.max_model_len
     return Setup(
