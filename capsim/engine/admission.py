@@ -96,7 +96,8 @@ class ReserveState:
             taken = np.maximum(np.ceil(ends / block_size) - held[None, :], 0.0).sum(axis=1)
             free = free_blocks - taken
             fits = free >= physical_need
-            ratios = np.array([self.ratio(int(j)) for j in k])
+            # ratio(j) for each j at once (steps + k >= 1: the decayed branch)
+            ratios = np.maximum(self.base - (self.steps + k) * self.decay, self.min)
             reserve = ratios * np.minimum(left[None, :] - k[:, None] * advance, self.clip).sum(
                 axis=1
             )

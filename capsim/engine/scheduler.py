@@ -303,14 +303,20 @@ class Scheduler:
         if self.dry_at is None and self.submitted >= self.dry_counts_from:
             self.dry_at = now
 
-    def head_blocked(self) -> bool:
-        """Whether the first waiting request could not be admitted in the next step."""
+    def _admission_budget(self) -> float:
+        """Tokens the next step leaves for admissions while every running request decodes
+        (the decodes share the budget only where prefill and decode mix)."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        if cfg.mixes_prefill_and_decode:  # the decodes share the step's budget
+        if cfg.mixes_prefill_and_decode:
             budget -= len(self.running) * cfg.decode_width
-        if budget <= 0:
-            return True
+        return budget
+
+    def _head_admission(self, budget: float) -> tuple[SimRequest, int, float, int]:
+        """The queue's head as the next step would admit it within ``budget``: (request,
+        cached prefix blocks, prompt tokens already computed or cached, blocks its first
+        chunk needs)."""
+        cfg = self.config
         req = self.waiting[0]
         hits = 0
         if req.computed == 0 and not req.cached_len:
@@ -318,23 +324,44 @@ class Scheduler:
         computed = max(req.computed, hits * cfg.block_size)
         n = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
+        return req, hits, computed, need
+
+    def head_blocked(self) -> bool:
+        """Whether the first waiting request could not be admitted in the next step."""
+        budget = self._admission_budget()
+        if budget <= 0:
+            return True
+        req, hits, computed, need = self._head_admission(budget)
         if not self.kv.can_admit(req, need, hits):
             return True
         return self.reserve is not None and not self._reserve_admits(req, computed)
+
+    def _running_reserve(self) -> float:
+        """Tokens the admission reserve holds for the decoding requests' output to come."""
+        n = len(self.running)
+        left = self._out[:n] - self._gen[:n]
+        if self._prefilling:
+            left = left[self._dec[:n]]
+        return self.reserve.running_offset(left)
+
+    def _reserve_tokens(self, req: SimRequest, computed: float) -> float:
+        """What admitting ``req`` asks of the reserve: its prompt still to compute (past
+        ``computed`` tokens) plus its own output reserve."""
+        return (
+            req.prefill_target
+            - computed
+            + self.reserve.request_tokens(req.output_len - req.generated)
+        )
 
     def _reserve_admits(
         self, req: SimRequest, computed: float, offset: float | None = None
     ) -> bool:
         """Whether the admission reserve lets ``req`` in (``computed`` of its prompt's
-        tokens in KV or cached), against ``offset`` tokens already held (None: the running
-        requests' holds, none of them prefilling)."""
-        reserve = self.reserve
+        tokens in KV or cached), against ``offset`` tokens already held (None: the
+        decoding requests' holds)."""
         if offset is None:
-            n = len(self.running)
-            offset = reserve.running_offset(self._out[:n] - self._gen[:n])
-        tokens = (
-            req.prefill_target - computed + reserve.request_tokens(req.output_len - req.generated)
-        )
+            offset = self._running_reserve()
+        tokens = self._reserve_tokens(req, computed)
         return tokens < self.kv.allocatable * self.config.block_size - offset
 
     def _reserve_cap(self, limit: int) -> int | None:
@@ -345,26 +372,19 @@ class Scheduler:
         cfg = self.config
         if not self.waiting or len(self.running) >= cfg.max_num_seqs:
             return None
-        budget = cfg.max_num_batched_tokens
-        if cfg.mixes_prefill_and_decode:
-            budget -= len(self.running) * cfg.decode_width
-        req = self.waiting[0]
+        budget = self._admission_budget()
         if budget <= 0:
             return None
-        hits = self.kv.cached_prefix(req) if req.computed == 0 and not req.cached_len else 0
+        req, hits, computed, need = self._head_admission(budget)
         if hits:
             return 1  # a cached prefix may be evicted mid-run: look again after one step
-        n = min(req.prefill_target - req.computed, budget)
-        need = math.ceil((req.computed + n) / cfg.block_size) - req.total_blocks
         if not self.kv.can_admit(req, need, 0):
             return None
         rows = len(self.running)
         adv, width = cfg.decode_advance, cfg.decode_width
         return self.reserve.first_admissible_step(
             limit,
-            req.prefill_target
-            - req.computed
-            + self.reserve.request_tokens(req.output_len - req.generated),
+            self._reserve_tokens(req, computed),
             float(self.kv.allocatable),
             cfg.block_size,
             self._kv[:rows],
@@ -649,9 +669,7 @@ class Scheduler:
         reserve = self.reserve
         offset = 0.0
         if reserve is not None and self.waiting:
-            n_run = len(running)
-            dec = self._dec[:n_run]
-            offset = reserve.running_offset((self._out[:n_run] - self._gen[:n_run])[dec])
+            offset = self._running_reserve()
             for req, n, _ in prefills:  # chunks this step that finish their prompt
                 if req.computed + n >= req.prefill_target:
                     offset += reserve.request_tokens(req.output_len - req.generated)

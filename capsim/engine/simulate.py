@@ -305,6 +305,15 @@ def engine_fit_options(
     )
 
 
+def sglang_flag_error(flag: str, engine: str, behaviour: str, leave: str = "out"):
+    """The error for one of SGLang's flags given with another ``engine`` (which does
+    ``behaviour`` instead)."""
+    return CapsimUserError(
+        f"{flag} is SGLang's flag; {engine} {behaviour}",
+        hint=f"add --engine sglang, or leave {flag} {leave}",
+    )
+
+
 def build_setup(
     config: PredictConfig,
     catalog: Catalog | None = None,
@@ -340,26 +349,24 @@ def build_setup(
     spec = config.spec
     engine = cat.engine(config.engine)
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":
-        raise CapsimUserError(
-            f"--scheduler-recv-interval is SGLang's flag; {engine.name} takes new requests "
-            "every step",
-            hint="add --engine sglang, or leave --scheduler-recv-interval at 1",
+        raise sglang_flag_error(
+            "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
         )
     reserve = engine.admission_reserve
     if config.schedule_conservativeness is not None:
         if reserve is None:
-            raise CapsimUserError(
-                f"--schedule-conservativeness is SGLang's flag; {engine.name} admits a "
-                "request when its prompt fits and reserves nothing for later tokens",
-                hint="add --engine sglang, or leave --schedule-conservativeness out",
+            raise sglang_flag_error(
+                "--schedule-conservativeness",
+                engine.name,
+                "admits a request when its prompt fits and reserves nothing for later tokens",
             )
         scaled = min(reserve.init_ratio * config.schedule_conservativeness, 1.0)
         reserve = reserve.model_copy(update={"init_ratio": scaled})
     if config.mixed_chunk and engine.mixes_prefill_and_decode:
-        raise CapsimUserError(
-            f"--enable-mixed-chunk is SGLang's flag; {engine.name} always carries prefill "
-            "chunks and decodes in one step",
-            hint="add --engine sglang, or leave --enable-mixed-chunk out",
+        raise sglang_flag_error(
+            "--enable-mixed-chunk",
+            engine.name,
+            "always carries prefill chunks and decodes in one step",
         )
     fit_options = engine_fit_options(
         engine,
