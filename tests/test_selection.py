@@ -15,8 +15,11 @@ from capsim.calibration.fit import HOLD_STEPS, fit_profile, nearest_allowed
 from capsim.calibration.published import MeasuredPoint, dataset_from_run
 from capsim.calibration.selection import (
     COLLINEARITY,
+    NOISE_CLIP,
+    NOISE_Z,
     fit_warnings,
     point_weights,
+    replicate_noise,
     select_parameters,
 )
 from capsim.catalog.loader import load_catalog
@@ -102,6 +105,61 @@ def test_a_term_that_moves_one_metric_family_is_not_diluted_by_the_others():
     chosen = select_parameters(residuals, *args, lambda: families)
     assert chosen.fitted == ["t"]
     assert chosen.effect["t"] == pytest.approx(0.05)
+
+
+def test_replicate_noise_is_each_levels_covariance_across_runs_by_hand():
+    # one level measured in three runs (TPOT weight 1, ITL weight 0.5), one level once
+    def point(c, metric, value):
+        return SimpleNamespace(
+            dataset="d",
+            scenario="s",
+            concurrency=c,
+            metric=metric,
+            statistic="mean",
+            measured=value,
+        )
+
+    e = np.exp
+    points = [
+        point(4, "tpot_s", e(0.0)),
+        point(4, "itl_s", e(0.0)),
+        point(4, "tpot_s", e(0.05)),
+        point(4, "itl_s", e(0.08)),
+        point(4, "tpot_s", e(-0.05)),
+        point(4, "itl_s", e(-0.08)),
+        point(8, "tpot_s", 1.0),
+    ]
+    noise = replicate_noise(points)
+    # TPOT deviations 0, 0.05, -0.05: variance 0.005 / 2 = 0.0025; ITL's weighted by
+    # sqrt(0.5): 0.5 x 0.0128 / 2 = 0.0032; covariance (2 x 0.05 x 0.08) x 0.707 / 2
+    cov = np.array([[0.0025, 0.004 * np.sqrt(0.5)], [0.004 * np.sqrt(0.5), 0.0032]])
+    for run in range(3):
+        block = noise[2 * run : 2 * run + 2, 2 * run : 2 * run + 2]
+        np.testing.assert_allclose(block, cov, atol=1e-12)
+    # runs apart are independent; the level measured once has the scenario's pooled noise
+    assert noise[0, 2] == 0 and noise[6, 6] == pytest.approx(0.0025) and noise[6, 0] == 0
+    assert replicate_noise(points[-1:]) is None
+    # a run 2.7x off its level counts as NOISE_CLIP: variance 2 x 0.1^2 / 2
+    slow = [point(4, "tpot_s", 1.0), point(4, "tpot_s", e(1.0)), point(4, "tpot_s", e(-1.0))]
+    assert replicate_noise(slow)[0, 0] == pytest.approx(NOISE_CLIP**2)
+
+
+def test_a_term_that_explains_only_the_runs_scatter_is_held():
+    # d explains a misfit of 0.1 along its direction; the runs' noise there is 0.08 (1 sd)
+    # in one case and 0.04 in the other: fitted only where the misfit is beyond NOISE_Z sd
+    cols = np.array([[1.0, 0.0], [0.0, 1.0]])
+
+    def residuals(x):  # a off by 1 (far beyond the noise), d by 0.1
+        return cols @ (x - np.array([2.0, 1.1]))
+
+    args = (["a", "d"], np.ones(2), np.zeros(2), np.full(2, 10.0), 2)
+    for sd, fitted in ((0.08, ["a"]), (0.04, ["a", "d"])):
+        chosen = select_parameters(residuals, *args, noise=lambda sd=sd: np.eye(2) * sd**2)
+        assert chosen.fitted == fitted
+    assert NOISE_Z * 0.08 > 0.1 and NOISE_Z * 0.04 < 0.1
+    assert chosen.held == {}
+    held = select_parameters(residuals, *args, noise=lambda: np.eye(2) * 0.08**2).held["d"]
+    assert held.startswith("within the runs' scatter: after a it would explain 0.1 ")
 
 
 def test_the_api_server_queue_is_part_of_the_front_end_latency():

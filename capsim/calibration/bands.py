@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capsim.files import write_text_atomic
+
 if TYPE_CHECKING:  # comparing the corpus is only for building bands, not for reading them
     from capsim.calibration.compare import ComparedPoint
 
@@ -209,9 +211,7 @@ def _load_band_version(path: str, mtime_ns: int, size: int) -> BandTable:
 def save_band_table(table: BandTable, path: Path) -> Path:
     import yaml
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(table.model_dump(mode="json"), sort_keys=False))
-    return path
+    return write_text_atomic(path, yaml.safe_dump(table.model_dump(mode="json"), sort_keys=False))
 
 
 def band_coverage(

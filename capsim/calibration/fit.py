@@ -41,6 +41,7 @@ from capsim.calibration.selection import (
     CANDIDATE_FIT,
     IDENTIFIABLE_RSE,
     fit_warnings,
+    replicate_noise,
     select_parameters,
 )
 from capsim.catalog.loader import Catalog
@@ -440,5 +441,6 @@ def choose_parameters(
         max_fitted(datasets),
         # the points of the first evaluation, at the priors, in residual order
         families=lambda: [METRIC_KINDS.get(p.metric, p.metric) for p in problem.last],
+        noise=lambda: replicate_noise(problem.last),
     )
     return chosen.fitted, chosen.held

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from capsim.calibration.published import calibration_dir
 from capsim.catalog.loader import Catalog, load_yaml_text
 from capsim.errors import CapsimUserError, close_matches
+from capsim.files import write_text_atomic
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import default_efficiency
 
@@ -127,9 +128,8 @@ class Profile(BaseModel):
         return base.with_overrides({**self.held, **self.fitted_values})
 
     def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
-        return path
+        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return write_text_atomic(path, text)
 
 
 def load_profile(path: Path) -> Profile:

@@ -7,7 +7,11 @@ log residuals by at least MIN_EFFECT (root mean square) and its column of the Ja
 not mostly explained by the columns already chosen (the part left over is at least
 COLLINEARITY of the column); candidates are taken in the order in which they explain the
 misfit at the priors (orthogonal matching pursuit), so the term the data point at comes
-first. The others are held at their priors, with the reason.
+first. Where the data repeat a measurement (a probe's runs), a candidate must also explain
+more of the misfit than NOISE_Z standard deviations of what the runs' scatter alone would
+put along its direction: a term that fits run-to-run noise at the measured levels
+extrapolates that noise to the levels not measured. The others are held at their priors,
+with the reason.
 After the fit a parameter counts as identifiable when its relative standard error is below
 IDENTIFIABLE_RSE and it did not stop at a bound.
 """
@@ -66,6 +70,24 @@ COLLINEARITY = 0.25
 """A candidate is fitted only if at least this share of its Jacobian column is independent
 of the columns chosen before it: else the data cannot tell the two apart."""
 
+NOISE_Z = 1.5
+"""A candidate is fitted only if the misfit it explains exceeds this many standard deviations
+of the measurement noise along its direction, where the data hold repeated runs to measure
+that noise from (replicate_noise). Measured 2026-11-27 on 17 stored live-loop runs (fit C=1,
+2, 4 of a tiny model on vLLM's CPU build, predict C=8 and 16): without the test a run whose
+C=1-4 scatter tilted the per-sequence term (384 us against its 265 us prior) predicted C=16
+TPOT 34% high (14% with the term held); at 2 sd, estimated from two runs a level, a stored
+run from another host lost the per-sequence term it needed (C=8 tok/s -25% instead of -3%);
+1 and 1.5 sd chose alike on all 17. On the 15 runs of this host (benchmarks/bench_live_loop.py
+over calibration/runs/loops-2026-11-27 and the c16 runs) the worst held-out error per run:
+median 14.2%, at most 23.9% (14.9% and 34.1% without the test)."""
+
+NOISE_CLIP = 0.1
+"""A run's deviation from its level's mean counts at most this much (log units, about 10%)
+in the noise estimate, as the fit's soft-L1 loss counts residuals beyond its 0.1 scale only
+linearly: one slow request (a TTFT mean 2.5x its level's other run, seen on a stored tiny
+MoE run) must not make every term look like noise."""
+
 IDENTIFIABLE_RSE = 0.3
 """A fitted parameter is identifiable when its standard error is below this share of its
 value (and it did not end at a bound)."""
@@ -80,6 +102,58 @@ POOR_FIT_TREND = 0.20
 def point_weights(points) -> np.ndarray:
     """METRIC_WEIGHTS of each compared point (anything with .metric and .statistic)."""
     return np.array([METRIC_WEIGHTS.get((p.metric, p.statistic), 1.0) for p in points])
+
+
+def replicate_noise(points) -> np.ndarray | None:
+    """Covariance of the measurement noise in the points' weighted log values (n x n; None
+    where nothing was measured twice), from repeated runs. The points of one level of one
+    scenario (dataset, scenario, concurrency) form a run's vector of metrics, the k-th
+    occurrence of a (metric, statistic) belonging to run k. The runs' deviations from their
+    level's mean, pooled over the scenario's levels (relative noise alike at every level;
+    two or three runs a level are too few to estimate it level by level), give the sample
+    covariance of a run's metrics (they move together when the host slows), placed on each
+    run's block."""
+    scenarios: dict[tuple, dict[int, list[dict[tuple[str, str], int]]]] = {}
+    for i, p in enumerate(points):
+        runs = scenarios.setdefault((p.dataset, p.scenario), {}).setdefault(p.concurrency, [])
+        key = (p.metric, p.statistic)
+        for run in runs:
+            if key not in run:
+                run[key] = i
+                break
+        else:
+            runs.append({key: i})
+    weights = np.sqrt(point_weights(points))
+    measured = np.array([p.measured for p in points], dtype=float)
+    logs = weights * np.log(np.where(measured > 0, measured, np.nan))
+    noise = np.zeros((len(points), len(points)))
+    repeated = False
+    for levels in scenarios.values():
+        keys = sorted({k for runs in levels.values() for run in runs for k in run})
+        slot = {k: j for j, k in enumerate(keys)}
+        scatter = np.zeros((len(keys), len(keys)))
+        counts = np.zeros((len(keys), len(keys)))
+        for runs in levels.values():
+            common = [k for k in keys if all(k in run for run in runs)]
+            if len(runs) < 2 or not common:
+                continue
+            rows = np.array([[logs[run[k]] for k in common] for run in runs])
+            if not np.all(np.isfinite(rows)):
+                continue
+            deviations = np.clip(rows - rows.mean(axis=0), -NOISE_CLIP, NOISE_CLIP)
+            at = np.array([slot[k] for k in common])
+            scatter[np.ix_(at, at)] += deviations.T @ deviations
+            counts[np.ix_(at, at)] += len(runs) - 1
+        if not counts.any():
+            continue
+        cov = np.divide(scatter, counts, out=np.zeros_like(scatter), where=counts > 0)
+        for runs in levels.values():
+            for run in runs:
+                index = np.array(list(run.values()))
+                at = np.array([slot[k] for k in run])
+                noise[np.ix_(index, index)] += cov[np.ix_(at, at)]
+        repeated = True
+    return noise if repeated else None
 
 
 def parameter_scale(prior: float, lower: float, upper: float) -> float:
@@ -106,6 +180,7 @@ def select_parameters(
     upper: np.ndarray,
     max_fitted: int,
     families: Callable[[], Sequence[str]] | None = None,
+    noise: Callable[[], np.ndarray | None] | None = None,
 ) -> Selection:
     """Choose which of ``names`` to fit from the Jacobian of ``residuals`` (weighted log
     residuals of every point as a function of the parameter vector) at the priors: the
@@ -116,7 +191,10 @@ def select_parameters(
     residuals at the priors are known, labels each residual with its metric family
     (throughput, TTFT, ...): a candidate's effect is then
     its largest RMS within one family, so a term that moves only TTFT is not diluted by the
-    throughput and TPOT points it leaves alone."""
+    throughput and TPOT points it leaves alone. ``noise()``, asked then too, gives the
+    covariance of the residuals' measurement noise (replicate_noise) or None: a candidate
+    whose explained misfit is within NOISE_Z standard deviations of that noise along its
+    own direction is held."""
     r0 = residuals(prior)
     n = max(r0.size, 1)
     columns = []
@@ -131,6 +209,7 @@ def select_parameters(
         columns.append(delta / moved * SENSITIVITY_STEP if moved else delta)
     jac = np.column_stack(columns) if columns else np.zeros((n, 0))
     labels = np.asarray(list(families()) if families is not None else [""] * jac.shape[0])
+    noise_cov = noise() if noise is not None else None
     groups = [labels == f for f in dict.fromkeys(labels.tolist())] or [np.ones(n, bool)]
     effect = {
         name: max(float(np.sqrt(np.mean(jac[g, i] ** 2))) for g in groups if g.any())
@@ -165,11 +244,24 @@ def select_parameters(
             move = -float(own @ misfit) / size**2
             unit = SENSITIVITY_STEP * parameter_scale(prior[i], lower[i], upper[i])
             room = (upper[i] - prior[i] if move > 0 else prior[i] - lower[i]) / unit
-            # what it can explain of the misfit, then its own size as a tie-break
-            scores[i] = (min(abs(move), room) * size, size)
+            # what it can explain of the misfit, then its own size as a tie-break, and the
+            # standard deviation of the noise along its own direction
+            q = own / size
+            sd = float(np.sqrt(max(q @ noise_cov @ q, 0.0))) if noise_cov is not None else 0.0
+            scores[i] = (min(abs(move), room) * size, size, sd)
         if not scores:
             break
-        best = max(scores, key=lambda i: scores[i])
+        beyond_noise = [i for i in scores if scores[i][0] > NOISE_Z * scores[i][2]]
+        if noise_cov is not None and not beyond_noise:
+            after = f"after {', '.join(fitted)} " if fitted else ""
+            for i in scores:
+                held[names[i]] = (
+                    f"within the runs' scatter: {after}it would explain {scores[i][0]:.3g} "
+                    f"of the misfit (log units), noise alone {scores[i][2]:.3g} (1 sd; needs "
+                    f"{NOISE_Z:g} sd)"
+                )
+            break
+        best = max(beyond_noise or scores, key=lambda i: scores[i][:2])
         if fitted and scores[best][0] / np.sqrt(n) < MIN_EFFECT:
             for i in scores:
                 held[names[i]] = (

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from capsim.catalog.loader import format_validation_error
 from capsim.catalog.schemas import Model
 from capsim.errors import CapsimUserError
+from capsim.files import write_text_atomic
 
 DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16", "half": "fp16"}
 STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -225,8 +226,7 @@ def fetch_hub_config(repo: str) -> dict[str, Any]:
         raise CapsimUserError(f"config.json of '{repo}' from the Hub is not JSON") from None
     if not isinstance(config, dict):
         raise CapsimUserError(f"config.json of '{repo}' from the Hub is not a JSON object")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(response.text, encoding="utf-8")
+    write_text_atomic(cached, response.text)
     return config
 
 
@@ -344,10 +344,7 @@ def model_from_hf_config(
 
 def write_model_yaml(model: Model, directory: Path) -> Path:
     """Write a model entry as ``DIRECTORY/models/NAME.yaml``; return the path."""
-    out_dir = directory / "models"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{model.name}.yaml"
     data = model.model_dump(mode="json", exclude_defaults=True)
     data = {"name": model.name, **data}
-    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    return path
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return write_text_atomic(directory / "models" / f"{model.name}.yaml", text)
