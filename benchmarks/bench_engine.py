@@ -16,7 +16,8 @@ import resource
 import time
 
 from capsim.catalog.loader import load_catalog
-from capsim.engine.simulate import PredictConfig, predict
+from capsim.engine.config import PredictConfig
+from capsim.engine.simulate import predict
 
 
 def cpu_seconds() -> float:

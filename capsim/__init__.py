@@ -37,9 +37,9 @@ _EXPORTS = {
     "memory_fit": "capsim.physics.memory",
     "ParameterBreakdown": "capsim.physics.parameters",
     "parameter_breakdown": "capsim.physics.parameters",
-    "PredictConfig": "capsim.engine.simulate",
+    "PredictConfig": "capsim.engine.config",
     "PredictResult": "capsim.engine.simulate",
-    "LevelResult": "capsim.engine.simulate",
+    "LevelResult": "capsim.engine.levels",
     "CapacityAnswer": "capsim.planner.capacity",
     "PlanRequest": "capsim.planner.search",
     "PlanOutcome": "capsim.planner.search",
@@ -73,7 +73,9 @@ __all__ = [
 if TYPE_CHECKING:
     from capsim.api import capacity, plan, predict, probe, validate
     from capsim.catalog.loader import Catalog, load_catalog
-    from capsim.engine.simulate import LevelResult, PredictConfig, PredictResult
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.levels import LevelResult
+    from capsim.engine.simulate import PredictResult
     from capsim.errors import CapsimUserError
     from capsim.physics.memory import MemoryFit, kv_bytes_per_token, kv_layout, memory_fit
     from capsim.physics.parameters import ParameterBreakdown, parameter_breakdown

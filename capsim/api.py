@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the imports below are heavy; each function imports what it uses
     from capsim.calibration.compare import ComparedPoint, SkippedScenario
     from capsim.catalog.loader import Catalog
-    from capsim.engine.simulate import PredictConfig, PredictResult
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.simulate import PredictResult
     from capsim.planner.capacity import CapacityAnswer
     from capsim.planner.search import PlanOutcome, PlanRequest
     from capsim.probe.runfile import RunSummary
@@ -57,7 +58,7 @@ def predict(
     thousand at a time, and as each level ends).
     """
     from capsim.calibration.applied import calibrated_predict
-    from capsim.engine.simulate import PredictConfig
+    from capsim.engine.config import PredictConfig
 
     config = _merge(PredictConfig, config, fields)
     return calibrated_predict(config, catalog, progress=progress)
@@ -81,7 +82,7 @@ def capacity(
     ``max_tpot_ms``, E2E p90 at most ``max_e2e_p90_s`` seconds. With ``pessimistic`` each
     must hold at its figure's 80% band's pessimistic edge. The answer names the binding
     constraint and carries the curve around it. Deployment fields as ``predict``'s."""
-    from capsim.engine.simulate import PredictConfig
+    from capsim.engine.config import PredictConfig
     from capsim.planner.capacity import Objectives
     from capsim.planner.capacity import capacity as search_capacity
 

@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from capsim.catalog.loader import load_catalog
 from capsim.engine.admission import ReserveState
+from capsim.engine.config import PredictConfig
 from capsim.engine.kv_cache import KVCache
 from capsim.engine.request import DECODE, SimRequest
 from capsim.engine.scheduler import Scheduler, SchedulerConfig
-from capsim.engine.simulate import PredictConfig, build_setup, predict
+from capsim.engine.setup import build_setup
+from capsim.engine.simulate import predict
 from capsim.errors import CapsimUserError
 
 CAT = load_catalog()

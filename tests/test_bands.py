@@ -18,7 +18,7 @@ from capsim.calibration.bands import (
 from capsim.calibration.compare import ComparedPoint
 from capsim.catalog.loader import load_catalog
 from capsim.engine.bands import BAND_FIGURES
-from capsim.engine.simulate import PredictConfig
+from capsim.engine.config import PredictConfig
 
 CAT = load_catalog()
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 import capsim
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
-from capsim.engine.simulate import PredictConfig
+from capsim.engine.config import PredictConfig
 from capsim.errors import CapsimUserError
 from capsim.planner.capacity import Objectives, capacity
 

@@ -13,14 +13,11 @@ from typer.testing import CliRunner
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
 from capsim.cli.predict import parse_levels
+from capsim.engine.config import PredictConfig
+from capsim.engine.levels import make_workload, simulate_level
 from capsim.engine.partition import session_affine_groups
-from capsim.engine.simulate import (
-    PredictConfig,
-    build_setup,
-    make_workload,
-    predict,
-    simulate_level,
-)
+from capsim.engine.setup import build_setup
+from capsim.engine.simulate import predict
 from capsim.errors import CapsimUserError
 from capsim.physics.memory import memory_fit
 from capsim.physics.speculative import SpecConfig

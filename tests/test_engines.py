@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
-from capsim.engine.simulate import engine_deployment, engine_fit_options
+from capsim.engine.setup import engine_deployment, engine_fit_options
 from capsim.physics.cuda_graphs import graph_sizes, sglang_capture_sizes
 from capsim.physics.memory import memory_fit
 from capsim.physics.step import build_step_model, default_efficiency
@@ -232,7 +232,8 @@ def test_sglang_caps_hybrid_batches_by_its_state_pool():
 def test_turning_sglangs_overlap_scheduler_off_raises_its_hybrid_state_cap():
     """--no-async-scheduling reaches the memory fit: SGLang then keeps 3 state slots a
     request instead of 5, so the same pool serves 5/3 as many (within a slot's rounding)."""
-    from capsim.engine.simulate import PredictConfig, build_setup
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
 
     def cap(async_scheduling):
         config = PredictConfig(

@@ -241,7 +241,8 @@ def test_simulator_on_probed_step_times_reproduces_batch_vs_closed(tmp_path):
     then probe and simulate C=6 in both workloads with the same length draws."""
     from capsim.calibration.step_table import step_table_from_run
     from capsim.engine.lengths import parse_length
-    from capsim.engine.simulate import measured_setup, simulate_level
+    from capsim.engine.levels import simulate_level
+    from capsim.engine.setup import measured_setup
     from capsim.engine.workloads import Workload
 
     port = free_port()

@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 from capsim.catalog.loader import load_catalog
 from capsim.engine import replication, request_log
 from capsim.engine import simulate as sim
+from capsim.engine.config import PredictConfig
+from capsim.engine.levels import (
+    level_parts,
+    make_workload,
+    measure_level,
+    replicated_run,
+    run_replicas,
+)
 from capsim.engine.replication import part_seed, replication_parts, shifted
+from capsim.engine.setup import build_setup
 from capsim.metrics import RequestTable
 
 CAT = load_catalog()
@@ -75,18 +84,18 @@ def small_parts(monkeypatch):
     monkeypatch.setattr(replication, "MIN_ROUNDS", 100)
 
 
-def config(**kw) -> sim.PredictConfig:
-    return sim.PredictConfig(
+def config(**kw) -> PredictConfig:
+    return PredictConfig(
         **{**BASE, "concurrency": [8], "requests": 6_000, "output_tokens": "128", **kw}
     )
 
 
-def whole(cfg: sim.PredictConfig):
+def whole(cfg: PredictConfig):
     """The level simulated as one run (its replication disabled)."""
-    setup = sim.build_setup(cfg, CAT)
-    workload = sim.make_workload(cfg, cfg.concurrency[0])
-    run = sim.run_replicas(setup, workload, cfg.seed)
-    return sim.measure_level(
+    setup = build_setup(cfg, CAT)
+    workload = make_workload(cfg, cfg.concurrency[0])
+    run = run_replicas(setup, workload, cfg.seed)
+    return measure_level(
         [run], workload, False, 0.0, setup.step_model.frontend_parallel_seconds
     ).metrics
 
@@ -94,7 +103,7 @@ def whole(cfg: sim.PredictConfig):
 @pytest.mark.parametrize("output", ["128", "uniform:32,224"])
 def test_replications_measure_the_steady_state_of_one_long_run(small_parts, output):
     cfg = config(output_tokens=output)
-    assert len(sim.level_parts(sim.make_workload(cfg, 8))) == 4
+    assert len(level_parts(make_workload(cfg, 8))) == 4
     split = sim.predict(cfg, CAT, workers=1).levels[0].metrics
     one = whole(cfg)
     assert split.requests == one.requests == 6_000
@@ -129,9 +138,9 @@ def test_parts_past_the_request_buffer_fold_as_one_run_would(small_parts, monkey
 @given(seed=st.integers(0, 2**31))
 def test_a_replicated_level_is_never_a_saturation_base(seed):
     cfg = config(requests=40, concurrency=[4])
-    setup = sim.build_setup(cfg, CAT)
-    workload = sim.make_workload(cfg, 4)
-    run = sim.replicated_run(setup, workload, [20, 20], seed)
+    setup = build_setup(cfg, CAT)
+    workload = make_workload(cfg, 4)
+    run = replicated_run(setup, workload, [20, 20], seed)
     assert run.finish_order is None and run.dry_at is None
     assert len(run.requests) == 40
     # the second part starts where the first ended

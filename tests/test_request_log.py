@@ -11,8 +11,9 @@ import pytest
 
 import capsim.engine.request_log as request_log
 from capsim.catalog.loader import load_catalog
+from capsim.engine.config import PredictConfig
 from capsim.engine.request import SimRequest
-from capsim.engine.simulate import PredictConfig, predict
+from capsim.engine.simulate import predict
 from capsim.errors import CapsimUserError
 from capsim.streaming import RELATIVE_ERROR
 

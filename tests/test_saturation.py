@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 
 import capsim.engine.simulate as simulate
 from capsim.catalog.loader import load_catalog
+from capsim.engine.config import PredictConfig
+from capsim.engine.levels import level_runs, make_workload
 from capsim.engine.saturation import closed_send_times, derive_run, is_saturated
-from capsim.engine.simulate import PredictConfig, build_setup, level_runs, make_workload, predict
+from capsim.engine.setup import build_setup
+from capsim.engine.simulate import predict
 from capsim.errors import CapsimUserError
 from capsim.metrics import RequestTable
 

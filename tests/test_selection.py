@@ -24,7 +24,8 @@ from capsim.calibration.selection import (
 )
 from capsim.catalog.loader import load_catalog
 from capsim.engine.bands import BAND_FIGURES
-from capsim.engine.simulate import PredictConfig, predict
+from capsim.engine.config import PredictConfig
+from capsim.engine.simulate import predict
 from capsim.physics.step import default_efficiency
 
 CAT = load_catalog()

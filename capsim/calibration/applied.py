@@ -7,7 +7,9 @@ from __future__ import annotations
 from capsim.calibration.bands import load_band_table
 from capsim.calibration.profiles import Profile, find_profile
 from capsim.catalog.loader import Catalog, load_catalog
-from capsim.engine.simulate import PredictConfig, PredictResult, build_setup
+from capsim.engine.config import PredictConfig
+from capsim.engine.setup import build_setup
+from capsim.engine.simulate import PredictResult
 from capsim.engine.simulate import predict as simulate_predict
 
 
@@ -34,5 +36,5 @@ def calibrated_predict(
 
 
 def calibrated_setup(config: PredictConfig, catalog: Catalog | None = None):
-    """``engine.simulate.build_setup`` with the profile ``config.profile`` names."""
+    """``engine.setup.build_setup`` with the profile ``config.profile`` names."""
     return build_setup(config, catalog, profile=profile_for(config, catalog))

@@ -15,7 +15,9 @@ import numpy as np
 
 from capsim.calibration.published import PublishedDataset, Scenario
 from capsim.catalog.loader import Catalog, process_catalog
-from capsim.engine.simulate import PredictConfig, catalog_dirs, predict
+from capsim.engine.config import PredictConfig
+from capsim.engine.levels import catalog_dirs
+from capsim.engine.simulate import predict
 from capsim.metrics import LevelMetrics
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.speculative import parse_spec

@@ -263,7 +263,7 @@ def predict_config(**fields):
     is a user error naming the flag and the limit, not a pydantic traceback."""
     from pydantic import ValidationError
 
-    from capsim.engine.simulate import PredictConfig
+    from capsim.engine.config import PredictConfig
 
     try:
         return PredictConfig(**fields)

@@ -514,7 +514,7 @@ def fit_cmd(
     db: DbOption = None,
 ) -> None:
     """Does MODEL fit on GPU? Weights, activations, KV cache capacity per GPU."""
-    from capsim.engine.simulate import engine_fit_options
+    from capsim.engine.setup import engine_fit_options
     from capsim.physics.memory import fit_hint, memory_fit, require_fit
 
     cat, (ref,) = resolve_models(catalog(db), [model])
@@ -768,7 +768,7 @@ def explain_cmd(
     """Break one decode step and one prefill chunk down: bytes, FLOPs, times, what bounds it."""
     import numpy as np
 
-    from capsim.engine.simulate import (
+    from capsim.engine.setup import (
         engine_deployment,
         engine_fit_options,
         resolve_format,

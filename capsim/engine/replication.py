@@ -90,7 +90,7 @@ class ReplicationJoin:
         self.tables: list[RequestTable] = []
         self.summary = RequestSummary() if total_requests > request_log.REQUEST_BUFFER else None
         self.itl = LogSketch(weighted=True)
-        self.run_type = None  # ReplicaRun (engine/simulate.py imports this module)
+        self.run_type = None  # ReplicaRun (engine/levels.py imports this module)
         self.totals = dict.fromkeys(
             ("query_tokens", "hit_tokens", "preemptions", "steps", "events"), 0
         )

@@ -38,7 +38,7 @@ class Reruns:
     def level_config(self, index: int):
         """The PredictConfig of one rerun: level ``index`` alone, with its requests cut to
         PROPAGATION_REQUESTS (closed loops: at least four rounds of the level)."""
-        from capsim.engine.simulate import make_workload
+        from capsim.engine.levels import make_workload
 
         config, level = self.config, self.levels[index]
         update: dict = {}
@@ -57,7 +57,7 @@ class Reruns:
     def start(self, pool: Executor, moves: list[dict[str, float]], indices: list[int]) -> None:
         """Hand the runs of every move at every index to ``pool``'s workers (``collect``
         them before the pool closes)."""
-        from capsim.engine.simulate import catalog_dirs
+        from capsim.engine.levels import catalog_dirs
 
         dirs = catalog_dirs(self.catalog)
         for overrides in moves:

@@ -29,7 +29,7 @@ from capsim.engine.workloads import Workload
 from capsim.metrics import RequestTable
 
 if TYPE_CHECKING:  # simulate imports this module
-    from capsim.engine.simulate import ReplicaRun
+    from capsim.engine.levels import ReplicaRun
 
 
 def shares_service(

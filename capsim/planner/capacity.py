@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from capsim.calibration.applied import calibrated_predict, calibrated_setup
 from capsim.catalog.loader import Catalog, load_catalog
 from capsim.engine.bands import pessimistic_factors
-from capsim.engine.simulate import LevelResult, PredictConfig, engine_fit_options
+from capsim.engine.config import PredictConfig
+from capsim.engine.levels import LevelResult
+from capsim.engine.setup import engine_fit_options
 from capsim.errors import CapsimUserError
 
 MAX_CONCURRENCY = 8192

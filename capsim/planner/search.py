@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
+from capsim.engine.config import PredictConfig
 from capsim.engine.lengths import parse_length
 from capsim.engine.pool import worker_pool
 from capsim.engine.router import RouterPolicy
-from capsim.engine.simulate import PredictConfig
 from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.communication import choose_interconnect
 from capsim.physics.memory import memory_fit, vllm_default_batch_limits

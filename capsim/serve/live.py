@@ -26,7 +26,7 @@ import simpy
 from capsim.engine.replica import Replica
 from capsim.engine.request import DONE, SimRequest
 from capsim.engine.router import Router
-from capsim.engine.simulate import Setup
+from capsim.engine.setup import Setup
 
 WAKE_EARLY_S = 0.002
 """The driving loop's timed sleeps end this long before the next simulated event's real

@@ -63,7 +63,8 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     on this server's own step times, reproduces how much the batch tail costs."""
     from capsim.calibration.step_table import step_table_from_run
     from capsim.engine.lengths import parse_length
-    from capsim.engine.simulate import measured_setup, simulate_level
+    from capsim.engine.levels import simulate_level
+    from capsim.engine.setup import measured_setup
     from capsim.engine.workloads import Workload
 
     url = live_server("dense")

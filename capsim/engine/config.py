@@ -1,0 +1,130 @@
+"""What a prediction is asked: the deployment, the workload and the load levels
+(``PredictConfig``), validated where it is built."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from capsim.engine.lengths import parse_length
+from capsim.engine.router import RouterPolicy
+from capsim.engine.workloads import WorkloadKind
+from capsim.physics.memory import (
+    BLOCK_SIZE_TOKENS,
+)
+from capsim.physics.speculative import SpecConfig
+
+MAX_TP = 72
+"""The widest tensor-parallel group: the largest NVLink domain (GB200 NVL72)."""
+
+MAX_GPUS = 16_384
+"""The most GPUs one prediction simulates (every data-parallel replica is simulated)."""
+
+
+class PredictConfig(BaseModel):
+    """Everything one prediction needs; field names follow the CLI flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str
+    model: str
+    quant: str | None = None
+    gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs in total (default tp x dp)")
+    tp: int = Field(1, ge=1, le=MAX_TP)
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Replicas (default gpus / tp)")
+    interconnect: str = "auto"
+    kv_dtype: str = "auto"
+    workload: WorkloadKind = "closed"
+    concurrency: list[int] = Field(default_factory=lambda: [1])
+    rates: list[float] = Field(default_factory=list, description="Open-loop arrival rates")
+    requests: int | None = Field(None, ge=1, description="Requests per level")
+    batch_rounds: int = Field(
+        4, ge=1, description="Batch workload: rounds per level when --requests is not given"
+    )
+    input_tokens: str = "1024"
+    output_tokens: str = "512"
+    turns: int = 4
+    think_time: str = "0"
+    tool_tokens: str = "256"
+    orchestrator: bool = False
+    arrival: Literal["poisson", "gamma"] = "poisson"
+    gamma_cv: float = 1.0
+    trace: str | None = None
+    max_num_seqs: int | None = Field(None, ge=1, description="Default: vLLM's for the GPU")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Default: vLLM's for the GPU"
+    )
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Share of GPU memory the engine may use (None: its own)"
+    )
+    spec: SpecConfig | None = None
+    prefix_caching: bool = True
+    power_limit_w: float | None = None
+    enforce_eager: bool = False
+    async_scheduling: bool | None = Field(
+        None,
+        description="False = --no-async-scheduling (host work runs between steps); None: "
+        "the engine's default",
+    )
+    custom_allreduce: bool | None = Field(
+        None,
+        description="False = --disable-custom-all-reduce (NCCL for every all-reduce); None: "
+        "the engine's default",
+    )
+    engine: str = Field("vllm", description="Serving engine (hardware_db/engines/)")
+    ubatch_tokens: int | None = Field(
+        None, ge=1, description="Physical batch, tokens (llama.cpp's -ub; None: the engine's)"
+    )
+    scheduler_recv_interval: int = Field(
+        1,
+        ge=1,
+        le=10_000,
+        description="SGLang's --scheduler-recv-interval: decode steps between the "
+        "scheduler's polls for new requests (1: every step)",
+    )
+    schedule_conservativeness: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="SGLang's --schedule-conservativeness: scales the admission reserve's "
+        "starting ratio (0.7 x this, at most 1; 0 reserves nothing for running requests). "
+        "None: SGLang's default, 1",
+    )
+    mixed_chunk: bool = Field(
+        False,
+        description="SGLang's --enable-mixed-chunk: its prefill chunks share a step with "
+        "the decodes (as vLLM's always do) instead of running in batches of their own",
+    )
+    offline: bool = Field(
+        False,
+        description="Requests go straight to the engine (llama-bench, vllm bench "
+        "throughput/latency, an in-process LLM.generate): no API server, tokenizer or "
+        "streaming latency in TTFT and end-to-end time",
+    )
+    router: RouterPolicy = "round_robin"
+    router_latency_s: float = 0.0
+    router_capacity_rps: float | None = None
+    seed: int = Field(0, ge=0, description="Random seed (a non-negative integer)")
+    fast_forward: bool = True
+    efficiency_overrides: dict[str, float] = Field(default_factory=dict)
+    kv_capacity_tokens: int | None = Field(
+        None, ge=BLOCK_SIZE_TOKENS, description="Pin the KV pool size (e.g. from a probe)"
+    )
+    profile: str = Field(
+        "auto",
+        description="Calibration profile: auto (the GPU class's, if any), none, a name or a path",
+    )
+
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _at_least_one_token(cls, value: str, info) -> str:
+        parse_length(value, "--" + info.field_name.replace("_", "-"), minimum=1)
+        return value
+
+    def default_requests(self, level: int) -> int:
+        """Requests per level when --requests is not given."""
+        if self.workload == "batch":
+            return self.batch_rounds * level
+        return max(8 * level, 32)

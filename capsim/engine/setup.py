@@ -1,0 +1,327 @@
+"""A deployment made ready to simulate (``Setup``): the model, format and parameters
+resolved, the memory fit, the engine's limits and flags, the step-time model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capsim.catalog.loader import Catalog, load_catalog
+from capsim.catalog.resolve import looks_like_model_reference, resolve_into
+from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
+from capsim.engine.config import PredictConfig
+from capsim.engine.scheduler import SchedulerConfig
+from capsim.errors import CapsimUserError
+from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.memory import (
+    BLOCK_SIZE_TOKENS,
+    MemoryFit,
+    auto_format,
+    check_tensor_parallel,
+    fit_hint,
+    memory_fit,
+    require_fit,
+)
+from capsim.physics.speculative import SpecConfig
+from capsim.physics.step import Deployment, StepModel, build_step_model, default_efficiency
+
+
+@dataclass
+class Setup:
+    """A deployment ready to simulate: physics, memory fit and engine limits."""
+
+    config: PredictConfig
+    gpu: GPU
+    model: Model
+    fmt: QuantFormat
+    step_model: StepModel
+    fit: MemoryFit
+    scheduler: SchedulerConfig
+    num_blocks: int
+    dp: int
+    max_model_len: int
+    quant_reason: str = ""
+    profile: object = None  # the calibration Profile applied, if any
+    base_params: EfficiencyParams | None = None  # before overrides: what a worker is given
+
+
+def resolve_format(
+    cat: Catalog, gpu: GPU, model: Model, quant: str | None, tp: int, **fit_options
+) -> tuple[QuantFormat, str, MemoryFit]:
+    """The weight format a deployment runs (``quant``, or with None or "auto" the release
+    format if it fits, else the first that does), why, and its memory fit
+    (``fit_options`` as memory_fit's)."""
+    if quant in (None, "auto"):
+        check_tensor_parallel(model, tp)
+        fmt, reason = auto_format(gpu, model, cat.quant_formats.entries, tp, **fit_options)
+    else:
+        fmt, reason = cat.quant(quant), "as requested"
+    return fmt, reason, memory_fit(gpu, model, fmt, tp=tp, **fit_options)
+
+
+OFFLINE_OVERRIDES = {
+    "frontend_request_ms": 0.0,
+    "api_server_ms_per_request": 0.0,
+    "tokenize_us_per_token": 0.0,
+}
+"""What an offline run (no API server) sets: no front-end latency."""
+
+
+def resolve_params(
+    cat: Catalog,
+    gpu: GPU,
+    overrides: dict[str, float] | None = None,
+    params: EfficiencyParams | None = None,
+    engine: Engine | None = None,
+    offline: bool = False,
+    profile=None,
+) -> EfficiencyParams:
+    """The efficiency parameters a prediction uses: ``params`` if given, else the
+    calibration ``profile``'s (a Profile, resolved by the calibration layer), else the
+    class defaults with the engine's priors laid over them; ``overrides`` laid over
+    whichever it was, and with ``offline`` no front-end latency."""
+    if params is None and profile is not None:
+        params = profile.params(cat, gpu.name, engine)
+    params = params or default_efficiency(gpu, cat, engine)
+    if overrides:
+        params = params.with_overrides(overrides)
+    if offline:
+        params = params.with_overrides(OFFLINE_OVERRIDES)
+    return params
+
+
+def engine_deployment(
+    engine: Engine,
+    gpu: GPU,
+    *,
+    tp: int,
+    quant: str,
+    kv_dtype: str = "auto",
+    power_limit_w: float | None = None,
+    interconnect: str = "auto",
+    enforce_eager: bool = False,
+    spec: SpecConfig | None = None,
+    async_scheduling: bool | None = None,
+    custom_allreduce: bool | None = None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    ubatch_tokens: int | None = None,
+) -> Deployment:
+    """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
+    graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
+    defaults the flags (None) leave to it."""
+    row = engine.batch_limits(gpu.name, gpu.memory_gb)
+    graph_batch = row.cuda_graph_max_batch
+    if tp >= 4 and row.cuda_graph_max_batch_tp4 is not None:
+        graph_batch = row.cuda_graph_max_batch_tp4
+    return Deployment(
+        tp=tp,
+        quant=quant,
+        kv_dtype=kv_dtype,
+        power_limit_w=power_limit_w,
+        interconnect=interconnect,
+        cuda_graphs=not enforce_eager,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        spec=spec,
+        async_scheduling=engine.async_scheduling if async_scheduling is None else async_scheduling,
+        custom_allreduce=engine.custom_allreduce if custom_allreduce is None else custom_allreduce,
+        engine=engine.name,
+        graph_capture=engine.graph_capture,
+        cuda_graph_max_batch=graph_batch,
+        ubatch_tokens=ubatch_tokens or engine.ubatch_tokens,
+    )
+
+
+def engine_fit_options(
+    engine: Engine,
+    gpu: GPU,
+    prefix_caching: bool = True,
+    async_scheduling: bool | None = None,
+    **options,
+) -> dict:
+    """memory_fit options with the engine's defaults where ``options`` leave them None:
+    its memory share, its default token budget and sequence limit for this GPU, and where
+    it keeps hybrid models' recurrent state (a state pool of its own holds one slot per
+    request without prefix caching, and with it as many as the engine keeps with its
+    overlap scheduler on or, ``async_scheduling`` False, off; None: the engine's default)."""
+    row = engine.batch_limits(gpu.name, gpu.memory_gb)
+    utilization = options.pop("gpu_memory_utilization", None)
+    pool = engine.state_pool
+    slots = pool.slots_per_sequence
+    overlap = engine.async_scheduling if async_scheduling is None else async_scheduling
+    if not overlap and pool.slots_per_sequence_without_overlap is not None:
+        slots = pool.slots_per_sequence_without_overlap
+    return dict(
+        options,
+        gpu_memory_utilization=engine.memory_utilization if utilization is None else utilization,
+        default_limits=(row.max_num_batched_tokens, row.max_num_seqs),
+        state_layout=pool.layout,
+        state_share=pool.state_share,
+        state_slots_per_sequence=slots if prefix_caching else 1,
+    )
+
+
+def sglang_flag_error(flag: str, engine: str, behaviour: str, leave: str = "out"):
+    """The error for one of SGLang's flags given with another ``engine`` (which does
+    ``behaviour`` instead)."""
+    return CapsimUserError(
+        f"{flag} is SGLang's flag; {engine} {behaviour}",
+        hint=f"add --engine sglang, or leave {flag} {leave}",
+    )
+
+
+def build_setup(
+    config: PredictConfig,
+    catalog: Catalog | None = None,
+    params: EfficiencyParams | None = None,
+    profile=None,
+) -> Setup:
+    """Resolve names, fit memory and build the step model; reject what vLLM would reject.
+
+    ``params`` replaces the GPU's default efficiency parameters, else the calibration
+    ``profile``'s do (a Profile the calibration layer resolved from ``config.profile``;
+    the engine does not look profiles up); ``config.efficiency_overrides`` then apply on
+    top."""
+    cat = catalog or load_catalog()
+    if cat.models.find(config.model) is None and looks_like_model_reference(config.model):
+        cat, resolved = resolve_into(cat, [config.model])
+        config = config.model_copy(update={"model": resolved[0].name})
+    gpu = cat.gpu(config.gpu)
+    model = cat.model(config.model)
+    tp = config.tp
+    if config.gpus is not None:
+        if config.gpus % tp:
+            raise CapsimUserError(
+                f"--gpus {config.gpus} is not a multiple of --tp {tp}",
+                hint="each data-parallel replica is one TP group of --tp GPUs",
+            )
+        dp = config.gpus // tp
+        if config.dp is not None and config.dp != dp:
+            raise CapsimUserError(
+                f"--gpus {config.gpus} with --tp {tp} makes {dp} replicas, not --dp {config.dp}"
+            )
+    else:
+        dp = config.dp or 1
+    spec = config.spec
+    engine = cat.engine(config.engine)
+    if config.scheduler_recv_interval > 1 and engine.name != "sglang":
+        raise sglang_flag_error(
+            "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
+        )
+    reserve = engine.admission_reserve
+    if config.schedule_conservativeness is not None:
+        if reserve is None:
+            raise sglang_flag_error(
+                "--schedule-conservativeness",
+                engine.name,
+                "admits a request when its prompt fits and reserves nothing for later tokens",
+            )
+        scaled = min(reserve.init_ratio * config.schedule_conservativeness, 1.0)
+        reserve = reserve.model_copy(update={"init_ratio": scaled})
+    if config.mixed_chunk and engine.mixes_prefill_and_decode:
+        raise sglang_flag_error(
+            "--enable-mixed-chunk",
+            engine.name,
+            "always carries prefill chunks and decodes in one step",
+        )
+    fit_options = engine_fit_options(
+        engine,
+        gpu,
+        prefix_caching=config.prefix_caching,
+        async_scheduling=config.async_scheduling,
+        kv_dtype=config.kv_dtype,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enforce_eager=config.enforce_eager,
+        include_mtp=spec is not None and spec.method == "mtp",
+    )
+    fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
+    if not fit.fits:
+        require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
+    capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
+    num_blocks = capacity // BLOCK_SIZE_TOKENS
+    if params is None and profile is not None:
+        params = profile.params(cat, gpu.name, engine)
+    base_params = params
+    params = resolve_params(
+        cat, gpu, config.efficiency_overrides, base_params, engine, config.offline
+    )
+    dep = engine_deployment(
+        engine,
+        gpu,
+        tp=tp,
+        quant=fmt.name,
+        kv_dtype=config.kv_dtype,
+        power_limit_w=config.power_limit_w,
+        interconnect=config.interconnect,
+        enforce_eager=config.enforce_eager,
+        spec=spec,
+        async_scheduling=config.async_scheduling,
+        custom_allreduce=config.custom_allreduce,
+        max_num_seqs=fit.max_num_seqs,
+        max_num_batched_tokens=fit.max_num_batched_tokens,
+        ubatch_tokens=config.ubatch_tokens,
+    )
+    step_model = build_step_model(cat, gpu, model, dep, params)
+    sched = SchedulerConfig(
+        max_num_seqs=fit.max_num_seqs,
+        max_num_batched_tokens=fit.max_num_batched_tokens,
+        block_size=BLOCK_SIZE_TOKENS,
+        decode_width=step_model.decode_width,
+        decode_advance=step_model.decode_advance,
+        state_blocks=fit.state_blocks_per_sequence,
+        recv_interval_steps=config.scheduler_recv_interval,
+        mixes_prefill_and_decode=engine.mixes_prefill_and_decode or config.mixed_chunk,
+        reserve=reserve,
+    )
+    max_len = config.max_model_len or fit.max_model_len
+    return Setup(
+        config,
+        gpu,
+        model,
+        fmt,
+        step_model,
+        fit,
+        sched,
+        num_blocks,
+        dp,
+        max_len,
+        quant_reason,
+        profile,
+        base_params,
+    )
+
+
+def measured_setup(
+    step_model,
+    kv_capacity_tokens: int,
+    max_model_len: int,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 2048,
+    config: PredictConfig | None = None,
+) -> Setup:
+    """A deployment whose step times come from measurement (see
+    capsim.calibration.step_table) rather than from the catalog's physics."""
+    cfg = config or PredictConfig(gpu="(measured)", model="(measured)")
+    sched = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=BLOCK_SIZE_TOKENS,
+        decode_width=step_model.decode_width,
+        decode_advance=step_model.decode_advance,
+    )
+    return Setup(
+        cfg,
+        None,
+        None,
+        None,
+        step_model,
+        None,
+        sched,
+        kv_capacity_tokens // BLOCK_SIZE_TOKENS,
+        1,
+        max_model_len,
+        "measured step times",
+    )
