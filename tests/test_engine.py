@@ -511,7 +511,7 @@ def test_block_limit_closed_form_equals_search(rows, free, slack):
 def test_drafter_reads_the_decoding_sequences_contexts():
     """A running request still in chunked prefill can sit before a decoding one in
     running order; the drafter proposes only for the decoding one."""
-    from capsim.engine.scheduler import ScheduledStep
+    from capsim.engine.scheduled_step import ScheduledStep
 
     step = ScheduledStep(
         new_tokens=np.array([512.0, 3.0, 200.0]),  # running prefill, running decode, admitted
@@ -718,7 +718,8 @@ def test_recv_poll_arithmetic_by_hand():
     import simpy
 
     from capsim.engine.replica import Replica
-    from capsim.engine.scheduler import ScheduledStep, SchedulerConfig
+    from capsim.engine.scheduled_step import ScheduledStep
+    from capsim.engine.scheduler import SchedulerConfig
     from capsim.physics.step import Deployment, build_step_model
 
     sm = build_step_model(CAT, "rtx3090", "qwen3-coder-30b-a3b", Deployment(quant="awq-int4"))
