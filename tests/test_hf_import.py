@@ -177,3 +177,69 @@ def test_cli_import_errors(tmp_path):
     partial.write_text(json.dumps({"hidden_size": 10}))
     r = runner.invoke(app, ["models", "import-hf", str(partial), "--name", "x"])
     assert r.exit_code == 2 and "num_hidden_layers" in r.stderr
+
+
+# Older architectures' config.json, key for key as transformers writes them
+PYTHIA_160M = {  # EleutherAI/pythia-160m
+    "architectures": ["GPTNeoXForCausalLM"],
+    "model_type": "gpt_neox",
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "rotary_pct": 0.25,
+    "tie_word_embeddings": False,
+    "vocab_size": 50304,
+    "torch_dtype": "float16",
+}
+GPT2 = {  # openai-community/gpt2
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": "gpt2",
+    "activation_function": "gelu_new",
+    "n_ctx": 1024,
+    "n_embd": 768,
+    "n_head": 12,
+    "n_inner": None,
+    "n_layer": 12,
+    "n_positions": 1024,
+    "vocab_size": 50257,
+}
+FALCON_7B = {  # tiiuae/falcon-7b
+    "architectures": ["FalconForCausalLM"],
+    "model_type": "falcon",
+    "hidden_size": 4544,
+    "multi_query": True,
+    "new_decoder_architecture": False,
+    "num_attention_heads": 71,
+    "num_hidden_layers": 32,
+    "parallel_attn": True,
+    "bias": False,
+    "vocab_size": 65024,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_older_architectures_import_with_their_own_key_names_and_ungated_mlps():
+    # Pythia paper (Biderman et al. 2023, arXiv 2304.01373, Table 1): pythia-160m has
+    # 85,056,000 non-embedding and 162,322,944 total parameters; capsim counts weight
+    # matrices and norms, not biases (12 x 6,912 + 768 more), so 0.1% fewer
+    pythia = model_from_hf_config(PYTHIA_160M, "pythia-160m")
+    assert not pythia.mlp_gated and pythia.num_kv_heads == 12
+    b = parameter_breakdown(pythia)
+    assert b.attention + b.mlp + b.norms == pytest.approx(85_056_000, rel=0.002)
+    assert b.total == pytest.approx(162_322_944, rel=0.002)
+    # GPT-2's n_layer / n_embd / n_head, its MLP 4 x n_embd (n_inner null), tied
+    # embeddings: the model card's 124M, less the 0.8M learned positions capsim leaves out
+    gpt2 = model_from_hf_config(GPT2, "gpt2")
+    assert (gpt2.num_layers, gpt2.hidden_size, gpt2.num_attention_heads) == (12, 768, 12)
+    assert gpt2.intermediate_size == 3072 and not gpt2.mlp_gated
+    assert parameter_breakdown(gpt2).total == pytest.approx(124e6, rel=0.01)
+    # Falcon-7B's multi-query attention: one KV head of 64 (4,544 / 71), so its KV cache
+    # holds 2 x 32 layers x 64 values a token; MLP 4 x 4,544 without a gate
+    falcon = model_from_hf_config(FALCON_7B, "falcon-7b")
+    assert falcon.num_kv_heads == 1 and falcon.head_dim == 64
+    assert falcon.intermediate_size == 4 * 4544 and not falcon.mlp_gated
+    # 4,544^2 x 2 + 2 x 64 x 4,544 a layer for attention, 2 x 4,544 x 18,176 for the MLP
+    attention = 32 * (2 * 4544**2 + 2 * 64 * 4544)
+    assert parameter_breakdown(falcon).attention == attention
+    assert parameter_breakdown(falcon).mlp == 32 * 2 * 4544 * 18176

@@ -25,6 +25,34 @@ STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QWEN2_FAMILY = {"qwen2", "qwen2_moe"}
 ALWAYS_SLIDING = {"mistral", "mixtral"}
 
+UNGATED_FFN = {
+    "gpt2",
+    "gpt_neo",
+    "gpt_neox",
+    "gptj",
+    "codegen",
+    "opt",
+    "bloom",
+    "falcon",
+    "mpt",
+    "phi",
+    "gpt_bigcode",
+    "starcoder2",
+}
+"""Architectures whose MLP is up-projection, activation, down-projection (two matrices, no
+gate: transformers' GPT2MLP, GPTNeoXMLP, GPTJMLP, OPT's fc1/fc2, BloomMLP, FalconMLP,
+MptMLP, PhiMLP, GPTBigCodeMLP, Starcoder2MLP); their configs say nothing of it."""
+
+CONFIG_ALIASES = {
+    "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
+    "hidden_size": ("n_embd", "n_embed", "d_model"),
+    "num_attention_heads": ("n_head", "n_heads", "num_heads"),
+    "intermediate_size": ("n_inner", "ffn_dim", "ffn_hidden_size"),
+}
+"""Older architectures' names for the standard keys (GPT-2, GPT-J and CodeGen: n_layer,
+n_embd, n_head, n_inner; OPT: ffn_dim; BLOOM: n_layer, n_head; MPT: n_layers, d_model,
+n_heads; GPT-Neo: num_layers, num_heads)."""
+
 
 def read_config(path: Path) -> dict[str, Any]:
     """Read config.json, with a clear error if it is missing or not JSON."""
@@ -67,6 +95,35 @@ def _hybrid_patterns(cfg: dict[str, Any]) -> tuple[list[str], list[str]] | None:
     mixers = compress_pattern([HYBRID_MIXERS[c] for c in pattern])
     ffns = compress_pattern([HYBRID_FFNS[c] for c in pattern])
     return mixers, ffns
+
+
+def _standard_keys(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """``cfg`` with the standard keys filled in from an older architecture's names
+    (CONFIG_ALIASES), its MLP width where the config leaves it to a default (4 x hidden for
+    GPT-2, GPT-J, GPT-Neo, BLOOM and Falcon when unset; MPT's expansion_ratio x d_model),
+    and its KV heads where it says them another way (Falcon's num_kv_heads; multi_query:
+    one KV head, as Falcon-7B and GPTBigCode; MPT's attn_config.kv_n_heads)."""
+    out = dict(cfg)
+    for key, aliases in CONFIG_ALIASES.items():
+        if out.get(key) is None:
+            found = next((out[a] for a in aliases if out.get(a) is not None), None)
+            if found is not None:
+                out[key] = found
+    hidden = out.get("hidden_size")
+    if out.get("intermediate_size") is None and hidden is not None:
+        if model_type == "mpt":
+            out["intermediate_size"] = int(float(out.get("expansion_ratio", 4)) * int(hidden))
+        elif model_type in UNGATED_FFN and model_type not in {"opt", "phi", "starcoder2"}:
+            out["intermediate_size"] = 4 * int(hidden)
+    if out.get("num_key_value_heads") is None:
+        attn = out.get("attn_config") if isinstance(out.get("attn_config"), dict) else {}
+        if out.get("num_kv_heads") is not None and out.get("new_decoder_architecture"):
+            out["num_key_value_heads"] = out["num_kv_heads"]
+        elif out.get("multi_query"):
+            out["num_key_value_heads"] = 1
+        elif attn.get("kv_n_heads") is not None:
+            out["num_key_value_heads"] = attn["kv_n_heads"]
+    return out
 
 
 def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> list[str]:
@@ -236,6 +293,7 @@ def model_from_hf_config(
     """Build a validated Model from a Hugging Face config.json mapping."""
     cfg = dict(config.get("text_config") or config)
     model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
+    cfg = _standard_keys(cfg, model_type)
     try:
         num_layers = int(cfg["num_hidden_layers"])
         hidden = int(cfg["hidden_size"])
@@ -295,6 +353,8 @@ def model_from_hf_config(
             "conv_kernel": int(cfg.get("conv_kernel", 4)),
         }
     if str(cfg.get("mlp_hidden_act", "")).lower() in {"relu2", "squared_relu"}:
+        entry["mlp_gated"] = False
+    if model_type in UNGATED_FFN:
         entry["mlp_gated"] = False
     step = cfg.get("interleave_moe_layer_step")
     if step and int(step) > 1 and (cfg.get("num_local_experts") or cfg.get("num_experts")):
