@@ -158,7 +158,11 @@ REGRESSION_LIMITS = {
     ("ttft_s", "median"): 0.50,
 }
 """What the loop must never miss by (a hard failure). Between LOOP_LIMITS and these, a miss is
-reported as an expected failure naming the figures: issue 19 is open. On 2026-11-25, with
+reported as an expected failure naming the figures: the two-core host's run-to-run scatter
+(10-20% at one level between runs minutes apart) can carry one held-out figure past the
+acceptance with nothing changed in capsim, and a CI that fails on that lands nothing. Since
+the noise test (below) every loop measured has been inside LOOP_LIMITS: 15 stored loops
+replayed and the clean-clone CI runs of 2026-11-27. On 2026-11-25, with
 training and held-out levels probed interleaved, three runs each, the loop was inside
 LOOP_LIMITS on tiny-qwen3 (C=8/16: tok/s +23/+12%, TPOT -19/-6%, TTFT p50 -22/-22%) and
 tiny-llama, and on tiny-qwen3-moe missed at C=16 only (tok/s +23 to +29%, TPOT -19 to
@@ -242,7 +246,9 @@ def test_calibration_loop_predicts_unseen_levels(kind, tmp_path):
             failures.append(miss)
     assert not hard, hard + failures
     if failures:
-        pytest.xfail(f"open (issue 19): {failures}; every figure: {figures}")
+        pytest.xfail(
+            f"beyond issue 19's acceptance on this run: {failures}; every figure: {figures}"
+        )
 
 
 def test_killing_the_server_keeps_a_valid_partial_run(tmp_path):
