@@ -217,7 +217,7 @@ def select_parameters(
     }
     held = {
         name: f"insensitive: a {SENSITIVITY_STEP:.0%} move changes the points by "
-        f"{100 * effect[name]:.2g}% (below {100 * MIN_EFFECT:.0f}%)"
+        f"{100 * effect[name]:.3g}% (below {100 * MIN_EFFECT:.0f}%)"
         for name in names
         if not effect[name] >= MIN_EFFECT
     }
@@ -257,8 +257,8 @@ def select_parameters(
             for i in scores:
                 held[names[i]] = (
                     f"within the runs' scatter: {after}it would explain {scores[i][0]:.3g} "
-                    f"of the misfit (log units), noise alone {scores[i][2]:.3g} (1 sd; needs "
-                    f"{NOISE_Z:g} sd)"
+                    f"of the misfit (root-sum-square of log residuals), the runs' noise along "
+                    f"it {scores[i][2]:.3g} (1 sd; needs {NOISE_Z:g} sd)"
                 )
             break
         best = max(beyond_noise or scores, key=lambda i: scores[i][:2])
@@ -266,7 +266,7 @@ def select_parameters(
             for i in scores:
                 held[names[i]] = (
                     f"not needed: after {', '.join(fitted)} it would explain "
-                    f"{100 * scores[i][0] / np.sqrt(n):.2g}% of the misfit (below "
+                    f"{100 * scores[i][0] / np.sqrt(n):.3g}% of the misfit (below "
                     f"{100 * MIN_EFFECT:.0f}%)"
                 )
             break
