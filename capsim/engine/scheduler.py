@@ -223,26 +223,28 @@ class Scheduler:
             budget -= len(self.running) * cfg.decode_width
         return budget
 
-    def _head_admission(self, budget: float) -> tuple[SimRequest, int, float, int]:
+    def _head_admission(self, budget: float) -> tuple[SimRequest, bool, int, float, float, int]:
         """The queue's head as the next step would admit it within ``budget``: (request,
-        cached prefix blocks, prompt tokens already computed or cached, blocks its first
-        chunk needs)."""
+        whether its prompt is yet to be looked up in the prefix cache, cached prefix
+        blocks, prompt tokens already computed or cached, tokens of its first chunk,
+        blocks that chunk needs)."""
         cfg = self.config
         req = self.waiting[0]
         hits = 0
-        if req.computed == 0 and not req.cached_len:
+        fresh = req.computed == 0 and not req.cached_len
+        if fresh:
             hits = self.kv.cached_prefix(req)
         computed = max(req.computed, hits * cfg.block_size)
         n = min(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
-        return req, hits, computed, need
+        return req, fresh, hits, computed, n, need
 
     def head_blocked(self) -> bool:
         """Whether the first waiting request could not be admitted in the next step."""
         budget = self._admission_budget()
         if budget <= 0:
             return True
-        req, hits, computed, need = self._head_admission(budget)
+        req, _, hits, computed, _, need = self._head_admission(budget)
         if not self.kv.can_admit(req, need, hits):
             return True
         return self.reserve is not None and not self._reserve_admits(req, computed)
@@ -286,7 +288,7 @@ class Scheduler:
         budget = self._admission_budget()
         if budget <= 0:
             return None
-        req, hits, computed, need = self._head_admission(budget)
+        req, _, hits, computed, _, need = self._head_admission(budget)
         if hits:
             return 1  # a cached prefix may be evicted mid-run: look again after one step
         if not self.kv.can_admit(req, need, 0):
@@ -585,14 +587,7 @@ class Scheduler:
                 if req.computed + n >= req.prefill_target:
                     offset += reserve.request_tokens(req.output_len - req.generated)
         while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-            req = self.waiting[0]
-            hits = 0
-            fresh = req.computed == 0 and not req.cached_len
-            if fresh:
-                hits = kv.cached_prefix(req)
-            computed = max(req.computed, hits * cfg.block_size)
-            n = min(req.prefill_target - computed, budget)
-            need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
+            req, fresh, hits, computed, n, need = self._head_admission(budget)
             if not kv.can_admit(req, need, hits):
                 break
             if reserve is not None:
