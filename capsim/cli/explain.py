@@ -1,0 +1,488 @@
+"""capsim fit and explain: whether a model fits a GPU's memory, and one decode step and one
+prefill chunk broken down into the physics terms that make their time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from capsim.cli.common import (
+    AsyncSchedulingOption,
+    DbOption,
+    DisableCustomAllReduceOption,
+    EngineOption,
+    GpuMemoryUtilizationOption,
+    JsonOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    PowerLimitOption,
+    SetOption,
+    SpecAcceptanceOption,
+    SpecOption,
+    UbatchOption,
+    catalog,
+    console,
+    fmt_num,
+    fmt_sig,
+    parse_overrides,
+    print_json,
+    resolve_models,
+    spec_config,
+)
+from capsim.errors import CapsimUserError
+
+if TYPE_CHECKING:
+    from capsim.catalog.schemas import GPU, Model
+    from capsim.physics.step import StepBreakdown
+
+
+# ----------------------------------------------------------------------------- fit
+
+
+def fit_cmd(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. rtx3090")],
+    model: Annotated[str, typer.Option("--model", help="Model name, e.g. qwen3-coder-30b-a3b")],
+    quant: Annotated[
+        str | None, typer.Option("--quant", help="Weight format (default: the model's release)")
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", help="GPUs in total (default: --tp)")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto, bf16, fp16, fp8")] = "auto",
+    gpu_memory_utilization: GpuMemoryUtilizationOption = None,
+    max_model_len: MaxModelLenOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
+    context: Annotated[
+        int | None,
+        typer.Option("--context", help="Sequence length for 'sequences that fit' (tokens)"),
+    ] = None,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs")] = False,
+    mtp: Annotated[
+        bool, typer.Option("--mtp", help="Load the MTP module (MTP speculation)")
+    ] = False,
+    engine: EngineOption = "vllm",
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Does MODEL fit on GPU? Weights, activations, KV cache capacity per GPU."""
+    from capsim.engine.setup import engine_fit_options
+    from capsim.physics.memory import fit_hint, memory_fit, require_fit
+
+    cat, (ref,) = resolve_models(catalog(db), [model])
+    g = cat.gpu(gpu)
+    m = cat.model(ref.name)
+    fmt = cat.quant(quant or ref.quant or m.dtype)
+    total_gpus = gpus if gpus is not None else tp
+    if total_gpus < 1 or total_gpus % tp:
+        raise CapsimUserError(
+            f"--gpus {total_gpus} is not a multiple of --tp {tp}",
+            hint="GPUs are used as data-parallel replicas of one TP group each",
+        )
+    replicas = total_gpus // tp
+    options = dict(
+        kv_dtype=kv_dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        context_tokens=context,
+        enforce_eager=enforce_eager,
+        include_mtp=mtp,
+    )
+    options = engine_fit_options(cat.engine(engine), g, **options)
+    result = memory_fit(g, m, fmt, tp=tp, **options)
+    if json_out:
+        print_json({**result.to_dict(), "gpus": total_gpus, "dp_replicas": replicas})
+    else:
+        print_fit(result, g, m, replicas)
+    if not result.fits:
+        require_fit(result, fit_hint(g, m, fmt, list(cat.quant_formats), tp, **options))
+
+
+def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
+    from capsim.physics.memory import GB, GIB
+
+    table = Table(
+        title=f"{m.name} ({r.quant}) on {r.tp}x {g.name}"
+        + (f", {replicas} replicas" if replicas > 1 else "")
+        + f": {'FITS' if r.fits else 'DOES NOT FIT'}",
+        show_header=False,
+    )
+    table.add_column("term", overflow="fold")
+    table.add_column("per GPU", justify="right", overflow="fold")
+    table.add_row("GPU memory", f"{r.memory_bytes / GIB:.2f} GiB")
+    table.add_row(f"usable (x {r.gpu_memory_utilization:g})", f"{r.budget_bytes / GIB:.2f} GiB")
+    table.add_row("weights", f"{r.weight_bytes / GIB:.2f} GiB ({r.weight_bytes / GB:.2f} GB)")
+    table.add_row("activation peak", f"{r.activation_bytes / GIB:.2f} GiB")
+    table.add_row(
+        "runtime reserve (context, NCCL, graphs)", f"{r.runtime_reserve_bytes / GIB:.2f} GiB"
+    )
+    table.add_row("KV cache budget", f"{r.kv_budget_bytes / GIB:.2f} GiB")
+    if r.kv_budget_bytes <= 0:
+        console.print(table)
+        return
+    table.add_row("KV bytes per token", f"{r.kv_bytes_per_token:,.0f}")
+    if r.state_bytes_per_sequence:
+        table.add_row(
+            "linear-attention state per sequence", f"{r.state_bytes_per_sequence / 2**20:.1f} MiB"
+        )
+        if r.state_sequence_cap is not None:
+            table.add_row(
+                "state pool (the engine's own)",
+                f"{r.state_pool_bytes / GIB:.2f} GiB: at most {r.state_sequence_cap:,} "
+                "running requests",
+            )
+        elif r.state_blocks_per_sequence:
+            table.add_row(
+                "state pages in the KV pool",
+                f"{r.state_blocks_per_sequence:,} blocks per running sequence",
+            )
+    if r.sliding_window:
+        table.add_row("sliding-window layers hold at most", f"{r.sliding_window} tokens")
+    table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens")
+    table.add_row("max_model_len", f"{r.max_model_len:,} (limit {r.max_model_len_limit:,})")
+    table.add_row(
+        f"sequences of {r.context_tokens:,} tokens that fit",
+        f"{r.max_sequences:,} (max_num_seqs {r.max_num_seqs})",
+    )
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+def step_rows(
+    step: StepBreakdown,
+    tokens_out: float,
+    ridge: float | None,
+    int8_gemm_flops_per_s: float | None = None,
+) -> list[tuple[str, str]]:
+    from capsim.physics.memory import GB
+
+    ms = 1e3
+    rows = [
+        ("sequences / tokens", f"{step.sequences} / {step.tokens:,}"),
+        ("weights read (dense part)", f"{step.weight_bytes / GB:.3f} GB"),
+    ]
+    if step.graph_tokens != step.tokens:
+        rows.insert(1, ("CUDA graph (tokens, padded)", f"{step.graph_tokens:,}"))
+    if step.experts_touched_per_layer:
+        rows.append(
+            (
+                "routed experts read",
+                f"{step.expert_bytes / GB:.3f} GB ({step.experts_touched_per_layer:.1f} "
+                "experts/layer)",
+            )
+        )
+    rows += [
+        ("KV read / written", f"{step.kv_read_bytes / GB:.4f} / {step.kv_write_bytes / GB:.4f} GB"),
+    ]
+    if step.state_bytes:
+        rows.append(
+            (
+                "linear-attention state traffic",
+                f"{step.state_bytes / GB:.4f} GB, {step.t_state * 1e3:.3f} ms at "
+                f"{fmt_sig(step.state_bytes_per_s / 1e9)} GB/s",
+            )
+        )
+    rows.append(("sampler logits traffic (float32)", f"{step.sampler_bytes / GB:.4f} GB"))
+    rows.append(
+        (
+            "elementwise kernels (norms, activation)",
+            f"{step.activation_bytes / GB:.4f} GB, {step.t_elementwise * 1e3:.3f} ms",
+        )
+    )
+    rows += [
+        (
+            "FLOPs (linear + attention)",
+            f"{step.linear_flops / 1e12:.3f} + {step.attention_flops / 1e12:.3f} TFLOP",
+        ),
+        (
+            "dense weights: memory | compute",
+            f"{step.t_dense_memory * ms:.3f} | {step.t_dense_compute * ms:.3f} ms",
+        ),
+        *(
+            [
+                (
+                    "dense GEMMs on int8 tensor cores (MMQ)",
+                    f"{fmt_sig(int8_gemm_flops_per_s / 1e12)} TFLOPS",
+                )
+            ]
+            if int8_gemm_flops_per_s
+            else []
+        ),
+        (
+            "routed experts: memory | compute",
+            f"{step.t_expert_memory * ms:.3f} | {step.t_expert_compute * ms:.3f} ms",
+        ),
+        *(
+            [
+                (
+                    "routed experts' grouped GEMMs",
+                    f"{fmt_sig(step.expert_gemm_flops_per_s / 1e12)} TFLOPS",
+                )
+            ]
+            if step.experts_touched_per_layer
+            else []
+        ),
+        (
+            "attention: memory | compute",
+            f"{step.t_attention_memory * ms:.3f} | {step.t_attention_compute * ms:.3f} ms",
+        ),
+        *(
+            [
+                (
+                    "Gated DeltaNet chunked prefill kernels",
+                    f"{fmt_sig(step.gdn_prefill_flops_per_s / 1e12)} TFLOPS"
+                    + (
+                        f" + {fmt_sig(step.gdn_prefill_token_seconds * 1e9)} ns/token/layer"
+                        if step.gdn_prefill_token_seconds
+                        else ""
+                    ),
+                )
+            ]
+            if step.gdn_chunked_tokens
+            else []
+        ),
+        (
+            "communication (all-reduce)",
+            f"{step.t_communication * ms:.3f} ms"
+            + (f" ({step.allreduce_algorithm})" if step.allreduce_algorithm else ""),
+        ),
+        ("overhead (step, sequences, layers)", f"{step.t_overhead * ms:.3f} ms"),
+    ]
+    if step.t_host_hidden > 0:
+        rows.append(
+            (
+                "host work hidden by async scheduling",
+                f"{step.t_host_hidden * ms:.3f} of {step.t_host * ms:.3f} ms",
+            )
+        )
+    if step.t_dispatch:
+        rows.append(("eager launches (CPU, overlap the GPU)", f"{step.t_dispatch * ms:.3f} ms"))
+    if step.t_draft:
+        rows.append(("speculative drafter", f"{step.t_draft * ms:.3f} ms"))
+    rows += [
+        ("step time", f"{step.t_total * ms:.3f} ms"),
+        ("bound by", step.bound),
+        ("tokens per second", f"{tokens_out / step.t_total:,.1f}"),
+        (
+            "roofline: FLOP/byte (ridge)",
+            f"{step.arithmetic_intensity:,.1f} ({fmt_num(ridge, 0)})",
+        ),
+    ]
+    return rows
+
+
+def explain_cmd(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
+    model: Annotated[str, typer.Option("--model", help="Model name")],
+    quant: Annotated[str | None, typer.Option("--quant", help="Weight format")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype")] = "auto",
+    batch: Annotated[int, typer.Option("--batch", help="Sequences in the decode step")] = 1,
+    context: Annotated[int, typer.Option("--context", help="Tokens in each sequence's KV")] = 2048,
+    prefill_chunk: Annotated[
+        int | None,
+        typer.Option("--prefill-chunk", min=1, help="Tokens of the prefill chunk"),
+    ] = None,
+    prefill_context: Annotated[
+        int,
+        typer.Option(
+            "--prefill-context",
+            min=0,
+            help="Tokens already in KV before the prefill chunk (a later chunk of a long "
+            "prompt; llama-bench's -d depth)",
+        ),
+    ] = 0,
+    spec: SpecOption = None,
+    spec_acceptance: SpecAcceptanceOption = None,
+    power_limit: PowerLimitOption = None,
+    interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    async_scheduling: AsyncSchedulingOption = None,
+    disable_custom_all_reduce: DisableCustomAllReduceOption = False,
+    engine: EngineOption = "vllm",
+    ubatch_size: UbatchOption = None,
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile", help="Calibration profile: auto (as predict), none, NAME or PATH"
+        ),
+    ] = "auto",
+    set_values: SetOption = None,
+    json_out: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Break one decode step and one prefill chunk down: bytes, FLOPs, times, what bounds it."""
+    import numpy as np
+
+    from capsim.engine.setup import (
+        engine_deployment,
+        engine_fit_options,
+        resolve_format,
+        resolve_params,
+    )
+    from capsim.physics.step import build_step_model
+
+    if batch < 1 or context < 0:
+        raise CapsimUserError("--batch must be at least 1 and --context at least 0")
+    cat = catalog(db)
+    spec_cfg = spec_config(spec, spec_acceptance)
+    overrides = parse_overrides(set_values)
+    g = cat.gpu(gpu)
+    eng = cat.engine(engine)
+    cat, (ref,) = resolve_models(cat, [model])
+    m = cat.model(ref.name)
+    quant = quant or ref.quant
+    longest = m.max_position_embeddings
+    if longest and context >= longest:
+        raise CapsimUserError(
+            f"--context {context:,} leaves no room for a new token in {m.name}'s "
+            f"{longest:,}-token context",
+            hint=f"--context is 0 to {longest - 1:,}",
+        )
+    # the format predict would run: the release format if it fits, else the first that does
+    # the fit also counts how many sequences of the decode step's length the cache holds
+    width = 1 if spec_cfg is None else spec_cfg.verify_width
+    fit_options = engine_fit_options(
+        eng,
+        g,
+        async_scheduling=async_scheduling,
+        kv_dtype=kv_dtype,
+        enforce_eager=enforce_eager,
+        include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
+        context_tokens=context + width,
+    )
+    fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
+    fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
+    dep = engine_deployment(
+        eng,
+        g,
+        tp=tp,
+        quant=fmt.name,
+        kv_dtype=kv_dtype,
+        power_limit_w=power_limit,
+        interconnect=interconnect,
+        enforce_eager=enforce_eager,
+        spec=spec_cfg,
+        async_scheduling=async_scheduling,
+        custom_allreduce=False if disable_custom_all_reduce else None,
+        ubatch_tokens=ubatch_size,
+    )
+    from capsim.calibration.profiles import find_profile
+
+    fitted = find_profile(profile, g.hardware_class, eng.name)
+    params = resolve_params(cat, g, overrides, engine=eng, profile=fitted)
+    sm = build_step_model(cat, g, m, dep, params)
+    decode, per_seq = sm.decode_step(np.full(batch, context))
+    chunk = prefill_chunk or max(min(context, 8192), 1)
+    kv_note = batch_kv_note(fit, batch, f"{tp}x {g.name}")
+    if longest and prefill_context + chunk > longest:
+        raise CapsimUserError(
+            f"--prefill-context {prefill_context:,} plus a {chunk:,}-token chunk exceeds "
+            f"{m.name}'s {longest:,}-token context",
+            hint=f"--prefill-context is 0 to {max(longest - chunk, 0):,} with this chunk",
+        )
+    prefill = sm.step(np.array([chunk]), np.array([prefill_context]))
+    peak = getattr(g.tensor_tflops, sm.compute_dtype)
+    ridge = peak * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if peak else None
+    if json_out:
+        print_json(
+            {
+                "gpu": g.name,
+                "model": sm.model.name,
+                "quant": sm.fmt.name,
+                "quant_reason": quant_reason,
+                "fits": fit.fits,
+                "fit_note": fit_note,
+                "kv_note": kv_note,
+                "deployment": dep.model_dump(mode="json"),
+                "compute_dtype": sm.compute_dtype,
+                "native_format": sm.native,
+                "profile": fitted.name if fitted else None,
+                "efficiency": sm.params.model_dump(exclude={"groups"}),
+                "ridge_flop_per_byte": ridge,
+                "decode": {
+                    **decode.to_dict(),
+                    "tokens_per_sequence": per_seq,
+                    "output_tok_s": batch * per_seq / decode.t_total,
+                },
+                "prefill": {
+                    **prefill.to_dict(),
+                    "context_tokens": prefill_context,
+                    "prefill_tok_s": chunk / prefill.t_total,
+                },
+                "frontend_s_per_request": sm.frontend_seconds(chunk),
+                "api_server_serial_s_per_request": sm.api_server_seconds(chunk),
+            }
+        )
+        return
+    title = f"{sm.model.name} ({sm.fmt.name}) on {tp}x {g.name}"
+    title += f", profile {fitted.name}" if fitted else ", uncalibrated"
+    note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
+    for label, step, out in (
+        (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
+        (
+            f"prefill chunk: {chunk:,} tokens"
+            + (f" after {prefill_context:,} in KV" if prefill_context else ""),
+            prefill,
+            chunk,
+        ),
+    ):
+        table = Table(title=f"{title}: {label}{note}", show_header=False)
+        table.add_column("term", overflow="fold")
+        table.add_column("value", justify="right", overflow="fold")
+        for row in step_rows(step, out, ridge, sm.int8_gemm_rate):
+            table.add_row(*row)
+        console.print(table)
+    frontend = sm.frontend_seconds(chunk)
+    serial = sm.api_server_seconds(chunk)
+    console.print(
+        f"front end (API server, tokenizer, streaming): {frontend * 1e3:.1f} ms per request of "
+        f"{chunk:,} prompt tokens, added to TTFT and end-to-end latency"
+        + (
+            f"; {serial * 1e3:.1f} ms of it serial in the API server (requests arriving "
+            "together queue for it)"
+            if serial > 0
+            else ""
+        ),
+        highlight=False,
+    )
+    if quant in (None, "auto"):
+        console.print(f"weight format {quant_reason}", highlight=False)
+    for warning in (fit_note, kv_note):
+        if warning:
+            console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+
+
+def batch_kv_note(fit, batch: int, where: str) -> str | None:
+    """A warning when a decode step of ``batch`` sequences of ``fit.context_tokens`` tokens
+    each is more than the KV cache holds at once (``fit.max_sequences``: whole blocks,
+    sliding windows and any recurrent-state pool counted), else None."""
+    if not fit.fits or batch <= fit.max_sequences:
+        return None
+    tokens_each, most = fit.context_tokens, fit.max_sequences
+    sequences = "1 sequence" if batch == 1 else f"{batch:,} sequences"
+    verb = "needs" if batch == 1 else "need"
+    if fit.sliding_window is None and not fit.state_bytes_per_sequence:  # tokens alone
+        need = (
+            f"{verb} {batch * tokens_each:,} tokens of KV cache and "
+            f"{fit.kv_capacity_tokens:,} fit on {where}"
+        )
+    else:
+        need = f"{verb} more KV cache than {where} holds"
+    limit = (
+        "not one sequence this long fits"
+        if most == 0
+        else f"a server runs at most {most:,} of them at once (the rest wait or are preempted)"
+    )
+    return (
+        f"{sequences} of {tokens_each:,} tokens {need}: {limit}, so this step is costed for "
+        "a batch no server would run"
+    )
