@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 from capsim.catalog.loader import load_catalog
-from capsim.physics.step import Deployment, build_step_model
+from capsim.physics.deployment import Deployment
+from capsim.physics.step import build_step_model
 
 CASES = [
     ("rtx3090", "qwen3-coder-30b-a3b", Deployment(quant="awq-int4")),

@@ -11,7 +11,7 @@ from capsim.calibration.fit import fit_profile
 from capsim.calibration.profiles import load_profile
 from capsim.calibration.published import MeasuredPoint, PublishedDataset, load_published
 from capsim.catalog.loader import load_catalog
-from capsim.physics.step import default_efficiency
+from capsim.physics.deployment import default_efficiency
 
 CAT = load_catalog()
 

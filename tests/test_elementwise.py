@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from capsim.catalog.loader import load_catalog
+from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.elementwise import elementwise_bytes_per_token
-from capsim.physics.step import Deployment, build_step_model, default_efficiency
+from capsim.physics.step import build_step_model
 
 CAT = load_catalog()
 

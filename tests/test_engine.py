@@ -720,7 +720,8 @@ def test_recv_poll_arithmetic_by_hand():
     from capsim.engine.replica import Replica
     from capsim.engine.scheduled_step import ScheduledStep
     from capsim.engine.scheduler import SchedulerConfig
-    from capsim.physics.step import Deployment, build_step_model
+    from capsim.physics.deployment import Deployment
+    from capsim.physics.step import build_step_model
 
     sm = build_step_model(CAT, "rtx3090", "qwen3-coder-30b-a3b", Deployment(quant="awq-int4"))
     rep = Replica(simpy.Environment(), 0, sm, SchedulerConfig(recv_interval_steps=10), 1000)

@@ -13,8 +13,9 @@ from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
 from capsim.engine.setup import engine_deployment, engine_fit_options
 from capsim.physics.cuda_graphs import graph_sizes, sglang_capture_sizes
+from capsim.physics.deployment import default_efficiency
 from capsim.physics.memory import memory_fit
-from capsim.physics.step import build_step_model, default_efficiency
+from capsim.physics.step import build_step_model
 
 runner = CliRunner()
 CAT = load_catalog()

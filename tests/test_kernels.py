@@ -22,7 +22,8 @@ from capsim.calibration.kernels import (
     usable,
 )
 from capsim.catalog.loader import load_catalog
-from capsim.physics.step import Deployment, build_step_model, default_efficiency
+from capsim.physics.deployment import Deployment, default_efficiency
+from capsim.physics.step import build_step_model
 
 CAT = load_catalog()
 H100 = Path(__file__).resolve().parents[1] / "calibration/kernels/h100-sxm-decode-layers.json"

@@ -26,7 +26,7 @@ from capsim.catalog.loader import load_catalog
 from capsim.engine.bands import BAND_FIGURES
 from capsim.engine.config import PredictConfig
 from capsim.engine.simulate import predict
-from capsim.physics.step import default_efficiency
+from capsim.physics.deployment import default_efficiency
 
 CAT = load_catalog()
 RUN = Path(__file__).parent.parent / "calibration" / "runs" / "cpu-vllm-tiny-qwen3.json"

@@ -14,22 +14,15 @@ from capsim.catalog.loader import load_catalog
 from capsim.errors import CapsimUserError
 from capsim.physics.communication import choose_interconnect, ring_allreduce_seconds
 from capsim.physics.cuda_graphs import capture_sizes, padded_tokens
+from capsim.physics.deployment import Deployment, compute_dtype_for, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import weight_bytes
 from capsim.physics.moe import expected_distinct_experts, expert_popularity
 from capsim.physics.parameters import parameter_breakdown
 from capsim.physics.power import power_scales
+from capsim.physics.roofline import causal_pairs, roofline, roofline_scalar
 from capsim.physics.speculative import SpecConfig, expected_tokens_per_step, parse_spec
-from capsim.physics.step import (
-    Deployment,
-    StepModel,
-    _pairs,
-    _roofline_scalar,
-    build_step_model,
-    compute_dtype_for,
-    default_efficiency,
-    roofline,
-)
+from capsim.physics.step import StepModel, build_step_model
 
 CAT = load_catalog()
 
@@ -278,11 +271,11 @@ def test_hopper_class_costs_gdn_prefill_chunks_as_measured_on_an_h100():
 
 
 def test_attention_pairs():
-    assert _pairs(np.array([0]), np.array([4]))[0] == 10
-    assert _pairs(np.array([100]), np.array([1]), 128)[0] == 101
-    assert _pairs(np.array([200]), np.array([1]), 128)[0] == 128
+    assert causal_pairs(np.array([0]), np.array([4]))[0] == 10
+    assert causal_pairs(np.array([100]), np.array([1]), 128)[0] == 101
+    assert causal_pairs(np.array([200]), np.array([1]), 128)[0] == 128
     # positions 121..140 with a 128 window: 121..128, then twelve of 128
-    assert _pairs(np.array([120]), np.array([20]), 128)[0] == sum(range(121, 129)) + 12 * 128
+    assert causal_pairs(np.array([120]), np.array([20]), 128)[0] == sum(range(121, 129)) + 12 * 128
 
 
 def test_prefill_flops_by_hand():
@@ -796,7 +789,7 @@ def test_smooth_roofline_bounds_and_monotonicity(m, c, bump, p):
     assert t <= max(m, c) * 2 ** (1 / p) + 1e-15
     assert float(roofline(m + bump, c, p)) >= t - 1e-15
     assert float(roofline(m, c + bump, p)) >= t - 1e-15
-    assert _roofline_scalar(m, c, p) == pytest.approx(t, rel=1e-12, abs=1e-18)
+    assert roofline_scalar(m, c, p) == pytest.approx(t, rel=1e-12, abs=1e-18)
 
 
 def test_gemm_efficiency_by_rows_by_hand():

@@ -46,8 +46,8 @@ from capsim.calibration.selection import (
 )
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
+from capsim.physics.deployment import default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.step import default_efficiency
 
 DEFAULT_FIT = (
     "bandwidth_efficiency",

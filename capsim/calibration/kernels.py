@@ -35,9 +35,10 @@ from capsim.calibration.least_squares import bounds_and_start, check_fittable, j
 from capsim.catalog.loader import Catalog
 from capsim.catalog.schemas import Model
 from capsim.errors import CapsimUserError
+from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import kv_heads_per_gpu
-from capsim.physics.step import Deployment, StepModel, default_efficiency
+from capsim.physics.step import StepModel
 
 KERNEL_FIT = (
     "bandwidth_efficiency",

@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict
 from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points, load_json_dataset
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
+from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.step import Deployment, StepModel, default_efficiency
+from capsim.physics.step import StepModel
 
 MOE_KERNEL_FIT = ("moe_bandwidth_efficiency", "moe_layer_overhead_us", "moe_expert_overhead_us")
 """The step-model parameters fused-MoE timings at decode batches identify."""

@@ -21,8 +21,8 @@ from capsim.calibration.published import calibration_dir
 from capsim.catalog.loader import Catalog, load_yaml_text
 from capsim.errors import CapsimUserError, close_matches
 from capsim.files import write_text_atomic
+from capsim.physics.deployment import default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.step import default_efficiency
 
 
 class FittedParameter(BaseModel):

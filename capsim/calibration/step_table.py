@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from capsim.errors import CapsimUserError
-from capsim.physics.step import Deployment
+from capsim.physics.deployment import Deployment
 from capsim.probe.runfile import RunSummary
 
 

@@ -36,7 +36,7 @@ from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
     from capsim.catalog.schemas import GPU, Model
-    from capsim.physics.step import StepBreakdown
+    from capsim.physics.roofline import StepBreakdown
 
 
 # ----------------------------------------------------------------------------- fit

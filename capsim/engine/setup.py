@@ -11,6 +11,7 @@ from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
 from capsim.engine.config import PredictConfig
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.errors import CapsimUserError
+from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.memory import (
     BLOCK_SIZE_TOKENS,
@@ -22,7 +23,7 @@ from capsim.physics.memory import (
     require_fit,
 )
 from capsim.physics.speculative import SpecConfig
-from capsim.physics.step import Deployment, StepModel, build_step_model, default_efficiency
+from capsim.physics.step import StepModel, build_step_model
 
 
 @dataclass

@@ -56,13 +56,11 @@ head_dim x state_size.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.catalog.loader import Catalog
-from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
+from capsim.catalog.schemas import GPU, Model, QuantFormat
 from capsim.errors import CapsimUserError
 from capsim.physics.communication import (
     ALLREDUCES_PER_LAYER,
@@ -75,167 +73,23 @@ from capsim.physics.communication import (
     two_shot_allreduce_seconds,
 )
 from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
+from capsim.physics.decode_run import DecodeRuns
+from capsim.physics.deployment import Deployment, compute_dtype_for, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.elementwise import elementwise_bytes_per_token, routed_moe_elements
 from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
 from capsim.physics.moe import expected_distinct_experts
 from capsim.physics.parameters import attention_params, layer_ffn_params, parameter_breakdown
 from capsim.physics.power import power_scales
-from capsim.physics.speculative import SpecConfig
+from capsim.physics.roofline import (
+    StepBreakdown,
+    causal_pairs,
+    roofline,
+    roofline_scalar,
+)
 
 CONTEXT_FREE_CACHE_SIZE = 65536
 """Entries kept of a step model's context-free step parts before the cache starts over."""
-
-
-class Deployment(BaseModel):
-    """How a model is served: parallelism, formats, power and engine options."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tp: int = Field(1, ge=1, description="Tensor-parallel size (GPUs per replica)")
-    quant: str | None = Field(None, description="Weight format; None = the model's release")
-    kv_dtype: str = Field("auto", description="KV cache dtype")
-    power_limit_w: float | None = Field(None, gt=0, description="Board power cap, W")
-    interconnect: str = Field("auto", description="auto, nvlink, pcie or infinity-fabric")
-    custom_allreduce: bool = Field(
-        True, description="False = --disable-custom-all-reduce (NCCL for every all-reduce)"
-    )
-    async_scheduling: bool = Field(
-        True,
-        description="The engine schedules step n+1 while the GPU runs step n (vLLM's "
-        "default since PR 27614; with EAGLE/MTP since PR 31998). Has no effect in eager "
-        "mode or with n-gram or draft-model speculation, where vLLM runs it serially",
-    )
-    cuda_graphs: bool = Field(True, description="False = --enforce-eager")
-    max_num_seqs: int = Field(
-        256, ge=1, description="The engine's sequence limit (sets its CUDA-graph sizes)"
-    )
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="The engine's token budget (caps its CUDA-graph sizes)"
-    )
-    spec: SpecConfig | None = None
-    engine: str = Field("vllm", description="The serving engine (hardware_db/engines/)")
-    graph_capture: str = Field(
-        "vllm", description="The engine's CUDA-graph sizes: vllm, sglang, single-token, none"
-    )
-    cuda_graph_max_batch: int | None = Field(
-        None, ge=0, description="Largest batch the engine captures a graph for (SGLang)"
-    )
-    ubatch_tokens: int | None = Field(
-        None,
-        ge=1,
-        description="Physical batch, tokens: a larger step runs as several passes, each "
-        "reading the weights (llama.cpp's n_ubatch); None = one pass",
-    )
-
-
-def default_efficiency(
-    gpu: GPU, catalog: Catalog | None = None, engine: Engine | None = None
-) -> EfficiencyParams:
-    """Generic efficiency parameters overlaid with the GPU's hardware-class file, then what
-    was measured on the GPU itself (its YAML's ``efficiency``), then the serving engine's
-    priors for that class (hardware_db/engines/)."""
-    params = EfficiencyParams()
-    if catalog is not None and gpu.hardware_class in catalog.efficiency.entries:
-        params = params.with_overrides(catalog.efficiency.entries[gpu.hardware_class].params)
-    if gpu.efficiency:
-        params = params.with_overrides(gpu.efficiency)
-    if engine is not None:
-        extra = engine.efficiency_overrides(gpu.hardware_class)
-        if extra:
-            params = params.with_overrides(extra)
-    return params
-
-
-def compute_dtype_for(gpu: GPU, fmt: QuantFormat) -> tuple[str, bool]:
-    """(tensor dtype the GEMMs run in, whether the format runs natively on this GPU).
-
-    A weight-only format (W4A16) computes in 16-bit. A W8A8/FP4 format whose compute type
-    the GPU lacks falls back to weight-only dequantisation into 16-bit (vLLM's Marlin path
-    for FP8 on Ampere), which is 'not native'.
-    """
-    sixteen = "bf16" if gpu.tensor_tflops.bf16 else "fp16"
-    if fmt.weight_only:
-        return sixteen, True
-    wanted = fmt.compute_dtype
-    if wanted in gpu.native_formats and getattr(gpu.tensor_tflops, wanted, None):
-        return wanted, True
-    return sixteen, wanted in ("bf16", "fp16")
-
-
-@dataclass(frozen=True)
-class StepBreakdown:
-    """One step's costs. Bytes and FLOPs per GPU; times in seconds."""
-
-    sequences: int
-    tokens: int
-    graph_tokens: int
-    logits_tokens: int
-    weight_bytes: float
-    expert_bytes: float
-    experts_touched_per_layer: float
-    kv_read_bytes: float
-    kv_write_bytes: float
-    state_bytes: float
-    linear_flops: float
-    attention_flops: float
-    comm_bytes: float
-    t_dense_memory: float
-    t_dense_compute: float
-    t_expert_memory: float
-    t_expert_compute: float
-    t_attention_memory: float
-    t_attention_compute: float
-    t_memory: float
-    t_compute: float
-    t_communication: float
-    t_overhead: float
-    t_dispatch: float  # eager kernel launches (CPU); overlaps the GPU's work
-    t_draft: float
-    t_total: float
-    bound: str
-    sampler_bytes: float = 0.0  # the sampler's passes over the logits (in t_dense_memory)
-    activation_bytes: float = 0.0  # the elementwise kernels' activation traffic
-    t_elementwise: float = 0.0  # their time (norms, rotary, activation, MoE sums; in t_memory)
-    t_host: float = 0.0  # the host's per-step work (part of t_overhead)
-    t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
-    allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)
-    expert_gemm_flops_per_s: float = 0.0  # rate the routed experts' grouped GEMMs run at
-    gdn_prefill_flops_per_s: float = 0.0  # rate the chunked Gated DeltaNet prefill runs at
-    gdn_chunked_tokens: float = 0.0  # tokens through the chunked Gated DeltaNet kernels
-    gdn_prefill_token_seconds: float = 0.0  # their serial chunk walk, per token and layer
-    t_state: float = 0.0  # the recurrent state stream (in t_attention_memory)
-    state_bytes_per_s: float = 0.0  # the rate it streams at
-
-    @property
-    def bytes_total(self) -> float:
-        return (
-            self.weight_bytes
-            + self.expert_bytes
-            + self.kv_read_bytes
-            + self.kv_write_bytes
-            + self.state_bytes
-            + self.activation_bytes
-        )
-
-    @property
-    def flops_total(self) -> float:
-        return self.linear_flops + self.attention_flops
-
-    @property
-    def arithmetic_intensity(self) -> float:
-        """FLOPs per byte moved from DRAM (the roofline x-axis)."""
-        return self.flops_total / self.bytes_total if self.bytes_total else 0.0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(
-            bytes_total=self.bytes_total,
-            flops_total=self.flops_total,
-            arithmetic_intensity=self.arithmetic_intensity,
-            units="bytes and FLOPs per GPU; times in seconds",
-        )
-        return d
 
 
 DECODE_GEMM_ROWS = 512
@@ -245,38 +99,7 @@ PREFILL_GEMM_ROWS = 8192
 """Rows from which a GEMM runs at ``prefill_compute_efficiency`` (a full prefill chunk)."""
 
 
-def roofline(t_mem, t_flop, sharpness: float):
-    """Smooth roofline of a kernel class, seconds: (t_mem^p + t_flop^p)^(1/p) with p =
-    ``sharpness`` (scalars or arrays). Never less than the larger of the two, at most
-    2^(1/p) times it (where they are equal); monotone in both."""
-    hi = np.maximum(t_mem, t_flop)
-    if sharpness >= 64:
-        return hi
-    lo = np.minimum(t_mem, t_flop)
-    ratio = np.divide(lo, hi, out=np.zeros_like(hi, dtype=float), where=hi > 0)
-    return hi * (1.0 + ratio**sharpness) ** (1.0 / sharpness)
-
-
-def _roofline_scalar(t_mem: float, t_flop: float, sharpness: float) -> float:
-    """``roofline`` for two floats, without numpy (the simulation's hot path)."""
-    hi, lo = (t_mem, t_flop) if t_mem >= t_flop else (t_flop, t_mem)
-    if hi <= 0.0 or sharpness >= 64:
-        return hi
-    return hi * (1.0 + (lo / hi) ** sharpness) ** (1.0 / sharpness)
-
-
-def _pairs(context: np.ndarray, new: np.ndarray, window: float | None = None) -> np.ndarray:
-    """Query-key pairs of causal attention for ``new`` queries after ``context`` keys,
-    each query seeing at most ``window`` keys: sum_{p=c+1}^{c+n} min(p, window)."""
-    c = context.astype(float)
-    n = new.astype(float)
-    if window is None:
-        return n * c + n * (n + 1) / 2
-    below = np.clip(window - c, 0, n)  # queries whose position is still <= window
-    return below * c + below * (below + 1) / 2 + (n - below) * window
-
-
-class StepModel:
+class StepModel(DecodeRuns):
     """Step-time model of one replica (a TP group) serving one model.
 
     Construction precomputes per-deployment constants; ``step`` then costs a few numpy
@@ -579,7 +402,7 @@ class StepModel:
             raise ValueError(f"{self.model.name} has no MoE layers")
         t = self._terms(float(tokens), int(tokens), 0.0, 0.0, 0.0, 0.0, 0, 0.0, pad=False)
         p = self.params
-        experts = _roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p.roofline_sharpness)
+        experts = roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p.roofline_sharpness)
         elements = routed_moe_elements(self.model, self.deployment.tp)
         elementwise = tokens * elements * ACTIVATION_BYTES / self.elementwise_bw
         return experts / self.moe_layers + elementwise + p.moe_layer_overhead_us * 1e-6
@@ -737,7 +560,14 @@ class StepModel:
         if window is None:
             return tokens, int(n.size), sum_total, sum_total, pairs, pairs
         windowed = float(np.minimum(c + n, window).sum())
-        return tokens, int(n.size), sum_total, windowed, pairs, float(_pairs(c, n, window).sum())
+        return (
+            tokens,
+            int(n.size),
+            sum_total,
+            windowed,
+            pairs,
+            float(causal_pairs(c, n, window).sum()),
+        )
 
     def _terms(
         self,
@@ -886,9 +716,9 @@ class StepModel:
         time (s)."""
         p = self.params.roofline_sharpness
         return (
-            _roofline_scalar(t["t_dense_mem"], t["t_dense_cmp"], p)
-            + _roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p)
-            + _roofline_scalar(t["t_att_mem"], t["t_att_cmp"], p)
+            roofline_scalar(t["t_dense_mem"], t["t_dense_cmp"], p)
+            + roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p)
+            + roofline_scalar(t["t_att_mem"], t["t_att_cmp"], p)
         )
 
     def _gpu(self, t: dict[str, float]) -> float:
@@ -1011,7 +841,7 @@ class StepModel:
         attention_flops = self.pair_flops * (
             self.full_layers * pairs + self.sliding_layers * pairs_windowed
         )
-        attention = _roofline_scalar(
+        attention = roofline_scalar(
             att_mem + kv_read / self.kv_bw,
             att_cmp + attention_flops / self.attention_flops_rate,
             self.params.roofline_sharpness,
@@ -1130,109 +960,6 @@ class StepModel:
         spec = self.deployment.spec
         return 1.0 if spec is None else spec.expected_tokens_per_step
 
-    def decode_run_times(self, context: np.ndarray, n_steps: int) -> np.ndarray:
-        """Durations of ``n_steps`` consecutive decode steps of the same sequences, seconds.
-
-        Step j sees each sequence's context grown by j x decode_advance. Equal, step by
-        step, to calling decode_step (tested), but evaluated for all steps at once.
-        """
-        c0 = np.asarray(context, dtype=float)
-        seqs = c0.size
-        width = self.decode_width
-        if self.takes_moments:  # the contexts enter only through their sum
-            return self._affine_decode_run_times(float(np.add.reduce(c0)), seqs, n_steps)
-        j = np.arange(n_steps, dtype=float)
-        # summed context of the batch at each step: only the windowed terms and a draft
-        # model need each sequence's own context, the rest is linear in the sum
-        ctx_sum = float(c0.sum()) + seqs * self.decode_advance * j
-        kv = self.kv
-        total_sum = ctx_sum + seqs * width
-        pairs = width * ctx_sum + seqs * width * (width + 1) / 2
-        kv_read = total_sum * kv.full_bytes_per_token
-        attn = self.full_layers * pairs
-        ctx = None
-        if kv.sliding_window is not None or self._draft_model_runs:
-            ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
-        if kv.sliding_window is not None:
-            kv_read += np.minimum(ctx + width, kv.sliding_window).sum(axis=1) * (
-                kv.sliding_bytes_per_token
-            )
-            if self.sliding_layers:
-                n = np.full_like(ctx, width)
-                attn = attn + self.sliding_layers * _pairs(ctx, n, kv.sliding_window).sum(axis=1)
-        else:
-            kv_read += total_sum * kv.sliding_bytes_per_token
-            attn = attn + self.sliding_layers * pairs
-        logits = seqs * width if self.deployment.spec is not None else seqs
-        host, gpu, dispatch, att_mem, att_cmp = self._context_free(
-            float(seqs * width), seqs, logits
-        )
-        attention = roofline(
-            att_mem + kv_read / self.kv_bw,
-            att_cmp + self.pair_flops * attn / self.attention_flops_rate,
-            self.params.roofline_sharpness,
-        )
-        device = gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
-        if self.deployment.spec is not None:
-            device = device + self._draft_run(seqs, ctx_sum, ctx)
-        return self._with_host(host, device)
-
-    def _affine_decode_run_times(self, context_sum: float, seqs: int, n_steps: int) -> np.ndarray:
-        """``decode_run_times`` without a sliding window or speculation, seconds: every term
-        that changes from step to step (the KV read, the attention FLOPs) is then affine in
-        the step index, so the run costs a handful of vector operations however long it
-        is. ``context_sum``: the batch's summed context (tokens) before the run."""
-        kv = self.kv
-        adv = self.decode_advance
-        host, gpu, dispatch, att_mem, att_cmp = self._context_free(float(seqs), seqs, seqs)
-        layers = self.full_layers + self.sliding_layers
-        kv_bytes = kv.full_bytes_per_token + kv.sliding_bytes_per_token
-        # at step j: summed context S0 + seqs adv j; KV read of (S + seqs) tokens and
-        # S + seqs query-key pairs a layer (one new token each)
-        pair_time = self.pair_flops * layers / self.attention_flops_rate
-        mem0 = att_mem + (context_sum + seqs) * kv_bytes / self.kv_bw
-        cmp0 = att_cmp + (context_sum + seqs) * pair_time
-        mem_slope = seqs * adv * kv_bytes / self.kv_bw
-        cmp_slope = seqs * adv * pair_time
-        j = np.arange(n_steps, dtype=float)
-        t_mem = mem_slope * j
-        t_mem += mem0
-        t_cmp = cmp_slope * j
-        t_cmp += cmp0
-        last = n_steps - 1
-        p = self.params.roofline_sharpness
-        if (
-            p < 64
-            and mem0 > 0
-            and (mem0 >= cmp0) == (mem0 + mem_slope * last >= cmp0 + cmp_slope * last)
-        ):
-            # one side dominates the whole run (both are affine): no elementwise max/min
-            hi, lo = (t_mem, t_cmp) if mem0 >= cmp0 else (t_cmp, t_mem)
-            lo /= hi
-            if p == 3.0:  # the default sharpness: a cube and a cube root, not two powers
-                cube = lo * lo
-                cube *= lo
-                cube += 1.0
-                lo = np.cbrt(cube, out=cube)
-            else:
-                lo **= p
-                lo += 1.0
-                lo **= 1.0 / p
-            lo *= hi
-            attention = lo
-        else:
-            attention = roofline(t_mem, t_cmp, p)
-        attention += gpu
-        device = attention if not dispatch else self._overlapped(attention, dispatch)
-        if not self.async_host:
-            device += host
-            return device
-        hidden = self.params.async_host_overlap * host
-        if device[0] >= hidden:  # device time only grows along the run
-            device += host - hidden
-            return device
-        return self._with_host(host, device)
-
     def _context_free(
         self, tokens: float, seqs: int, logits: int
     ) -> tuple[float, float, float, float, float]:
@@ -1247,8 +974,8 @@ class StepModel:
         if cached is None:
             t = self._terms(tokens, seqs, 0.0, 0.0, 0.0, 0.0, logits, 0.0)
             gpu = (
-                _roofline_scalar(t["t_dense_mem"], t["t_dense_cmp"], self.params.roofline_sharpness)
-                + _roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], self.params.roofline_sharpness)
+                roofline_scalar(t["t_dense_mem"], t["t_dense_cmp"], self.params.roofline_sharpness)
+                + roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], self.params.roofline_sharpness)
                 + t["t_elementwise"]
                 + t["t_comm"]
                 + t["t_floor"]
@@ -1263,22 +990,6 @@ class StepModel:
                 t["t_att_cmp"],
             )
         return cached
-
-    @property
-    def _draft_model_runs(self) -> bool:
-        spec = self.deployment.spec
-        return spec is not None and spec.method == "draft"
-
-    def _draft_run(self, seqs: int, ctx_sum: np.ndarray, ctx: np.ndarray | None) -> np.ndarray:
-        """Drafter time for each step of a speculative decode run, seconds; ``ctx_sum``
-        is the batch's summed context per step, ``ctx`` each sequence's (steps, seqs)
-        context where a draft model needs it."""
-        spec = self.deployment.spec
-        if spec.method == "ngram":
-            return np.full(ctx_sum.size, seqs * self.params.ngram_lookup_us * 1e-6)
-        if spec.method == "draft":
-            return np.array([self.draft_seconds(seqs, row) for row in ctx])
-        return self._layer_draft_seconds(seqs, ctx_sum + seqs)
 
     def decode_step(self, context: np.ndarray | list[int]) -> tuple[StepBreakdown, float]:
         """One decode step for sequences at ``context``; with speculation, verification of

@@ -1,0 +1,137 @@
+"""A decode run: the durations of consecutive identical decode steps of the same sequences,
+evaluated for the whole run at once (the simulator waits for a run in one event).
+
+``DecodeRuns`` is mixed into ``StepModel`` (physics/step.py) and uses its per-deployment
+constants and step parts; every duration equals the step-by-step ``decode_step`` (tested).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from capsim.physics.roofline import causal_pairs, roofline
+
+
+class DecodeRuns:
+    """Decode-run durations for ``StepModel`` (seconds)."""
+
+    def decode_run_times(self, context: np.ndarray, n_steps: int) -> np.ndarray:
+        """Durations of ``n_steps`` consecutive decode steps of the same sequences, seconds.
+
+        Step j sees each sequence's context grown by j x decode_advance. Equal, step by
+        step, to calling decode_step (tested), but evaluated for all steps at once.
+        """
+        c0 = np.asarray(context, dtype=float)
+        seqs = c0.size
+        width = self.decode_width
+        if self.takes_moments:  # the contexts enter only through their sum
+            return self._affine_decode_run_times(float(np.add.reduce(c0)), seqs, n_steps)
+        j = np.arange(n_steps, dtype=float)
+        # summed context of the batch at each step: only the windowed terms and a draft
+        # model need each sequence's own context, the rest is linear in the sum
+        ctx_sum = float(c0.sum()) + seqs * self.decode_advance * j
+        kv = self.kv
+        total_sum = ctx_sum + seqs * width
+        pairs = width * ctx_sum + seqs * width * (width + 1) / 2
+        kv_read = total_sum * kv.full_bytes_per_token
+        attn = self.full_layers * pairs
+        ctx = None
+        if kv.sliding_window is not None or self._draft_model_runs:
+            ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
+        if kv.sliding_window is not None:
+            kv_read += np.minimum(ctx + width, kv.sliding_window).sum(axis=1) * (
+                kv.sliding_bytes_per_token
+            )
+            if self.sliding_layers:
+                n = np.full_like(ctx, width)
+                attn = attn + self.sliding_layers * causal_pairs(ctx, n, kv.sliding_window).sum(
+                    axis=1
+                )
+        else:
+            kv_read += total_sum * kv.sliding_bytes_per_token
+            attn = attn + self.sliding_layers * pairs
+        logits = seqs * width if self.deployment.spec is not None else seqs
+        host, gpu, dispatch, att_mem, att_cmp = self._context_free(
+            float(seqs * width), seqs, logits
+        )
+        attention = roofline(
+            att_mem + kv_read / self.kv_bw,
+            att_cmp + self.pair_flops * attn / self.attention_flops_rate,
+            self.params.roofline_sharpness,
+        )
+        device = gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
+        if self.deployment.spec is not None:
+            device = device + self._draft_run(seqs, ctx_sum, ctx)
+        return self._with_host(host, device)
+
+    def _affine_decode_run_times(self, context_sum: float, seqs: int, n_steps: int) -> np.ndarray:
+        """``decode_run_times`` without a sliding window or speculation, seconds: every term
+        that changes from step to step (the KV read, the attention FLOPs) is then affine in
+        the step index, so the run costs a handful of vector operations however long it
+        is. ``context_sum``: the batch's summed context (tokens) before the run."""
+        kv = self.kv
+        adv = self.decode_advance
+        host, gpu, dispatch, att_mem, att_cmp = self._context_free(float(seqs), seqs, seqs)
+        layers = self.full_layers + self.sliding_layers
+        kv_bytes = kv.full_bytes_per_token + kv.sliding_bytes_per_token
+        # at step j: summed context S0 + seqs adv j; KV read of (S + seqs) tokens and
+        # S + seqs query-key pairs a layer (one new token each)
+        pair_time = self.pair_flops * layers / self.attention_flops_rate
+        mem0 = att_mem + (context_sum + seqs) * kv_bytes / self.kv_bw
+        cmp0 = att_cmp + (context_sum + seqs) * pair_time
+        mem_slope = seqs * adv * kv_bytes / self.kv_bw
+        cmp_slope = seqs * adv * pair_time
+        j = np.arange(n_steps, dtype=float)
+        t_mem = mem_slope * j
+        t_mem += mem0
+        t_cmp = cmp_slope * j
+        t_cmp += cmp0
+        last = n_steps - 1
+        p = self.params.roofline_sharpness
+        if (
+            p < 64
+            and mem0 > 0
+            and (mem0 >= cmp0) == (mem0 + mem_slope * last >= cmp0 + cmp_slope * last)
+        ):
+            # one side dominates the whole run (both are affine): no elementwise max/min
+            hi, lo = (t_mem, t_cmp) if mem0 >= cmp0 else (t_cmp, t_mem)
+            lo /= hi
+            if p == 3.0:  # the default sharpness: a cube and a cube root, not two powers
+                cube = lo * lo
+                cube *= lo
+                cube += 1.0
+                lo = np.cbrt(cube, out=cube)
+            else:
+                lo **= p
+                lo += 1.0
+                lo **= 1.0 / p
+            lo *= hi
+            attention = lo
+        else:
+            attention = roofline(t_mem, t_cmp, p)
+        attention += gpu
+        device = attention if not dispatch else self._overlapped(attention, dispatch)
+        if not self.async_host:
+            device += host
+            return device
+        hidden = self.params.async_host_overlap * host
+        if device[0] >= hidden:  # device time only grows along the run
+            device += host - hidden
+            return device
+        return self._with_host(host, device)
+
+    @property
+    def _draft_model_runs(self) -> bool:
+        spec = self.deployment.spec
+        return spec is not None and spec.method == "draft"
+
+    def _draft_run(self, seqs: int, ctx_sum: np.ndarray, ctx: np.ndarray | None) -> np.ndarray:
+        """Drafter time for each step of a speculative decode run, seconds; ``ctx_sum``
+        is the batch's summed context per step, ``ctx`` each sequence's (steps, seqs)
+        context where a draft model needs it."""
+        spec = self.deployment.spec
+        if spec.method == "ngram":
+            return np.full(ctx_sum.size, seqs * self.params.ngram_lookup_us * 1e-6)
+        if spec.method == "draft":
+            return np.array([self.draft_seconds(seqs, row) for row in ctx])
+        return self._layer_draft_seconds(seqs, ctx_sum + seqs)

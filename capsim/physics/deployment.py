@@ -1,0 +1,87 @@
+"""How a model is served (parallelism, formats, power, engine options) and the efficiency
+priors a deployment starts from: what the step-time model (physics/step.py) is built for."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsim.catalog.loader import Catalog
+from capsim.catalog.schemas import GPU, Engine, QuantFormat
+from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.speculative import SpecConfig
+
+
+class Deployment(BaseModel):
+    """How a model is served: parallelism, formats, power and engine options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(1, ge=1, description="Tensor-parallel size (GPUs per replica)")
+    quant: str | None = Field(None, description="Weight format; None = the model's release")
+    kv_dtype: str = Field("auto", description="KV cache dtype")
+    power_limit_w: float | None = Field(None, gt=0, description="Board power cap, W")
+    interconnect: str = Field("auto", description="auto, nvlink, pcie or infinity-fabric")
+    custom_allreduce: bool = Field(
+        True, description="False = --disable-custom-all-reduce (NCCL for every all-reduce)"
+    )
+    async_scheduling: bool = Field(
+        True,
+        description="The engine schedules step n+1 while the GPU runs step n (vLLM's "
+        "default since PR 27614; with EAGLE/MTP since PR 31998). Has no effect in eager "
+        "mode or with n-gram or draft-model speculation, where vLLM runs it serially",
+    )
+    cuda_graphs: bool = Field(True, description="False = --enforce-eager")
+    max_num_seqs: int = Field(
+        256, ge=1, description="The engine's sequence limit (sets its CUDA-graph sizes)"
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="The engine's token budget (caps its CUDA-graph sizes)"
+    )
+    spec: SpecConfig | None = None
+    engine: str = Field("vllm", description="The serving engine (hardware_db/engines/)")
+    graph_capture: str = Field(
+        "vllm", description="The engine's CUDA-graph sizes: vllm, sglang, single-token, none"
+    )
+    cuda_graph_max_batch: int | None = Field(
+        None, ge=0, description="Largest batch the engine captures a graph for (SGLang)"
+    )
+    ubatch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Physical batch, tokens: a larger step runs as several passes, each "
+        "reading the weights (llama.cpp's n_ubatch); None = one pass",
+    )
+
+
+def default_efficiency(
+    gpu: GPU, catalog: Catalog | None = None, engine: Engine | None = None
+) -> EfficiencyParams:
+    """Generic efficiency parameters overlaid with the GPU's hardware-class file, then what
+    was measured on the GPU itself (its YAML's ``efficiency``), then the serving engine's
+    priors for that class (hardware_db/engines/)."""
+    params = EfficiencyParams()
+    if catalog is not None and gpu.hardware_class in catalog.efficiency.entries:
+        params = params.with_overrides(catalog.efficiency.entries[gpu.hardware_class].params)
+    if gpu.efficiency:
+        params = params.with_overrides(gpu.efficiency)
+    if engine is not None:
+        extra = engine.efficiency_overrides(gpu.hardware_class)
+        if extra:
+            params = params.with_overrides(extra)
+    return params
+
+
+def compute_dtype_for(gpu: GPU, fmt: QuantFormat) -> tuple[str, bool]:
+    """(tensor dtype the GEMMs run in, whether the format runs natively on this GPU).
+
+    A weight-only format (W4A16) computes in 16-bit. A W8A8/FP4 format whose compute type
+    the GPU lacks falls back to weight-only dequantisation into 16-bit (vLLM's Marlin path
+    for FP8 on Ampere), which is 'not native'.
+    """
+    sixteen = "bf16" if gpu.tensor_tflops.bf16 else "fp16"
+    if fmt.weight_only:
+        return sixteen, True
+    wanted = fmt.compute_dtype
+    if wanted in gpu.native_formats and getattr(gpu.tensor_tflops, wanted, None):
+        return wanted, True
+    return sixteen, wanted in ("bf16", "fp16")
