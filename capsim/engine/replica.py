@@ -258,7 +258,7 @@ class Replica:
             ends = np.empty(total)
             ends[0] = head
             ends[1:] = times
-            np.cumsum(ends, out=ends)
+            np.add.accumulate(ends, out=ends)
         start = env.now
         # an arrival joins the back of the queue: it can change the schedule only if
         # nobody waits ahead of it and there is room for another sequence; it then
@@ -273,7 +273,7 @@ class Replica:
             self._cut_on_arrival = False
         except simpy.Interrupt:
             elapsed = env.now - start
-            j = int(np.searchsorted(ends, elapsed - 1e-15, side="left"))
+            j = int(ends.searchsorted(elapsed - 1e-15, side="left"))
             done = min(self._next_poll(j + 1, poll), total)
             remaining = float(ends[done - 1]) - elapsed
             if remaining > 0:

@@ -85,7 +85,14 @@ class Reruns:
                 out.append(self._done.pop(key))
                 continue
             sub = self.level_config(i)
-            out += predict(sub, self.catalog, params=params, workers=1, profile_bands=False).levels
+            out += predict(
+                sub,
+                self.catalog,
+                params=params,
+                workers=1,
+                profile_bands=False,
+                relative_figures=False,
+            ).levels
         return out
 
 
@@ -96,5 +103,7 @@ def _rerun_in_worker(args):
 
     config, dirs, params = args
     catalog = process_catalog(dirs)
-    (level,) = predict(config, catalog, params=params, workers=1, profile_bands=False).levels
+    (level,) = predict(
+        config, catalog, params=params, workers=1, profile_bands=False, relative_figures=False
+    ).levels
     return level

@@ -340,10 +340,10 @@ class Scheduler:
             return self._decode_widths[:n], context, need, True
         remaining = self._target[:n] - self._computed[:n]
         want = np.where(dec, width, remaining)
-        before = np.cumsum(want) - want
+        before = np.add.accumulate(want) - want
         grant = np.clip(cfg.max_num_batched_tokens - before, 0, want)
         # a decode that cannot get all its tokens stops the loop, as does an empty budget
-        stop = np.flatnonzero((dec & (grant < width)) | (grant <= 0))
+        stop = ((dec & (grant < width)) | (grant <= 0)).nonzero()[0]
         if stop.size:
             grant[stop[0] :] = 0
         context = np.where(dec, self._kv[:n], self._computed[:n])
@@ -496,8 +496,8 @@ class Scheduler:
         i = 0
         while i < min(granted, len(running)):
             end = min(granted, len(running))
-            cumulative = np.cumsum(need[i:end])
-            served = i + int(np.searchsorted(cumulative, kv.allocatable, side="right"))
+            cumulative = np.add.accumulate(need[i:end])
+            served = i + int(cumulative.searchsorted(kv.allocatable, side="right"))
             short = i + (need[i:served] > 0).nonzero()[0]
             self._allocate_rows(short, need[short])
             i = served
@@ -544,7 +544,7 @@ class Scheduler:
             decoding = self._dec[rows]
             decode_rows = rows[decoding]
             if decode_rows.size < rows.size:
-                for i in np.flatnonzero(~decoding).tolist():
+                for i in (~decoding).nonzero()[0].tolist():
                     row = int(rows[i])
                     prefills.append((running[row], int(grant[i]), row))
             budget = cfg.max_num_batched_tokens - int(_sum(grant))
@@ -673,7 +673,7 @@ class Scheduler:
         prefills: list[tuple[SimRequest, int, int]] = []
         if self._prefilling:
             blocks = self._blocks
-            for i in np.flatnonzero(~self._dec[: len(running)]).tolist():
+            for i in (~self._dec[: len(running)]).nonzero()[0].tolist():
                 if budget <= 0:
                     break
                 req = running[i]

@@ -289,6 +289,7 @@ def predict(
     band_table=None,
     profile_bands: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    relative_figures: bool = True,
 ) -> PredictResult:
     """Simulate every level of a configuration (concurrency levels, or rates for open).
 
@@ -304,6 +305,8 @@ def predict(
 
     ``progress(done, total)`` is called as the levels' requests are simulated: every few
     thousand requests that finish in this process, and as each level is measured.
+    ``relative_figures``: each level's contention and speedup against concurrency 1
+    (simulating a short baseline where the levels lack it); False leaves them None.
     """
     setup = build_setup(config, catalog, params, profile)
     params = setup.base_params
@@ -380,7 +383,8 @@ def predict(
             done += level_requests(w)
             if counter is not None:
                 counter.settle(done)
-    add_relative_figures(setup, config, results)
+    if relative_figures:
+        add_relative_figures(setup, config, results)
     if band_table is not None:
         add_corpus_bands(results, setup.gpu.hardware_class, band_table)
     if reruns is not None:
