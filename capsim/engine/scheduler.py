@@ -28,30 +28,16 @@ import numpy as np
 from capsim.catalog.schemas import AdmissionReserve
 from capsim.engine.admission import ReserveState
 from capsim.engine.kv_cache import KVCache
-from capsim.engine.request import DECODE, DONE, PREFILL, WAITING, SimRequest
+from capsim.engine.request import DECODE, DONE, PREFILL, SimRequest
+from capsim.engine.run_length import FINISH_TOLERANCE, LEAST_LEFT_MARGIN, DecodeRunLength
+from capsim.engine.running_pass import RunningPass
 from capsim.engine.scheduled_step import ScheduledStep, token_moments
-
-# the ufunc reductions themselves: ndarray.sum/min/max add a Python-level wrapper
-# (numpy/_core/_methods.py) that costs a microsecond a call on these short arrays
-_sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
+from capsim.engine.ufuncs import array_min as _min
+from capsim.engine.ufuncs import array_sum as _sum
 
 SMALL_BATCH = 8
 """Up to this many running requests, the per-request loop is faster than numpy's fixed
 cost per call; both paths schedule identically (tested)."""
-
-LEAST_LEFT_MARGIN = 1e-6
-"""Slack on the lower bound of output tokens left, so rounding in it cannot skip a finish."""
-
-SHORT_TAIL = 4
-"""With at most this many running requests in prefill, the scheduler serves the decoding
-rows ahead of the first of them in one vector pass and the rest one by one."""
-
-SHORT_TAIL_ROWS = 16
-"""...as long as the rows from the first prefilling one on number at most this many."""
-
-FINISH_TOLERANCE = 1e-9
-"""Fractional token progress (speculative decoding) within this of the output length
-counts as finished, so step-by-step and fast-forwarded runs agree despite rounding."""
 
 
 @dataclass
@@ -79,7 +65,7 @@ class SchedulerConfig:
     reserve: AdmissionReserve | None = None
 
 
-class Scheduler:
+class Scheduler(RunningPass, DecodeRunLength):
     """Waiting queue, running list and KV cache of one replica.
 
     Decode state (tokens in KV, tokens generated, output length, blocks held) lives in
@@ -277,244 +263,7 @@ class Scheduler:
         tokens = self._reserve_tokens(req, computed)
         return tokens < self.kv.allocatable * self.config.block_size - offset
 
-    def _reserve_cap(self, limit: int) -> int | None:
-        """In a decode run of up to ``limit`` steps with requests waiting: the step after
-        which the reserve, shrinking as the ratio decays and outputs progress, first lets
-        the head of the queue in (None if it does not within the run, or something else
-        holds it back: the token budget, max_num_seqs, the KV cache)."""
-        cfg = self.config
-        if not self.waiting or len(self.running) >= cfg.max_num_seqs:
-            return None
-        budget = self._admission_budget()
-        if budget <= 0:
-            return None
-        req, _, hits, computed, _, need = self._head_admission(budget)
-        if hits:
-            return 1  # a cached prefix may be evicted mid-run: look again after one step
-        if not self.kv.can_admit(req, need, 0):
-            return None
-        rows = len(self.running)
-        adv, width = cfg.decode_advance, cfg.decode_width
-        return self.reserve.first_admissible_step(
-            limit,
-            self._reserve_tokens(req, computed),
-            float(self.kv.allocatable),
-            cfg.block_size,
-            self._kv[:rows],
-            self._blocks[:rows],
-            self._out[:rows] - self._gen[:rows],
-            adv,
-            # the blocks taken before admission: a mixed step first gives the decodes theirs
-            width + (adv if cfg.mixes_prefill_and_decode else 0.0),
-            need + self.kv.state_blocks,
-        )
-
     # ------------------------------------------------------------------ one step
-
-    def _preempt(self, victim: SimRequest) -> None:
-        self.kv.release(victim)
-        victim.phase = WAITING
-        victim.prefill_target = victim.prompt_len + int(victim.generated)
-        victim.computed = 0
-        victim.kv_tokens = 0.0
-        victim.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(victim)
-        if self.reserve is not None:
-            n = len(self.running)
-            dec = self._dec[:n]
-            self.reserve.retracted(self._gen[:n][dec], self._out[:n][dec])
-
-    def _grant_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-        """Tokens each running request gets this step (vLLM's in-order budget loop, in
-        vector form), the context before them, the blocks each then needs, and whether
-        every running request gets its tokens."""
-        cfg = self.config
-        n = len(self.running)
-        dec = self._dec[:n]
-        width = cfg.decode_width
-        if n * width <= cfg.max_num_batched_tokens and not self._prefilling:
-            # the common case: every running request decodes and the budget holds them all
-            context = self._kv[:n].copy()
-            need = np.ceil((context + width) / cfg.block_size) - self._blocks[:n]
-            return self._decode_widths[:n], context, need, True
-        remaining = self._target[:n] - self._computed[:n]
-        want = np.where(dec, width, remaining)
-        before = np.add.accumulate(want) - want
-        grant = np.clip(cfg.max_num_batched_tokens - before, 0, want)
-        # a decode that cannot get all its tokens stops the loop, as does an empty budget
-        stop = ((dec & (grant < width)) | (grant <= 0)).nonzero()[0]
-        if stop.size:
-            grant[stop[0] :] = 0
-        context = np.where(dec, self._kv[:n], self._computed[:n])
-        need = np.where(
-            grant > 0, np.ceil((context + grant) / cfg.block_size) - self._blocks[:n], 0
-        )
-        return grant, context, need, False
-
-    def _grow_leading(self, more: np.ndarray, total: float) -> None:
-        """Give the first ``more.size`` running rows ``more`` (>= 0) more blocks each, in
-        one KV-cache reservation of ``total`` (their sum); the caller has checked that the
-        cache can provide them."""
-        if total:
-            self.kv.reserve(int(total))
-            self._blocks[: more.size] += more
-
-    def _allocate_rows(self, rows: np.ndarray, counts: np.ndarray) -> None:
-        """Give running ``rows`` ``counts`` more blocks each in one KV-cache reservation;
-        the caller has checked that the cache can provide them all."""
-        if not rows.size:
-            return
-        self.kv.reserve(int(_sum(counts)))
-        self._blocks[rows] += counts
-
-    def _schedule_running_slow(self, step_parts: list) -> bool:
-        """vLLM's loop over running requests one by one, preempting the newest request
-        when the KV cache cannot hold a request's tokens. Used for small batches and when
-        the vector path finds the KV cache short. Returns whether it preempted."""
-        cfg = self.config
-        budget = cfg.max_num_batched_tokens
-        running, kv, bs, width = self.running, self.kv, cfg.block_size, cfg.decode_width
-        decoding, kv_tokens, blocks = self._dec, self._kv, self._blocks
-        preempted = False
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            if decoding[i]:
-                n = width
-                if n > budget:
-                    break
-                context = float(kv_tokens[i])
-            else:
-                n = min(req.prefill_target - req.computed, budget)
-                context = float(req.computed)
-            need = -(-(context + n) // bs) - blocks[i]
-            if need > 0:
-                victim = None
-                if not kv.allocate(req, int(need)):
-                    while True:
-                        victim = self._pop_last()
-                        self._preempt(victim)
-                        preempted = True
-                        if victim is req or kv.allocate(req, int(need)):
-                            break
-                    if victim is req:
-                        break
-                blocks[i] += need
-            step_parts.append((req, n, context, i))
-            budget -= n
-            i += 1
-        return preempted
-
-    def _running_parts_slow(
-        self,
-    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray, tuple[float, int, float, float, float]]:
-        """The per-request loop's result as arrays: (preempted, rows, tokens, contexts), and
-        the token moments of those rows (see ScheduledStep.moments)."""
-        parts: list[tuple[SimRequest, int, float, int]] = []
-        preempted = self._schedule_running_slow(parts)
-        rows = np.array([p[3] for p in parts], dtype=np.int64)
-        tokens = [p[1] for p in parts]
-        contexts = [p[2] for p in parts]
-        moments = token_moments(tokens, contexts)
-        return preempted, rows, np.array(tokens, dtype=float), np.array(contexts), moments
-
-    def _running_parts_decode_head(
-        self,
-    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray] | None:
-        """``_running_parts`` when a few requests still prefill: the decoding rows ahead of
-        the first prefilling one take one vector pass, the short tail after it the loop
-        one by one. None when that does not apply (the budget runs out among the decoding
-        head, the tail is long, or the KV cache cannot serve every row without a
-        preemption); the general path then schedules the step."""
-        cfg = self.config
-        n = len(self.running)
-        width, bs = cfg.decode_width, cfg.block_size
-        dec = self._dec
-        head = int(dec[:n].argmin())  # the first prefilling row (one exists)
-        budget = cfg.max_num_batched_tokens - head * width
-        if budget < 0 or n - head > SHORT_TAIL_ROWS:
-            return None
-        kv_tokens, blocks = self._kv, self._blocks
-        need = np.ceil((kv_tokens[:head] + width) / bs) - blocks[:head]
-        short = (need > 0).nonzero()[0]
-        counts = need[short]
-        total = float(_sum(counts))
-        tail: list[tuple[int, float, float, float]] = []  # (row, tokens, context, blocks)
-        for i in range(head, n):
-            if budget <= 0:
-                break
-            if dec[i]:
-                if width > budget:
-                    break
-                tokens, context = float(width), float(kv_tokens[i])
-            else:
-                context = float(self._computed[i])
-                tokens = min(float(self._target[i]) - context, float(budget))
-            more = math.ceil((context + tokens) / bs) - float(blocks[i])
-            if more > 0:
-                total += more
-            tail.append((i, tokens, context, more))
-            budget -= tokens
-        if total > self.kv.allocatable:
-            return None
-        self.kv.reserve(int(total))
-        blocks[short] += counts
-        count = head + len(tail)
-        grant = np.empty(count)
-        context = np.empty(count)
-        grant[:head] = width
-        context[:head] = kv_tokens[:head]
-        for i, tokens, ctx, more in tail:
-            grant[i] = tokens
-            context[i] = ctx
-            if more > 0:
-                blocks[i] += more
-        return False, np.arange(count), grant, context
-
-    def _running_parts(self) -> tuple[bool, np.ndarray | None, np.ndarray, np.ndarray]:
-        """The same loop in vector form between preemptions: the rows before the first one
-        the KV cache cannot serve get their blocks at once; that row preempts from the
-        tail as vLLM does, and the scan goes on. Returns (preempted, rows, tokens,
-        contexts); the scheduled rows are always a prefix of ``running``, and rows None
-        means every running request decodes this step."""
-        if self._prefilling and self._prefilling <= SHORT_TAIL:
-            parts = self._running_parts_decode_head()
-            if parts is not None:
-                return parts
-        grant, context, need, everyone = self._grant_running()
-        running, kv = self.running, self.kv
-        if everyone:
-            more = np.maximum(need, 0.0)
-            total = float(_sum(more))
-            if total <= kv.allocatable:  # the common case: no preemption
-                self._grow_leading(more, total)
-                return False, None, grant, context
-        granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
-        need = np.maximum(need[:granted], 0.0)
-        preempted = False
-        i = 0
-        while i < min(granted, len(running)):
-            end = min(granted, len(running))
-            cumulative = np.add.accumulate(need[i:end])
-            served = i + int(cumulative.searchsorted(kv.allocatable, side="right"))
-            short = i + (need[i:served] > 0).nonzero()[0]
-            self._allocate_rows(short, need[short])
-            i = served
-            if i >= end:
-                break
-            req, k = running[i], int(need[i])
-            while True:
-                victim = self._pop_last()
-                self._preempt(victim)
-                preempted = True
-                if victim is req or kv.allocate(req, k):
-                    break
-            if victim is req:
-                break
-            self._blocks[i] += k
-            i += 1
-        return preempted, np.arange(i), grant[:i], context[:i]
 
     def schedule(self, now: float) -> ScheduledStep:
         cfg = self.config
@@ -793,70 +542,6 @@ class Scheduler:
         assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
         self._grow_leading(more, total)
         return self._finish_done(now)
-
-    def run_length(self) -> int:
-        """Most identical decode steps before a request finishes or blocks run out."""
-        cfg = self.config
-        n = len(self.running)
-        adv = cfg.decode_advance
-        # ceil is monotone, so the first finish is the smallest remaining output's
-        if not self._least_left_exact:
-            self._least_left = float(_min(self._out[:n] - self._gen[:n]))
-            self._least_left_exact = True
-        remaining = self._least_left
-        m_finish = max(math.ceil((remaining - FINISH_TOLERANCE) / adv), 1)
-        m = None
-        if adv == 1.0:
-            m = self._block_limit_one_token(m_finish)
-        if m is None:
-            m = self._block_limit_search(m_finish)
-        if self.reserve is not None and m > 1:
-            cap = self._reserve_cap(m)
-            if cap is not None:
-                m = min(m, cap)
-        return m
-
-    def _block_limit_one_token(self, m_finish: int) -> int | None:
-        """``_block_limit_search`` in closed form for one token a step, or None when the
-        form does not apply. A sequence with r tokens of room in its blocks needs a new
-        block at steps floor(r) + 1, + bs, + 2 bs, ... With every r in [0, bs) the
-        sequences take turns in order of r, so the (free + 1)-th block, the first that
-        does not fit, is due at step floor(r_j) + 1 + k bs, where k and j are free divided
-        by the batch and its remainder; one step earlier still fits."""
-        cfg = self.config
-        n = len(self.running)
-        bs = cfg.block_size
-        room = self._blocks[:n] * bs - (self._kv[:n] + cfg.decode_width - 1.0)
-        if _min(room) < 0 or _max(room) >= bs:
-            return None
-        k, j = divmod(self.kv.allocatable, n)
-        room.partition(j)  # a temporary: partitioned in place
-        r_j = float(room[j])
-        return min(m_finish, math.floor(r_j) + k * bs)
-
-    def _block_limit_search(self, m_finish: int) -> int:
-        """Most decode steps, up to ``m_finish``, whose new blocks the KV cache can give."""
-        cfg = self.config
-        n = len(self.running)
-        adv, width, bs = cfg.decode_advance, cfg.decode_width, cfg.block_size
-        kv_now = self._kv[:n]
-        held = self._blocks[:n]
-        free = self.kv.allocatable
-
-        def blocks_for(m: int) -> int:
-            need = np.ceil((kv_now + (m - 1) * adv + width) / bs) - held
-            return int(np.maximum(need, 0).sum())
-
-        if blocks_for(m_finish) <= free:
-            return m_finish
-        lo, hi = 0, m_finish  # blocks_for(lo) fits (0 steps), blocks_for(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks_for(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
 
     def _finish(self, row: int, now: float) -> None:
         req = self.running[row]

@@ -1,0 +1,236 @@
+"""The running requests' share of a step (vLLM's loop over running requests, oldest first):
+each decode gets its token(s) and each request still in prefill its next chunk within the
+step's token budget, the KV cache gives the blocks they need, and where it cannot, the
+newest running request is preempted (recompute preemption) until it can.
+
+``RunningPass`` is mixed into ``Scheduler`` (engine/scheduler.py) and works on its
+running list, its per-row numpy state and its KV cache: a vector pass for the common
+cases, the per-request loop for small batches and preemption (both schedule
+identically; tested).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from capsim.engine.request import WAITING, SimRequest
+from capsim.engine.scheduled_step import token_moments
+from capsim.engine.ufuncs import array_sum as _sum
+
+SHORT_TAIL = 4
+"""With at most this many running requests in prefill, the scheduler serves the decoding
+rows ahead of the first of them in one vector pass and the rest one by one."""
+
+SHORT_TAIL_ROWS = 16
+"""...as long as the rows from the first prefilling one on number at most this many."""
+
+
+class RunningPass:
+    """How the running requests are served in a step (mixed into ``Scheduler``)."""
+
+    def _preempt(self, victim: SimRequest) -> None:
+        self.kv.release(victim)
+        victim.phase = WAITING
+        victim.prefill_target = victim.prompt_len + int(victim.generated)
+        victim.computed = 0
+        victim.kv_tokens = 0.0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+        if self.reserve is not None:
+            n = len(self.running)
+            dec = self._dec[:n]
+            self.reserve.retracted(self._gen[:n][dec], self._out[:n][dec])
+
+    def _grant_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """Tokens each running request gets this step (vLLM's in-order budget loop, in
+        vector form), the context before them, the blocks each then needs, and whether
+        every running request gets its tokens."""
+        cfg = self.config
+        n = len(self.running)
+        dec = self._dec[:n]
+        width = cfg.decode_width
+        if n * width <= cfg.max_num_batched_tokens and not self._prefilling:
+            # the common case: every running request decodes and the budget holds them all
+            context = self._kv[:n].copy()
+            need = np.ceil((context + width) / cfg.block_size) - self._blocks[:n]
+            return self._decode_widths[:n], context, need, True
+        remaining = self._target[:n] - self._computed[:n]
+        want = np.where(dec, width, remaining)
+        before = np.add.accumulate(want) - want
+        grant = np.clip(cfg.max_num_batched_tokens - before, 0, want)
+        # a decode that cannot get all its tokens stops the loop, as does an empty budget
+        stop = ((dec & (grant < width)) | (grant <= 0)).nonzero()[0]
+        if stop.size:
+            grant[stop[0] :] = 0
+        context = np.where(dec, self._kv[:n], self._computed[:n])
+        need = np.where(
+            grant > 0, np.ceil((context + grant) / cfg.block_size) - self._blocks[:n], 0
+        )
+        return grant, context, need, False
+
+    def _grow_leading(self, more: np.ndarray, total: float) -> None:
+        """Give the first ``more.size`` running rows ``more`` (>= 0) more blocks each, in
+        one KV-cache reservation of ``total`` (their sum); the caller has checked that the
+        cache can provide them."""
+        if total:
+            self.kv.reserve(int(total))
+            self._blocks[: more.size] += more
+
+    def _allocate_rows(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Give running ``rows`` ``counts`` more blocks each in one KV-cache reservation;
+        the caller has checked that the cache can provide them all."""
+        if not rows.size:
+            return
+        self.kv.reserve(int(_sum(counts)))
+        self._blocks[rows] += counts
+
+    def _schedule_running_slow(self, step_parts: list) -> bool:
+        """vLLM's loop over running requests one by one, preempting the newest request
+        when the KV cache cannot hold a request's tokens. Used for small batches and when
+        the vector path finds the KV cache short. Returns whether it preempted."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        running, kv, bs, width = self.running, self.kv, cfg.block_size, cfg.decode_width
+        decoding, kv_tokens, blocks = self._dec, self._kv, self._blocks
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if decoding[i]:
+                n = width
+                if n > budget:
+                    break
+                context = float(kv_tokens[i])
+            else:
+                n = min(req.prefill_target - req.computed, budget)
+                context = float(req.computed)
+            need = -(-(context + n) // bs) - blocks[i]
+            if need > 0:
+                victim = None
+                if not kv.allocate(req, int(need)):
+                    while True:
+                        victim = self._pop_last()
+                        self._preempt(victim)
+                        preempted = True
+                        if victim is req or kv.allocate(req, int(need)):
+                            break
+                    if victim is req:
+                        break
+                blocks[i] += need
+            step_parts.append((req, n, context, i))
+            budget -= n
+            i += 1
+        return preempted
+
+    def _running_parts_slow(
+        self,
+    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray, tuple[float, int, float, float, float]]:
+        """The per-request loop's result as arrays: (preempted, rows, tokens, contexts), and
+        the token moments of those rows (see ScheduledStep.moments)."""
+        parts: list[tuple[SimRequest, int, float, int]] = []
+        preempted = self._schedule_running_slow(parts)
+        rows = np.array([p[3] for p in parts], dtype=np.int64)
+        tokens = [p[1] for p in parts]
+        contexts = [p[2] for p in parts]
+        moments = token_moments(tokens, contexts)
+        return preempted, rows, np.array(tokens, dtype=float), np.array(contexts), moments
+
+    def _running_parts_decode_head(
+        self,
+    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray] | None:
+        """``_running_parts`` when a few requests still prefill: the decoding rows ahead of
+        the first prefilling one take one vector pass, the short tail after it the loop
+        one by one. None when that does not apply (the budget runs out among the decoding
+        head, the tail is long, or the KV cache cannot serve every row without a
+        preemption); the general path then schedules the step."""
+        cfg = self.config
+        n = len(self.running)
+        width, bs = cfg.decode_width, cfg.block_size
+        dec = self._dec
+        head = int(dec[:n].argmin())  # the first prefilling row (one exists)
+        budget = cfg.max_num_batched_tokens - head * width
+        if budget < 0 or n - head > SHORT_TAIL_ROWS:
+            return None
+        kv_tokens, blocks = self._kv, self._blocks
+        need = np.ceil((kv_tokens[:head] + width) / bs) - blocks[:head]
+        short = (need > 0).nonzero()[0]
+        counts = need[short]
+        total = float(_sum(counts))
+        tail: list[tuple[int, float, float, float]] = []  # (row, tokens, context, blocks)
+        for i in range(head, n):
+            if budget <= 0:
+                break
+            if dec[i]:
+                if width > budget:
+                    break
+                tokens, context = float(width), float(kv_tokens[i])
+            else:
+                context = float(self._computed[i])
+                tokens = min(float(self._target[i]) - context, float(budget))
+            more = math.ceil((context + tokens) / bs) - float(blocks[i])
+            if more > 0:
+                total += more
+            tail.append((i, tokens, context, more))
+            budget -= tokens
+        if total > self.kv.allocatable:
+            return None
+        self.kv.reserve(int(total))
+        blocks[short] += counts
+        count = head + len(tail)
+        grant = np.empty(count)
+        context = np.empty(count)
+        grant[:head] = width
+        context[:head] = kv_tokens[:head]
+        for i, tokens, ctx, more in tail:
+            grant[i] = tokens
+            context[i] = ctx
+            if more > 0:
+                blocks[i] += more
+        return False, np.arange(count), grant, context
+
+    def _running_parts(self) -> tuple[bool, np.ndarray | None, np.ndarray, np.ndarray]:
+        """The same loop in vector form between preemptions: the rows before the first one
+        the KV cache cannot serve get their blocks at once; that row preempts from the
+        tail as vLLM does, and the scan goes on. Returns (preempted, rows, tokens,
+        contexts); the scheduled rows are always a prefix of ``running``, and rows None
+        means every running request decodes this step."""
+        if self._prefilling and self._prefilling <= SHORT_TAIL:
+            parts = self._running_parts_decode_head()
+            if parts is not None:
+                return parts
+        grant, context, need, everyone = self._grant_running()
+        running, kv = self.running, self.kv
+        if everyone:
+            more = np.maximum(need, 0.0)
+            total = float(_sum(more))
+            if total <= kv.allocatable:  # the common case: no preemption
+                self._grow_leading(more, total)
+                return False, None, grant, context
+        granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
+        need = np.maximum(need[:granted], 0.0)
+        preempted = False
+        i = 0
+        while i < min(granted, len(running)):
+            end = min(granted, len(running))
+            cumulative = np.add.accumulate(need[i:end])
+            served = i + int(cumulative.searchsorted(kv.allocatable, side="right"))
+            short = i + (need[i:served] > 0).nonzero()[0]
+            self._allocate_rows(short, need[short])
+            i = served
+            if i >= end:
+                break
+            req, k = running[i], int(need[i])
+            while True:
+                victim = self._pop_last()
+                self._preempt(victim)
+                preempted = True
+                if victim is req or kv.allocate(req, k):
+                    break
+            if victim is req:
+                break
+            self._blocks[i] += k
+            i += 1
+        return preempted, np.arange(i), grant[:i], context[:i]
