@@ -267,6 +267,17 @@ def test_contention_and_speedup():
     assert 0 < c4.contention < 1 and c4.speedup_vs_serial > 1
 
 
+def test_relative_figures_off_leaves_contention_unset_and_the_rest_alike():
+    # the calibration reruns skip the concurrency-1 baseline: same levels, no contention
+    config = PredictConfig(**{**BASE, "concurrency": [4], "requests": 8})
+    with_figures = predict(config, CAT)
+    without = predict(config, CAT, relative_figures=False)
+    assert with_figures.levels[0].contention is not None
+    assert without.levels[0].contention is None
+    assert without.levels[0].speedup_vs_serial is None
+    assert without.levels[0].metrics == with_figures.levels[0].metrics
+
+
 workloads = st.sampled_from(["closed", "batch", "open", "agents"])
 
 
