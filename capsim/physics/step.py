@@ -62,31 +62,24 @@ import numpy as np
 from capsim.catalog.loader import Catalog
 from capsim.catalog.schemas import GPU, Model, QuantFormat
 from capsim.errors import CapsimUserError
-from capsim.physics.communication import (
-    ALLREDUCES_PER_LAYER,
-    choose_interconnect,
-    custom_allreduce_usable,
-    group_bandwidth_gb_s,
-    one_shot_allreduce_seconds,
-    ring_allreduce_seconds,
-    topology_of,
-    two_shot_allreduce_seconds,
-)
+from capsim.physics.allreduce_terms import AllReduceTerms
 from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.decode_run import DecodeRuns
 from capsim.physics.deployment import Deployment, compute_dtype_for, default_efficiency
+from capsim.physics.draft_terms import DrafterTerms
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.elementwise import elementwise_bytes_per_token, routed_moe_elements
+from capsim.physics.elementwise import elementwise_bytes_per_token
+from capsim.physics.expert_terms import ExpertTerms
+from capsim.physics.host_terms import HostTerms
 from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
-from capsim.physics.moe import expected_distinct_experts
-from capsim.physics.parameters import attention_params, layer_ffn_params, parameter_breakdown
+from capsim.physics.parameters import parameter_breakdown
 from capsim.physics.power import power_scales
 from capsim.physics.roofline import (
     StepBreakdown,
     causal_pairs,
-    roofline,
     roofline_scalar,
 )
+from capsim.physics.state_terms import StateTerms
 
 CONTEXT_FREE_CACHE_SIZE = 65536
 """Entries kept of a step model's context-free step parts before the cache starts over."""
@@ -99,11 +92,14 @@ PREFILL_GEMM_ROWS = 8192
 """Rows from which a GEMM runs at ``prefill_compute_efficiency`` (a full prefill chunk)."""
 
 
-class StepModel(DecodeRuns):
+class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms, StateTerms):
     """Step-time model of one replica (a TP group) serving one model.
 
     Construction precomputes per-deployment constants; ``step`` then costs a few numpy
-    operations per call and holds no simulation state.
+    operations per call and holds no simulation state. Its terms live in mixins by kind:
+    all-reduces (allreduce_terms.py), host, launch and front-end time (host_terms.py), the
+    speculative drafter (draft_terms.py), routed experts (expert_terms.py), recurrent state
+    (state_terms.py), and runs of identical decode steps (decode_run.py).
     """
 
     def __init__(
@@ -261,19 +257,8 @@ class StepModel(DecodeRuns):
             else None
         )
 
-        # --- communication
-        self.link = choose_interconnect(gpu, tp, dep.interconnect)
-        self.custom_allreduce = custom_allreduce_usable(self.link, dep.custom_allreduce)
-        self.link_gb_s = 0.0
-        if self.link is not None:
-            self.link_gb_s = group_bandwidth_gb_s(self.link, tp)
-            # a hop through the host's PCIe root costs more than one over a GPU link
-            through_host = topology_of(self.link) == "host"
-            hop = p.hop_latency_pcie_us if through_host else p.hop_latency_nvlink_us
-            if self.link.latency_us is not None:
-                hop = self.link.latency_us
-            self.hop_latency_us = hop
-        self.allreduces_per_step = ALLREDUCES_PER_LAYER * model.num_layers
+        # --- communication (AllReduceTerms)
+        self._init_communication()
 
         # --- overheads
         self.layers = model.num_layers
@@ -303,52 +288,9 @@ class StepModel(DecodeRuns):
         self.graph_max_tokens = self.graph_sizes[-1] if self.graph_sizes else -1
 
         # --- drafter (MTP / EAGLE: one decoder layer and the lm_head per drafted token)
-        self.draft_layer_bytes = 0.0
-        self.draft_routed_slice = 0.0
-        self.draft_layer_flops_per_token = 0.0
-        if dep.spec is not None and dep.spec.method in ("mtp", "eagle"):
-            last = model.num_layers - 1
-            ffn = layer_ffn_params(model, last)
-            bits = fmt.bits_per_weight / 8
-            dense_ffn = ffn.get("mlp", 0) + ffn.get("shared", 0)
-            self.draft_layer_bytes = (
-                attention_params(model) + dense_ffn + 2 * model.hidden_size**2
-            ) * bits / tp + parts["embeddings" if model.tie_word_embeddings else "lm_head"]
-            self.draft_routed_slice = (
-                self.expert_slice_bytes if "routed" in ffn and self.moe_layers else 0.0
-            )
-            self.draft_layer_flops_per_token = (
-                2.0 * (attention_params(model) + dense_ffn + ffn.get("routed_active", 0)) / tp
-                + self.lm_head_flops_per_token
-            )
+        self._init_drafter(parts)
 
     # ------------------------------------------------------------------ helpers
-
-    def experts_touched(self, tokens: float | np.ndarray) -> np.ndarray:
-        """Expected distinct routed experts per MoE layer for ``tokens`` tokens."""
-        if not self.model.moe:
-            return np.zeros_like(np.asarray(tokens, dtype=float))
-        moe = self.model.moe
-        return expected_distinct_experts(
-            moe.num_experts, moe.experts_per_token, tokens, self.params.moe_routing_skew
-        )
-
-    def experts_touched_scalar(self, tokens: float) -> float:
-        """experts_touched for one token count, without numpy for the uniform case."""
-        moe = self.model.moe
-        if not moe:
-            return 0.0
-        if self.params.moe_routing_skew == 0.0:
-            return moe.num_experts * (
-                1.0 - (1.0 - moe.experts_per_token / moe.num_experts) ** tokens
-            )
-        return float(self.experts_touched(tokens))
-
-    def communication_scalar(self, tokens: float) -> float:
-        """communication_seconds for one token count, seconds."""
-        if self.link is None:
-            return 0.0
-        return float(self.communication_seconds(tokens))
 
     def gemm_efficiency(self, rows: float) -> float:
         """Fraction of tensor peak a GEMM with ``rows`` rows (tokens) reaches:
@@ -363,176 +305,6 @@ class StepModel(DecodeRuns):
             return large
         share = math.log(rows / DECODE_GEMM_ROWS) / math.log(PREFILL_GEMM_ROWS / DECODE_GEMM_ROWS)
         return p.compute_efficiency + share * (large - p.compute_efficiency)
-
-    def frontend_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
-        """Latency a request spends outside the engine's steps (API server, tokenizer,
-        streaming) when nothing else is in flight, seconds; it adds to the request's TTFT
-        and end-to-end time. The API server's serial share of it (api_server_seconds) is
-        part of it, not added to it."""
-        p = self.params
-        return p.frontend_request_ms * 1e-3 + p.tokenize_us_per_token * 1e-6 * prompt_tokens
-
-    def api_server_seconds(self, prompt_tokens: float | np.ndarray = 0.0) -> float | np.ndarray:
-        """The API server's serial work on a request of ``prompt_tokens``, seconds:
-        requests queue for it one at a time before they reach the engine. It is the part
-        of the front end's latency that cannot overlap between requests: its per-request
-        share (api_server_ms_per_request, capped at frontend_request_ms) and tokenizing the
-        prompt (tokenize_us_per_token), which vLLM's API server runs on one thread (a
-        ThreadPoolExecutor with max_workers=1, vLLM issue 25301). So requests sent at the
-        same instant reach the engine a tokenization apart, as on a real server, where the
-        first of a burst starts an idle engine's step alone."""
-        p = self.params
-        per_request = min(p.api_server_ms_per_request, p.frontend_request_ms) * 1e-3
-        return per_request + p.tokenize_us_per_token * 1e-6 * prompt_tokens
-
-    def frontend_parallel_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
-        """The rest of the front end's latency once its serial part (api_server_seconds,
-        simulated as a queue before the engine) is taken out, seconds: the simulation adds
-        it to each client-side first token and finish."""
-        return self.frontend_seconds(prompt_tokens) - self.api_server_seconds(prompt_tokens)
-
-    def fused_moe_seconds(self, tokens: int) -> float:
-        """GPU time of one MoE layer's fused-experts call for a step of ``tokens`` tokens
-        (s), as vLLM's ``benchmark_moe.py`` times it (in a CUDA graph): the routed experts'
-        grouped GEMMs (their weight read and per-expert cost against their FLOPs, the
-        step's smooth roofline), the activation on each token's expert slices and the sum
-        of its expert outputs, and the call's fixed cost (``moe_layer_overhead_us``:
-        routing, alignment, launches). Shared experts are not part of the call."""
-        if not self.moe_layers:
-            raise ValueError(f"{self.model.name} has no MoE layers")
-        t = self._terms(float(tokens), int(tokens), 0.0, 0.0, 0.0, 0.0, 0, 0.0, pad=False)
-        p = self.params
-        experts = roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p.roofline_sharpness)
-        elements = routed_moe_elements(self.model, self.deployment.tp)
-        elementwise = tokens * elements * ACTIVATION_BYTES / self.elementwise_bw
-        return experts / self.moe_layers + elementwise + p.moe_layer_overhead_us * 1e-6
-
-    def kernel_floor_us(self, tokens: float) -> float:
-        """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
-        routing kernels), us, with or without CUDA graphs. Eager launches are
-        ``dispatch_seconds``."""
-        p = self.params
-        moe = p.moe_layer_overhead_us - p.moe_replaced_ffn_floor_us
-        return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe)
-
-    def host_seconds(self, sequences: int) -> float:
-        """CPU work of one step that nothing overlaps (scheduling, input preparation,
-        sampling): per step and per scheduled sequence, seconds."""
-        p = self.params
-        return (p.step_overhead_us + p.per_sequence_overhead_us * sequences) * 1e-6
-
-    def dispatch_seconds(self, tokens: float) -> float:
-        """CPU time to launch one step's kernels layer by layer, and its all-reduces,
-        seconds: 0 when the step replays a CUDA graph; ``layer_overhead_eager_us`` a layer
-        in eager mode (``--enforce-eager``, or a platform without graphs);
-        ``layer_overhead_compiled_us`` for a step above the largest captured size, which
-        runs vLLM's compiled (fused) code without a graph. The GPU works while the CPU
-        launches, so a step takes the longer of this and its GPU time."""
-        if tokens <= self.graph_max_tokens:
-            return 0.0
-        p = self.params
-        eager = not self.deployment.cuda_graphs or not self.graph_sizes
-        per_layer = p.layer_overhead_eager_us if eager else p.layer_overhead_compiled_us
-        allreduces = self.allreduces_per_step if self.link is not None else 0
-        return (self.layers * per_layer + allreduces * p.allreduce_eager_launch_us) * 1e-6
-
-    def l2_reuse_fraction(self, touched: np.ndarray) -> np.ndarray:
-        """Share of a step's routed-expert bytes served from L2 rather than DRAM.
-
-        The L2 can hold at most ``l2_cache_mb`` of the bytes one MoE layer touches
-        (``touched`` expert slices); ``l2_reuse_strength`` says how much of that resident
-        share is actually reused (0 by default; calibration decides).
-        """
-        if not self.gpu.l2_cache_mb or self.params.l2_reuse_strength == 0:
-            return np.zeros_like(touched)
-        layer_bytes = np.maximum(touched * self.expert_slice_bytes, 1.0)
-        resident = np.minimum(1.0, self.gpu.l2_cache_mb * 1e6 / layer_bytes)
-        return self.params.l2_reuse_strength * resident
-
-    def communication_seconds(self, tokens: float | np.ndarray) -> np.ndarray:
-        """All-reduce time of one step with ``tokens`` tokens (0 when TP = 1)."""
-        t = np.asarray(tokens, dtype=float)
-        if self.link is None:
-            return np.zeros_like(t)
-        return self.allreduces_per_step * self.allreduce_seconds(
-            t * self.model.hidden_size * ACTIVATION_BYTES
-        )
-
-    def _allreduce_times(self, nbytes: float | np.ndarray) -> dict[str, np.ndarray]:
-        """Time of one all-reduce of ``nbytes`` by each algorithm this TP group can run,
-        seconds: NCCL's ring, and where peer-to-peer custom all-reduce runs its one-shot
-        and two-shot kernels (physics/communication.py)."""
-        p = self.params
-        n = self.deployment.tp
-        bw = self.link_gb_s
-        eff = p.allreduce_efficiency
-        times = {
-            "NCCL ring": ring_allreduce_seconds(
-                nbytes, n, bw, eff, p.allreduce_latency_us, self.hop_latency_us
-            )
-        }
-        if self.custom_allreduce:
-            times["one-shot custom"] = one_shot_allreduce_seconds(
-                nbytes, n, bw, eff, p.custom_allreduce_latency_us
-            )
-            times["two-shot custom"] = two_shot_allreduce_seconds(
-                nbytes, n, bw, eff, p.two_shot_allreduce_latency_us
-            )
-        return times
-
-    def allreduce_algorithm(self, nbytes: float) -> str:
-        """Which all-reduce this TP group runs for ``nbytes``: the fastest of
-        ``_allreduce_times`` ('NCCL ring', 'one-shot custom' or 'two-shot custom')."""
-        if self.link is None:
-            return ""
-        times = self._allreduce_times(nbytes)
-        return min(times, key=lambda name: float(times[name]))
-
-    def allreduce_seconds(self, nbytes: float | np.ndarray) -> np.ndarray:
-        """One all-reduce of ``nbytes`` in this TP group, seconds: the fastest algorithm
-        (``_allreduce_times``)."""
-        times = list(self._allreduce_times(nbytes).values())
-        best = times[0]
-        for t in times[1:]:
-            best = np.minimum(best, t)
-        return best
-
-    def draft_seconds(self, sequences: int, context: np.ndarray) -> float:
-        """Time the drafter spends proposing k tokens for ``sequences`` sequences."""
-        spec = self.deployment.spec
-        if spec is None or sequences == 0:
-            return 0.0
-        p = self.params
-        k = spec.num_tokens
-        if spec.method == "ngram":
-            return sequences * p.ngram_lookup_us * 1e-6
-        if spec.method == "draft":
-            assert self.draft is not None
-            ones = np.ones(sequences, dtype=int)
-            return float(sum(self.draft.step(ones, context + j).t_total for j in range(k)))
-        return float(self._layer_draft_seconds(sequences, np.sum(context + 1)))
-
-    def _layer_draft_seconds(self, sequences: int, context_sum: float | np.ndarray) -> np.ndarray:
-        """MTP/EAGLE drafting, seconds: passes of one decoder layer plus the lm_head
-        (``SpecConfig.draft_pass_tokens``: a draft-extend pass over the verified positions,
-        then k - 1 passes of topk tokens a sequence), each reading the layer's weights,
-        its KV for ``context_sum`` tokens, and computing its tokens."""
-        p = self.params
-        kv_pass = np.asarray(context_sum, dtype=float) * self.kv_bytes_per_layer_token
-        launch = (
-            p.layer_overhead_graph_us if self.deployment.cuda_graphs else p.layer_overhead_eager_us
-        )
-        total = 0.0
-        for tokens in self.deployment.spec.draft_pass_tokens(sequences):
-            touched = float(self.experts_touched(tokens)) if self.draft_routed_slice else 0.0
-            bytes_per_pass = self.draft_layer_bytes + touched * self.draft_routed_slice
-            t_mem = bytes_per_pass / self.dense_bw + kv_pass / self.kv_bw
-            rate = self.dense_gemm_rate(tokens)
-            t_flop = tokens * self.draft_layer_flops_per_token / rate
-            per_pass = roofline(t_mem, t_flop, p.roofline_sharpness) * p.drafter_layer_cost
-            comm = float(self.communication_seconds(tokens)) / max(self.layers, 1)
-            total = total + per_pass + launch * 1e-6 + comm
-        return total
 
     # ------------------------------------------------------------------ the step
 
@@ -647,37 +419,6 @@ class StepModel(DecodeRuns):
             "decode_only": self._decode_only(tokens, seqs),
         }
 
-    def state_traffic_bytes(self, seqs: int) -> float:
-        """Bytes of recurrent state (Gated DeltaNet, Mamba) a step moves: each scheduled
-        sequence's state read once and written once per token of its decode width. A
-        speculative verify of k + 1 tokens writes k + 1 states, one per draft position, so
-        that a rejection can roll back to the last accepted one (vLLM's and SGLang's
-        recurrent kernels store a state slot per position); a plain decode reads and
-        writes one. Bytes."""
-        return seqs * self.kv.state_bytes_per_sequence * (1.0 + self.decode_width)
-
-    def gdn_chunked_tokens(self, tokens: float, seqs: int) -> float:
-        """Tokens of a step that run through the chunked Gated DeltaNet prefill kernels:
-        those beyond the decode width of each sequence (a decode runs the recurrent
-        kernel, whose state traffic is costed with the KV)."""
-        return max(tokens - seqs * self.decode_width, 0.0)
-
-    def gdn_prefill_extra(self, tokens: float, seqs: int) -> float:
-        """Seconds the chunked Gated DeltaNet prefill kernels take beyond their FLOPs at
-        the attention rate (0 where the class sets no rate of their own): the step's
-        chunked tokens' GDN FLOPs at ``linear_attention_compute_efficiency`` of the 16-bit
-        peak, plus ``linear_attention_prefill_token_ns`` a chunked token and GDN layer
-        (the serial walk over chunks), less the same FLOPs at the attention rate (already
-        in its compute term). The walk is charged for every chunked token of the step, as
-        if its prefilling sequences ran one after another; they run side by side, so a
-        step of several short prompts is costed a little high."""
-        if self.gdn_prefill_rate is None:
-            return 0.0
-        chunked = self.gdn_chunked_tokens(tokens, seqs)
-        flops = chunked * self.gdn_flops_per_token
-        walk = chunked * self.linear_layers * self.gdn_prefill_token_seconds
-        return walk + flops / self.gdn_prefill_rate - flops / self.attention_flops_rate
-
     def passes(self, tokens: float) -> int:
         """Passes a step of ``tokens`` tokens runs as: 1, or with a physical batch
         (``ubatch_tokens``, llama.cpp's n_ubatch) one per ubatch it needs."""
@@ -694,23 +435,6 @@ class StepModel(DecodeRuns):
             return self.int8_gemm_rate
         return self.gemm_peak * self.gemm_efficiency(rows)
 
-    def expert_gemm_rate(self, routed_tokens: float, touched: float) -> float:
-        """FLOP/s of the routed experts' grouped GEMMs in a pass of ``routed_tokens``
-        tokens touching ``touched`` experts a layer: the format's GEMM peak x
-        ``moe_compute_efficiency`` where the class sets it, else x the dense GEMMs'
-        efficiency at the rows each expert gets (``gemm_efficiency``)."""
-        if self.moe_gemm_rate is not None:
-            return self.moe_gemm_rate
-        rows = self.rows_per_expert(routed_tokens, touched)
-        return self.gemm_peak * self.gemm_efficiency(rows)
-
-    def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
-        """Rows of one routed expert's GEMM: the token-expert pairs of a step spread over
-        the experts they touch."""
-        if not touched or self.model.moe is None:
-            return 0.0
-        return routed_tokens * self.model.moe.experts_per_token / touched
-
     def _roofline(self, t: dict[str, float]) -> float:
         """Weights, experts and attention, each its smooth roofline of memory and compute
         time (s)."""
@@ -726,31 +450,6 @@ class StepModel(DecodeRuns):
         the kernel floor."""
         return self._roofline(t) + t["t_elementwise"] + t["t_comm"] + t["t_floor"]
 
-    def _overlapped(self, gpu, dispatch):
-        """A step's GPU work and eager launches together (s, scalars or arrays): the longer
-        of the two where launches run ahead of the device (``launch_overlap`` 1), their
-        sum where the dispatching thread runs each operator itself (0, the CPU backend)."""
-        serial = (1.0 - self.params.launch_overlap) * np.minimum(gpu, dispatch)
-        return np.maximum(gpu, dispatch) + serial
-
-    def _decode_only(self, tokens: float, seqs: int) -> bool:
-        """Whether a step of ``tokens`` over ``seqs`` sequences only decodes (no prefill
-        chunk in it: at most the decode width per sequence)."""
-        return tokens <= seqs * self.decode_width
-
-    def _with_host(self, host, device, decode_only: bool = True):
-        """A step's duration from its host work and its device work (GPU kernels or their
-        launches, and drafting), seconds, scalars or arrays. Without async scheduling they
-        add up; with it the CPU prepares the next step while the GPU runs this one, so the
-        share ``async_host_overlap`` of the host's work hides under the device's. vLLM's
-        async scheduling overlaps decode steps only: a step with prefill tokens runs its
-        host work serially (vLLM PR 27914: 'only optimizes the decode stage and has no
-        effect on the prefill stage')."""
-        if not self.async_host or not decode_only:
-            return host + device
-        hidden = self.params.async_host_overlap * host
-        return np.maximum(device, hidden) + (host - hidden)
-
     def _device(self, t: dict[str, float]) -> float:
         """A step's device work (s): the GPU's work or its eager launches, and drafting."""
         return float(self._overlapped(self._gpu(t), t["t_dispatch"])) + t["t_draft"]
@@ -759,13 +458,6 @@ class StepModel(DecodeRuns):
         """A step's duration (s) from its terms (``device``: their _device, if known)."""
         device = self._device(t) if device is None else device
         return float(self._with_host(t["t_host"], device, t["decode_only"]))
-
-    def _draft_for(self, drafting_sequences: int, new_tokens, context) -> float:
-        if not drafting_sequences or self.deployment.spec is None:
-            return 0.0
-        n = np.asarray(new_tokens, dtype=float)
-        c = np.asarray(context, dtype=float)[n > 0][:drafting_sequences]
-        return self.draft_seconds(drafting_sequences, c)
 
     def kernel_seconds(self, new_tokens: np.ndarray | list[int], context) -> float:
         """GPU time of one step's kernels, seconds: weights, routed experts and attention

@@ -1,0 +1,86 @@
+"""Routed experts in a step: how many distinct experts the step's tokens touch, the share of
+their bytes the L2 serves, the grouped GEMMs' rate and rows, and one fused-MoE call's time
+as vLLM's kernel benchmark measures it.
+
+``ExpertTerms`` is mixed into ``StepModel`` (physics/step.py) and reads its model,
+parameters and expert sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from capsim.physics.elementwise import routed_moe_elements
+from capsim.physics.memory import ACTIVATION_BYTES
+from capsim.physics.moe import expected_distinct_experts
+from capsim.physics.roofline import roofline_scalar
+
+
+class ExpertTerms:
+    """Routed-expert terms (mixed into ``StepModel``)."""
+
+    def experts_touched(self, tokens: float | np.ndarray) -> np.ndarray:
+        """Expected distinct routed experts per MoE layer for ``tokens`` tokens."""
+        if not self.model.moe:
+            return np.zeros_like(np.asarray(tokens, dtype=float))
+        moe = self.model.moe
+        return expected_distinct_experts(
+            moe.num_experts, moe.experts_per_token, tokens, self.params.moe_routing_skew
+        )
+
+    def experts_touched_scalar(self, tokens: float) -> float:
+        """experts_touched for one token count, without numpy for the uniform case."""
+        moe = self.model.moe
+        if not moe:
+            return 0.0
+        if self.params.moe_routing_skew == 0.0:
+            return moe.num_experts * (
+                1.0 - (1.0 - moe.experts_per_token / moe.num_experts) ** tokens
+            )
+        return float(self.experts_touched(tokens))
+
+    def l2_reuse_fraction(self, touched: np.ndarray) -> np.ndarray:
+        """Share of a step's routed-expert bytes served from L2 rather than DRAM.
+
+        The L2 can hold at most ``l2_cache_mb`` of the bytes one MoE layer touches
+        (``touched`` expert slices); ``l2_reuse_strength`` says how much of that resident
+        share is actually reused (0 by default; calibration decides).
+        """
+        if not self.gpu.l2_cache_mb or self.params.l2_reuse_strength == 0:
+            return np.zeros_like(touched)
+        layer_bytes = np.maximum(touched * self.expert_slice_bytes, 1.0)
+        resident = np.minimum(1.0, self.gpu.l2_cache_mb * 1e6 / layer_bytes)
+        return self.params.l2_reuse_strength * resident
+
+    def fused_moe_seconds(self, tokens: int) -> float:
+        """GPU time of one MoE layer's fused-experts call for a step of ``tokens`` tokens
+        (s), as vLLM's ``benchmark_moe.py`` times it (in a CUDA graph): the routed experts'
+        grouped GEMMs (their weight read and per-expert cost against their FLOPs, the
+        step's smooth roofline), the activation on each token's expert slices and the sum
+        of its expert outputs, and the call's fixed cost (``moe_layer_overhead_us``:
+        routing, alignment, launches). Shared experts are not part of the call."""
+        if not self.moe_layers:
+            raise ValueError(f"{self.model.name} has no MoE layers")
+        t = self._terms(float(tokens), int(tokens), 0.0, 0.0, 0.0, 0.0, 0, 0.0, pad=False)
+        p = self.params
+        experts = roofline_scalar(t["t_exp_mem"], t["t_exp_cmp"], p.roofline_sharpness)
+        elements = routed_moe_elements(self.model, self.deployment.tp)
+        elementwise = tokens * elements * ACTIVATION_BYTES / self.elementwise_bw
+        return experts / self.moe_layers + elementwise + p.moe_layer_overhead_us * 1e-6
+
+    def expert_gemm_rate(self, routed_tokens: float, touched: float) -> float:
+        """FLOP/s of the routed experts' grouped GEMMs in a pass of ``routed_tokens``
+        tokens touching ``touched`` experts a layer: the format's GEMM peak x
+        ``moe_compute_efficiency`` where the class sets it, else x the dense GEMMs'
+        efficiency at the rows each expert gets (``gemm_efficiency``)."""
+        if self.moe_gemm_rate is not None:
+            return self.moe_gemm_rate
+        rows = self.rows_per_expert(routed_tokens, touched)
+        return self.gemm_peak * self.gemm_efficiency(rows)
+
+    def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
+        """Rows of one routed expert's GEMM: the token-expert pairs of a step spread over
+        the experts they touch."""
+        if not touched or self.model.moe is None:
+            return 0.0
+        return routed_tokens * self.model.moe.experts_per_token / touched

@@ -1,0 +1,96 @@
+"""What the host adds to a step and the front end to a request: the CPU's per-step and
+per-sequence work, eager kernel launches, the per-layer kernel floor, async scheduling's
+overlap of host and device, and the API server's latency (serial and parallel parts).
+
+``HostTerms`` is mixed into ``StepModel`` (physics/step.py) and reads its parameters,
+deployment and CUDA-graph sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class HostTerms:
+    """Host, launch and front-end terms (mixed into ``StepModel``)."""
+
+    def frontend_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
+        """Latency a request spends outside the engine's steps (API server, tokenizer,
+        streaming) when nothing else is in flight, seconds; it adds to the request's TTFT
+        and end-to-end time. The API server's serial share of it (api_server_seconds) is
+        part of it, not added to it."""
+        p = self.params
+        return p.frontend_request_ms * 1e-3 + p.tokenize_us_per_token * 1e-6 * prompt_tokens
+
+    def api_server_seconds(self, prompt_tokens: float | np.ndarray = 0.0) -> float | np.ndarray:
+        """The API server's serial work on a request of ``prompt_tokens``, seconds:
+        requests queue for it one at a time before they reach the engine. It is the part
+        of the front end's latency that cannot overlap between requests: its per-request
+        share (api_server_ms_per_request, capped at frontend_request_ms) and tokenizing the
+        prompt (tokenize_us_per_token), which vLLM's API server runs on one thread (a
+        ThreadPoolExecutor with max_workers=1, vLLM issue 25301). So requests sent at the
+        same instant reach the engine a tokenization apart, as on a real server, where the
+        first of a burst starts an idle engine's step alone."""
+        p = self.params
+        per_request = min(p.api_server_ms_per_request, p.frontend_request_ms) * 1e-3
+        return per_request + p.tokenize_us_per_token * 1e-6 * prompt_tokens
+
+    def frontend_parallel_seconds(self, prompt_tokens: float | np.ndarray) -> float | np.ndarray:
+        """The rest of the front end's latency once its serial part (api_server_seconds,
+        simulated as a queue before the engine) is taken out, seconds: the simulation adds
+        it to each client-side first token and finish."""
+        return self.frontend_seconds(prompt_tokens) - self.api_server_seconds(prompt_tokens)
+
+    def kernel_floor_us(self, tokens: float) -> float:
+        """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
+        routing kernels), us, with or without CUDA graphs. Eager launches are
+        ``dispatch_seconds``."""
+        p = self.params
+        moe = p.moe_layer_overhead_us - p.moe_replaced_ffn_floor_us
+        return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe)
+
+    def host_seconds(self, sequences: int) -> float:
+        """CPU work of one step that nothing overlaps (scheduling, input preparation,
+        sampling): per step and per scheduled sequence, seconds."""
+        p = self.params
+        return (p.step_overhead_us + p.per_sequence_overhead_us * sequences) * 1e-6
+
+    def dispatch_seconds(self, tokens: float) -> float:
+        """CPU time to launch one step's kernels layer by layer, and its all-reduces,
+        seconds: 0 when the step replays a CUDA graph; ``layer_overhead_eager_us`` a layer
+        in eager mode (``--enforce-eager``, or a platform without graphs);
+        ``layer_overhead_compiled_us`` for a step above the largest captured size, which
+        runs vLLM's compiled (fused) code without a graph. The GPU works while the CPU
+        launches, so a step takes the longer of this and its GPU time."""
+        if tokens <= self.graph_max_tokens:
+            return 0.0
+        p = self.params
+        eager = not self.deployment.cuda_graphs or not self.graph_sizes
+        per_layer = p.layer_overhead_eager_us if eager else p.layer_overhead_compiled_us
+        allreduces = self.allreduces_per_step if self.link is not None else 0
+        return (self.layers * per_layer + allreduces * p.allreduce_eager_launch_us) * 1e-6
+
+    def _overlapped(self, gpu, dispatch):
+        """A step's GPU work and eager launches together (s, scalars or arrays): the longer
+        of the two where launches run ahead of the device (``launch_overlap`` 1), their
+        sum where the dispatching thread runs each operator itself (0, the CPU backend)."""
+        serial = (1.0 - self.params.launch_overlap) * np.minimum(gpu, dispatch)
+        return np.maximum(gpu, dispatch) + serial
+
+    def _decode_only(self, tokens: float, seqs: int) -> bool:
+        """Whether a step of ``tokens`` over ``seqs`` sequences only decodes (no prefill
+        chunk in it: at most the decode width per sequence)."""
+        return tokens <= seqs * self.decode_width
+
+    def _with_host(self, host, device, decode_only: bool = True):
+        """A step's duration from its host work and its device work (GPU kernels or their
+        launches, and drafting), seconds, scalars or arrays. Without async scheduling they
+        add up; with it the CPU prepares the next step while the GPU runs this one, so the
+        share ``async_host_overlap`` of the host's work hides under the device's. vLLM's
+        async scheduling overlaps decode steps only: a step with prefill tokens runs its
+        host work serially (vLLM PR 27914: 'only optimizes the decode stage and has no
+        effect on the prefill stage')."""
+        if not self.async_host or not decode_only:
+            return host + device
+        hidden = self.params.async_host_overlap * host
+        return np.maximum(device, hidden) + (host - hidden)
