@@ -77,7 +77,8 @@ if TYPE_CHECKING:
     from capsim.engine.levels import LevelResult
     from capsim.engine.simulate import PredictResult
     from capsim.errors import CapsimUserError
-    from capsim.physics.memory import MemoryFit, kv_bytes_per_token, kv_layout, memory_fit
+    from capsim.physics.kv_layout import kv_bytes_per_token, kv_layout
+    from capsim.physics.memory import MemoryFit, memory_fit
     from capsim.physics.parameters import ParameterBreakdown, parameter_breakdown
     from capsim.planner.capacity import CapacityAnswer
     from capsim.planner.search import PlanOutcome, PlanRequest

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from capsim.catalog.hf_import import compress_pattern, model_from_hf_config
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
-from capsim.physics.memory import kv_layout
+from capsim.physics.kv_layout import kv_layout
 from capsim.physics.parameters import parameter_breakdown
 
 # Key/value pairs as they appear in each model's config.json (see the catalog sources).

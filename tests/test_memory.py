@@ -10,15 +10,8 @@ from hypothesis import strategies as st
 
 from capsim.catalog.loader import load_catalog
 from capsim.errors import CapsimUserError, DoesNotFitError
-from capsim.physics.memory import (
-    BLOCK_SIZE_TOKENS,
-    GIB,
-    kv_bytes_per_token,
-    kv_layout,
-    memory_fit,
-    require_fit,
-    weight_bytes,
-)
+from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS, kv_bytes_per_token, kv_layout
+from capsim.physics.memory import GIB, memory_fit, require_fit, weight_bytes
 
 CAT = load_catalog()
 

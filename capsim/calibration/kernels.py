@@ -37,7 +37,7 @@ from capsim.catalog.schemas import Model
 from capsim.errors import CapsimUserError
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.memory import kv_heads_per_gpu
+from capsim.physics.kv_layout import kv_heads_per_gpu
 from capsim.physics.step import StepModel
 
 KERNEL_FIT = (

@@ -140,7 +140,8 @@ def gpus_show(name: str, json_out: JsonOption = False, db: DbOption = None) -> N
 
 def model_derived(m: Model, cat: Catalog) -> dict[str, Any]:
     """Figures derived from a model's dimensions: parameters, weights and KV per token."""
-    from capsim.physics.memory import kv_layout, weight_bytes
+    from capsim.physics.kv_layout import kv_layout
+    from capsim.physics.memory import weight_bytes
     from capsim.physics.parameters import parameter_breakdown
 
     p = parameter_breakdown(m)
@@ -176,7 +177,7 @@ def models_list(
     db: DbOption = None,
 ) -> None:
     """List models with their computed total and active parameters."""
-    from capsim.physics.memory import kv_layout
+    from capsim.physics.kv_layout import kv_layout
     from capsim.physics.parameters import parameter_breakdown
 
     if ctx.invoked_subcommand:

@@ -10,9 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from capsim.engine.lengths import parse_length
 from capsim.engine.router import RouterPolicy
 from capsim.engine.workloads import WorkloadKind
-from capsim.physics.memory import (
-    BLOCK_SIZE_TOKENS,
-)
+from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
 from capsim.physics.speculative import SpecConfig
 
 MAX_TP = 72

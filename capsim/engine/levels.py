@@ -28,9 +28,7 @@ from capsim.engine.setup import Setup, build_setup
 from capsim.engine.workloads import Driver, Workload, read_trace
 from capsim.errors import CapsimUserError
 from capsim.metrics import LevelMetrics, RequestRecord, RequestSummary, RequestTable, level_metrics
-from capsim.physics.memory import (
-    BLOCK_SIZE_TOKENS,
-)
+from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
 from capsim.streaming import LogSketch
 
 

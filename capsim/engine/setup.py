@@ -13,8 +13,8 @@ from capsim.engine.scheduler import SchedulerConfig
 from capsim.errors import CapsimUserError
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
+from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
 from capsim.physics.memory import (
-    BLOCK_SIZE_TOKENS,
     MemoryFit,
     auto_format,
     check_tensor_parallel,

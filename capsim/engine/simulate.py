@@ -38,9 +38,7 @@ from capsim.engine.setup import Setup, build_setup
 from capsim.engine.workloads import Workload
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.memory import (
-    BLOCK_SIZE_TOKENS,
-)
+from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
 
 
 class PredictResult(BaseModel):

@@ -22,7 +22,7 @@ from capsim.physics.communication import (
     topology_of,
     two_shot_allreduce_seconds,
 )
-from capsim.physics.memory import ACTIVATION_BYTES
+from capsim.physics.dtypes import ACTIVATION_BYTES
 
 
 class AllReduceTerms:

@@ -32,7 +32,8 @@ activation quantisation is left out (vLLM fuses it into the norm and the activat
 from __future__ import annotations
 
 from capsim.catalog.schemas import Model
-from capsim.physics.memory import ACTIVATION_BYTES, kv_heads_per_gpu
+from capsim.physics.dtypes import ACTIVATION_BYTES
+from capsim.physics.kv_layout import kv_heads_per_gpu
 
 
 def attention_elements(model: Model, tp: int) -> float:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from capsim.physics.dtypes import ACTIVATION_BYTES
 from capsim.physics.elementwise import routed_moe_elements
-from capsim.physics.memory import ACTIVATION_BYTES
 from capsim.physics.moe import expected_distinct_experts
 from capsim.physics.roofline import roofline_scalar
 

@@ -67,11 +67,13 @@ from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.decode_run import DecodeRuns
 from capsim.physics.deployment import Deployment, compute_dtype_for, default_efficiency
 from capsim.physics.draft_terms import DrafterTerms
+from capsim.physics.dtypes import ACTIVATION_BYTES
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.elementwise import elementwise_bytes_per_token
 from capsim.physics.expert_terms import ExpertTerms
 from capsim.physics.host_terms import HostTerms
-from capsim.physics.memory import ACTIVATION_BYTES, check_tensor_parallel, kv_layout, weight_bytes
+from capsim.physics.kv_layout import kv_layout
+from capsim.physics.memory import check_tensor_parallel, weight_bytes
 from capsim.physics.parameters import parameter_breakdown
 from capsim.physics.power import power_scales
 from capsim.physics.roofline import (

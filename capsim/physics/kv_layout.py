@@ -1,0 +1,122 @@
+"""KV-cache and recurrent-state bytes per GPU, by layer type: what one token of context (or
+one sequence, for state) costs in memory and in reads.
+
+KV cache per layer type (per token of context, per GPU):
+
+* full attention: 2 (K and V) x kv_heads_per_gpu x head_dim x kv_dtype_bytes
+* sliding-window attention: the same per token, but a sequence never holds more than
+  ``sliding_window`` tokens of it
+* MLA (DeepSeek): (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes, one latent shared by
+  all heads and replicated on every TP rank (vLLM does not shard the latent cache)
+* linear attention (Gated DeltaNet): no per-token cache; a fixed state per sequence of
+  value_heads_per_gpu x key_head_dim x value_head_dim x state_dtype_bytes plus the
+  convolution window (conv_kernel - 1) x conv_channels_per_gpu x 2 bytes
+
+All byte counts are per GPU of one tensor-parallel group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from capsim.catalog.schemas import Model
+from capsim.physics.dtypes import ACTIVATION_BYTES, kv_dtype_bytes
+
+BLOCK_SIZE_TOKENS = 16
+"""vLLM's default paged-KV block size, tokens per block."""
+
+
+def kv_heads_per_gpu(model: Model, tp: int) -> float:
+    """KV heads each GPU stores: heads are split over TP, and replicated when fewer than TP."""
+    return max(1.0, model.num_kv_heads / tp)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """KV-cache and state cost per GPU, by layer type.
+
+    Attributes:
+        full_bytes_per_token: bytes per context token over full-attention and MLA layers.
+        sliding_bytes_per_token: bytes per token over sliding-window layers (a sequence
+            holds at most ``sliding_window`` tokens of these).
+        sliding_window: tokens, or None.
+        state_bytes_per_sequence: fixed linear-attention state per sequence.
+        per_layer_type: bytes per token (or per sequence for state) of one layer of each type.
+    """
+
+    full_bytes_per_token: float
+    sliding_bytes_per_token: float
+    sliding_window: int | None
+    state_bytes_per_sequence: float
+    per_layer_type: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes per token of the paged pool (full + sliding layers), what vLLM's block holds."""
+        return self.full_bytes_per_token + self.sliding_bytes_per_token
+
+    def sequence_bytes(self, context_tokens: float) -> float:
+        """Memory one sequence of ``context_tokens`` holds, in whole 16-token blocks."""
+        blocks = math.ceil(context_tokens / BLOCK_SIZE_TOKENS)
+        tokens = blocks * BLOCK_SIZE_TOKENS
+        sliding_tokens = tokens
+        if self.sliding_window is not None:
+            window_blocks = math.ceil(self.sliding_window / BLOCK_SIZE_TOKENS) + 1
+            sliding_tokens = min(tokens, window_blocks * BLOCK_SIZE_TOKENS)
+        return (
+            tokens * self.full_bytes_per_token
+            + sliding_tokens * self.sliding_bytes_per_token
+            + self.state_bytes_per_sequence
+        )
+
+
+def kv_layout(model: Model, kv_dtype: str = "auto", tp: int = 1) -> KVLayout:
+    """KV-cache bytes per token and state bytes per sequence, per GPU, by layer type."""
+    elem = kv_dtype_bytes(kv_dtype, model)
+    per_type: dict[str, float] = {}
+    if model.mla is not None:
+        attn_layer = (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * elem
+        per_type["mla"] = attn_layer
+    else:
+        attn_layer = 2 * kv_heads_per_gpu(model, tp) * model.head_dim * elem
+    n_full = model.count_layers("full_attention")
+    n_sliding = model.count_layers("sliding_attention")
+    n_linear = model.count_layers("linear_attention")
+    if n_full and model.mla is None:
+        per_type["full_attention"] = attn_layer
+    if n_sliding:
+        per_type["sliding_attention"] = attn_layer
+    state = 0.0
+    if n_linear:
+        la = model.linear_attention
+        assert la is not None
+        v_heads = la.num_value_heads / tp
+        k_heads = la.num_key_heads / tp
+        recurrent = v_heads * la.key_head_dim * la.value_head_dim * la.state_dtype_bytes
+        conv_channels = 2 * k_heads * la.key_head_dim + v_heads * la.value_head_dim
+        conv = (la.conv_kernel_dim - 1) * conv_channels * ACTIVATION_BYTES
+        per_type["linear_attention_state_per_sequence"] = recurrent + conv
+        state = n_linear * (recurrent + conv)
+    n_mamba = model.count_layers("mamba")
+    if n_mamba:
+        mb = model.mamba
+        assert mb is not None
+        ssm = mb.num_heads / tp * mb.head_dim * mb.state_size * mb.state_dtype_bytes
+        conv_channels = (mb.inner_size + 2 * mb.n_groups * mb.state_size) / tp
+        conv = (mb.conv_kernel - 1) * conv_channels * ACTIVATION_BYTES
+        per_type["mamba_state_per_sequence"] = ssm + conv
+        state += n_mamba * (ssm + conv)
+    return KVLayout(
+        full_bytes_per_token=n_full * attn_layer,
+        sliding_bytes_per_token=n_sliding * attn_layer,
+        sliding_window=model.sliding_window if n_sliding else None,
+        state_bytes_per_sequence=state,
+        per_layer_type=per_type,
+    )
+
+
+def kv_bytes_per_token(model: Model, kv_dtype: str = "auto", tp: int = 1) -> float:
+    """KV-cache bytes per token of context per GPU, over all attention layers (sliding
+    layers counted per token, as long as the context is within the window)."""
+    return kv_layout(model, kv_dtype, tp).bytes_per_token
