@@ -83,7 +83,10 @@ over calibration/runs/loops-2026-11-27 and the c16 runs) the worst held-out erro
 median 14.2%, at most 23.9% (14.9% and 34.1% without the test). A 16th loop, from a CI run
 whose host slowed by 20-50% from run to run, still fitted its scatter (C=16 TPOT +38.2%)
 until deviations were clipped at the runs' own robust spread (NOISE_CLIP_MADS): with that,
-all 16 loops at most 23.9%, median 13.7%."""
+all 16 loops at most 23.9%, median 13.7%. Two later CI loops (the *-ci2 runs) still miss
+(C=16 TPOT +39% and +69%): their C=1-4 TPOT rises twice as steeply as above C=4, beyond
+their scatter at any NOISE_Z up to 2.5, which no noise test can tell from a real
+per-sequence cost."""
 
 NOISE_CLIP = 0.1
 """A run's deviation from its level's mean counts at most this much (log units, about 10%)
