@@ -31,15 +31,6 @@ FIGURES = {
 }
 
 
-def levels_of(dataset, levels: set[int]):
-    """``dataset`` with only the points measured at ``levels``."""
-    scenarios = [
-        s.model_copy(update={"points": [p for p in s.points if p.concurrency in levels]})
-        for s in dataset.scenarios
-    ]
-    return dataset.model_copy(update={"scenarios": scenarios})
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("runs", nargs="*", type=Path)
@@ -54,8 +45,8 @@ def main() -> None:
     worst = []
     for path in runs:
         measured = dataset_from_run(path)
-        profile = fit_profile([levels_of(measured, {1, 2, 4})], catalog, path.stem)
-        held_out = levels_of(measured, {8, 16})
+        profile = fit_profile([measured.at_levels({1, 2, 4})], catalog, path.stem)
+        held_out = measured.at_levels({8, 16})
         predicted = compare_dataset(held_out, catalog, profile.params(catalog, "cpu-host"))
         groups: dict[tuple, list] = {}
         for p in predicted:

@@ -317,15 +317,7 @@ def test_a_run_from_another_host_is_refitted_from_the_optimum():
     # it doubled TTFT and the per-sequence term was never chosen (C=8 tok/s -30%, TPOT
     # +42%, TTFT p50 +44%).
     ds = dataset_from_run(RUN.with_name("cpu-vllm-tiny-qwen3-moe.json"))
-    train = ds.model_copy(
-        update={
-            "scenarios": [
-                s.model_copy(update={"points": [p for p in s.points if p.concurrency <= 4]})
-                for s in ds.scenarios
-            ]
-        }
-    )
-    profile = fit_profile([train], CAT, "other-host-moe")
+    profile = fit_profile([ds.at_levels(range(1, 5))], CAT, "other-host-moe")
     assert profile.held["compute_efficiency"] > 0.2, profile.held_reasons
     assert "nearest its prior" in profile.held_reasons["compute_efficiency"]
     assert "per_sequence_overhead_us" in profile.parameters
@@ -346,21 +338,10 @@ def test_a_host_whose_every_run_wanders_keeps_its_scatter_in_the_noise_test():
     # per-sequence term was fitted (548 us) and C=16 TPOT came out +38.2%; with the clip at
     # three robust sd of the runs' own scatter that term is held at its prior.
     ds = dataset_from_run(RUN.parent / "loops-2026-11-27" / "cpu-vllm-tiny-qwen3-moe-ci.json")
-
-    def levels(keep):
-        return ds.model_copy(
-            update={
-                "scenarios": [
-                    s.model_copy(update={"points": [p for p in s.points if p.concurrency in keep]})
-                    for s in ds.scenarios
-                ]
-            }
-        )
-
-    profile = fit_profile([levels({1, 2, 4})], CAT, "ci-moe")
+    profile = fit_profile([ds.at_levels({1, 2, 4})], CAT, "ci-moe")
     assert "per_sequence_overhead_us" not in profile.parameters
     assert "scatter" in profile.held_reasons["per_sequence_overhead_us"]
-    predicted = compare_dataset(levels({16}), CAT, profile.params(CAT, "cpu-host"))
+    predicted = compare_dataset(ds.at_levels({16}), CAT, profile.params(CAT, "cpu-host"))
     tpot = [p for p in predicted if p.metric == "tpot_s" and p.statistic == "mean"]
     measured = sum(p.measured for p in tpot) / len(tpot)
     assert abs(tpot[0].predicted / measured - 1) < 0.2, (tpot[0].predicted, measured)

@@ -8,6 +8,7 @@ capsim metric (see capsim.metrics) and quotes the text it was read from.
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 from pathlib import Path
 
 import yaml
@@ -140,6 +141,15 @@ class PublishedDataset(Strict):
         "(e.g. an engine generation capsim does not model); None = scored",
     )
     scenarios: list[Scenario]
+
+    def at_levels(self, levels: Container[int]) -> PublishedDataset:
+        """This dataset with only the points measured at ``levels`` (concurrency), e.g. a
+        probe's low levels to calibrate on and its high ones to check the prediction."""
+        scenarios = [
+            s.model_copy(update={"points": [p for p in s.points if p.concurrency in levels]})
+            for s in self.scenarios
+        ]
+        return self.model_copy(update={"scenarios": scenarios})
 
 
 def calibration_dir() -> Path:

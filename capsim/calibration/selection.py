@@ -181,9 +181,9 @@ def noise_clip(deviations: list[np.ndarray]) -> float:
     NOISE_CLIP_MADS robust standard deviations (1.4826 x the median absolute deviation of
     all of them), at least NOISE_CLIP. An odd request is clipped to the scatter of the rest,
     and a host whose every run wanders by 20% keeps that scatter."""
-    flat = np.abs(np.concatenate([d.ravel() for d in deviations])) if deviations else []
-    if len(flat) == 0:
+    if not deviations:
         return NOISE_CLIP
+    flat = np.abs(np.concatenate([d.ravel() for d in deviations]))
     return max(NOISE_CLIP, NOISE_CLIP_MADS * 1.4826 * float(np.median(flat)))
 
 

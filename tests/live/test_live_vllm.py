@@ -137,18 +137,6 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     assert s_ratio == pytest.approx(m_ratio, abs=0.25)
 
 
-def levels_of(dataset, levels: set[int]):
-    """``dataset`` with only the points measured at ``levels``."""
-    return dataset.model_copy(
-        update={
-            "scenarios": [
-                s.model_copy(update={"points": [p for p in s.points if p.concurrency in levels]})
-                for s in dataset.scenarios
-            ]
-        }
-    )
-
-
 LOOP_LIMITS = {("output_tok_s", "mean"): 0.25, ("tpot_s", "mean"): 0.25, ("ttft_s", "median"): 0.35}
 """Issue 19's acceptance for the live loop: output tok/s and TPOT within 25%, TTFT p50 35%."""
 
@@ -220,13 +208,13 @@ def loop_attempt(kind: str, out: Path) -> tuple[list[str], list[str], list[str]]
     # them, nor an earlier run's, may be found in its prefix cache
     assert all(lv.server_deltas["vllm:prefix_cache_hits_total"] == 0 for lv in run.levels)
     measured = dataset_from_run(out)
-    train = levels_of(measured, {1, 2, 4})
+    train = measured.at_levels({1, 2, 4})
     profile = fit_profile([train], cat, f"cpu-host-loop-{kind}")
     print(
         {k: (round(v.value, 3), v.std and round(v.std, 3)) for k, v in profile.parameters.items()}
     )
     print("held:", profile.held_reasons, "warnings:", profile.warnings)
-    test = levels_of(measured, {8, 16})
+    test = measured.at_levels({8, 16})
     predicted = compare_dataset(test, cat, profile.params(cat, "cpu-host"))
     groups: dict[tuple, list] = {}
     for p in predicted:  # one point per level, metric and run
