@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capsim.metrics import Distribution, RequestRecord, RequestTable, level_metrics
+from capsim.metrics import Distribution, RequestRecord, level_metrics
+from capsim.request_columns import RequestTable
 
 times = st.floats(0, 100, allow_nan=False, allow_subnormal=False)
 

@@ -20,7 +20,7 @@ from capsim.engine.levels import (
 )
 from capsim.engine.replication import part_seed, replication_parts, shifted
 from capsim.engine.setup import build_setup
-from capsim.metrics import RequestTable
+from capsim.request_columns import RequestTable
 
 CAT = load_catalog()
 BASE = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4")

@@ -17,7 +17,7 @@ from capsim.engine.saturation import closed_send_times, derive_run, is_saturated
 from capsim.engine.setup import build_setup
 from capsim.engine.simulate import predict
 from capsim.errors import CapsimUserError
-from capsim.metrics import RequestTable
+from capsim.request_columns import RequestTable
 
 CAT = load_catalog()
 BASE = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4", workload="closed")

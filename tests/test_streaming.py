@@ -1,4 +1,4 @@
-"""Streaming summaries (capsim/streaming.py, metrics.RequestSummary): exact counts and
+"""Streaming summaries (capsim/streaming.py, request_columns.RequestSummary): exact counts and
 means, percentiles within the stated relative error of the exact ones."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capsim.metrics import Distribution, RequestSummary, RequestTable, weighted_percentiles
+from capsim.metrics import Distribution, weighted_percentiles
+from capsim.request_columns import RequestSummary, RequestTable
 from capsim.streaming import RELATIVE_ERROR, LogSketch
 
 # the bound, with room for the float rounding of a bin's edge

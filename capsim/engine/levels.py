@@ -27,8 +27,9 @@ from capsim.engine.router import Router, takes_time
 from capsim.engine.setup import Setup, build_setup
 from capsim.engine.workloads import Driver, Workload, read_trace
 from capsim.errors import CapsimUserError
-from capsim.metrics import LevelMetrics, RequestRecord, RequestSummary, RequestTable, level_metrics
+from capsim.metrics import LevelMetrics, RequestRecord, level_metrics
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
+from capsim.request_columns import RequestSummary, RequestTable
 from capsim.streaming import LogSketch
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from capsim.engine import request_log
-from capsim.metrics import RequestSummary, RequestTable
+from capsim.request_columns import RequestSummary, RequestTable
 from capsim.streaming import LogSketch
 
 PART_REQUESTS = 2**16

@@ -3,7 +3,7 @@
 A request that finishes is written here and its ``SimRequest`` is let go. Up to
 ``REQUEST_BUFFER`` requests a simulation keeps every request's figures in numpy columns,
 so its metrics are exactly those of keeping every request; past it the requests are
-folded, a batch at a time, into a ``metrics.RequestSummary`` (exact counts, sums and
+folded, a batch at a time, into a ``request_columns.RequestSummary`` (exact counts, sums and
 means; percentiles within ``streaming.RELATIVE_ERROR``). The inter-token latencies of
 decode steps are kept one by one up to ``ITL_BUFFER`` samples and then folded into a
 weighted ``streaming.LogSketch`` the same way. Either way memory is bounded by the
@@ -21,7 +21,8 @@ import numpy as np
 
 from capsim.engine.request import SimRequest
 from capsim.errors import CapsimUserError
-from capsim.metrics import RequestRecord, RequestSummary, RequestTable
+from capsim.metrics import RequestRecord
+from capsim.request_columns import RequestSummary, RequestTable
 from capsim.streaming import LogSketch
 
 REQUEST_BUFFER = 2**20

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from capsim.engine.workloads import Workload
-from capsim.metrics import RequestTable
+from capsim.request_columns import RequestTable
 
 if TYPE_CHECKING:  # simulate imports this module
     from capsim.engine.levels import ReplicaRun
