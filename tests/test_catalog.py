@@ -8,8 +8,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.loader import builtin_db_dir, load_catalog
-from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CatalogError, UnknownNameError
 
 REQUIRED_GPUS = {

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from capsim.calibration.compare import mape
 from capsim.calibration.least_squares import bounds_and_start, check_fittable, jacobian_std
 from capsim.catalog.loader import Catalog
-from capsim.catalog.schemas import Model
+from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams

@@ -11,9 +11,9 @@ _EXPORTS = {
     "Catalog": "capsim.catalog.loader",
     "builtin_db_dir": "capsim.catalog.loader",
     "load_catalog": "capsim.catalog.loader",
-    "GPU": "capsim.catalog.schemas",
-    "Model": "capsim.catalog.schemas",
-    "QuantFormat": "capsim.catalog.schemas",
+    "GPU": "capsim.catalog.gpu_schema",
+    "Model": "capsim.catalog.model_schema",
+    "QuantFormat": "capsim.catalog.model_schema",
     "Source": "capsim.catalog.schemas",
 }
 

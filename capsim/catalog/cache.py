@@ -41,7 +41,8 @@ def catalog_key(files: list[Path]) -> str:
     from capsim import __version__
 
     here = Path(__file__).resolve().parent
-    code = [here / "schemas.py", here / "loader.py", Path(__file__).resolve()]
+    schemas = ["schemas.py", "gpu_schema.py", "model_schema.py", "engine_schema.py"]
+    code = [*(here / name for name in schemas), here / "loader.py", Path(__file__).resolve()]
     parts = [__version__]
     for path in [*code, *files]:
         st = path.stat()

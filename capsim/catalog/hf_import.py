@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from capsim.catalog.loader import format_validation_error
-from capsim.catalog.schemas import Model
+from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
 from capsim.files import write_text_atomic
 

@@ -23,7 +23,9 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from capsim.catalog import ENV_VAR
-from capsim.catalog.schemas import GPU, EfficiencyProfile, Engine, Model, QuantFormat
+from capsim.catalog.engine_schema import EfficiencyProfile, Engine
+from capsim.catalog.gpu_schema import GPU
+from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CatalogError, UnknownNameError, close_matches, normalise_name
 from capsim.notices import notice
 
@@ -107,7 +109,8 @@ def load_entry(path: Path, schema: type[T]) -> T:
     except ValidationError as exc:
         raise CatalogError(
             format_validation_error(path, exc),
-            hint="fix the field named above; see the schema in capsim/catalog/schemas.py",
+            hint="fix the field named above; see the schemas in capsim/catalog/ (gpu_schema.py, "
+            "model_schema.py, engine_schema.py)",
         ) from None
 
 

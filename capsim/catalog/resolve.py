@@ -27,7 +27,7 @@ from pathlib import Path
 
 from capsim.catalog.cache import cache_dir
 from capsim.catalog.loader import Catalog
-from capsim.catalog.schemas import Model
+from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError, UnknownNameError, normalise_name
 from capsim.notices import notice
 

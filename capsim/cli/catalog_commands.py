@@ -24,8 +24,9 @@ from capsim.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from capsim.catalog.gpu_schema import GPU
     from capsim.catalog.loader import Catalog
-    from capsim.catalog.schemas import GPU, Model
+    from capsim.catalog.model_schema import Model
 
 
 gpus_app = typer.Typer(

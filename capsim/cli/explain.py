@@ -35,7 +35,8 @@ from capsim.cli.common import (
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
-    from capsim.catalog.schemas import GPU, Model
+    from capsim.catalog.gpu_schema import GPU
+    from capsim.catalog.model_schema import Model
     from capsim.physics.roofline import StepBreakdown
 
 

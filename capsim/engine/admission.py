@@ -11,13 +11,17 @@ is admitted when its prompt fits and preempted later if decodes run out of block
 
 capsim takes a request's max_new_tokens as its output length (what benchmark clients send)
 and counts the pool in whole blocks, as its KV cache does. Units: tokens, decode steps.
+
+``ReserveState`` is the ratio as it moves; ``ReserveChecks``, mixed into the scheduler,
+asks whether the reserve lets one request in.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from capsim.catalog.schemas import AdmissionReserve
+from capsim.catalog.engine_schema import AdmissionReserve
+from capsim.engine.request import SimRequest
 
 # how many decode steps ahead first_admissible_step evaluates at once (an array of this
 # many rows by the running requests)
@@ -107,3 +111,37 @@ class ReserveState:
             if not fits.all():
                 return None
         return None
+
+
+class ReserveChecks:
+    """Whether the admission reserve lets a request in (a mixin of Scheduler, which holds
+    the ``reserve`` (a ReserveState, or None for vLLM), the running rows and the KV
+    cache)."""
+
+    def _running_reserve(self) -> float:
+        """Tokens the admission reserve holds for the decoding requests' output to come."""
+        n = len(self.running)
+        left = self._out[:n] - self._gen[:n]
+        if self._prefilling:
+            left = left[self._dec[:n]]
+        return self.reserve.running_offset(left)
+
+    def _reserve_tokens(self, req: SimRequest, computed: float) -> float:
+        """What admitting ``req`` asks of the reserve: its prompt still to compute (past
+        ``computed`` tokens) plus its own output reserve."""
+        return (
+            req.prefill_target
+            - computed
+            + self.reserve.request_tokens(req.output_len - req.generated)
+        )
+
+    def _reserve_admits(
+        self, req: SimRequest, computed: float, offset: float | None = None
+    ) -> bool:
+        """Whether the admission reserve lets ``req`` in (``computed`` of its prompt's
+        tokens in KV or cached), against ``offset`` tokens already held (None: the
+        decoding requests' holds)."""
+        if offset is None:
+            offset = self._running_reserve()
+        tokens = self._reserve_tokens(req, computed)
+        return tokens < self.kv.allocatable * self.config.block_size - offset

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capsim.catalog.schemas import AdmissionReserve
-from capsim.engine.admission import ReserveState
+from capsim.catalog.engine_schema import AdmissionReserve
+from capsim.engine.admission import ReserveChecks, ReserveState
 from capsim.engine.kv_cache import KVCache
 from capsim.engine.request import DECODE, DONE, PREFILL, SimRequest
 from capsim.engine.run_length import FINISH_TOLERANCE, LEAST_LEFT_MARGIN, DecodeRunLength
 from capsim.engine.running_pass import RunningPass
+from capsim.engine.running_rows import RunningRows
 from capsim.engine.scheduled_step import ScheduledStep, token_moments
 from capsim.engine.ufuncs import array_min as _min
 from capsim.engine.ufuncs import array_sum as _sum
@@ -65,7 +66,7 @@ class SchedulerConfig:
     reserve: AdmissionReserve | None = None
 
 
-class Scheduler(RunningPass, DecodeRunLength):
+class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
     """Waiting queue, running list and KV cache of one replica.
 
     Decode state (tokens in KV, tokens generated, output length, blocks held) lives in
@@ -107,61 +108,6 @@ class Scheduler(RunningPass, DecodeRunLength):
         # while it exceeds FINISH_TOLERANCE nobody can finish, so the check is skipped
         self._least_left = math.inf
         self._least_left_exact = True  # whether it is the minimum itself, not just a bound
-
-    # ------------------------------------------------------------------ state sync
-
-    def _load_row(self, i: int, req: SimRequest) -> None:
-        self._kv[i] = req.kv_tokens
-        self._gen[i] = req.generated
-        self._out[i] = req.output_len
-        self._blocks[i] = req.total_blocks
-        self._dec[i] = req.phase == DECODE
-        self._computed[i] = req.computed
-        self._target[i] = req.prefill_target
-
-    def _store_row(self, i: int, req: SimRequest) -> None:
-        """Copy row ``i``'s blocks and decode progress back into its request object."""
-        req.blocks = int(self._blocks[i]) - req.cached_len
-        if self._dec[i]:
-            req.kv_tokens = float(self._kv[i])
-            req.generated = float(self._gen[i])
-
-    def sync_requests(self) -> None:
-        """Bring the running request objects' blocks and decode progress up to date (for
-        reading them when a simulation ends with requests still running)."""
-        for i, req in enumerate(self.running):
-            self._store_row(i, req)
-
-    def _append(self, req: SimRequest) -> int:
-        row = len(self.running)
-        self.running.append(req)
-        self._load_row(row, req)
-        if not self._dec[row]:
-            self._prefilling += 1
-        return row
-
-    def _pop_last(self) -> SimRequest:
-        """Take the newest running request out (a preemption victim), its row synced."""
-        victim = self.running.pop()
-        row = len(self.running)
-        self._store_row(row, victim)
-        if not self._dec[row]:
-            self._prefilling -= 1
-        else:
-            self._least_left_exact = False
-        return victim
-
-    def _remove(self, row: int) -> None:
-        if not self._dec[row]:
-            self._prefilling -= 1
-        self.running.pop(row)
-        end = len(self.running)
-        self._state[:, row:end] = self._state[:, row + 1 : end + 1]
-        self._dec[row:end] = self._dec[row + 1 : end + 1]
-
-    def decode_contexts(self) -> np.ndarray:
-        """Tokens in KV of each running request (all decoding), in running order."""
-        return self._kv[: len(self.running)].copy()
 
     # ------------------------------------------------------------------ queries
 
@@ -234,34 +180,6 @@ class Scheduler(RunningPass, DecodeRunLength):
         if not self.kv.can_admit(req, need, hits):
             return True
         return self.reserve is not None and not self._reserve_admits(req, computed)
-
-    def _running_reserve(self) -> float:
-        """Tokens the admission reserve holds for the decoding requests' output to come."""
-        n = len(self.running)
-        left = self._out[:n] - self._gen[:n]
-        if self._prefilling:
-            left = left[self._dec[:n]]
-        return self.reserve.running_offset(left)
-
-    def _reserve_tokens(self, req: SimRequest, computed: float) -> float:
-        """What admitting ``req`` asks of the reserve: its prompt still to compute (past
-        ``computed`` tokens) plus its own output reserve."""
-        return (
-            req.prefill_target
-            - computed
-            + self.reserve.request_tokens(req.output_len - req.generated)
-        )
-
-    def _reserve_admits(
-        self, req: SimRequest, computed: float, offset: float | None = None
-    ) -> bool:
-        """Whether the admission reserve lets ``req`` in (``computed`` of its prompt's
-        tokens in KV or cached), against ``offset`` tokens already held (None: the
-        decoding requests' holds)."""
-        if offset is None:
-            offset = self._running_reserve()
-        tokens = self._reserve_tokens(req, computed)
-        return tokens < self.kv.allocatable * self.config.block_size - offset
 
     # ------------------------------------------------------------------ one step
 

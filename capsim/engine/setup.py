@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from capsim.catalog.engine_schema import Engine
+from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.loader import Catalog, load_catalog
+from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
-from capsim.catalog.schemas import GPU, Engine, Model, QuantFormat
 from capsim.engine.config import PredictConfig
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.errors import CapsimUserError

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from capsim.catalog.schemas import GPU, Interconnect
+from capsim.catalog.gpu_schema import GPU, Interconnect
 from capsim.errors import CapsimUserError
 
 ALLREDUCES_PER_LAYER = 2

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from capsim.catalog.engine_schema import Engine
+from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.loader import Catalog
-from capsim.catalog.schemas import GPU, Engine, QuantFormat
+from capsim.catalog.model_schema import QuantFormat
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.speculative import SpecConfig
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from capsim.catalog.schemas import Model
+from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
 
 ACTIVATION_BYTES = 2

@@ -31,7 +31,7 @@ activation quantisation is left out (vLLM fuses it into the norm and the activat
 
 from __future__ import annotations
 
-from capsim.catalog.schemas import Model
+from capsim.catalog.model_schema import Model
 from capsim.physics.dtypes import ACTIVATION_BYTES
 from capsim.physics.kv_layout import kv_heads_per_gpu
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from capsim.catalog.schemas import Model
+from capsim.catalog.model_schema import Model
 from capsim.physics.dtypes import ACTIVATION_BYTES, kv_dtype_bytes
 
 BLOCK_SIZE_TOKENS = 16

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.catalog.gpu_schema import GPU
+from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CapsimUserError, DoesNotFitError
 from capsim.physics.dtypes import ACTIVATION_BYTES
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS, KVLayout, kv_layout

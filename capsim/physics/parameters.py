@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capsim.catalog.schemas import Model
+from capsim.catalog.model_schema import Model
 
 
 @dataclass(frozen=True)

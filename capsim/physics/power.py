@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from capsim.catalog.schemas import GPU
+from capsim.catalog.gpu_schema import GPU
 from capsim.errors import CapsimUserError
 from capsim.notices import notice
 

@@ -55,52 +55,54 @@ head_dim x state_size.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.loader import Catalog
-from capsim.catalog.schemas import GPU, Model, QuantFormat
+from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CapsimUserError
 from capsim.physics.allreduce_terms import AllReduceTerms
 from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.decode_run import DecodeRuns
-from capsim.physics.deployment import Deployment, compute_dtype_for, default_efficiency
+from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.draft_terms import DrafterTerms
-from capsim.physics.dtypes import ACTIVATION_BYTES
 from capsim.physics.efficiency import EfficiencyParams
-from capsim.physics.elementwise import elementwise_bytes_per_token
 from capsim.physics.expert_terms import ExpertTerms
 from capsim.physics.host_terms import HostTerms
 from capsim.physics.kv_layout import kv_layout
-from capsim.physics.memory import check_tensor_parallel, weight_bytes
-from capsim.physics.parameters import parameter_breakdown
-from capsim.physics.power import power_scales
+from capsim.physics.memory import check_tensor_parallel
+from capsim.physics.rate_terms import RateTerms
 from capsim.physics.roofline import (
-    StepBreakdown,
     causal_pairs,
     roofline_scalar,
 )
 from capsim.physics.state_terms import StateTerms
+from capsim.physics.step_report import StepReport
+from capsim.physics.work_counts import WorkCounts
 
 CONTEXT_FREE_CACHE_SIZE = 65536
 """Entries kept of a step model's context-free step parts before the cache starts over."""
 
 
-DECODE_GEMM_ROWS = 512
-"""Rows up to which a GEMM runs at ``compute_efficiency`` (the decode-shaped regime the
-H100/H200 kernel measurements cover)."""
-PREFILL_GEMM_ROWS = 8192
-"""Rows from which a GEMM runs at ``prefill_compute_efficiency`` (a full prefill chunk)."""
-
-
-class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms, StateTerms):
+class StepModel(
+    StepReport,
+    WorkCounts,
+    RateTerms,
+    DecodeRuns,
+    AllReduceTerms,
+    HostTerms,
+    DrafterTerms,
+    ExpertTerms,
+    StateTerms,
+):
     """Step-time model of one replica (a TP group) serving one model.
 
     Construction precomputes per-deployment constants; ``step`` then costs a few numpy
     operations per call and holds no simulation state. Its terms live in mixins by kind:
-    all-reduces (allreduce_terms.py), host, launch and front-end time (host_terms.py), the
-    speculative drafter (draft_terms.py), routed experts (expert_terms.py), recurrent state
+    weights read and FLOPs per token (work_counts.py), bandwidths and GEMM rates
+    (rate_terms.py), the step term by term for explain (step_report.py), all-reduces
+    (allreduce_terms.py), host, launch and front-end time (host_terms.py), the speculative
+    drafter (draft_terms.py), routed experts (expert_terms.py), recurrent state
     (state_terms.py), and runs of identical decode steps (decode_run.py).
     """
 
@@ -133,75 +135,8 @@ class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms
             raise CapsimUserError("speculative method 'draft' needs the draft model's StepModel")
         self.draft = draft
 
-        # --- weights
-        parts = weight_bytes(model, fmt, tp, include_mtp=False)
-        self.expert_bytes_all = parts["experts"]
-        breakdown = parameter_breakdown(model)
-        self.params_breakdown = breakdown
-        routed_share = 0.0
-        if breakdown.routed_experts:
-            shared_and_routed = breakdown.routed_experts + breakdown.shared_experts
-            routed_share = breakdown.routed_experts / shared_and_routed
-        self.routed_bytes_all = parts["experts"] * routed_share
-        # everything read every step: all but the embedding table (a step looks up one
-        # row per token), the routed experts and a vision tower (text-only steps never run
-        # it); a tied table is the output head as well, and the head reads all of it
-        looked_up = 0.0 if model.tie_word_embeddings else parts["embeddings"]
-        self.dense_weight_bytes = (
-            sum(parts.values()) - looked_up - parts["vision"] - self.routed_bytes_all
-        )
-        self.moe_layers = breakdown.moe_layers
-        self.expert_slice_bytes = (
-            self.routed_bytes_all / (self.moe_layers * model.moe.num_experts)
-            if model.moe and self.moe_layers
-            else 0.0
-        )
-
-        # --- FLOPs per token
-        body_active = breakdown.active_excluding_embedding - breakdown.lm_head
-        routed_active = breakdown.routed_experts_active
-        self.dense_flops_per_token = 2.0 * (body_active - routed_active) / tp
-        self.expert_flops_per_token = 2.0 * routed_active / tp
-        self.lm_head_flops_per_token = 2.0 * model.vocab_size * model.hidden_size / tp
-        # norms, rotary, cache writes, activation, MoE sums: separate memory-bound kernels
-        self.elementwise_bytes_per_token = (
-            elementwise_bytes_per_token(model, tp)
-            if elementwise_bytes is None
-            else elementwise_bytes
-        )
-        heads = model.num_attention_heads / tp
-        if model.mla is not None:
-            m = model.mla
-            per_pair = (
-                2 * heads * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * heads * m.kv_lora_rank
-            )
-        else:
-            per_pair = 4 * heads * model.head_dim
-        self.pair_flops = float(per_pair)
-        self.full_layers = model.count_layers("full_attention")
-        self.sliding_layers = model.count_layers("sliding_attention")
-        self.linear_layers = model.count_layers("linear_attention")
-        la = model.linear_attention
-        # Gated DeltaNet: the state update and read-out, 6 x dk x dv FLOPs a head and token
-        self.gdn_flops_per_token = (
-            6.0
-            * self.linear_layers
-            * (la.num_value_heads / tp)
-            * la.key_head_dim
-            * la.value_head_dim
-            if la
-            else 0.0
-        )
-        self.linear_flops_per_token = self.gdn_flops_per_token
-        mb = model.mamba
-        if mb is not None:  # Mamba-2 SSM: state update and read-out, per head
-            self.linear_flops_per_token += (
-                6.0
-                * model.count_layers("mamba")
-                * (mb.num_heads / tp)
-                * mb.head_dim
-                * mb.state_size
-            )
+        # --- weights read and FLOPs per token (WorkCounts)
+        parts = self._init_work_counts(elementwise_bytes)
 
         # --- KV layout
         self.kv = kv_layout(model, dep.kv_dtype, tp)
@@ -210,54 +145,8 @@ class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms
             "mla", per_type.get("full_attention", per_type.get("sliding_attention", 0.0))
         )
 
-        # --- rates
-        compute_scale, bw_scale = power_scales(
-            gpu, dep.power_limit_w, p.compute_power_exponent, p.bandwidth_power_exponent
-        )
-        self.compute_dtype, native = compute_dtype_for(gpu, fmt)
-        peak = getattr(gpu.tensor_tflops, self.compute_dtype)
-        if not peak:
-            raise CapsimUserError(
-                f"{gpu.name} has no {self.compute_dtype} tensor throughput in the catalog",
-                hint="add tensor_tflops to the GPU's YAML (dense figures)",
-            )
-        sixteen = gpu.tensor_tflops.bf16 or gpu.tensor_tflops.fp16 or peak
-        bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * bw_scale
-        format_bw = 1.0 if native else p.non_native_bandwidth_factor
-        weight_only = fmt.weight_only or not native
-        gemm_factor = p.weight_only_compute_factor if weight_only else 1.0
-        self.native = native
-        self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
-        self.expert_bw = bandwidth * p.moe_bandwidth_efficiency * format_bw
-        self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
-        # the recurrent linear-attention kernel's state stream (decode and verify)
-        self.state_bw = bandwidth * (
-            p.linear_attention_state_bandwidth_efficiency or p.kv_bandwidth_efficiency
-        )
-        self.elementwise_bw = bandwidth * p.elementwise_bandwidth_efficiency
-        # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
-        self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
-        # fused-MoE grouped GEMMs: the format's GEMM peak x moe_compute_efficiency when set
-        self.moe_gemm_rate = (
-            self.gemm_peak * p.moe_compute_efficiency if p.moe_compute_efficiency else None
-        )
-        # weight-only dense GEMMs on int8 tensor cores (activations quantised to 8 bits, as
-        # llama.cpp's MMQ does) where the engine and class say so and the GPU has the rate
-        int8_peak = gpu.tensor_tflops.int8 if "int8" in gpu.native_formats else None
-        self.int8_gemm_rate = (
-            int8_peak * 1e12 * compute_scale * p.weight_only_int8_gemm_efficiency
-            if weight_only and int8_peak and p.weight_only_int8_gemm_efficiency
-            else None
-        )
-        self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
-        # the chunked Gated DeltaNet prefill kernels, where the class sets their own rate,
-        # and their serial walk over chunks, seconds per token and layer
-        self.gdn_prefill_token_seconds = (p.linear_attention_prefill_token_ns or 0.0) * 1e-9
-        self.gdn_prefill_rate = (
-            sixteen * 1e12 * compute_scale * p.linear_attention_compute_efficiency
-            if p.linear_attention_compute_efficiency and self.gdn_flops_per_token
-            else None
-        )
+        # --- rates (RateTerms)
+        self._init_rates()
 
         # --- communication (AllReduceTerms)
         self._init_communication()
@@ -291,22 +180,6 @@ class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms
 
         # --- drafter (MTP / EAGLE: one decoder layer and the lm_head per drafted token)
         self._init_drafter(parts)
-
-    # ------------------------------------------------------------------ helpers
-
-    def gemm_efficiency(self, rows: float) -> float:
-        """Fraction of tensor peak a GEMM with ``rows`` rows (tokens) reaches:
-        ``compute_efficiency`` up to DECODE_GEMM_ROWS, ``prefill_compute_efficiency`` from
-        PREFILL_GEMM_ROWS, log-linear between (tile and wave quantisation waste less of a
-        big GEMM)."""
-        p = self.params
-        large = p.prefill_compute_efficiency or p.compute_efficiency
-        if rows <= DECODE_GEMM_ROWS:
-            return p.compute_efficiency
-        if rows >= PREFILL_GEMM_ROWS:
-            return large
-        share = math.log(rows / DECODE_GEMM_ROWS) / math.log(PREFILL_GEMM_ROWS / DECODE_GEMM_ROWS)
-        return p.compute_efficiency + share * (large - p.compute_efficiency)
 
     # ------------------------------------------------------------------ the step
 
@@ -421,22 +294,6 @@ class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms
             "decode_only": self._decode_only(tokens, seqs),
         }
 
-    def passes(self, tokens: float) -> int:
-        """Passes a step of ``tokens`` tokens runs as: 1, or with a physical batch
-        (``ubatch_tokens``, llama.cpp's n_ubatch) one per ubatch it needs."""
-        ubatch = self.deployment.ubatch_tokens
-        if not ubatch or tokens <= ubatch:
-            return 1
-        return math.ceil(tokens / ubatch)
-
-    def dense_gemm_rate(self, rows: float) -> float:
-        """FLOP/s of the dense (non-expert) GEMMs of a pass of ``rows`` tokens: the int8
-        tensor path where it applies (``weight_only_int8_gemm_efficiency``), else the
-        format's GEMM peak x ``gemm_efficiency(rows)``."""
-        if self.int8_gemm_rate is not None:
-            return self.int8_gemm_rate
-        return self.gemm_peak * self.gemm_efficiency(rows)
-
     def _roofline(self, t: dict[str, float]) -> float:
         """Weights, experts and attention, each its smooth roofline of memory and compute
         time (s)."""
@@ -550,98 +407,6 @@ class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms
         hidden = self.params.async_host_overlap * host
         return max(device, hidden) + (host - hidden)  # _with_host, for scalars
 
-    def step(
-        self,
-        new_tokens: np.ndarray | list[int],
-        context: np.ndarray | list[int],
-        logits_tokens: int | None = None,
-        drafting_sequences: int = 0,
-    ) -> StepBreakdown:
-        """Cost of one engine step, term by term.
-
-        Args:
-            new_tokens: tokens each scheduled sequence processes this step.
-            context: tokens already in each sequence's KV cache before the step.
-            logits_tokens: positions the lm_head runs on (default: one per sequence).
-            drafting_sequences: sequences the speculative drafter proposes for this step.
-        """
-        agg = self._aggregate(new_tokens, context)
-        tokens, seqs = agg[0], agg[1]
-        logits = seqs if logits_tokens is None else logits_tokens
-        t = self._terms(*agg, logits, self._draft_for(drafting_sequences, new_tokens, context))
-        mem_parts = (t["t_dense_mem"], t["t_exp_mem"], t["t_att_mem"])
-        cmp_parts = (t["t_dense_cmp"], t["t_exp_cmp"], t["t_att_cmp"])
-        pairs = list(zip(mem_parts, cmp_parts, strict=True))
-        terms = {
-            "memory": sum(m for m, f in pairs if m >= f) + t["t_elementwise"],
-            "compute": sum(f for m, f in pairs if f > m),
-            "communication": t["t_comm"],
-            "overhead": t["t_host"] + t["t_floor"],
-            "drafting": t["t_draft"],
-        }
-        if t["t_dispatch"] > self._gpu(t) and self.params.launch_overlap > 0:
-            terms["CPU launches"] = t["t_dispatch"]
-        device = self._device(t)
-        total = self._total(t, device)
-        return StepBreakdown(
-            sequences=seqs,
-            tokens=int(tokens),
-            graph_tokens=int(t["graph_tokens"]),
-            logits_tokens=int(logits),
-            weight_bytes=t["dense_bytes"],
-            expert_bytes=t["expert_bytes"],
-            experts_touched_per_layer=t["touched"],
-            kv_read_bytes=t["kv_read"],
-            kv_write_bytes=t["kv_write"],
-            state_bytes=t["state"],
-            linear_flops=t["linear_flops"],
-            attention_flops=t["attn_flops"],
-            comm_bytes=(
-                self.allreduces_per_step
-                * t["graph_tokens"]
-                * self.model.hidden_size
-                * ACTIVATION_BYTES
-                if self.link
-                else 0.0
-            ),
-            t_dense_memory=t["t_dense_mem"],
-            t_dense_compute=t["t_dense_cmp"],
-            t_expert_memory=t["t_exp_mem"],
-            t_expert_compute=t["t_exp_cmp"],
-            t_attention_memory=t["t_att_mem"],
-            t_attention_compute=t["t_att_cmp"],
-            t_memory=sum(mem_parts) + t["t_elementwise"],
-            t_compute=sum(cmp_parts),
-            t_communication=t["t_comm"],
-            t_overhead=t["t_host"] + t["t_floor"],
-            t_dispatch=t["t_dispatch"],
-            t_draft=t["t_draft"],
-            t_total=total,
-            bound=max(terms, key=terms.get),
-            sampler_bytes=t["sampler_bytes"],
-            activation_bytes=t["activation_bytes"],
-            t_elementwise=t["t_elementwise"],
-            t_host=t["t_host"],
-            t_host_hidden=t["t_host"] + device - total,
-            allreduce_algorithm=self.allreduce_algorithm(
-                t["graph_tokens"] * self.model.hidden_size * ACTIVATION_BYTES
-            ),
-            expert_gemm_flops_per_s=t["expert_rate"] if t["touched"] else 0.0,
-            gdn_prefill_flops_per_s=(
-                (self.gdn_prefill_rate or self.attention_flops_rate)
-                if self.gdn_flops_per_token
-                else 0.0
-            ),
-            gdn_chunked_tokens=(
-                self.gdn_chunked_tokens(tokens, seqs) if self.gdn_flops_per_token else 0.0
-            ),
-            gdn_prefill_token_seconds=(
-                self.gdn_prefill_token_seconds if self.gdn_prefill_rate else 0.0
-            ),
-            t_state=t["t_state"],
-            state_bytes_per_s=self.state_bw if t["state"] else 0.0,
-        )
-
     @property
     def decode_width(self) -> int:
         """Tokens each decoding sequence processes per step (1, or k + 1 when speculating)."""
@@ -684,25 +449,6 @@ class StepModel(DecodeRuns, AllReduceTerms, HostTerms, DrafterTerms, ExpertTerms
                 t["t_att_cmp"],
             )
         return cached
-
-    def decode_step(self, context: np.ndarray | list[int]) -> tuple[StepBreakdown, float]:
-        """One decode step for sequences at ``context``; with speculation, verification of
-        k + 1 positions each plus drafting. Returns (breakdown, expected tokens per
-        sequence)."""
-        c = np.asarray(context, dtype=float)
-        spec = self.deployment.spec
-        if spec is None:
-            return self.step(np.ones_like(c), c), 1.0
-        width = spec.verify_width
-        step = self.step(
-            np.full_like(c, width), c, logits_tokens=width * len(c), drafting_sequences=len(c)
-        )
-        return step, spec.expected_tokens_per_step
-
-    def decode_tokens_per_second(self, batch: int, context: int) -> float:
-        """Aggregate decode output tok/s of ``batch`` sequences at ``context`` tokens."""
-        step, per_seq = self.decode_step(np.full(batch, context))
-        return batch * per_seq / step.t_total
 
 
 def build_step_model(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from capsim.catalog.schemas import GPU
+from capsim.catalog.gpu_schema import GPU
 from capsim.errors import CapsimUserError
 
 HOURS_PER_YEAR = 8760.0

@@ -1,0 +1,187 @@
+"""Schemas of a serving engine (hardware_db/engines/: its scheduler defaults, graph capture,
+admission reserve, state pool) and of a hardware class's efficiency priors
+(hardware_db/efficiency/), each with its source."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from capsim.catalog.schemas import Source, Strict
+
+
+class EfficiencyProfile(Strict):
+    """Default efficiency parameters for one hardware class (hardware_db/efficiency/).
+
+    ``params`` overrides the generic defaults of capsim.physics.efficiency.EfficiencyParams
+    for GPUs whose ``hardware_class`` equals ``name``. These are engineering priors, not
+    measurements; calibration profiles replace them.
+    """
+
+    name: str = Field(description="The hardware_class these defaults apply to")
+    aliases: list[str] = Field(default_factory=list)
+    params: dict[str, float] = Field(default_factory=dict)
+    fit: list[str] = Field(
+        default_factory=list,
+        description="Parameters 'capsim calibrate' fits for this class by default "
+        "(empty: the generic set)",
+    )
+    rationale: str = Field(description="Why these values: what they were read or derived from")
+    sources: list[Source] = Field(min_length=1)
+
+
+class AdmissionReserve(Strict):
+    """Output tokens an engine reserves in its KV pool before admitting a request (SGLang's
+    PrefillAdder): every running request holds min(tokens still to generate, clip) x the
+    current ratio, a request being admitted its whole min(max_new_tokens, clip); the ratio
+    starts at ``init_ratio``, falls by (init - min) / ``decay_steps`` each decode batch to
+    ``init_ratio x min_ratio_factor``, and after a retraction (preemption) restarts from
+    (generated + ``retract_decode_steps`` x running) / (sum of max_new_tokens + 1), at
+    most 1."""
+
+    init_ratio: float = Field(ge=0, le=1)
+    min_ratio_factor: float = Field(gt=0, le=1)
+    decay_steps: int = Field(ge=1)
+    clip_tokens: int = Field(ge=1, description="CLIP_MAX_NEW_TOKENS: cap on one request's reserve")
+    retract_decode_steps: int = Field(ge=0)
+
+
+class StatePool(Strict):
+    """Where a hybrid model's fixed-size recurrent state (Gated DeltaNet, Mamba) lives.
+
+    ``shared``: each running sequence's state takes pages of the one KV pool (vLLM's hybrid
+    KV-cache manager), so state and attention KV compete for the same bytes. ``split``: the
+    engine carves a separate pool of state slots out of the memory left after the weights
+    (SGLang's mamba pool: a share ``r / (1 + r)`` with ``r`` its mamba_full_memory_ratio)
+    and caps running requests at slots / ``slots_per_sequence`` (with prefix caching the
+    engine keeps checkpoint slots beside each request's working one, more of them while its
+    overlap scheduler runs a step ahead)."""
+
+    layout: Literal["shared", "split"] = "shared"
+    state_share: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="split: share of the memory left after weights and reserves that goes "
+        "to the state pool (the rest holds the attention KV)",
+    )
+    slots_per_sequence: int = Field(
+        1,
+        ge=1,
+        description="split: state slots one running request holds while prefix caching is "
+        "on (1 without it), with the engine's overlap (async) scheduler on, its default",
+    )
+    slots_per_sequence_without_overlap: int | None = Field(
+        None,
+        ge=1,
+        description="split: the same with the overlap scheduler off (None: as with it)",
+    )
+
+    @model_validator(mode="after")
+    def _share_for_split(self) -> StatePool:
+        if self.layout == "split" and self.state_share is None:
+            raise ValueError("a split state pool needs state_share")
+        return self
+
+
+class BatchDefaults(Strict):
+    """One row of a serving engine's default scheduler limits: it applies to GPUs of at
+    least ``min_memory_gb`` that ``except_gpus`` does not name (an engine's rows are read
+    in order and the first that applies wins)."""
+
+    min_memory_gb: float = Field(0, ge=0, description="Smallest GPU memory (GB) of the row")
+    except_gpus: list[str] = Field(
+        default_factory=list, description="GPU catalog names (prefixes) the row skips"
+    )
+    max_num_batched_tokens: int = Field(ge=1, description="Token budget of one step")
+    max_num_seqs: int = Field(ge=1, description="Most sequences scheduled in one step")
+    cuda_graph_max_batch: int | None = Field(
+        None,
+        ge=0,
+        description="Largest batch (sequences) the engine captures a CUDA graph for, where "
+        "the engine sizes it by GPU (SGLang's cuda_graph_max_bs); None: the engine's rule",
+    )
+    cuda_graph_max_batch_tp4: int | None = Field(
+        None, ge=0, description="The same at tensor-parallel size 4 or more, where it differs"
+    )
+
+    def applies_to(self, gpu_name: str, memory_gb: float) -> bool:
+        return memory_gb >= self.min_memory_gb and not any(
+            gpu_name.startswith(prefix) for prefix in self.except_gpus
+        )
+
+
+GraphCapture = Literal["vllm", "sglang", "single-token", "none"]
+"""How an engine captures CUDA graphs: vLLM's capture sizes (up to 512 tokens, 1,024 on
+datacenter Blackwell), SGLang's batch sizes (up to cuda_graph_max_bs sequences), a graph
+for single-token steps only (llama.cpp), or none."""
+
+
+class Engine(Strict):
+    """A serving engine (hardware_db/engines/): how it batches, launches and overlaps work.
+
+    ``params`` lays efficiency parameters over the hardware class's for every GPU this
+    engine runs on; ``class_params`` lays more over those for one hardware class. Both are
+    priors with sources, like the hardware-class files; calibration profiles replace them.
+    """
+
+    name: str = Field(description="Catalog key, e.g. 'vllm', 'llama.cpp'")
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    batch_defaults: list[BatchDefaults] = Field(
+        min_length=1, description="Default token budget and sequence limit, by GPU memory"
+    )
+    graph_capture: GraphCapture = Field(description="Which steps run in a CUDA graph")
+    ubatch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Physical batch (tokens): a step of more tokens runs as several passes of "
+        "at most this many, each reading the weights again (llama.cpp's n_ubatch); None = one",
+    )
+    mixes_prefill_and_decode: bool = Field(
+        True,
+        description="Whether a step carries prefill chunks and decodes together (vLLM's and "
+        "llama.cpp's chunked prefill); False: prefill batches run apart (SGLang's default)",
+    )
+    async_scheduling: bool = Field(
+        description="Whether the engine prepares step n+1 on the CPU while the GPU runs step "
+        "n by default (async_host_overlap then applies)"
+    )
+    custom_allreduce: bool = Field(
+        description="Whether tensor-parallel all-reduces can use peer-to-peer custom kernels"
+    )
+    memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Share of GPU memory the engine budgets for weights, activations and KV "
+        "cache by default (vLLM's gpu_memory_utilization)",
+    )
+    state_pool: StatePool = Field(
+        default_factory=StatePool,
+        description="Where hybrid models' recurrent state lives (shared KV pool or a pool "
+        "of its own)",
+    )
+    admission_reserve: AdmissionReserve | None = Field(
+        None,
+        description="Decode tokens reserved in the KV pool before admitting a request "
+        "(SGLang's new_token_ratio); None: a request is admitted when its prompt fits (vLLM)",
+    )
+    params: dict[str, float] = Field(default_factory=dict)
+    class_params: dict[str, dict[str, float]] = Field(default_factory=dict)
+    rationale: str = Field(description="Why these values: what they were read or derived from")
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+
+    def batch_limits(self, gpu_name: str, memory_gb: float) -> BatchDefaults:
+        """The first ``batch_defaults`` row that applies to this GPU (the last row when
+        none does)."""
+        for row in self.batch_defaults:
+            if row.applies_to(gpu_name, memory_gb):
+                return row
+        return self.batch_defaults[-1]
+
+    def efficiency_overrides(self, hardware_class: str) -> dict[str, float]:
+        """Efficiency parameters this engine sets on a GPU of ``hardware_class``."""
+        return {**self.params, **self.class_params.get(hardware_class, {})}

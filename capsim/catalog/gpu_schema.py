@@ -1,0 +1,164 @@
+"""Schema of a GPU in the catalog (hardware_db/gpus/): datasheet figures, interconnect,
+prices and power limits, each with its source."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from capsim.catalog.schemas import DTYPES, Source, Strict
+
+
+class Price(Strict):
+    """A purchase price of one GPU in US dollars on a date."""
+
+    usd: float = Field(gt=0, description="Price of one GPU (or one GPU's share of a system), USD")
+    date: dt.date = Field(description="When that price applied")
+    kind: Literal["launch-msrp", "street", "used", "list", "estimate"] = Field(
+        "launch-msrp",
+        description="launch-msrp: the vendor's launch price; list: a reseller's or vendor's "
+        "current list price; street: typical retail; used: second-hand; estimate: an analyst's "
+        "or press figure where the vendor publishes none (say whose in the source)",
+    )
+    source: Source
+
+
+class CloudPrice(Strict):
+    """What one GPU costs to rent per hour from a named provider."""
+
+    usd_per_gpu_hour: float = Field(gt=0, description="USD per GPU per hour, on demand")
+    provider: str = Field(description="Who rents it at that price, e.g. 'Lambda', 'AWS'")
+    date: dt.date
+    source: Source
+
+
+class PowerLimitRange(Strict):
+    """The board power limits a user can set (nvidia-smi -pl, rocm-smi), W."""
+
+    min_w: float | None = Field(default=None, gt=0, description="Lowest settable limit, W")
+    max_w: float | None = Field(default=None, gt=0, description="Highest settable limit, W")
+    source: Source
+
+
+class Interconnect(Strict):
+    """One way GPUs of this kind talk to each other."""
+
+    kind: Literal["nvlink", "pcie", "infinity-fabric", "xe-link", "nvlink-c2c", "none"]
+    topology: Literal["switch", "bridge", "mesh", "host"] | None = Field(
+        default=None,
+        description="How a group is joined: 'switch' (NVSwitch: every GPU at full bandwidth to "
+        "all, in-switch reduction where supported), 'bridge' (a point-to-point bridge between "
+        "2-4 cards), 'mesh' (a direct link to each peer, e.g. MI300X's xGMI), 'host' (through "
+        "the CPU's PCIe root complex or a PCIe switch)",
+    )
+    generation: float | None = Field(default=None, description="NVLink or PCIe generation")
+    lanes: int | None = Field(default=None, ge=1, description="PCIe lanes")
+    bandwidth_gb_s_per_direction: float | None = Field(
+        default=None,
+        gt=0,
+        description="Peak GPU-to-GPU bandwidth one way, GB/s (1e9 bytes/s)",
+    )
+    latency_us: float | None = Field(
+        default=None, ge=0, description="One-hop latency in microseconds, where a source gives it"
+    )
+    max_gpus: int | None = Field(
+        default=None,
+        ge=2,
+        description="Most GPUs this link joins in one group (a consumer NVLink bridge joins 2; "
+        "an NVSwitch baseboard 8); None for PCIe, which any number share through the host",
+    )
+    note: str | None = None
+
+
+class TensorThroughput(Strict):
+    """Dense (no structured sparsity) tensor-core peak throughput, TFLOPS or TOPS.
+
+    For fp16/bf16 the figure is with FP32 accumulation where the vendor distinguishes,
+    since that is what inference GEMMs use. ``None`` means no native support or unknown.
+    """
+
+    bf16: float | None = Field(default=None, gt=0)
+    fp16: float | None = Field(default=None, gt=0)
+    fp8: float | None = Field(default=None, gt=0)
+    int8: float | None = Field(default=None, gt=0)
+    int4: float | None = Field(default=None, gt=0)
+    fp4: float | None = Field(default=None, gt=0)
+
+
+class GPU(Strict):
+    """One accelerator model (a GPU or an APU's integrated GPU)."""
+
+    name: str = Field(description="catalog key, lower-case, e.g. 'rtx3090'")
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    vendor: Literal["nvidia", "amd", "intel", "apple", "generic"]
+    architecture: str = Field(description="e.g. 'ampere', 'hopper', 'cdna3', 'xe2'")
+    hardware_class: str = Field(
+        description="Group whose default efficiency parameters apply, e.g. 'consumer-ampere'"
+    )
+    memory_gb: float = Field(gt=0, description="Device memory as marketed, GB")
+    memory_type: str | None = None
+    usable_memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory the GPU can use for serving where less than memory_gb "
+        "(e.g. an APU's share of system RAM), GB",
+    )
+    memory_bandwidth_gb_s: float = Field(gt=0, description="Peak DRAM bandwidth, GB/s")
+    l2_cache_mb: float | None = Field(
+        default=None, gt=0, description="L2 or last-level on-chip cache, MB"
+    )
+    tensor_tflops: TensorThroughput = Field(description="Dense peak tensor throughput")
+    native_formats: list[str] = Field(
+        description="Data types the tensor cores execute natively (subset of bf16, fp16, fp8, "
+        "int8, int4, fp4)"
+    )
+    interconnects: list[Interconnect] = Field(default_factory=list)
+    tdp_w: float | None = Field(default=None, gt=0, description="Board power (TDP/TBP), W")
+    power_limit_w: PowerLimitRange | None = Field(
+        default=None, description="Settable power-limit range, where a source gives it"
+    )
+    price: Price | None = None
+    cloud_price: CloudPrice | None = None
+    listed: bool = Field(
+        default=True, description="Shown in default listings (False: test or host entries)"
+    )
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+    efficiency: dict[str, float] = Field(
+        default_factory=dict,
+        description="Efficiency parameters measured on this GPU itself where they differ "
+        "from its hardware class's (hardware_db/efficiency/CLASS.yaml), laid over them; "
+        "each with its measurement among the sources",
+    )
+
+    @field_validator("native_formats")
+    @classmethod
+    def _known_formats(cls, v: list[str]) -> list[str]:
+        unknown = sorted(set(v) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"unknown native format(s) {unknown}; known: {list(DTYPES)}")
+        return v
+
+    @property
+    def serving_memory_gb(self) -> float:
+        """Memory available to a serving engine, GB (usable_memory_gb if set)."""
+        return self.usable_memory_gb if self.usable_memory_gb is not None else self.memory_gb
+
+    @property
+    def memory_bytes(self) -> float:
+        """Serving memory in bytes.
+
+        Convention: vendors' 'GB' for VRAM/HBM are binary (a '24 GB' RTX 3090 reports
+        24,576 MiB), so capacity in bytes = memory_gb x 2**30.
+        """
+        return self.serving_memory_gb * 2**30
+
+    def interconnect(self, kind: str) -> Interconnect | None:
+        """The first interconnect of a kind ('nvlink', 'pcie', ...), or None."""
+        for ic in self.interconnects:
+            if ic.kind == kind:
+                return ic
+        return None

@@ -1,0 +1,276 @@
+"""Schemas of a model (hardware_db/models/: its architecture in config.json's terms) and of
+a weight format (hardware_db/quant_formats/), each with its source."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from capsim.catalog.schemas import Source, Strict
+
+LayerType = Literal["full_attention", "sliding_attention", "linear_attention", "mamba", "none"]
+"""A layer's token mixer: softmax attention over all context or a window (also used for
+Llama 4's chunked attention, whose cache never holds more than one chunk), Gated DeltaNet
+linear attention, a Mamba-2 SSM, or none (an FFN-only layer of a hybrid stack)."""
+
+FFNType = Literal["dense", "moe", "none"]
+"""A layer's feed-forward block: a dense FFN, routed experts, or none (a mixer-only layer)."""
+
+
+class MoESpec(Strict):
+    """Mixture-of-experts dimensions, as in the model's config.json."""
+
+    num_experts: int = Field(ge=1, description="Routed experts per MoE layer")
+    experts_per_token: int = Field(ge=1, description="Routed experts each token uses (top-k)")
+    moe_intermediate_size: int = Field(ge=1, description="FFN width of one routed expert")
+    num_shared_experts: int = Field(default=0, ge=0)
+    shared_expert_intermediate_size: int | None = Field(
+        default=None, description="FFN width of the shared expert(s); default moe width"
+    )
+    first_dense_layers: int = Field(
+        default=0, ge=0, description="Leading layers with a dense FFN (first_k_dense_replace)"
+    )
+    expert_bias: bool = Field(default=False, description="Experts carry biases (gpt-oss)")
+
+    @model_validator(mode="after")
+    def _k_le_e(self) -> MoESpec:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token cannot exceed num_experts")
+        return self
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_expert_intermediate_size or self.moe_intermediate_size
+
+
+class LinearAttentionSpec(Strict):
+    """Gated DeltaNet (linear attention) dimensions: a fixed-size recurrent state."""
+
+    num_key_heads: int = Field(ge=1)
+    num_value_heads: int = Field(ge=1)
+    key_head_dim: int = Field(ge=1)
+    value_head_dim: int = Field(ge=1)
+    conv_kernel_dim: int = Field(ge=1)
+    state_dtype_bytes: int = Field(
+        default=4, description="Bytes per element of the recurrent state (mamba_ssm_dtype)"
+    )
+
+
+class MambaSpec(Strict):
+    """Mamba-2 SSM mixer dimensions (Nemotron-H and similar hybrids)."""
+
+    num_heads: int = Field(ge=1, description="mamba_num_heads")
+    head_dim: int = Field(ge=1, description="mamba_head_dim")
+    state_size: int = Field(ge=1, description="ssm_state_size (d_state)")
+    n_groups: int = Field(ge=1, description="n_groups (B/C projection groups)")
+    conv_kernel: int = Field(ge=1, description="conv_kernel")
+    state_dtype_bytes: int = Field(
+        default=2, description="Bytes per element of the SSM state as the engine keeps it"
+    )
+
+    @property
+    def inner_size(self) -> int:
+        """d_inner = heads x head dim."""
+        return self.num_heads * self.head_dim
+
+
+class SparseAttentionSpec(Strict):
+    """DeepSeek Sparse Attention (V3.2): a lightning indexer picks the top-k cached tokens
+    each query attends to."""
+
+    index_n_heads: int = Field(ge=1)
+    index_head_dim: int = Field(ge=1)
+    index_topk: int = Field(ge=1, description="Cached tokens each query attends to")
+
+
+class VisionSpec(Strict):
+    """A vision-language model's image tower: capsim counts its weights in memory and
+    simulates text only."""
+
+    params_b: float = Field(gt=0, description="Vision encoder + projector parameters, billions")
+    source: Source
+
+
+class Checkpoint(Strict):
+    """A published checkpoint of this model in a weight format (e.g. an official FP8 or a
+    community AWQ repo), so its Hugging Face id resolves to the model and format."""
+
+    hf_id: str
+    quant: str = Field(description="Catalog weight format of the checkpoint")
+    source: Source | None = None
+
+
+class MLASpec(Strict):
+    """Multi-head latent attention (DeepSeek) dimensions."""
+
+    q_lora_rank: int | None = Field(default=None, ge=1)
+    kv_lora_rank: int = Field(ge=1)
+    qk_nope_head_dim: int = Field(ge=1)
+    qk_rope_head_dim: int = Field(ge=1)
+    v_head_dim: int = Field(ge=1)
+
+
+class PublishedParams(Strict):
+    """Parameter counts a model card states, to check the computed ones against."""
+
+    total_b: float = Field(gt=0, description="Total parameters, billions")
+    active_b: float | None = Field(default=None, gt=0, description="Active parameters, billions")
+    active_convention: Literal["all", "excludes_embedding", "excludes_embedding_and_lm_head"] = (
+        Field(
+            default="all",
+            description="What the card's active count leaves out: nothing (DeepSeek, Qwen), the "
+            "input embedding table (OpenAI gpt-oss), or both embedding tables (GLM)",
+        )
+    )
+    includes_mtp: bool = Field(default=False, description="Whether the total includes MTP layers")
+    source: Source
+
+
+class Model(Strict):
+    """One LLM's architecture, in the terms of its Hugging Face config.json."""
+
+    name: str
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    hf_id: str
+    architecture: str = Field(description="config.json model_type, e.g. 'qwen3_moe'")
+    num_layers: int = Field(ge=1, description="num_hidden_layers")
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int | None = Field(
+        default=None, description="Dense FFN width (for MoE: of the leading dense layers)"
+    )
+    num_attention_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1, description="num_key_value_heads")
+    head_dim: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = Field(default=False, description="q/k/v projections carry biases")
+    attn_output_gate: bool = Field(
+        default=False, description="q_proj also produces an output gate (doubles its width)"
+    )
+    layer_pattern: list[LayerType] = Field(
+        default_factory=lambda: ["full_attention"],
+        description="Attention type of each layer, repeated cyclically over num_layers",
+    )
+    sliding_window: int | None = Field(default=None, ge=1, description="Tokens, for sliding layers")
+    linear_attention: LinearAttentionSpec | None = None
+    mla: MLASpec | None = None
+    mamba: MambaSpec | None = None
+    sparse_attention: SparseAttentionSpec | None = None
+    moe: MoESpec | None = None
+    mlp_gated: bool = Field(
+        default=True,
+        description="FFNs have a gate projection (SwiGLU/GeGLU: 3 matrices); False for "
+        "2-matrix FFNs (e.g. Nemotron-H's squared ReLU)",
+    )
+    ffn_pattern: list[FFNType] | None = Field(
+        default=None,
+        description="FFN kind of each layer, repeated cyclically over num_layers (Llama 4 "
+        "Maverick: [dense, moe]; Nemotron-H: none on mixer layers); default: MoE on every "
+        "layer after moe.first_dense_layers, else dense",
+    )
+    vision: VisionSpec | None = None
+    checkpoints: list[Checkpoint] = Field(default_factory=list)
+    listed: bool = Field(default=True, description="Shown in default listings (False: test models)")
+    mtp_layers: int = Field(default=0, ge=0, description="Multi-token-prediction layers")
+    max_position_embeddings: int | None = None
+    dtype: str = Field(default="bf16", description="Native weight dtype of the release")
+    published: PublishedParams | None = None
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Model:
+        types = set(self.layer_pattern)
+        if "sliding_attention" in types and self.sliding_window is None:
+            raise ValueError("layer_pattern has sliding_attention but sliding_window is not set")
+        if "linear_attention" in types and self.linear_attention is None:
+            raise ValueError("layer_pattern has linear_attention but linear_attention is not set")
+        if "mamba" in types and self.mamba is None:
+            raise ValueError("layer_pattern has mamba but mamba is not set")
+        ffn_kinds = set(self.ffn_pattern or [])
+        if "moe" in ffn_kinds and self.moe is None:
+            raise ValueError("ffn_pattern has moe but moe is not set")
+        if "dense" in ffn_kinds and self.intermediate_size is None:
+            raise ValueError("ffn_pattern has dense but intermediate_size is not set")
+        if self.moe is None and self.intermediate_size is None:
+            raise ValueError("a dense model needs intermediate_size")
+        if self.moe is not None and self.moe.first_dense_layers and not self.intermediate_size:
+            raise ValueError("moe.first_dense_layers needs intermediate_size")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def layer_types(self) -> list[LayerType]:
+        """The attention type of each of the num_layers layers."""
+        p = self.layer_pattern
+        return [p[i % len(p)] for i in range(self.num_layers)]
+
+    def count_layers(self, kind: LayerType) -> int:
+        return sum(1 for t in self.layer_types if t == kind)
+
+    def ffn_kind(self, layer: int) -> FFNType:
+        """The feed-forward block of one layer (0-based)."""
+        if self.ffn_pattern:
+            return self.ffn_pattern[layer % len(self.ffn_pattern)]
+        if self.moe is None or layer < self.moe.first_dense_layers:
+            return "dense"
+        return "moe"
+
+
+class QuantFormat(Strict):
+    """A weight format: how many bits a quantised parameter costs and what stays unquantised."""
+
+    name: str
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    weight_bits: float = Field(gt=0, description="Bits of the stored value itself")
+    group_size: int | None = Field(default=None, ge=1, description="Weights sharing one scale")
+    scale_bits: float = Field(default=0, ge=0, description="Bits of each group's scale")
+    zero_bits: float = Field(default=0, ge=0, description="Bits of each group's zero point")
+    bits_per_weight_override: float | None = Field(
+        default=None,
+        gt=0,
+        description="Effective bits/weight where the format mixes block types (GGUF k-quants)",
+    )
+    compute_dtype: Literal["bf16", "fp16", "fp8", "int8", "fp4"] = Field(
+        description="Tensor-core type the GEMM runs in when the GPU supports it natively"
+    )
+    weight_only: bool = Field(
+        description="Activations stay 16-bit; weights are dequantised in the kernel"
+    )
+    quantized_tensors: list[Literal["attention", "linear_attention", "mlp", "experts"]] = Field(
+        description="Weight groups this format quantises"
+    )
+    unquantized_tensors: list[str] = Field(
+        default_factory=lambda: ["embeddings", "lm_head", "router", "norms"],
+        description="Tensors that usually stay in 16-bit",
+    )
+    unquantized_bits: float = Field(default=16, description="Bits of the tensors left unquantised")
+    embedding_bits: float | None = Field(
+        default=None, gt=0, description="Bits/weight of the embedding table if not unquantized_bits"
+    )
+    lm_head_bits: float | None = Field(
+        default=None, gt=0, description="Bits/weight of the output head if not unquantized_bits"
+    )
+    repo_suffixes: list[str] = Field(
+        default_factory=list,
+        description="Endings of Hugging Face repo ids for checkpoints in this format "
+        "('FP8-Dynamic', 'AWQ-4bit', 'Q4_K_M'), so an id names its format",
+    )
+    sources: list[Source] = Field(min_length=1)
+    notes: str | None = None
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Effective storage bits per quantised weight, scales and zeros included."""
+        if self.bits_per_weight_override is not None:
+            return self.bits_per_weight_override
+        overhead = 0.0
+        if self.group_size:
+            overhead = (self.scale_bits + self.zero_bits) / self.group_size
+        return self.weight_bits + overhead

@@ -1,0 +1,93 @@
+"""What a step's work is made of, per GPU of one tensor-parallel group: the weight bytes
+read every step, the routed experts' bytes and one expert's slice, and the FLOPs per token
+of the dense GEMMs, the routed experts, the lm_head, attention's query-key pairs and the
+linear-attention (Gated DeltaNet, Mamba-2) state updates. FLOP counts as in physics/step.py's
+docstring.
+
+``WorkCounts`` is mixed into ``StepModel`` (physics/step.py).
+"""
+
+from __future__ import annotations
+
+from capsim.physics.elementwise import elementwise_bytes_per_token
+from capsim.physics.memory import weight_bytes
+from capsim.physics.parameters import parameter_breakdown
+
+
+class WorkCounts:
+    """Bytes and FLOPs of one deployment's step (a mixin of StepModel)."""
+
+    def _init_work_counts(self, elementwise_bytes: float | None) -> dict[str, float]:
+        """Set the weight bytes and FLOPs per token (``elementwise_bytes``: bytes per token
+        of the elementwise kernels, None for vLLM's fused layer); returns the weights'
+        bytes by part (``memory.weight_bytes``), which the drafter's set-up reads too."""
+        model, fmt, tp = self.model, self.fmt, self.deployment.tp
+        parts = weight_bytes(model, fmt, tp, include_mtp=False)
+        self.expert_bytes_all = parts["experts"]
+        breakdown = parameter_breakdown(model)
+        self.params_breakdown = breakdown
+        routed_share = 0.0
+        if breakdown.routed_experts:
+            shared_and_routed = breakdown.routed_experts + breakdown.shared_experts
+            routed_share = breakdown.routed_experts / shared_and_routed
+        self.routed_bytes_all = parts["experts"] * routed_share
+        # everything read every step: all but the embedding table (a step looks up one
+        # row per token), the routed experts and a vision tower (text-only steps never run
+        # it); a tied table is the output head as well, and the head reads all of it
+        looked_up = 0.0 if model.tie_word_embeddings else parts["embeddings"]
+        self.dense_weight_bytes = (
+            sum(parts.values()) - looked_up - parts["vision"] - self.routed_bytes_all
+        )
+        self.moe_layers = breakdown.moe_layers
+        self.expert_slice_bytes = (
+            self.routed_bytes_all / (self.moe_layers * model.moe.num_experts)
+            if model.moe and self.moe_layers
+            else 0.0
+        )
+
+        # --- FLOPs per token
+        body_active = breakdown.active_excluding_embedding - breakdown.lm_head
+        routed_active = breakdown.routed_experts_active
+        self.dense_flops_per_token = 2.0 * (body_active - routed_active) / tp
+        self.expert_flops_per_token = 2.0 * routed_active / tp
+        self.lm_head_flops_per_token = 2.0 * model.vocab_size * model.hidden_size / tp
+        # norms, rotary, cache writes, activation, MoE sums: separate memory-bound kernels
+        self.elementwise_bytes_per_token = (
+            elementwise_bytes_per_token(model, tp)
+            if elementwise_bytes is None
+            else elementwise_bytes
+        )
+        heads = model.num_attention_heads / tp
+        if model.mla is not None:
+            m = model.mla
+            per_pair = (
+                2 * heads * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * heads * m.kv_lora_rank
+            )
+        else:
+            per_pair = 4 * heads * model.head_dim
+        self.pair_flops = float(per_pair)
+        self.full_layers = model.count_layers("full_attention")
+        self.sliding_layers = model.count_layers("sliding_attention")
+        self.linear_layers = model.count_layers("linear_attention")
+        la = model.linear_attention
+        # Gated DeltaNet: the state update and read-out, 6 x dk x dv FLOPs a head and token
+        self.gdn_flops_per_token = (
+            6.0
+            * self.linear_layers
+            * (la.num_value_heads / tp)
+            * la.key_head_dim
+            * la.value_head_dim
+            if la
+            else 0.0
+        )
+        self.linear_flops_per_token = self.gdn_flops_per_token
+        mb = model.mamba
+        if mb is not None:  # Mamba-2 SSM: state update and read-out, per head
+            self.linear_flops_per_token += (
+                6.0
+                * model.count_layers("mamba")
+                * (mb.num_heads / tp)
+                * mb.head_dim
+                * mb.state_size
+            )
+        return parts
