@@ -435,7 +435,7 @@ def test_prior_weight_needs_a_fit():
 
 
 def test_parity_plot_tick_labels():
-    from capsim.cli.validate import minor_tick_label, tick_label
+    from capsim.cli.parity_plot import minor_tick_label, tick_label
 
     assert tick_label(1000.0) == "1,000" and tick_label(0.5) == "0.5"
     assert [minor_tick_label(v) for v in (200.0, 300.0, 5000.0, 0.02, 0.0)] == [

@@ -18,11 +18,10 @@ from capsim.planner.pareto import pareto_front
 from capsim.planner.search import (
     Candidate,
     PlanRequest,
-    effective_max_num_seqs,
     enumerate_candidates,
     evaluate,
-    vllm_serve_command,
 )
+from capsim.planner.serve_command import effective_max_num_seqs, vllm_serve_command
 
 CAT = load_catalog()
 
@@ -162,7 +161,7 @@ def test_plan_ranks_by_cost_throughput_or_cost_per_token():
 
 
 def test_serve_command_carries_the_configuration():
-    from capsim.planner.search import vllm_serve_command
+    from capsim.planner.serve_command import vllm_serve_command
 
     c = Candidate(gpu="rtx3090", count=4, tp=2, model="m", quant="awq-int4", kv_dtype="fp8")
     line = vllm_serve_command(c, "Org/Model", max_num_seqs=32)
@@ -356,7 +355,8 @@ def test_slo_distance_is_the_root_sum_of_relative_shortfalls():
 
 def test_winner_serve_line_names_the_quantised_checkpoint_and_max_model_len():
     from capsim.planner.costs import Cost
-    from capsim.planner.search import Evaluated, winner_serve_command
+    from capsim.planner.search import Evaluated
+    from capsim.planner.serve_command import winner_serve_command
 
     c = Candidate(
         gpu="h100-sxm", count=1, tp=1, model="qwen3-coder-30b-a3b", quant="fp8", kv_dtype="auto"

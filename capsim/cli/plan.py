@@ -210,12 +210,11 @@ def plan_cmd(
     from capsim.planner.search import (
         PlanRequest,
         closest_to_slos,
-        effective_max_num_seqs,
         frontier_cost,
         frontier_throughput,
         search_plan,
-        winner_serve_command,
     )
+    from capsim.planner.serve_command import effective_max_num_seqs, winner_serve_command
 
     cat = catalog(db)
     gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8", MAX_GPUS_PER_NODE)
