@@ -41,8 +41,10 @@ def catalog_key(files: list[Path]) -> str:
     from capsim import __version__
 
     here = Path(__file__).resolve().parent
-    schemas = ["schemas.py", "gpu_schema.py", "model_schema.py", "engine_schema.py"]
-    code = [*(here / name for name in schemas), here / "loader.py", Path(__file__).resolve()]
+    # the code a cached catalog depends on: every schema module (schemas.py and the
+    # *_schema.py files on it), the loader and this file
+    schemas = sorted(here.glob("*schema*.py"))
+    code = [*schemas, here / "loader.py", Path(__file__).resolve()]
     parts = [__version__]
     for path in [*code, *files]:
         st = path.stat()
