@@ -50,6 +50,7 @@ class StepReport:
             terms["CPU launches"] = t["t_dispatch"]
         device = self._device(t)
         total = self._total(t, device)
+        message = t["graph_tokens"] * self.model.hidden_size * ACTIVATION_BYTES  # one all-reduce
         return StepBreakdown(
             sequences=seqs,
             tokens=int(tokens),
@@ -63,14 +64,7 @@ class StepReport:
             state_bytes=t["state"],
             linear_flops=t["linear_flops"],
             attention_flops=t["attn_flops"],
-            comm_bytes=(
-                self.allreduces_per_step
-                * t["graph_tokens"]
-                * self.model.hidden_size
-                * ACTIVATION_BYTES
-                if self.link
-                else 0.0
-            ),
+            comm_bytes=self.allreduces_per_step * message if self.link else 0.0,
             t_dense_memory=t["t_dense_mem"],
             t_dense_compute=t["t_dense_cmp"],
             t_expert_memory=t["t_exp_mem"],
@@ -90,9 +84,7 @@ class StepReport:
             t_elementwise=t["t_elementwise"],
             t_host=t["t_host"],
             t_host_hidden=t["t_host"] + device - total,
-            allreduce_algorithm=self.allreduce_algorithm(
-                t["graph_tokens"] * self.model.hidden_size * ACTIVATION_BYTES
-            ),
+            allreduce_algorithm=self.allreduce_algorithm(message),
             expert_gemm_flops_per_s=t["expert_rate"] if t["touched"] else 0.0,
             gdn_prefill_flops_per_s=(
                 (self.gdn_prefill_rate or self.attention_flops_rate)
