@@ -87,8 +87,10 @@ all 16 loops at most 23.9%, median 13.7%. Two later CI loops (the *-ci2 runs) st
 (C=16 TPOT +39% and +69%): their C=1-4 TPOT rises twice as steeply as above C=4, beyond
 their scatter at any NOISE_Z up to 2.5, which no noise test can tell from a real
 per-sequence cost. (All with cpu-host's step_overhead_us at 900 us; at the 1,300 us that
-every stored loop fitted together gives, the 18 loops' worst error per run has median 12.9%
-and maximum 49.2%, the MoE *-ci2 loop.)"""
+every stored loop fitted together gave next, the 18 loops' worst error per run has median
+12.9% and maximum 49.2%, the MoE *-ci2 loop. The measured GEMM, attention and KV-read
+rates since, hardware_db/efficiency/cpu-host.yaml, leave the 22 loops then stored at
+median 13.9%, maximum 57.4%, the MoE *-ci loop.)"""
 
 NOISE_CLIP = 0.1
 """A run's deviation from its level's mean counts at most this much (log units, about 10%)
