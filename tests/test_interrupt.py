@@ -42,3 +42,29 @@ def test_ctrl_c_stops_a_long_command_within_a_second(args, tmp_path):
     assert time.monotonic() - started < 1.5
     assert proc.returncode == 130
     assert b"Traceback" not in err
+
+
+def test_ctrl_c_swallowed_where_it_lands_still_stops_the_work():
+    """CI, 2026-11-27: Ctrl-C landed in logging's fork hook, which ignores exceptions; the
+    KeyboardInterrupt was lost, the ended workers broke the pool, and validate exited 1 with
+    a traceback. The block's ``stopped`` still says Ctrl-C ended the work."""
+    import weakref
+
+    from capsim.cli.common import stop_on_ctrl_c
+
+    class Holder:
+        pass
+
+    def swallowing_callback():  # a finalizer: CPython prints and ignores what it raises
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # bytecodes for the handler to run between
+            pass
+
+    with stop_on_ctrl_c() as ctrl_c:
+        assert not ctrl_c.stopped(RuntimeError("a worker failed on its own"))
+        holder = Holder()
+        weakref.finalize(holder, swallowing_callback)
+        del holder  # the finalizer runs here; its KeyboardInterrupt is swallowed
+        assert ctrl_c.pressed
+        assert ctrl_c.stopped(RuntimeError("process pool broken by the ended workers"))
+        assert ctrl_c.stopped(KeyboardInterrupt())

@@ -90,7 +90,7 @@ def calibrate_cmd(
     stopped = None  # after Ctrl-C: the class that was being fitted
     size = {c: sum(len(sc.points) for ds in g for sc in ds.scenarios) for c, g in groups.items()}
     # the bar counts points: a class's fit takes time in proportion to them
-    with stop_on_ctrl_c(), progress_bar() as bar:
+    with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
         task = bar.add_task("fitting hardware classes", total=sum(size.values()))
         hw_class = ""
         try:
@@ -118,7 +118,9 @@ def calibrate_cmd(
                 profile.save(path)
                 profiles.append((profile, path))
                 bar.advance(task, size[hw_class])
-        except KeyboardInterrupt:
+        except BaseException as exc:
+            if not ctrl_c.stopped(exc):
+                raise
             stopped = hw_class
     for hw_class, why in skipped:
         err_console.print(f"[yellow]skipped {hw_class}:[/] {why}", highlight=False)

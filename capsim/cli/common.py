@@ -389,12 +389,28 @@ EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 
+class CtrlC:
+    """What a ``stop_on_ctrl_c`` block knows of Ctrl-C: whether it was pressed."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def stopped(self, exc: BaseException) -> bool:
+        """Whether ``exc`` ends the block's work because of Ctrl-C: the KeyboardInterrupt
+        itself or, once Ctrl-C was pressed, whatever the ended worker processes leave
+        behind (a broken process pool) when the KeyboardInterrupt was raised inside a call
+        that swallows exceptions (a fork hook, a finalizer) and never reached the work."""
+        return isinstance(exc, KeyboardInterrupt) or self.pressed
+
+
 @contextlib.contextmanager
 def stop_on_ctrl_c():
     """Make Ctrl-C stop a long command within about a second, without tracebacks: the
     main process raises KeyboardInterrupt (for the command to keep and print what it
     finished) after ending the worker processes it simulates in; a worker (forked with
-    this handler, and sent the same SIGINT by the terminal) ignores it and is ended."""
+    this handler, and sent the same SIGINT by the terminal) ignores it and is ended.
+    Yields a CtrlC: the block's ``except`` asks its ``stopped(exc)``, since the interrupt
+    can be swallowed where it lands while the ended workers still break the work."""
     import multiprocessing
     import os
     import signal
@@ -413,17 +429,19 @@ def stop_on_ctrl_c():
     def handler(signum, frame):
         if os.getpid() != main:
             return
+        ctrl_c.pressed = True
         threading.excepthook = quiet_pool
         for child in multiprocessing.active_children():
             child.terminate()
         raise KeyboardInterrupt
 
+    ctrl_c = CtrlC()
     if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread: Ctrl-C stays Python's default
+        yield ctrl_c  # signal handlers belong to the main thread: Ctrl-C stays the default
         return
     previous = signal.signal(signal.SIGINT, handler)
     try:
-        yield
+        yield ctrl_c
     finally:
         signal.signal(signal.SIGINT, previous)
 

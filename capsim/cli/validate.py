@@ -267,7 +267,7 @@ def validate_cmd(
             rows = []
             done = 0
             # the bar counts points: a dataset part's fits take time in proportion to them
-            with stop_on_ctrl_c(), progress_bar() as bar:
+            with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
                 task = bar.add_task("fitting", total=sum(points_of(ds) for ds in parts))
                 try:
                     for ds in parts:
@@ -275,7 +275,9 @@ def validate_cmd(
                         rows += part_errors(ds, cat, names, prior_weight, status)
                         bar.advance(task, points_of(ds))
                         done += 1
-                except KeyboardInterrupt:
+                except BaseException as exc:
+                    if not ctrl_c.stopped(exc):
+                        raise
                     stopped = (
                         f"{done} of {len(parts)} datasets fitted and cross-validated; the "
                         f"results cover those{'' if plot_path is None else ' (no plot written)'}"
@@ -359,7 +361,7 @@ def validate_cmd(
         scenarios = sum(len(ds.scenarios) for ds in loaded)
         points, skipped = [], []
         done = 0
-        with stop_on_ctrl_c(), progress_bar() as bar:
+        with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
             task = bar.add_task("simulating measured scenarios", total=scenarios)
             try:
                 for ds in loaded:  # what a dataset finished is kept past Ctrl-C
@@ -369,7 +371,9 @@ def validate_cmd(
                     points += found
                     skipped += missed
                     done += len(ds.scenarios)
-            except KeyboardInterrupt:
+            except BaseException as exc:
+                if not ctrl_c.stopped(exc):
+                    raise
                 stopped = (
                     f"{done} of {scenarios} scenarios compared; the results cover those"
                     + ("" if plot_path is None else " (no plot written)")
