@@ -106,6 +106,11 @@ class PredictConfig(BaseModel):
     router_capacity_rps: float | None = None
     seed: int = Field(0, ge=0, description="Random seed (a non-negative integer)")
     fast_forward: bool = True
+    skip_periods: bool = Field(
+        True,
+        description="Lay down whole periods of a closed loop's repeating steady state as "
+        "copies instead of simulating them again (engine/periodic.py; same figures)",
+    )
     efficiency_overrides: dict[str, float] = Field(default_factory=dict)
     kv_capacity_tokens: int | None = Field(
         None, ge=BLOCK_SIZE_TOKENS, description="Pin the KV pool size (e.g. from a probe)"

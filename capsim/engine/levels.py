@@ -14,7 +14,7 @@ import simpy
 from pydantic import BaseModel, Field
 
 from capsim.catalog.loader import Catalog, process_catalog
-from capsim.engine import request_log
+from capsim.engine import periodic, request_log
 from capsim.engine.config import PredictConfig
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
@@ -138,6 +138,8 @@ class ReplicaRun:
     # of ``requests`` in the order they finished (engine/saturation.py)
     dry_at: float | None = None
     finish_order: np.ndarray | None = None
+    # requests laid down as copies of a repeating period, not simulated (engine/periodic.py)
+    skipped_requests: int = 0
 
 
 def run_replicas(
@@ -186,6 +188,10 @@ def run_replicas(
     log = RequestLog(frontend, keep_records, first_rid)
     driver = Driver(env, router, workload, seed, log, agents, first_rid, progress)
     driver.start()
+    skipper = None
+    if cfg.skip_periods and cfg.fast_forward and periodic.applies(workload, replicas, router):
+        skipper = periodic.PeriodSkipper(env, replicas[0], driver, router, log, itl)
+        replicas[0].after_finishes = skipper.checkpoint
     for rep in replicas:
         rep.scheduler.on_finish = driver.finished
         rep.clients_react_at_once = driver.reacts_at_once
@@ -215,6 +221,7 @@ def run_replicas(
         events=sum(rep.events for rep in replicas),
         dry_at=None if alone is None else alone.dry_at,
         finish_order=None if alone is None else logged.finish_order,
+        skipped_requests=0 if skipper is None else skipper.skipped_requests,
     )
 
 

@@ -86,6 +86,9 @@ class Replica:
         # called with this replica after every step is applied (capsim serve streams
         # tokens from it); None in batch simulations
         self.step_listener: Callable[[Replica], None] | None = None
+        # called after every step that finished requests, once the clients that send at
+        # that instant have (engine/periodic.py watches for a repeating state); None: not
+        self.after_finishes: Callable[[], None] | None = None
         # requests sent but not yet taken by the scheduler (recv_interval_steps > 1), and
         # the decode steps run since it last took them (SGLang's recv skipper counter)
         self.recv_interval = max(1, config.recv_interval_steps)
@@ -302,7 +305,9 @@ class Replica:
         """After requests finish, let clients that send their next request at the same
         instant (closed loops) do so before the next step is scheduled. Costs an event, so
         it is skipped where no client reacts at once (open loops, traces, agents that
-        all think)."""
+        all think). Then ``after_finishes``, if set."""
         if self.clients_react_at_once and not self.settle_every_step:
             self.events += 1
             yield EndOfInstant(self.env)
+        if self.after_finishes is not None:
+            self.after_finishes()

@@ -107,11 +107,61 @@ class RequestLog:
         if self.keep_records:
             self._sessions[index] = req.session
 
+    @property
+    def finished(self) -> int:
+        """Requests added as finished so far."""
+        return self._finished
+
+    def mark(self) -> tuple[bool, int]:
+        """Where the log stands (for ``rows_since``): whether it still keeps every
+        request, and how many rows it has taken."""
+        return self.summary is None, self._written + len(self._pending)
+
+    def rows_since(self, mark: tuple[bool, int]) -> np.ndarray | None:
+        """The rows taken since ``mark`` in the order they came, as an array of the
+        request's index and its _COLUMNS values; None where the log has folded its
+        requests since (or had then)."""
+        exact, start = mark
+        if not exact or self.summary is not None:
+            return None
+        end = self._written + len(self._pending)
+        rows = np.empty((end - start, 1 + _COLUMNS))
+        written = max(self._written - start, 0)
+        if written:
+            index = self._order[start : self._written]
+            rows[:written, 0] = index
+            rows[:written, 1:] = self._columns[:, index].T
+        if end - start > written:
+            rows[written:] = np.array(self._pending[max(start - self._written, 0) :], dtype=float)
+        return rows
+
+    def repeat(self, rows: np.ndarray, times: int, index_step: int, seconds: float) -> None:
+        """Add ``rows`` (finished requests, from ``rows_since``) ``times`` more times, the
+        k-th copy's indices ``k * index_step`` and its times ``k * seconds`` later (whole
+        periods of a repeating state, engine/periodic.py)."""
+        self._flush()
+        step = np.zeros(1 + _COLUMNS)
+        step[0] = index_step
+        step[[1, 2, 3, 6]] = seconds  # send, first token, finish, first scheduled
+        per_batch = max(REQUEST_BATCH // max(len(rows), 1), 1)
+        for first in range(1, times + 1, per_batch):
+            k = np.arange(first, min(first + per_batch, times + 1), dtype=float)
+            batch = (rows[None, :, :] + k[:, None, None] * step).reshape(-1, 1 + _COLUMNS)
+            if self.keep_records:
+                for index in batch[:, 0].astype(np.int64).tolist():
+                    self._sessions[index] = None
+            self._write(batch)
+        self._finished += times * len(rows)
+
     def _flush(self) -> None:
         if not self._pending:
             return
         batch = np.array(self._pending, dtype=float)  # None becomes NaN
         self._pending.clear()
+        self._write(batch)
+
+    def _write(self, batch: np.ndarray) -> None:
+        """Rows (index and _COLUMNS values) into the columns, or folded."""
         index = batch[:, 0].astype(np.int64)
         values = batch[:, 1:].T
         if self.summary is None and int(index.max()) >= self.capacity:
@@ -224,7 +274,39 @@ class ItlLog:
         self._steps = [array.array("d") for _ in range(slots)]
         self._step_weights = [array.array("d") for _ in range(slots)]
         self._kept = 0
+        self._folds = 0
         self.sketch: LogSketch | None = None  # once past the buffer
+
+    def mark(self) -> tuple:
+        """Where the log stands (for ``samples_since``)."""
+        return self._folds, [(len(r), len(s)) for r, s in zip(self._runs, self._steps, strict=True)]
+
+    def samples_since(self, mark: tuple) -> list | None:
+        """Each slot's runs and single steps (values, weights) logged since ``mark``;
+        None where the log folded its samples since."""
+        folds, ends = mark
+        if folds != self._folds:
+            return None
+        return [
+            (runs[r:], steps[s:], weights[s:])
+            for (r, s), runs, steps, weights in zip(
+                ends, self._runs, self._steps, self._step_weights, strict=True
+            )
+        ]
+
+    def repeat(self, samples: list, times: int) -> None:
+        """Count ``samples`` (from ``samples_since``) ``times`` more times: each again,
+        its weight ``times`` fold (engine/periodic.py)."""
+        for slot, (runs, steps, weights) in enumerate(samples):
+            for per_token, weight in runs:
+                self._runs[slot].append((per_token, weight * times))
+                self._kept += per_token.size
+            if steps:
+                self._steps[slot].extend(steps)
+                self._step_weights[slot].extend(array.array("d", (w * times for w in weights)))
+                self._kept += len(steps)
+        if self._kept > self.capacity:
+            self._fold()
 
     def add_run(self, slot: int, per_token: np.ndarray, sequences: int) -> None:
         """A decode run's steps, seconds per token, each serving ``sequences``."""
@@ -258,6 +340,7 @@ class ItlLog:
         return values, weights
 
     def _fold(self) -> None:
+        self._folds += 1
         values, weights = self._kept_samples()
         if self.sketch is None:
             self.sketch = LogSketch(weighted=True)

@@ -67,6 +67,21 @@ class RunningRows:
         self._state[:, row:end] = self._state[:, row + 1 : end + 1]
         self._dec[row:end] = self._dec[row + 1 : end + 1]
 
+    def period_key(self) -> tuple:
+        """What decides the next steps besides the requests' own fields (engine/periodic.py
+        compares it exactly): the rows' state, which decode, the prefill count, the bound
+        on tokens left, and the KV cache's free and evictable blocks."""
+        n = len(self.running)
+        return (
+            self._state[:, :n].tobytes(),
+            self._dec[:n].tobytes(),
+            self._prefilling,
+            self._least_left,
+            self._least_left_exact,
+            self.kv.free,
+            self.kv.evictable,
+        )
+
     def decode_contexts(self) -> np.ndarray:
         """Tokens in KV of each running request (all decoding), in running order."""
         return self._kv[: len(self.running)].copy()

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import time
@@ -223,7 +224,7 @@ def sweep_saturating(
             i: pool.submit(
                 _closed_level_in_worker, (config, dirs, params, workloads[i], keep_records)
             )
-            for i in order
+            for i in likely_saturated_first(setup, workloads, order)
         }
         if then is not None:
             then()
@@ -256,6 +257,24 @@ def sweep_saturating(
                 base, base_level, base_requests = run, w.concurrency, level_requests(w)
             measured(i)
     return results
+
+
+def likely_saturated_first(setup: Setup, workloads: list[Workload], order: list[int]) -> list[int]:
+    """``order`` (levels by concurrency) with the level most likely to be the lowest
+    saturated one moved to the front, so that worker processes learn early which levels
+    above it they need not simulate (a hint for the order of work only: which levels are
+    derived is decided by the levels' own runs). The guess: the lowest level whose first
+    burst of prompts cannot all hold their KV blocks at once, or that is above
+    max_num_seqs."""
+    if len(order) < 3:
+        return order
+    block = setup.scheduler.block_size
+    prompt_blocks = max(math.ceil(workloads[order[0]].input.mean / block), 1)
+    guess = min(setup.num_blocks // prompt_blocks, setup.scheduler.max_num_seqs + 1)
+    first = next((i for i in order if workloads[i].concurrency >= guess), None)
+    if first is None or first == order[0]:
+        return order
+    return [first, *(i for i in order if i != first)]
 
 
 @contextmanager

@@ -294,6 +294,30 @@ class Driver:
         if i is not None:
             self._send(*self._closed_draws.get(i)[:2], ("r", i), awaited=False)
 
+    def requests_left_to_send(self) -> int:
+        """A closed loop's requests not yet sent (engine/periodic.py)."""
+        return self.w.requests - self.sent
+
+    def skip_ahead(self, requests: int, seconds: float, output_tokens: int) -> None:
+        """A closed loop's clients jump ``requests`` sends and ``seconds`` ahead (whole
+        periods of a repeating state laid down at once, engine/periodic.py): the
+        requests in flight take the ids and times of their counterparts that much later,
+        and the next send is ``requests`` further down the queue. ``output_tokens``: the
+        skipped requests' output lengths, summed."""
+        moved = {}
+        for req in self.in_flight.values():
+            req.rid += requests
+            req.send += seconds
+            if req.first_scheduled is not None:
+                req.first_scheduled += seconds
+            if req.first_token is not None:
+                req.first_token += seconds
+            moved[req.rid] = req
+        self.in_flight = moved
+        self.sent += requests
+        self.output_tokens_sent += output_tokens
+        self._closed_queue = iter(range(self.sent, self.w.requests))
+
     def _client_sees(self, req: SimRequest):
         """Wait until the client has seen ``req`` finish (the front end's latency)."""
         if self.has_turnaround:

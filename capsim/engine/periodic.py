@@ -1,0 +1,287 @@
+"""A closed loop of equal requests repeats itself: whole periods of its steady state are
+laid down as copies instead of simulated again.
+
+In a closed loop (no think time) of requests that all have the same prompt and output
+lengths, on one replica, what happens after a moment depends only on the state at that
+moment, read relative to its time: the running rows (tokens in KV, generated, blocks,
+prefill progress), the waiting queue, the free KV blocks, the requests on their way to the
+engine, the events already scheduled (a client's next send after the front end's latency,
+the API server's queue), and how long ago each request in flight was sent, first
+scheduled and gave its first token. Every request the clients send is the same until the
+workload's requests run out. So when the state after a step that finished requests
+(a *checkpoint*) equals the state at an earlier checkpoint, ``dt`` seconds and ``dn``
+finished requests before, the simulation from then on repeats the one between them,
+``dt`` later and with request ids ``dn`` higher, for as long as the clients have requests
+to send. The skipper then lays down ``m`` whole periods at once (``m`` as many as the
+requests left to send allow): the ``dn`` requests that finished in the period are logged
+``m`` more times, each copy ``dt`` later than the one before; the decode steps' inter-token
+latencies of the period count ``m`` times more; the clock, the events scheduled and the
+requests in flight move ``m * dt`` later; and the counts (steps, events, preemptions, KV
+lookups) grow by ``m`` periods. The simulation then goes on from there (the last partial
+period and the drain as the workload's requests run out). Figures are those of simulating
+every request, to the rounding of float times (``TIME_TOLERANCE_S``).
+
+Steady closed loops of equal requests settle within a few rounds of their concurrency, so
+a level of 1,000 requests simulates a few dozen to a few hundred of them. The skipper
+applies only where every piece of state above is accounted for (``applies``): a closed
+loop of fixed lengths on one replica of vLLM's scheduler (no SGLang admission reserve or
+socket polling interval), no gateway, nothing reusable in the prefix cache, and a plain
+SimPy environment (never ``capsim serve``'s wall-clock one).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from capsim.engine.request import SimRequest
+
+TIME_TOLERANCE_S = 1e-9
+"""Two checkpoints' relative times (s) match when they differ by at most this: the same
+durations summed from different start times round differently in the last bits (about
+1e-14 s at the times a simulation reaches), and no decision turns on a nanosecond."""
+
+CANDIDATES_PER_STATE = 8
+"""Earlier checkpoints kept per discrete state (the times decide among them)."""
+
+MAX_STATES = 4_096
+"""Distinct discrete states remembered before the history starts again (memory stays
+bounded on a loop that never repeats)."""
+
+
+@dataclass
+class Checkpoint:
+    """What a period is measured from: the clock, the relative times, and the counts."""
+
+    now: float
+    times: np.ndarray
+    finished: int
+    sent: int
+    output_tokens_sent: int
+    steps: int
+    events: int
+    busy_time: float
+    preemptions: int
+    query_tokens: int
+    hit_tokens: int
+    log_mark: tuple
+    itl_mark: tuple
+
+
+def applies(workload, replicas: list, router) -> bool:
+    """Whether period skipping is exact for this simulation (see the module text)."""
+    if workload.kind != "closed" or len(replicas) != 1:
+        return False
+    if workload.input.kind != "fixed" or workload.output.kind != "fixed":
+        return False
+    rep = replicas[0]
+    env = rep.env
+    if type(env) is not simpy.Environment or not hasattr(env, "_queue"):
+        return False
+    return (
+        rep.recv_interval == 1
+        and rep.scheduler.reserve is None
+        and not rep.settle_every_step
+        and rep.step_listener is None
+        and router.gateway is None
+        and router.latency_s == 0
+    )
+
+
+class PeriodSkipper:
+    """Watches one replica's checkpoints and skips whole periods once the state repeats
+    (``checkpoint`` is called by the replica after each step that finished requests)."""
+
+    def __init__(self, env: simpy.Environment, replica, driver, router, log, itl):
+        self.env = env
+        self.replica = replica
+        self.scheduler = replica.scheduler
+        self.driver = driver
+        self.router = router
+        self.log = log
+        self.itl = itl
+        self.history: dict[tuple, list[Checkpoint]] = {}
+        self.rows_seen: set[tuple] = set()
+        self.skipped_periods = 0
+        self.skipped_requests = 0
+        self.done = False  # after a skip, or once nothing is left to send
+
+    def checkpoint(self) -> None:
+        if self.done:
+            return
+        driver = self.driver
+        left = driver.requests_left_to_send()
+        if left <= 0:
+            self.done = True
+            return
+        sched = self.scheduler
+        if sched.kv.streams:
+            return  # a reusable prefix in the cache: its contents would be state too
+        # the scheduler's rows first (a few microseconds): the whole state is read only
+        # where they were seen before, which in a transient they seldom are
+        rows = (sched.period_key(), len(sched.waiting), len(self.driver.in_flight))
+        if rows not in self.rows_seen:
+            if len(self.rows_seen) >= MAX_STATES:
+                self.rows_seen.clear()
+            self.rows_seen.add(rows)
+            return
+        key, times = self._state()
+        now = self.env.now
+        candidates = self.history.get(key)
+        if candidates is not None:
+            for earlier in reversed(candidates):
+                same = np.allclose(times, earlier.times, rtol=0.0, atol=TIME_TOLERANCE_S)
+                if same and self._skip(earlier, left):
+                    return
+        elif len(self.history) >= MAX_STATES:
+            self.history.clear()
+        point = self._point(now, times)
+        entries = self.history.setdefault(key, [])
+        entries.append(point)
+        if len(entries) > CANDIDATES_PER_STATE:
+            del entries[0]
+
+    def _state(self) -> tuple[tuple, np.ndarray]:
+        """The discrete state (exact) and the relative times (s) of this moment."""
+        env, sched, driver = self.env, self.scheduler, self.driver
+        now = env.now
+        sent = driver.sent + driver.first_rid
+        requests: list[tuple] = []
+        times: list[float] = []
+        for req in sched.running:
+            requests.append(_running_key(req, sent))
+            _times(req, now, times)
+        requests.append(("waiting",))
+        for req in sched.waiting:
+            requests.append(_waiting_key(req, sent))
+            _times(req, now, times)
+        requests.append(("in transit",))
+        for req in driver.in_flight.values():
+            if req.replica < 0:
+                requests.append((sent - req.rid,))
+                _times(req, now, times)
+        events: list[tuple] = []
+        for when, priority, _, event in sorted(env._queue, key=_event_order):
+            callbacks = event.callbacks or ()
+            events.append((priority, *(getattr(cb, "__name__", "?") for cb in callbacks)))
+            times.append(when - now)
+        times.append(max(self.router._api_free_at - now, 0.0))
+        key = (
+            sched.period_key(),
+            self.replica._cut_on_arrival,
+            tuple(requests),
+            tuple(events),
+        )
+        return key, np.array(times)
+
+    def _point(self, now: float, times: np.ndarray) -> Checkpoint:
+        rep, sched, driver = self.replica, self.scheduler, self.driver
+        return Checkpoint(
+            now=now,
+            times=times,
+            finished=self.log.finished,
+            sent=driver.sent,
+            output_tokens_sent=driver.output_tokens_sent,
+            steps=rep.steps,
+            events=rep.events,
+            busy_time=rep.busy_time,
+            preemptions=sched.preemptions,
+            query_tokens=sched.kv.query_tokens,
+            hit_tokens=sched.kv.hit_tokens,
+            log_mark=self.log.mark(),
+            itl_mark=self.itl.mark(),
+        )
+
+    def _skip(self, earlier: Checkpoint, left: int) -> bool:
+        """Lay down as many whole periods since ``earlier`` as the requests left to send
+        (``left``) allow; False where the period cannot be repeated."""
+        rep, sched, driver, env = self.replica, self.scheduler, self.driver, self.env
+        now = env.now
+        finished = self.log.finished - earlier.finished
+        sent = driver.sent - earlier.sent
+        period_s = now - earlier.now
+        if finished <= 0 or sent != finished or period_s <= 0:
+            return False
+        rows = self.log.rows_since(earlier.log_mark)
+        samples = self.itl.samples_since(earlier.itl_mark)
+        if rows is None or samples is None:  # folded past a buffer meanwhile
+            return False
+        periods = left // sent
+        if periods < 1:
+            return False
+        self.done = True
+        shift_s = periods * period_s
+        shift_n = periods * sent
+        self.log.repeat(rows, periods, sent, period_s)
+        self.itl.repeat(samples, periods)
+        # the clock and everything that holds an absolute time moves on
+        env._now = now + shift_s
+        queue = [(when + shift_s, priority, eid, ev) for when, priority, eid, ev in env._queue]
+        env._queue[:] = queue
+        heapq.heapify(env._queue)
+        self.router._api_free_at += shift_s
+        tokens = periods * (driver.output_tokens_sent - earlier.output_tokens_sent)
+        driver.skip_ahead(shift_n, shift_s, tokens)
+        sched.submitted += shift_n
+        sched.preemptions += periods * (sched.preemptions - earlier.preemptions)
+        sched.kv.query_tokens += periods * (sched.kv.query_tokens - earlier.query_tokens)
+        sched.kv.hit_tokens += periods * (sched.kv.hit_tokens - earlier.hit_tokens)
+        rep.steps += periods * (rep.steps - earlier.steps)
+        rep.events += periods * (rep.events - earlier.events)
+        rep.busy_time += periods * (rep.busy_time - earlier.busy_time)
+        if driver.progress is not None:
+            driver.progress.advance(shift_n)
+        self.skipped_periods = periods
+        self.skipped_requests = shift_n
+        self.history.clear()
+        self.rows_seen.clear()
+        return True
+
+
+def _event_order(entry: tuple) -> tuple:
+    return entry[:3]
+
+
+def _times(req: SimRequest, now: float, out: list[float]) -> None:
+    out.append(now - req.send)
+    out.append(0.0 if req.first_scheduled is None else now - req.first_scheduled)
+    out.append(0.0 if req.first_token is None else now - req.first_token)
+
+
+def _running_key(req: SimRequest, sent: int) -> tuple:
+    """A running request's own fields that its row does not hold (the row's are in the
+    scheduler's period_key), and its place in send order (``sent``: the next id)."""
+    return (
+        sent - req.rid,
+        req.phase,
+        req.prompt_len,
+        req.output_len,
+        req.computed,
+        req.prefill_target,
+        req.cached_len,
+        req.cached_tokens,
+        req.first_scheduled is None,
+        req.first_token is None,
+    )
+
+
+def _waiting_key(req: SimRequest, sent: int) -> tuple:
+    """A waiting request's fields (a preempted one keeps its progress)."""
+    return (
+        sent - req.rid,
+        req.phase,
+        req.prompt_len,
+        req.output_len,
+        req.computed,
+        req.prefill_target,
+        req.generated,
+        req.kv_tokens,
+        req.blocks,
+        req.cached_len,
+        req.cached_tokens,
+        req.first_scheduled is None,
+        req.first_token is None,
+    )
