@@ -5,9 +5,10 @@ Run:  .venv/bin/python benchmarks/bench_engine.py
 1. A sweep of --concurrency 1..64 with 1,000 requests per level (closed workload,
    1,024 in / 512 out) on one RTX 3090 with Qwen3-Coder-30B-A3B AWQ.
 2. 100,000 closed-loop agent requests (2,000 agents x 50 turns) on 8 replicas.
-Prints wall time, CPU time (this process and its workers), simulated steps and SimPy
-events. Sweep levels, and replicas that never interact (session-affine routing), run in
-parallel processes, so wall time on several cores is below CPU time.
+Prints wall time, CPU time (this process and its workers), steps and SimPy events, and
+how many requests were laid down as copies of a repeating period (engine/periodic.py)
+rather than simulated. Sweep levels, and replicas that never interact (session-affine
+routing), run in parallel processes, so wall time on several cores is below CPU time.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ def sweep() -> None:
     simulated = [lv for lv in result.levels if lv.service_of is None]
     steps = sum(lv.steps for lv in simulated)
     events = sum(lv.events for lv in simulated)
+    repeated = sum(lv.repeated_requests for lv in simulated)
     shared = len(result.levels) - len(simulated)
     base = min((lv.service_of for lv in result.levels if lv.service_of), default=None)
     print(
         f"sweep 1..64 x 1,000 requests: {elapsed:.2f} s ({cpu:.1f} s CPU), "
-        f"{len(simulated)} levels simulated ({steps:,} steps in {events:,} events), "
+        f"{len(simulated)} levels simulated ({steps:,} steps in {events:,} events; "
+        f"{repeated:,} of their requests laid down as repeated periods), "
         f"{shared} derived from saturated level {base:.0f}"
         if base
         else f"sweep 1..64 x 1,000 requests: {elapsed:.2f} s ({cpu:.1f} s CPU), "

@@ -3,7 +3,7 @@
 Run:  .venv/bin/python benchmarks/bench_scale.py [--sizes 1e4,1e5,1e6,1e7] [--concurrency 16,64]
 
 Each size is one ``capsim predict --json`` of a single closed-loop level (RTX 3090,
-Qwen3-Coder-30B-A3B AWQ, 1,024 in / 512 out) in a process of its own, so its peak RSS
+Qwen3-Coder-30B-A3B AWQ, 1,024 in / 512 out by default) in a process of its own, so its peak RSS
 is its own (os.wait4). Prints wall time (the whole command: start-up, the shipped
 profile's band reruns, the simulation), requests per second of wall time and peak RSS.
 Up to request_log.REQUEST_BUFFER requests a level is exact; beyond it requests are
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(concurrency: int, requests: int, gpu: str, model: str) -> dict:
+def run(concurrency: int, requests: int, gpu: str, model: str, output_tokens: str) -> dict:
     """One predict in a child process: wall seconds, peak RSS (MiB) and its metrics."""
     command = [
         sys.executable,
@@ -39,6 +39,8 @@ def run(concurrency: int, requests: int, gpu: str, model: str) -> dict:
         str(concurrency),
         "--requests",
         str(requests),
+        "--output-tokens",
+        output_tokens,
         "--json",
     ]
     with tempfile.TemporaryFile() as out:
@@ -60,6 +62,12 @@ def main() -> None:
     parser.add_argument("--concurrency", default="16", help="levels, comma-separated")
     parser.add_argument("--gpu", default="rtx3090")
     parser.add_argument("--model", default="qwen3-coder-30b-a3b")
+    parser.add_argument(
+        "--output-tokens",
+        default="512",
+        help="output lengths: 512 (equal requests: a closed loop's repeating periods are "
+        "laid down, engine/periodic.py) or e.g. uniform:384,640 (every request simulated)",
+    )
     args = parser.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     print(
@@ -69,7 +77,7 @@ def main() -> None:
     )
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         for requests in sizes:
-            r = run(concurrency, requests, args.gpu, args.model)
+            r = run(concurrency, requests, args.gpu, args.model, args.output_tokens)
             p = r["point"]
             print(
                 f"{concurrency:>4} {requests:>12,} {r['wall_s']:>9.1f} "

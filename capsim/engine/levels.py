@@ -43,6 +43,11 @@ class LevelResult(BaseModel):
     prefix_cache_hit_rate: float | None
     steps: int
     events: int
+    repeated_requests: int = Field(
+        0,
+        description="Requests laid down as copies of a repeating steady-state period "
+        "instead of simulated (engine/periodic.py); steps and events count them too",
+    )
     sim_seconds: float = Field(description="Wall time the simulation took")
     service_of: float | None = Field(
         None,
@@ -430,6 +435,7 @@ def measure_level(
         prefix_cache_hit_rate=hits / queried if queried else None,
         steps=sum(run.steps for run in runs),
         events=sum(run.events for run in runs),
+        repeated_requests=sum(run.skipped_requests for run in runs),
         sim_seconds=time.perf_counter() - started,
         records=[r for run in runs for r in run.records] if keep_records else None,
     )
