@@ -137,3 +137,19 @@ def test_skipping_keeps_a_long_level_bounded_and_exact_in_its_counts():
     assert math.isclose(
         level.metrics.output_tok_s * level.metrics.wall_s, 200_000 * 20, rel_tol=1e-3
     )
+
+
+def test_a_saturated_sweep_of_equal_requests_derives_what_it_would_simulate():
+    # small KV: the levels from about 5 up are saturated, and each simulated level lays
+    # down repeated periods; deriving the levels above from one of them gives the figures
+    # of simulating them (to float rounding: the periods are laid down at other points)
+    config = closed_config(1, 300, concurrency=[1, 2, 3, 4, 6, 8, 12], kv_capacity_tokens=16 * 100)
+    config = config.model_copy(update={"profile": "none"})
+    reused = predict(config, CAT, workers=1)
+    simulated = predict(config, CAT, workers=1, reuse_saturated=False)
+    assert any(level.service_of is not None for level in reused.levels)
+    assert any(level.repeated_requests for level in simulated.levels)
+    for a, b in zip(reused.levels, simulated.levels, strict=True):
+        fa, fb = flat_figures(a.metrics), flat_figures(b.metrics)
+        for name in fa:
+            assert fa[name] == pytest.approx(fb[name], rel=1e-9, abs=1e-9), (a.level, name)

@@ -47,9 +47,14 @@ durations summed from different start times round differently in the last bits (
 CANDIDATES_PER_STATE = 8
 """Earlier checkpoints kept per discrete state (the times decide among them)."""
 
-MAX_STATES = 4_096
-"""Distinct discrete states remembered before the history starts again (memory stays
-bounded on a loop that never repeats)."""
+MAX_CHECKPOINTS = 1_024
+"""Checkpoints kept in all (each holds its state, a few KB at C=64) before the history
+starts again: periods of up to about this many finishing steps are found, and memory stays
+bounded on a loop that never repeats."""
+
+MAX_ROW_HASHES = 65_536
+"""Hashes of the scheduler's rows remembered (a whole state is read only where its rows'
+hash was seen before) before that memory starts again."""
 
 
 @dataclass
@@ -104,7 +109,8 @@ class PeriodSkipper:
         self.log = log
         self.itl = itl
         self.history: dict[tuple, list[Checkpoint]] = {}
-        self.rows_seen: set[tuple] = set()
+        self.rows_seen: set[int] = set()
+        self.kept = 0  # checkpoints in history
         self.skipped_periods = 0
         self.skipped_requests = 0
         self.done = False  # after a skip, or once nothing is left to send
@@ -122,9 +128,10 @@ class PeriodSkipper:
             return  # a reusable prefix in the cache: its contents would be state too
         # the scheduler's rows first (a few microseconds): the whole state is read only
         # where they were seen before, which in a transient they seldom are
-        rows = (sched.period_key(), len(sched.waiting), len(self.driver.in_flight))
+        # (a hash collision only costs reading a whole state that then does not match)
+        rows = hash((sched.period_key(), len(sched.waiting), len(self.driver.in_flight)))
         if rows not in self.rows_seen:
-            if len(self.rows_seen) >= MAX_STATES:
+            if len(self.rows_seen) >= MAX_ROW_HASHES:
                 self.rows_seen.clear()
             self.rows_seen.add(rows)
             return
@@ -136,13 +143,15 @@ class PeriodSkipper:
                 same = np.allclose(times, earlier.times, rtol=0.0, atol=TIME_TOLERANCE_S)
                 if same and self._skip(earlier, left):
                     return
-        elif len(self.history) >= MAX_STATES:
+        if self.kept >= MAX_CHECKPOINTS:
             self.history.clear()
-        point = self._point(now, times)
+            self.kept = 0
         entries = self.history.setdefault(key, [])
-        entries.append(point)
+        entries.append(self._point(now, times))
+        self.kept += 1
         if len(entries) > CANDIDATES_PER_STATE:
             del entries[0]
+            self.kept -= 1
 
     def _state(self) -> tuple[tuple, np.ndarray]:
         """The discrete state (exact) and the relative times (s) of this moment."""
@@ -238,6 +247,7 @@ class PeriodSkipper:
         self.skipped_requests = shift_n
         self.history.clear()
         self.rows_seen.clear()
+        self.kept = 0
         return True
 
 
