@@ -161,11 +161,11 @@ class PeriodSkipper:
         requests: list[tuple] = []
         times: list[float] = []
         for req in sched.running:
-            requests.append(_running_key(req, sent))
+            requests.append(_request_key(req, sent))
             _times(req, now, times)
         requests.append(("waiting",))
         for req in sched.waiting:
-            requests.append(_waiting_key(req, sent))
+            requests.append(_request_key(req, sent, waiting=True))
             _times(req, now, times)
         requests.append(("in transit",))
         for req in driver.in_flight.values():
@@ -261,10 +261,11 @@ def _times(req: SimRequest, now: float, out: list[float]) -> None:
     out.append(0.0 if req.first_token is None else now - req.first_token)
 
 
-def _running_key(req: SimRequest, sent: int) -> tuple:
-    """A running request's own fields that its row does not hold (the row's are in the
-    scheduler's period_key), and its place in send order (``sent``: the next id)."""
-    return (
+def _request_key(req: SimRequest, sent: int, waiting: bool = False) -> tuple:
+    """A request's own fields and its place in send order (``sent``: the next id). For a
+    running one, only what its row does not hold (the row's are in the scheduler's
+    period_key); a waiting one adds its progress (a preempted request keeps it)."""
+    key = (
         sent - req.rid,
         req.phase,
         req.prompt_len,
@@ -276,22 +277,4 @@ def _running_key(req: SimRequest, sent: int) -> tuple:
         req.first_scheduled is None,
         req.first_token is None,
     )
-
-
-def _waiting_key(req: SimRequest, sent: int) -> tuple:
-    """A waiting request's fields (a preempted one keeps its progress)."""
-    return (
-        sent - req.rid,
-        req.phase,
-        req.prompt_len,
-        req.output_len,
-        req.computed,
-        req.prefill_target,
-        req.generated,
-        req.kv_tokens,
-        req.blocks,
-        req.cached_len,
-        req.cached_tokens,
-        req.first_scheduled is None,
-        req.first_token is None,
-    )
+    return (*key, req.generated, req.kv_tokens, req.blocks) if waiting else key
