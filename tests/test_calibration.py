@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,32 @@ def test_fit_recovers_known_parameters(tmp_path):
     again = load_profile(path)
     assert again.parameters == profile.parameters
     assert again.params(CAT, "rtx3090").step_overhead_us == pytest.approx(1500, rel=0.05)
+
+
+def test_a_profile_comes_from_the_cache_until_its_file_changes(tmp_path, monkeypatch):
+    # a prediction reads its profile from capsim's cache (no YAML parser loaded); an edit
+    # to the file, or a damaged cache entry, is never served stale
+    import capsim.calibration.profiles as profiles
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", str(cache))
+    ds = synthetic({"step_overhead_us": 1500.0})
+    profile = fit_profile([ds], CAT, "cached", ("step_overhead_us",))
+    path = profile.save(tmp_path / "p.yaml")
+    first = load_profile(path)
+    assert len(list(cache.glob("profile-*.pickle"))) == 1
+    profiles._load_profile_version.cache_clear()  # as a new process would
+    assert load_profile(path).parameters == first.parameters
+    assert load_profile(path).path == str(path.resolve())
+    edited = profile.model_copy(update={"name": "edited"})
+    edited.save(path)
+    os.utime(path, ns=(1, 1))  # a different modification time, whatever the clock
+    profiles._load_profile_version.cache_clear()
+    assert load_profile(path).name == "edited"
+    for cached in cache.glob("profile-*.pickle"):
+        cached.write_bytes(b"not a pickle")
+    profiles._load_profile_version.cache_clear()
+    assert load_profile(path).name == "edited"
 
 
 def test_prior_weight_pulls_a_fit_towards_the_prior_and_keeps_the_data_errors():

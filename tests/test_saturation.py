@@ -169,3 +169,22 @@ def test_a_sweep_of_per_level_request_counts_derives_only_equal_counts(monkeypat
     fixed = predict(config.model_copy(update={"requests": 96}), CAT, workers=1)
     assert derived and max(derived) == 12
     assert [lv.metrics.requests for lv in fixed.levels] == [96] * 4
+
+
+def test_the_likely_lowest_saturated_level_is_handed_to_the_workers_first():
+    # 100 blocks of 16 tokens, prompts of 300 tokens (19 blocks): 5 prompts fit at once,
+    # so level 6 (the lowest at or above 5) goes first, the rest keep their order
+    config = PredictConfig(
+        **BASE,
+        concurrency=[1, 2, 4, 6, 8, 12],
+        requests=40,
+        input_tokens="300",
+        kv_capacity_tokens=16 * 100,
+    )
+    setup = build_setup(config, CAT)
+    workloads = [make_workload(config, c) for c in config.concurrency]
+    order = list(range(len(workloads)))
+    assert simulate.likely_saturated_first(setup, workloads, order) == [3, 0, 1, 2, 4, 5]
+    # with room for every level nothing moves
+    roomy = build_setup(config.model_copy(update={"kv_capacity_tokens": None}), CAT)
+    assert simulate.likely_saturated_first(roomy, workloads, order) == order

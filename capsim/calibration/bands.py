@@ -203,9 +203,15 @@ def load_band_table(path: Path | None = None) -> BandTable | None:
 
 @functools.lru_cache(maxsize=8)
 def _load_band_version(path: str, mtime_ns: int, size: int) -> BandTable:
+    """The band table in ``path``, from capsim's cache when this version of the file was
+    read before (capsim/catalog/cache.py)."""
+    from capsim.catalog.cache import cached_parse
     from capsim.catalog.loader import load_yaml_text
 
-    return BandTable.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+    def parse() -> BandTable:
+        return BandTable.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+
+    return cached_parse("bands", Path(path), [Path(__file__)], parse)
 
 
 def save_band_table(table: BandTable, path: Path) -> Path:

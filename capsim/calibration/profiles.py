@@ -14,7 +14,6 @@ import functools
 import os
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from capsim.calibration.published import calibration_dir
@@ -128,6 +127,8 @@ class Profile(BaseModel):
         return base.with_overrides({**self.held, **self.fitted_values})
 
     def save(self, path: Path) -> Path:
+        import yaml
+
         text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
         return write_text_atomic(path, text)
 
@@ -138,13 +139,24 @@ def load_profile(path: Path) -> Profile:
     try:
         stat = path.stat()
         return _load_profile_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    except (OSError, yaml.YAMLError, ValueError) as exc:
-        raise CapsimUserError(f"cannot read profile '{path}': {exc}") from None
+    except Exception as exc:
+        import yaml  # only here: a prediction that reads a cached profile never loads it
+
+        if isinstance(exc, OSError | ValueError | yaml.YAMLError):  # unreadable, or not one
+            raise CapsimUserError(f"cannot read profile '{path}': {exc}") from None
+        raise
 
 
 @functools.lru_cache(maxsize=64)
 def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
-    profile = Profile.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+    """The profile in ``path``, from capsim's cache when this version of the file was
+    read before (reading YAML costs importing PyYAML: capsim/catalog/cache.py)."""
+    from capsim.catalog.cache import cached_parse
+
+    def parse() -> Profile:
+        return Profile.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+
+    profile = cached_parse("profile", Path(path), [Path(__file__)], parse)
     profile._path = path
     return profile
 

@@ -11,7 +11,6 @@ import math
 from collections.abc import Container
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from capsim.catalog.loader import format_validation_error, load_yaml_text
@@ -167,6 +166,8 @@ def published_dir() -> Path:
 
 
 def load_dataset(path: Path) -> PublishedDataset:
+    import yaml
+
     try:
         data = load_yaml_text(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:

@@ -1,11 +1,14 @@
-"""capsim's cache folder, and the parsed catalog kept in it.
+"""capsim's cache folder, and the parsed data kept in it.
 
 Reading the catalog's YAML and validating every entry takes about 0.1 s, a third of a
 short command's start-up. The parsed catalog is pickled into the cache folder under a key
 made of every catalog file's path, size and modification time, the schema and loader
 sources' and capsim's version: any edit to a YAML file, an added or removed file or a
-changed schema gives a new key, so a stale catalog is never read. ``CAPSIM_NO_CACHE=1``
-turns it off; a cache that cannot be read or written is ignored.
+changed schema gives a new key, so a stale catalog is never read. The calibration profile
+and the corpus band table a prediction reads are kept the same way (``cached_parse``):
+parsing them is quick, but reading YAML at all costs importing PyYAML, about 30-45 ms of
+every prediction's start-up. ``CAPSIM_NO_CACHE=1`` turns it off; a cache that cannot be
+read or written is ignored.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ NO_CACHE_ENV = "CAPSIM_NO_CACHE"
 """Set to 1 to parse the catalog on every run instead of reading the cached one."""
 
 KEEP_CATALOGS = 4
-"""Cached catalogs kept (the newest); older ones are removed when a new one is written."""
+"""Cached files of each kind kept (the newest catalogs, profiles, band tables); older ones
+are removed when a new one is written."""
 
 
 def cache_dir() -> Path:
@@ -38,15 +42,20 @@ def cache_dir() -> Path:
 
 def catalog_key(files: list[Path]) -> str:
     """The cache key of a catalog read from ``files`` (in load order)."""
-    from capsim import __version__
-
     here = Path(__file__).resolve().parent
     # the code a cached catalog depends on: every schema module (schemas.py and the
     # *_schema.py files on it), the loader and this file
     schemas = sorted(here.glob("*schema*.py"))
-    code = [*schemas, here / "loader.py", Path(__file__).resolve()]
+    return files_key([*schemas, here / "loader.py", *files])
+
+
+def files_key(files: list[Path]) -> str:
+    """A cache key of ``files`` (data and the code that parses it, in order): each one's
+    path, size and modification time, this module and capsim's version."""
+    from capsim import __version__
+
     parts = [__version__]
-    for path in [*code, *files]:
+    for path in [Path(__file__).resolve(), *files]:
         st = path.stat()
         parts.append(f"{path}\0{st.st_size}\0{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
@@ -55,11 +64,22 @@ def catalog_key(files: list[Path]) -> str:
 def cached_catalog(files: list[Path], parse: Callable[[], object]):
     """The catalog parsed from ``files`` by ``parse()``, from the cache when it holds one
     for exactly these files; else parsed and stored."""
+    return _cached("catalog", lambda: catalog_key(files), parse)
+
+
+def cached_parse(kind: str, path: Path, code: list[Path], parse: Callable[[], object]):
+    """What ``parse()`` makes of the file ``path`` (parsed by the modules ``code``), from
+    the cache when it holds it for this version of the file and code; else parsed and
+    stored (``kind`` names the cached files: profile, bands)."""
+    return _cached(kind, lambda: files_key([*code, path]), parse)
+
+
+def _cached(kind: str, key: Callable[[], str], parse: Callable[[], object]):
     if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
         return parse()
     try:
         folder = cache_dir()
-        path = folder / f"catalog-{catalog_key(files)}.pickle"
+        path = folder / f"{kind}-{key()}.pickle"
     except OSError:
         return parse()
     try:
@@ -67,21 +87,21 @@ def cached_catalog(files: list[Path], parse: Callable[[], object]):
             return pickle.load(f)
     except Exception:  # none yet, or a truncated or foreign file: parse (and overwrite) it
         pass
-    catalog = parse()
+    parsed = parse()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         with partial.open("wb") as f:
-            pickle.dump(catalog, f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(parsed, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(partial, path)
-        _prune(folder)
+        _prune(folder, kind)
     except OSError:
         pass
-    return catalog
+    return parsed
 
 
-def _prune(folder: Path) -> None:
-    """Remove all but the KEEP_CATALOGS newest cached catalogs."""
-    cached = sorted(folder.glob("catalog-*.pickle"), key=lambda p: p.stat().st_mtime_ns)
+def _prune(folder: Path, kind: str) -> None:
+    """Remove all but the KEEP_CATALOGS newest cached files of ``kind``."""
+    cached = sorted(folder.glob(f"{kind}-*.pickle"), key=lambda p: p.stat().st_mtime_ns)
     for old in cached[:-KEEP_CATALOGS]:
         old.unlink(missing_ok=True)
