@@ -184,7 +184,7 @@ def build_band_table(points: list[ComparedPoint], gpu_class: dict[str, str]) -> 
 
 
 def default_bands_path() -> Path:
-    from capsim.calibration.published import calibration_dir
+    from capsim.calibration.paths import calibration_dir
 
     return calibration_dir() / "bands" / "uncalibrated.yaml"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from capsim.calibration.published import calibration_dir
+from capsim.calibration.paths import calibration_dir
 from capsim.catalog.loader import Catalog, load_yaml_text
 from capsim.errors import CapsimUserError, close_matches
 from capsim.files import write_text_atomic

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from capsim.calibration.paths import calibration_dir
 from capsim.catalog.loader import format_validation_error, load_yaml_text
 from capsim.catalog.schemas import Source
 from capsim.errors import CapsimUserError
@@ -149,16 +150,6 @@ class PublishedDataset(Strict):
             for s in self.scenarios
         ]
         return self.model_copy(update={"scenarios": scenarios})
-
-
-def calibration_dir() -> Path:
-    """The calibration data: shipped as capsim/calibration_data in a wheel, the top-level
-    calibration/ in a checkout."""
-    package = Path(__file__).resolve().parent.parent
-    shipped = package / "calibration_data"
-    if (shipped / "published").is_dir():
-        return shipped
-    return package.parent / "calibration"
 
 
 def published_dir() -> Path:
