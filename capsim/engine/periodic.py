@@ -21,8 +21,11 @@ lookups) grow by ``m`` periods. The simulation then goes on from there (the last
 period and the drain as the workload's requests run out). Figures are those of simulating
 every request, to the rounding of float times (``TIME_TOLERANCE_S``).
 
-Steady closed loops of equal requests settle within a few rounds of their concurrency, so
-a level of 1,000 requests simulates a few dozen to a few hundred of them. The skipper
+The steady state is not reached at once: a first burst of C equal requests spreads by
+about one decode step a round, so below the KV limit the state repeats after about
+C x (C - 1) finished requests (RTX 3090, Qwen3-Coder-30B-A3B, 1,024 in / 512 out: 90 at
+C=10, 870 at C=30), and a level that preempts takes longer (1,333 at C=31, 9,351 at C=40,
+none in 20,000 at C=45); what comes before is simulated as always. The skipper
 applies only where every piece of state above is accounted for (``applies``): a closed
 loop of fixed lengths on one replica of vLLM's scheduler (no SGLang admission reserve or
 socket polling interval), no gateway, nothing reusable in the prefix cache, and a plain
