@@ -1,4 +1,5 @@
-"""Benchmark: vLLM's CPU dense GEMMs (oneDNN, bf16) at the live tests' tiny-model shapes.
+"""Benchmark: vLLM's CPU dense GEMMs (oneDNN, bf16) at the live tests' tiny-model shapes
+and one wider layer.
 
 Run in the vLLM CPU virtual environment the live tests use (tests/live/run_live.sh):
 
@@ -9,7 +10,8 @@ On an x86 CPU without AMX, vLLM's CPU build runs an unquantised linear layer thr
 vllm/model_executor/layers/utils.py, ``dispatch_cpu_unquantized_gemm``). This times that
 call on one thread (vLLM's CPU worker is bound to one core of this 2-core host) for one
 decoder layer's projections (fused QKV, output, fused gate/up, down) and the lm_head of
-tiny-qwen3 (hidden 256) and tiny-llama (hidden 512), at 1-2,048 rows (tokens), and prints
+tiny-qwen3 (hidden 256), tiny-llama (hidden 512) and wide-llama (hidden 1536, whose layer
+outgrows the L3), at 1-2,048 rows (tokens), and prints
 microseconds a layer, GFLOP/s and the fraction of the host's bf16 peak in the catalog
 (hardware_db/gpus/cpu-host.yaml). The cpu-host class's GEMM efficiencies
 (hardware_db/efficiency/cpu-host.yaml) are read from it.
@@ -25,8 +27,15 @@ PEAK_TFLOPS = 2.4  # cpu-host's bf16 figure in the catalog
 SHAPES = {  # (N, K) of each projection: qkv, o, gate_up, down; then the lm_head
     "tiny-qwen3": [(512, 256), (256, 256), (1536, 256), (256, 768)],
     "tiny-llama": [(1024, 512), (512, 512), (2752, 512), (512, 1376)],
+    # tests/live/build_tiny_models.py's wide-llama (hidden 1536, 12 + 2 x 4 heads of 128):
+    # a 94 MB layer, three times the host's L3, so one row streams the weight from DRAM
+    "wide-llama": [(2560, 1536), (1536, 1536), (8192, 1536), (1536, 4096)],
 }
-LM_HEAD = {"tiny-qwen3": (4096, 256), "tiny-llama": (4096, 512)}
+LM_HEAD = {"tiny-qwen3": (4096, 256), "tiny-llama": (4096, 512), "wide-llama": (4096, 1536)}
+COPIES = {"wide-llama": 6}
+"""Distinct copies of the layer run in turn (default 1): wide-llama's six layers, 302 MB in
+all, as its decode step streams them from DRAM with nothing left in the L3 between passes
+(one 50 MB layer run again and again is partly served from the 32 MB L3)."""
 ROWS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048)
 
 
@@ -49,7 +58,8 @@ def main() -> None:
     print(f"oneDNN: {ops._supports_onednn}; threads: {torch.get_num_threads()}")
     for model, shapes in SHAPES.items():
         handlers = []
-        for n, k in [*shapes, LM_HEAD[model]]:
+        copies = COPIES.get(model, 1)
+        for n, k in [*shapes * copies, LM_HEAD[model]]:
             weight = (torch.randn(n, k) * 0.02).to(torch.bfloat16)
             handlers.append((ops.create_onednn_mm(weight.t(), 32), n, k))
         print(f"\n{model}: rows | layer us | layer GFLOP/s | of peak | lm_head GFLOP/s")
@@ -62,9 +72,9 @@ def main() -> None:
                     ops.onednn_mm(h, xs[k], None)
 
             head, n_head, k_head = handlers[-1]
-            us = time_call(run_layer)
+            us = time_call(run_layer) / copies
             head_us = time_call(lambda h=head, x=xs[k_head]: ops.onednn_mm(h, x, None))
-            flops = sum(2 * rows * n * k for _, n, k in layer)
+            flops = sum(2 * rows * n * k for _, n, k in layer) / copies
             rate = flops / us / 1e3
             head_rate = 2 * rows * n_head * k_head / head_us / 1e3
             print(

@@ -119,8 +119,40 @@ def build_llama(out_dir: Path) -> None:
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
 
 
+def build_wide_llama(out_dir: Path) -> None:
+    """Not used by the live tests: a wider, shallower Llama (6 layers, hidden 1536, 12 query
+    and 4 KV heads, tied embeddings; 157M parameters, 315 MB in bf16, ten times this host's
+    L3) whose decode step is dominated by reading its weights from DRAM, probed once to tell
+    the CPU's weight-read rate from its per-layer cost (hardware_db/efficiency/cpu-host.yaml;
+    calibration/runs/wide-llama-2026-11-27)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(2)
+    path = out_dir / "wide-llama"
+    path.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(path)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=1536,
+        intermediate_size=4096,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+        eos_token_id=0,
+        bos_token_id=0,
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[2] == "llama":
         build_llama(Path(sys.argv[1]))
+        sys.exit(0)
+    if len(sys.argv) > 2 and sys.argv[2] == "wide":
+        build_wide_llama(Path(sys.argv[1]))
         sys.exit(0)
     build(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models"))
