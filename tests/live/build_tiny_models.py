@@ -96,27 +96,7 @@ def build_llama(out_dir: Path) -> None:
     """The third shape: a Llama-family model three times as deep and twice as wide as the
     Qwen3 pair (12 layers, hidden 512, 8 query and 4 KV heads, tied embeddings; 36M
     parameters), so the calibration loop is tried on a shape no class default was set on."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    path = out_dir / "tiny-llama"
-    path.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(path)
-    config = LlamaConfig(
-        vocab_size=4096,
-        hidden_size=512,
-        intermediate_size=1376,
-        num_hidden_layers=12,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        torch_dtype="bfloat16",
-        eos_token_id=0,
-        bos_token_id=0,
-    )
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    _save_llama(out_dir / "tiny-llama", 1, hidden=512, intermediate=1376, layers=12, heads=8)
 
 
 def build_wide_llama(out_dir: Path) -> None:
@@ -125,19 +105,26 @@ def build_wide_llama(out_dir: Path) -> None:
     L3) whose decode step is dominated by reading its weights from DRAM, probed once to tell
     the CPU's weight-read rate from its per-layer cost (hardware_db/efficiency/cpu-host.yaml;
     calibration/runs/wide-llama-2026-11-27)."""
+    _save_llama(out_dir / "wide-llama", 2, hidden=1536, intermediate=4096, layers=6, heads=12)
+
+
+def _save_llama(
+    path: Path, seed: int, hidden: int, intermediate: int, layers: int, heads: int
+) -> None:
+    """A random bf16 Llama with 4 KV heads, a 4,096-token vocabulary and tied embeddings,
+    with the shared tokenizer, saved in ``path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(2)
-    path = out_dir / "wide-llama"
+    torch.manual_seed(seed)
     path.mkdir(parents=True, exist_ok=True)
     build_tokenizer(path)
     config = LlamaConfig(
         vocab_size=4096,
-        hidden_size=1536,
-        intermediate_size=4096,
-        num_hidden_layers=6,
-        num_attention_heads=12,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
         num_key_value_heads=4,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
