@@ -66,7 +66,6 @@ class Checkpoint:
 
     now: float
     times: np.ndarray
-    finished: int
     sent: int
     output_tokens_sent: int
     steps: int
@@ -114,7 +113,6 @@ class PeriodSkipper:
         self.history: dict[tuple, list[Checkpoint]] = {}
         self.rows_seen: set[int] = set()
         self.kept = 0  # checkpoints in history
-        self.skipped_periods = 0
         self.skipped_requests = 0
         self.done = False  # after a skip, or once nothing is left to send
 
@@ -132,13 +130,14 @@ class PeriodSkipper:
         # the scheduler's rows first (a few microseconds): the whole state is read only
         # where they were seen before, which in a transient they seldom are
         # (a hash collision only costs reading a whole state that then does not match)
-        rows = hash((sched.period_key(), len(sched.waiting), len(self.driver.in_flight)))
-        if rows not in self.rows_seen:
+        rows = sched.period_key()
+        seen = hash((rows, len(sched.waiting), len(self.driver.in_flight)))
+        if seen not in self.rows_seen:
             if len(self.rows_seen) >= MAX_ROW_HASHES:
                 self.rows_seen.clear()
-            self.rows_seen.add(rows)
+            self.rows_seen.add(seen)
             return
-        key, times = self._state()
+        key, times = self._state(rows)
         now = self.env.now
         candidates = self.history.get(key)
         if candidates is not None:
@@ -156,8 +155,9 @@ class PeriodSkipper:
             del entries[0]
             self.kept -= 1
 
-    def _state(self) -> tuple[tuple, np.ndarray]:
-        """The discrete state (exact) and the relative times (s) of this moment."""
+    def _state(self, rows: tuple) -> tuple[tuple, np.ndarray]:
+        """The discrete state (exact) and the relative times (s) of this moment, given the
+        scheduler's ``period_key``."""
         env, sched, driver = self.env, self.scheduler, self.driver
         now = env.now
         sent = driver.sent + driver.first_rid
@@ -182,7 +182,7 @@ class PeriodSkipper:
             times.append(when - now)
         times.append(max(self.router._api_free_at - now, 0.0))
         key = (
-            sched.period_key(),
+            rows,
             self.replica._cut_on_arrival,
             tuple(requests),
             tuple(events),
@@ -194,7 +194,6 @@ class PeriodSkipper:
         return Checkpoint(
             now=now,
             times=times,
-            finished=self.log.finished,
             sent=driver.sent,
             output_tokens_sent=driver.output_tokens_sent,
             steps=rep.steps,
@@ -212,14 +211,13 @@ class PeriodSkipper:
         (``left``) allow; False where the period cannot be repeated."""
         rep, sched, driver, env = self.replica, self.scheduler, self.driver, self.env
         now = env.now
-        finished = self.log.finished - earlier.finished
-        sent = driver.sent - earlier.sent
-        period_s = now - earlier.now
-        if finished <= 0 or sent != finished or period_s <= 0:
-            return False
-        rows = self.log.rows_since(earlier.log_mark)
+        rows = self.log.rows_since(earlier.log_mark)  # the requests finished since
         samples = self.itl.samples_since(earlier.itl_mark)
         if rows is None or samples is None:  # folded past a buffer meanwhile
+            return False
+        sent = driver.sent - earlier.sent
+        period_s = now - earlier.now
+        if not len(rows) or sent != len(rows) or period_s <= 0:
             return False
         periods = left // sent
         if periods < 1:
@@ -246,7 +244,6 @@ class PeriodSkipper:
         rep.busy_time += periods * (rep.busy_time - earlier.busy_time)
         if driver.progress is not None:
             driver.progress.advance(shift_n)
-        self.skipped_periods = periods
         self.skipped_requests = shift_n
         self.history.clear()
         self.rows_seen.clear()

@@ -107,11 +107,6 @@ class RequestLog:
         if self.keep_records:
             self._sessions[index] = req.session
 
-    @property
-    def finished(self) -> int:
-        """Requests added as finished so far."""
-        return self._finished
-
     def mark(self) -> tuple[bool, int]:
         """Where the log stands (for ``rows_since``): whether it still keeps every
         request, and how many rows it has taken."""
