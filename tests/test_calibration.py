@@ -170,6 +170,33 @@ def test_probe_run_files_become_datasets(tmp_path):
         dataset_from_run(tmp_path / "nogpu.json")
 
 
+def test_a_stored_run_finds_its_model_in_the_config_kept_beside_it(tmp_path):
+    """A run of a local checkpoint names the folder the server loaded (/v1/models 'root');
+    read on another machine, where that folder is gone, the copy of its config.json kept
+    beside the run stands in, and a folder of runs is read with the configs left out."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from capsim.calibration.published import dataset_from_run
+
+    src = Path("calibration/runs/archs-2026-11-27")
+    run = json.loads((src / "cpu-vllm-arch-phi3.json").read_text())
+    run["header"]["server"]["models"][0]["root"] = str(tmp_path / "gone" / "arch-phi3")
+    (tmp_path / "cpu-vllm-arch-phi3.json").write_text(json.dumps(run))
+    (scenario,) = dataset_from_run(tmp_path / "cpu-vllm-arch-phi3.json").scenarios
+    assert scenario.model == "arch-phi3"  # nothing to import: the served name, unknown
+    shutil.copy(src / "arch-phi3.config.json", tmp_path)
+    (scenario,) = dataset_from_run(tmp_path / "cpu-vllm-arch-phi3.json").scenarios
+    assert scenario.model == str(tmp_path / "arch-phi3.config.json")
+    points = compare_dataset(dataset_from_run(tmp_path / "cpu-vllm-arch-phi3.json"), CAT)
+    assert points and all(p.predicted > 0 for p in points)
+    # a folder: every run in it, none of the kept configs
+    datasets = load_published([src])
+    assert len(datasets) == 14
+    assert all(d.name.startswith("cpu-vllm-arch-") for d in datasets)
+
+
 def test_a_probed_server_with_speculation_is_simulated_with_its_measured_acceptance(tmp_path):
     """A run whose deployment states --spec becomes a scenario with that speculation and
     the acceptance per draft position that vLLM's counters report over the whole run."""

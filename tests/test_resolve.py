@@ -134,6 +134,18 @@ def test_config_json_path_works_offline(tmp_path):
     assert load_catalog([ref.overlay]).model(ref.name).vocab_size == 32768
 
 
+def test_two_config_files_side_by_side_are_two_models(tmp_path):
+    """A config file not named config.json is named after itself, not its folder: two of
+    them in one folder must not overwrite each other's imported entry."""
+    (tmp_path / "small.config.json").write_text(json.dumps(MISTRAL_LIKE))
+    (tmp_path / "wide.json").write_text(json.dumps({**MISTRAL_LIKE, "hidden_size": 8192}))
+    small = resolve_model(str(tmp_path / "small.config.json"), CAT)
+    wide = resolve_model(str(tmp_path / "wide.json"), CAT)
+    assert small.name != wide.name
+    assert load_catalog([small.overlay]).model(small.name).hidden_size == 4096
+    assert load_catalog([wide.overlay]).model(wide.name).hidden_size == 8192
+
+
 def test_predict_with_an_id_says_what_it_inferred():
     out = CliRunner().invoke(
         app,

@@ -206,10 +206,13 @@ def run_level_points(m, concurrency: int, run: int) -> list[MeasuredPoint]:
     return points
 
 
-def run_model_reference(served: str, server: dict) -> str:
+def run_model_reference(served: str, server: dict, run_dir: Path | None = None) -> str:
     """What a probed model is simulated as: its served name where the catalog knows it,
     else the checkpoint the server reports it loaded (/v1/models 'root': a local folder
-    with a config.json, or a Hugging Face id), which the simulator imports."""
+    with a config.json, or a Hugging Face id), which the simulator imports. Where that
+    folder is not on this machine (a run stored in the repository and read elsewhere), a
+    copy of its config.json kept beside the run stands in: ``run_dir/<served>.config.json``,
+    else ``run_dir/config.json``."""
     from capsim.catalog.loader import load_catalog
     from capsim.catalog.resolve import looks_like_model_reference
 
@@ -219,6 +222,10 @@ def run_model_reference(served: str, server: dict) -> str:
         root = entry.get("root")
         if entry.get("id") == served and root and looks_like_model_reference(str(root)):
             return str(root)
+    if run_dir is not None:
+        for kept in (run_dir / f"{served}.config.json", run_dir / "config.json"):
+            if kept.is_file():
+                return str(kept)
     return served
 
 
@@ -284,7 +291,7 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
             Scenario(
                 name=h.model,
                 gpu=dep.gpu,
-                model=run_model_reference(h.model, h.server),
+                model=run_model_reference(h.model, h.server, path.parent),
                 quant=dep.quant or "auto",
                 tp=dep.tp or 1,
                 kv_dtype=dep.kv_dtype or "auto",
@@ -302,13 +309,15 @@ def load_published(
     paths: list[Path] | None = None, accept_failures: bool = False
 ) -> list[PublishedDataset]:
     """Datasets from the given files or directories (default: calibration/published/);
-    probe run files (.json with a .jsonl beside them) are read as datasets too
-    (``accept_failures`` as dataset_from_run's)."""
+    probe run files (.json) are read as datasets too (``accept_failures`` as
+    dataset_from_run's), also from a directory, where a model's config.json kept beside its
+    runs (``config.json``, ``NAME.config.json``) is not a run."""
     targets = paths or [published_dir()]
     files: list[Path] = []
     for target in targets:
         if target.is_dir():
             files += sorted(target.glob("*.yaml"))
+            files += sorted(f for f in target.glob("*.json") if not f.name.endswith("config.json"))
         elif target.exists():
             files.append(target)
         else:

@@ -204,7 +204,11 @@ def _import_config_path(path: Path, catalog: Catalog) -> ResolvedModel:
             hint="pass the path of a model's config.json, or a folder that holds one",
         )
     config = read_config(config_path)
-    name = normalise_name(config_path.parent.name or "model") or "model"
+    # a folder's config.json is named after the folder; any other file after itself
+    # (two configs kept side by side, a.json and b.config.json, are two models)
+    stem = config_path.name.removesuffix(".json").removesuffix(".config")
+    own = config_path.parent.name if config_path.name == "config.json" else stem
+    name = normalise_name(own or "model") or "model"
     hf_id = str(config.get("_name_or_path") or f"local/{config_path.parent.name or name}")
     model_name = f"local--{name}"
     resolved = _write_imported(config, model_name, hf_id, str(config_path), catalog)
