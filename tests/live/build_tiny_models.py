@@ -1,10 +1,13 @@
-"""Build two tiny models that vLLM's CPU build can serve: Qwen3 (dense) and Qwen3-MoE.
+"""Build tiny models that vLLM's CPU build can serve: Qwen3 (dense), Qwen3-MoE and Llama for
+the live tests; a wider Llama and ten other architectures for probing the CPU host's priors.
 
 No weights can be downloaded here, so the models are made locally: a byte-level BPE
 tokenizer trained on local text (Python's own source and docs), configs with a few small
 layers, random weights, ``save_pretrained``. Runs in the vLLM virtual environment:
 
-    VENV/bin/python tests/live/build_tiny_models.py OUT_DIR
+    VENV/bin/python tests/live/build_tiny_models.py OUT_DIR          # the live tests' three
+    VENV/bin/python tests/live/build_tiny_models.py OUT_DIR wide     # wide-llama
+    VENV/bin/python tests/live/build_tiny_models.py OUT_DIR archs    # arch-* (ARCHITECTURES)
 """
 
 from __future__ import annotations
@@ -135,7 +138,118 @@ def _save_llama(
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
 
 
+ARCHITECTURES = {
+    # name: (transformers config class, model class, shape); every one a 4,096-token
+    # vocabulary, random bf16 weights and the shared tokenizer. Most are 4 layers of hidden
+    # 256 like tiny-qwen3, so what differs is the architecture's own kernels; granite and
+    # midqwen2 add depth and width (midqwen2: 189 MB, six times this host's L3).
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            max_position_embeddings=4096,
+            sliding_window=512,
+        ),
+    ),
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            ffn_dim=1024,
+            max_position_embeddings=2048,
+            word_embed_proj_dim=256,
+        ),
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(hidden_size=256, intermediate_size=768)),
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(n_embd=256, n_layer=4, n_head=4, n_positions=2048),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(hidden_size=256, intermediate_size=512, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=256, intermediate_size=768)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(hidden_size=256, intermediate_size=768)),
+    "stablelm": (
+        "StableLmConfig",
+        "StableLmForCausalLM",
+        dict(hidden_size=256, intermediate_size=768),
+    ),
+    "midqwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+        ),
+    ),
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(
+            hidden_size=384,
+            intermediate_size=1024,
+            num_hidden_layers=8,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+        ),
+    ),
+}
+"""Shapes not given take the Llama-style defaults of ``build_architectures``."""
+
+
+def build_architectures(out_dir: Path) -> None:
+    """Not used by the live tests: ten small random models of other architectures
+    (``ARCHITECTURES``, saved as ``arch-NAME``), probed once to set the CPU host's per-step
+    and per-layer priors on more than the live tests' three shapes
+    (calibration/runs/archs-2026-11-27)."""
+    import torch
+    import transformers
+
+    defaults = dict(
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
+    for name, (config_cls, model_cls, shape) in ARCHITECTURES.items():
+        torch.manual_seed(3)
+        path = out_dir / f"arch-{name}"
+        path.mkdir(parents=True, exist_ok=True)
+        build_tokenizer(path)
+        config_type = getattr(transformers, config_cls)
+        known = config_type().to_dict()
+        kwargs = {k: v for k, v in defaults.items() if k in known}
+        kwargs.update(shape)
+        config = config_type(
+            vocab_size=4096, eos_token_id=0, bos_token_id=0, pad_token_id=0, **kwargs
+        )
+        config.torch_dtype = "bfloat16"
+        if name not in ("gpt2", "opt"):
+            config.tie_word_embeddings = False
+        getattr(transformers, model_cls)(config).to(torch.bfloat16).save_pretrained(path)
+        print(f"built {path}")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[2] == "archs":
+        build_architectures(Path(sys.argv[1]))
+        sys.exit(0)
     if len(sys.argv) > 2 and sys.argv[2] == "llama":
         build_llama(Path(sys.argv[1]))
         sys.exit(0)
