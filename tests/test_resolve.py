@@ -4,6 +4,7 @@ a (local, fake) Hugging Face Hub. No test here touches the network."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -123,6 +124,33 @@ def test_a_missing_repo_on_the_hub_says_so(fake_hub):
     with pytest.raises(CapsimUserError) as err:
         resolve_model("acme/Missing-3B", CAT)
     assert "no model" in err.value.message
+
+
+def test_an_id_downloaded_here_is_read_from_the_local_hugging_face_cache(tmp_path, monkeypatch):
+    """A server that loaded a model by id left its config.json in the Hugging Face cache
+    (models--ORG--NAME/snapshots/REV, refs/main naming REV): capsim reads it there, with
+    no Hub and fetching off; the snapshot refs/main names wins over a newer one."""
+    hub = tmp_path / "hub"
+    repo = hub / "models--acme--Local-3B"
+    for rev, hidden in (("aaa", 3072), ("bbb", 2048)):
+        (repo / "snapshots" / rev).mkdir(parents=True)
+        (repo / "snapshots" / rev / "config.json").write_text(
+            json.dumps({**MISTRAL_LIKE, "hidden_size": hidden})
+        )
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("aaa\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    ref = resolve_model("acme/Local-3B", CAT, offline=True)
+    assert load_catalog([ref.overlay]).model(ref.name).hidden_size == 3072
+    assert "local Hugging Face cache" in " ".join(take_notices())
+    # without refs/main: the newest snapshot
+    (repo / "refs" / "main").unlink()
+    os.utime(repo / "snapshots" / "aaa" / "config.json", (1e9, 1e9))
+    from capsim.catalog.hf_import import local_hub_config_path
+
+    assert local_hub_config_path("acme/Local-3B").parent.name == "bbb"
+    with pytest.raises(CapsimUserError, match="local Hugging Face cache"):
+        resolve_model("acme/Elsewhere-3B", CAT, offline=True)
 
 
 def test_config_json_path_works_offline(tmp_path):

@@ -227,6 +227,29 @@ def quant_of_config(cfg: dict[str, Any], outer: dict[str, Any] | None = None) ->
     return DTYPE_NAMES.get(raw, raw if raw in {"bf16", "fp16"} else "bf16")
 
 
+def local_hub_config_path(repo: str) -> Path | None:
+    """``repo``'s config.json in this machine's Hugging Face cache, where a server that
+    loaded the model by id (vLLM, SGLang, transformers) keeps it: ``HF_HUB_CACHE``, else
+    ``HF_HOME``/hub, else ~/.cache/huggingface/hub. The snapshot ``refs/main`` names,
+    else the most recently written one; None when the repo is not cached."""
+    import os
+
+    if os.environ.get("HF_HUB_CACHE"):
+        root = Path(os.environ["HF_HUB_CACHE"])
+    elif os.environ.get("HF_HOME"):
+        root = Path(os.environ["HF_HOME"]) / "hub"
+    else:
+        root = Path.home() / ".cache" / "huggingface" / "hub"
+    folder = root.expanduser() / ("models--" + repo.replace("/", "--"))
+    ref = folder / "refs" / "main"
+    if ref.is_file():
+        named = folder / "snapshots" / ref.read_text().strip() / "config.json"
+        if named.is_file():
+            return named
+    snapshots = [p for p in folder.glob("snapshots/*/config.json") if p.is_file()]
+    return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
+
+
 def fetch_hub_config(repo: str) -> dict[str, Any]:
     """A repo's config.json from the Hugging Face Hub (``HF_ENDPOINT``; ``HF_TOKEN`` for
     gated repos), cached under capsim's cache folder so it is fetched once."""

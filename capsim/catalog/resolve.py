@@ -10,9 +10,11 @@ where the string says it, a weight format:
    ``-GPTQ-Int4``, ``-FP8-Dynamic``, GGUF quant names; the ``repo_suffixes`` of each weight
    format in hardware_db/quant_formats/) and the rest of its name
    (``cpatonn/Qwen3-Coder-30B-A3B-Instruct-AWQ-4bit`` -> qwen3-coder-30b-a3b in awq-int4);
-4. any other ``org/name`` id: its config.json is fetched once from the Hugging Face Hub
-   (``HF_ENDPOINT``, default https://huggingface.co; ``HF_TOKEN`` for gated repos) and
-   cached, with its ``quantization_config`` read for the format.
+4. any other ``org/name`` id: its config.json is read from this machine's Hugging Face
+   cache where the model was downloaded here (``HF_HUB_CACHE``, ``HF_HOME``/hub or
+   ~/.cache/huggingface/hub: what a server that loaded it by id left there), else fetched
+   once from the Hub (``HF_ENDPOINT``, default https://huggingface.co; ``HF_TOKEN`` for
+   gated repos) and cached; its ``quantization_config`` gives the format.
 
 Imported models are written as catalog entries into an overlay folder (under the user's
 cache directory, ``CAPSIM_CACHE_DIR`` to move it), which the caller lays over the catalog
@@ -217,7 +219,7 @@ def _import_config_path(path: Path, catalog: Catalog) -> ResolvedModel:
 
 
 def _import_from_hub(repo: str, tag: str | None, catalog: Catalog, offline: bool) -> ResolvedModel:
-    from capsim.catalog.hf_import import fetch_hub_config
+    from capsim.catalog.hf_import import fetch_hub_config, local_hub_config_path, read_config
 
     name = imported_name(repo)
     cached = overlay_dir() / "models" / f"{name}.yaml"
@@ -228,9 +230,19 @@ def _import_from_hub(repo: str, tag: str | None, catalog: Catalog, offline: bool
         quant = _format_of_tag(tag, catalog) if tag else _imported_format(model)
         notice(f"'{repo}' read from capsim's cache ({cached})")
         return ResolvedModel(model.name, quant, overlay_dir())
+    local = local_hub_config_path(repo)
+    if local is not None:  # downloaded here already (a server on this machine loaded it)
+        config = read_config(local)
+        resolved = _write_imported(
+            config, name, repo, f"the local Hugging Face cache ({local})", catalog
+        )
+        quant = _format_of_tag(tag, catalog) if tag else resolved.quant
+        notice(f"'{repo}' read from the local Hugging Face cache ({local}) as {name}")
+        return ResolvedModel(resolved.name, quant, resolved.overlay)
     if offline:
         raise CapsimUserError(
-            f"model '{repo}' is not in the catalog and fetching is off",
+            f"model '{repo}' is not in the catalog nor in the local Hugging Face cache, and "
+            "fetching is off",
             hint="pass the model's config.json path to --model",
         )
     config = fetch_hub_config(repo)
