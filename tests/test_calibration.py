@@ -197,6 +197,54 @@ def test_a_stored_run_finds_its_model_in_the_config_kept_beside_it(tmp_path):
     assert all(d.name.startswith("cpu-vllm-arch-") for d in datasets)
 
 
+def test_a_run_is_simulated_in_the_dtype_its_server_cast_the_weights_to(tmp_path):
+    """A float16 or float32 checkpoint that a server ran with --dtype bfloat16 (recorded
+    by the probe as an engine flag) runs in bf16, not the checkpoint's dtype: on the CPU
+    host fp16 matmuls are seven times slower, so the wrong one puts TTFT off by a factor
+    of four. A quantised checkpoint keeps its format (--dtype sets its activations), and
+    without the flag a float32 checkpoint is served in bf16 as vLLM's auto dtype does."""
+    import json
+    from pathlib import Path
+
+    from capsim.calibration.published import dataset_from_run, served_float_format
+
+    src = Path("calibration/runs/archs-2026-11-27")
+    run = json.loads((src / "cpu-vllm-arch-phi3.json").read_text())
+    run["header"]["server"]["models"][0]["root"] = str(tmp_path / "gone")
+    assert run["header"]["deployment"]["engine_flags"]["dtype"] == "bfloat16"
+    config = json.loads((src / "arch-phi3.config.json").read_text())
+    errors = {}
+    for dtype in ("float16", "float32"):
+        folder = tmp_path / dtype
+        folder.mkdir()
+        (folder / "arch-phi3.config.json").write_text(json.dumps({**config, "torch_dtype": dtype}))
+        (folder / "cpu-vllm-arch-phi3.json").write_text(json.dumps(run))
+        (scenario,) = dataset_from_run(folder / "cpu-vllm-arch-phi3.json").scenarios
+        assert scenario.quant == "bf16"
+        points = compare_dataset(dataset_from_run(folder / "cpu-vllm-arch-phi3.json"), CAT)
+        ttft = [abs(p.error) for p in points if p.metric == "ttft_s"]
+        errors[dtype] = sorted(ttft)[len(ttft) // 2]
+    assert max(errors.values()) < 0.3, errors
+    # no flag: the checkpoint's own dtype, float32 served as bf16
+    unflagged = {**run["header"]["deployment"]["engine_flags"]}
+    del unflagged["dtype"]
+    fp16_config = str(tmp_path / "float16" / "arch-phi3.config.json")
+    assert served_float_format(unflagged, fp16_config) is None
+    assert served_float_format({"--dtype": "half"}, fp16_config) == "fp16"
+    from capsim.catalog.loader import load_catalog
+    from capsim.catalog.resolve import resolve_into
+
+    catalog, (fp32,) = resolve_into(
+        load_catalog(), [str(tmp_path / "float32" / "arch-phi3.config.json")]
+    )
+    assert catalog.model(fp32.name).dtype == "bf16"
+    # a quantised catalog checkpoint keeps its format
+    assert (
+        served_float_format({"dtype": "float16"}, "cpatonn/Qwen3-Coder-30B-A3B-Instruct-AWQ-4bit")
+        is None
+    )
+
+
 def test_a_probed_server_with_speculation_is_simulated_with_its_measured_acceptance(tmp_path):
     """A run whose deployment states --spec becomes a scenario with that speculation and
     the acceptance per draft position that vLLM's counters report over the whole run."""

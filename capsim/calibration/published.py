@@ -229,6 +229,39 @@ def run_model_reference(served: str, server: dict, run_dir: Path | None = None) 
     return served
 
 
+SERVED_FLOAT_FORMATS = {
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+}
+"""A server's ``--dtype`` (as the probe's ``--engine-flag dtype=...`` records it) and the
+weight format an unquantised checkpoint then runs in."""
+
+
+def served_float_format(engine_flags: dict, model_reference: str) -> str | None:
+    """The 16-bit format the server cast an unquantised checkpoint to, where the run states
+    the server's ``--dtype`` (vLLM casts bf16/fp16/fp32 weights to it); None where it does
+    not, where the checkpoint is quantised (``--dtype`` then sets only its activations) or
+    where the model cannot be resolved (the comparison reports that)."""
+    flags = {k.lstrip("-").replace("-", "_").lower(): str(v) for k, v in engine_flags.items()}
+    fmt = SERVED_FLOAT_FORMATS.get(flags.get("dtype", "").lower())
+    if fmt is None:
+        return None
+    from capsim.catalog.loader import load_catalog
+    from capsim.catalog.resolve import resolve_into
+
+    try:
+        catalog, (resolved,) = resolve_into(load_catalog(), [model_reference])
+        release = catalog.model(resolved.name).dtype
+    except CapsimUserError:
+        return None
+    if resolved.quant or release not in set(SERVED_FLOAT_FORMATS.values()):
+        return None
+    return fmt
+
+
 def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedDataset:
     """A probe run file as a dataset: points per level and run for every metric it
     measured (RUN_METRICS), with
@@ -274,6 +307,7 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
             for key, value in lv.server_deltas.items():
                 totals[key] = totals.get(key, 0.0) + value
         acceptance = acceptance_per_position(totals)
+    model = run_model_reference(h.model, h.server, path.parent)
     return PublishedDataset(
         name=path.stem,
         source=Source(
@@ -291,8 +325,8 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
             Scenario(
                 name=h.model,
                 gpu=dep.gpu,
-                model=run_model_reference(h.model, h.server, path.parent),
-                quant=dep.quant or "auto",
+                model=model,
+                quant=dep.quant or served_float_format(dep.engine_flags, model) or "auto",
                 tp=dep.tp or 1,
                 kv_dtype=dep.kv_dtype or "auto",
                 spec=dep.spec,

@@ -20,7 +20,11 @@ from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
 from capsim.files import write_text_atomic
 
-DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16", "half": "fp16"}
+DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "half": "fp16"}
+"""The 16-bit format a checkpoint's torch dtype is served in. vLLM serves a float32
+checkpoint in the platform's first supported dtype ("Downcast for float32 models":
+_resolve_auto_dtype in vllm/config/model.py), bfloat16 on x86 and Arm CPUs and on GPUs
+that support it; float16 and bfloat16 checkpoints keep their own."""
 STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QWEN2_FAMILY = {"qwen2", "qwen2_moe"}
 ALWAYS_SLIDING = {"mistral", "mixtral"}
