@@ -229,35 +229,34 @@ def run_model_reference(served: str, server: dict, run_dir: Path | None = None) 
     return served
 
 
-SERVED_FLOAT_FORMATS = {
-    "bfloat16": "bf16",
-    "bf16": "bf16",
-    "float16": "fp16",
-    "fp16": "fp16",
-    "half": "fp16",
-}
-"""A server's ``--dtype`` (as the probe's ``--engine-flag dtype=...`` records it) and the
-weight format an unquantised checkpoint then runs in."""
+FLOAT16_FORMATS = ("bf16", "fp16")
+"""The unquantised 16-bit weight formats a server's ``--dtype`` chooses between."""
 
 
 def served_float_format(engine_flags: dict, model_reference: str) -> str | None:
     """The 16-bit format the server cast an unquantised checkpoint to, where the run states
-    the server's ``--dtype`` (vLLM casts bf16/fp16/fp32 weights to it); None where it does
-    not, where the checkpoint is quantised (``--dtype`` then sets only its activations) or
-    where the model cannot be resolved (the comparison reports that)."""
-    flags = {k.lstrip("-").replace("-", "_").lower(): str(v) for k, v in engine_flags.items()}
-    fmt = SERVED_FLOAT_FORMATS.get(flags.get("dtype", "").lower())
-    if fmt is None:
-        return None
+    the server's ``--dtype`` (as the probe's ``--engine-flag dtype=...`` records it:
+    bfloat16, float16, half, bf16 or fp16; vLLM casts bf16/fp16/fp32 weights to it); None
+    where it does not (or states float32, a format capsim does not simulate), where the
+    checkpoint is quantised (``--dtype`` then sets only its activations) or where the model
+    cannot be resolved (the comparison reports that)."""
+    from capsim.catalog.hf_import import DTYPE_NAMES
     from capsim.catalog.loader import load_catalog
     from capsim.catalog.resolve import resolve_into
 
+    flags = {k.lstrip("-").replace("-", "_").lower(): str(v) for k, v in engine_flags.items()}
+    raw = flags.get("dtype", "").lower()
+    if raw == "float32":  # the server runs fp32, which capsim does not simulate
+        return None
+    fmt = raw if raw in FLOAT16_FORMATS else DTYPE_NAMES.get(raw)
+    if fmt is None:
+        return None
     try:
         catalog, (resolved,) = resolve_into(load_catalog(), [model_reference])
         release = catalog.model(resolved.name).dtype
     except CapsimUserError:
         return None
-    if resolved.quant or release not in set(SERVED_FLOAT_FORMATS.values()):
+    if resolved.quant or release not in FLOAT16_FORMATS:
         return None
     return fmt
 

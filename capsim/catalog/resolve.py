@@ -232,23 +232,20 @@ def _import_from_hub(repo: str, tag: str | None, catalog: Catalog, offline: bool
         return ResolvedModel(model.name, quant, overlay_dir())
     local = local_hub_config_path(repo)
     if local is not None:  # downloaded here already (a server on this machine loaded it)
-        config = read_config(local)
-        resolved = _write_imported(
-            config, name, repo, f"the local Hugging Face cache ({local})", catalog
-        )
-        quant = _format_of_tag(tag, catalog) if tag else resolved.quant
-        notice(f"'{repo}' read from the local Hugging Face cache ({local}) as {name}")
-        return ResolvedModel(resolved.name, quant, resolved.overlay)
-    if offline:
+        config, source = read_config(local), f"the local Hugging Face cache ({local})"
+        how = f"read from the local Hugging Face cache ({local}) as {name}"
+    elif offline:
         raise CapsimUserError(
             f"model '{repo}' is not in the catalog nor in the local Hugging Face cache, and "
             "fetching is off",
             hint="pass the model's config.json path to --model",
         )
-    config = fetch_hub_config(repo)
-    resolved = _write_imported(config, name, repo, f"the Hugging Face Hub ({repo})", catalog)
+    else:
+        config, source = fetch_hub_config(repo), f"the Hugging Face Hub ({repo})"
+        how = f"fetched from the Hugging Face Hub and cached as {name}"
+    resolved = _write_imported(config, name, repo, source, catalog)
     quant = _format_of_tag(tag, catalog) if tag else resolved.quant
-    notice(f"'{repo}' fetched from the Hugging Face Hub and cached as {name}")
+    notice(f"'{repo}' {how}")
     return ResolvedModel(resolved.name, quant, resolved.overlay)
 
 

@@ -246,14 +246,9 @@ def build_architectures(out_dir: Path) -> None:
         print(f"built {path}")
 
 
+BUILDERS = {"llama": build_llama, "wide": build_wide_llama, "archs": build_architectures}
+"""What the second argument builds; without one, the live tests' three models (``build``)."""
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[2] == "archs":
-        build_architectures(Path(sys.argv[1]))
-        sys.exit(0)
-    if len(sys.argv) > 2 and sys.argv[2] == "llama":
-        build_llama(Path(sys.argv[1]))
-        sys.exit(0)
-    if len(sys.argv) > 2 and sys.argv[2] == "wide":
-        build_wide_llama(Path(sys.argv[1]))
-        sys.exit(0)
-    build(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models"))
+    which = sys.argv[2] if len(sys.argv) > 2 else None
+    BUILDERS.get(which, build)(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models"))
