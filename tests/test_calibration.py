@@ -92,7 +92,7 @@ def test_a_profile_comes_from_the_cache_until_its_file_changes(tmp_path, monkeyp
     profile = fit_profile([ds], CAT, "cached", ("step_overhead_us",))
     path = profile.save(tmp_path / "p.yaml")
     first = load_profile(path)
-    assert len(list(cache.glob("profile-*.pickle"))) == 1
+    assert len(list(cache.glob("profile-*.json"))) == 1
     profiles._load_profile_version.cache_clear()  # as a new process would
     assert load_profile(path).parameters == first.parameters
     assert load_profile(path).path == str(path.resolve())
@@ -101,7 +101,7 @@ def test_a_profile_comes_from_the_cache_until_its_file_changes(tmp_path, monkeyp
     os.utime(path, ns=(1, 1))  # a different modification time, whatever the clock
     profiles._load_profile_version.cache_clear()
     assert load_profile(path).name == "edited"
-    for cached in cache.glob("profile-*.pickle"):
+    for cached in cache.glob("profile-*.json"):
         cached.write_bytes(b"not a pickle")
     profiles._load_profile_version.cache_clear()
     assert load_profile(path).name == "edited"

@@ -219,7 +219,7 @@ def test_cached_catalog_equals_the_parsed_one_and_follows_every_edit(cat, tmp_pa
     gpu = {**_gpu_data(cat), "name": "my-gpu", "aliases": []}
     path = write(overlay / "gpus" / "my-gpu.yaml", gpu)
     first = load_catalog([overlay])
-    assert len(list(cache.glob("catalog-*.pickle"))) == 1
+    assert len(list(cache.glob("catalog-*.json"))) == 1
     again = load_catalog([overlay])  # read back from the cache
     assert again is not first
     for section in ("gpus", "models", "quant_formats", "efficiency", "engines"):
@@ -242,10 +242,10 @@ def test_cached_catalog_equals_the_parsed_one_and_follows_every_edit(cat, tmp_pa
     (overlay / "gpus" / "other.yaml").unlink()
     with pytest.raises(UnknownNameError):
         load_catalog([overlay]).gpu("other-gpu")
-    for cached in cache.glob("catalog-*.pickle"):
+    for cached in cache.glob("catalog-*.json"):
         cached.write_bytes(b"not a pickle")
     assert load_catalog([overlay]).gpu("my-gpu").memory_gb == 48
-    assert len(list(cache.glob("catalog-*.pickle"))) <= 4  # older ones are pruned
+    assert len(list(cache.glob("catalog-*.json"))) <= 4  # older ones are pruned
 
 
 def test_gpu_measured_efficiency_names_real_parameters_with_a_measurement_source():
@@ -258,3 +258,34 @@ def test_gpu_measured_efficiency_names_real_parameters_with_a_measurement_source
     for g in carrying:
         EfficiencyParams().with_overrides(g.efficiency)  # raises on an unknown name or value
         assert any(str(s.url).startswith("calibration/kernels/") for s in g.sources), g.name
+
+
+def test_a_file_planted_in_the_cache_folder_never_runs_code(cat, tmp_path, monkeypatch):
+    """Issue 47: the cache keeps JSON read back through the schemas, never a pickle. A
+    pickle that would run code, planted under every name the cache uses (and a directory
+    and a huge file where entries go), is ignored and replaced by the parsed catalog."""
+    import pickle
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", str(cache))
+    load_catalog()
+    names = [p.name for p in cache.glob("catalog-*.json")]
+    assert names
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    bomb = pickle.dumps(Payload())
+    for name in names:
+        (cache / name).write_bytes(bomb)
+        (cache / name.replace(".json", ".pickle")).write_bytes(bomb)
+    again = load_catalog()
+    assert not marker.exists()
+    assert again.gpus.entries == cat.gpus.entries
+    for name in names:  # the planted file was replaced by a valid entry
+        assert (cache / name).read_bytes().startswith(b"{")
+        (cache / name).unlink()
+        (cache / name).mkdir()
+    assert load_catalog().gpus.entries == cat.gpus.entries

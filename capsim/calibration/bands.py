@@ -211,7 +211,7 @@ def _load_band_version(path: str, mtime_ns: int, size: int) -> BandTable:
     def parse() -> BandTable:
         return BandTable.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
 
-    return cached_parse("bands", Path(path), [Path(__file__)], parse)
+    return cached_parse("bands", Path(path), [Path(__file__)], BandTable, parse)
 
 
 def save_band_table(table: BandTable, path: Path) -> Path:

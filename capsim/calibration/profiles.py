@@ -156,7 +156,7 @@ def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
     def parse() -> Profile:
         return Profile.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
 
-    profile = cached_parse("profile", Path(path), [Path(__file__)], parse)
+    profile = cached_parse("profile", Path(path), [Path(__file__)], Profile, parse)
     profile._path = path
     return profile
 

@@ -1,11 +1,15 @@
 """capsim's cache folder, and the parsed data kept in it.
 
 Reading the catalog's YAML and validating every entry takes about 0.1 s, a third of a
-short command's start-up. The parsed catalog is pickled into the cache folder under a key
+short command's start-up. The parsed catalog is written to the cache folder as JSON (never
+a pickle: a file planted in a cache folder that ``CAPSIM_CACHE_DIR`` may point anywhere
+must not run code) and read back through the same pydantic schemas, which validate it as
+they would the YAML (about 5 ms for the whole catalog), under a key
 made of every catalog file's path, size and modification time, the schema and loader
 sources' and capsim's version: any edit to a YAML file, an added or removed file or a
 changed schema gives a new key, so a stale catalog is never read. The calibration profile
-and the corpus band table a prediction reads are kept the same way (``cached_parse``):
+and the corpus band table a prediction reads are kept the same way (``cached_parse``, for
+any pydantic model):
 parsing them is quick, but reading YAML at all costs importing PyYAML, about 30-45 ms of
 every prediction's start-up. ``CAPSIM_NO_CACHE=1`` turns it off; a cache that cannot be
 read or written is ignored.
@@ -15,9 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 from collections.abc import Callable
 from pathlib import Path
+
+from pydantic import BaseModel
 
 CACHE_ENV = "CAPSIM_CACHE_DIR"
 """Environment variable naming capsim's cache folder (default: the platform's user cache)."""
@@ -61,47 +66,81 @@ def files_key(files: list[Path]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def cached_catalog(files: list[Path], parse: Callable[[], object]):
+MAX_CACHED_BYTES = 64 * 2**20
+"""A cached file larger than this is not read (the whole catalog is about 0.5 MB)."""
+
+
+def cached_catalog(
+    files: list[Path],
+    parse: Callable[[], object],
+    dump: Callable[[object], bytes],
+    load: Callable[[bytes], object],
+):
     """The catalog parsed from ``files`` by ``parse()``, from the cache when it holds one
-    for exactly these files; else parsed and stored."""
-    return _cached("catalog", lambda: catalog_key(files), parse)
+    for exactly these files; else parsed and stored. ``dump`` turns a catalog into JSON
+    bytes and ``load`` validates them back into one."""
+    return _cached("catalog", lambda: catalog_key(files), parse, dump, load)
 
 
-def cached_parse(kind: str, path: Path, code: list[Path], parse: Callable[[], object]):
-    """What ``parse()`` makes of the file ``path`` (parsed by the modules ``code``), from
-    the cache when it holds it for this version of the file and code; else parsed and
-    stored (``kind`` names the cached files: profile, bands)."""
-    return _cached(kind, lambda: files_key([*code, path]), parse)
+def cached_parse(
+    kind: str, path: Path, code: list[Path], schema: type[BaseModel], parse: Callable[[], BaseModel]
+):
+    """The ``schema`` model ``parse()`` makes of the file ``path`` (parsed by the modules
+    ``code``), from the cache when it holds it for this version of the file and code; else
+    parsed and stored (``kind`` names the cached files: profile, bands)."""
+    return _cached(
+        kind,
+        lambda: files_key([*code, path]),
+        parse,
+        lambda model: model.model_dump_json().encode(),
+        schema.model_validate_json,
+    )
 
 
-def _cached(kind: str, key: Callable[[], str], parse: Callable[[], object]):
+def _cached(
+    kind: str,
+    key: Callable[[], str],
+    parse: Callable[[], object],
+    dump: Callable[[object], bytes],
+    load: Callable[[bytes], object],
+):
     if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
         return parse()
     try:
         folder = cache_dir()
-        path = folder / f"{kind}-{key()}.pickle"
+        path = folder / f"{kind}-{key()}.json"
     except OSError:
         return parse()
-    try:
-        with path.open("rb") as f:
-            return pickle.load(f)
-    except Exception:  # none yet, or a truncated or foreign file: parse (and overwrite) it
-        pass
+    loaded = _read(path, load)
+    if loaded is not None:
+        return loaded
     parsed = parse()
     try:
+        data = dump(parsed)
         folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        with partial.open("wb") as f:
-            pickle.dump(parsed, f, protocol=pickle.HIGHEST_PROTOCOL)
+        partial.write_bytes(data)
         os.replace(partial, path)
         _prune(folder, kind)
-    except OSError:
+    except (OSError, ValueError):
         pass
     return parsed
 
 
+def _read(path: Path, load: Callable[[bytes], object]):
+    """The cached object in ``path``, validated by its schema; None when there is none or
+    it is not one (not a plain file, too large, truncated, foreign, another schema's): it
+    is then parsed again and overwritten."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_CACHED_BYTES:
+            return None
+        return load(path.read_bytes())
+    except Exception:  # any unreadable cache entry is parsed afresh
+        return None
+
+
 def _prune(folder: Path, kind: str) -> None:
     """Remove all but the KEEP_CATALOGS newest cached files of ``kind``."""
-    cached = sorted(folder.glob(f"{kind}-*.pickle"), key=lambda p: p.stat().st_mtime_ns)
+    cached = sorted(folder.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime_ns)
     for old in cached[:-KEEP_CATALOGS]:
         old.unlink(missing_ok=True)

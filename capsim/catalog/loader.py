@@ -272,7 +272,40 @@ def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
     from capsim.catalog.cache import cached_catalog
 
     files = _catalog_files(dirs)
-    return cached_catalog([p for _, p in files], lambda: _parse(dirs, files))
+    return cached_catalog(
+        [p for _, p in files], lambda: _parse(dirs, files), _catalog_json, _catalog_from_json
+    )
+
+
+class _CachedCatalog(BaseModel):
+    """A catalog as capsim's cache keeps it (JSON, validated back by the entry schemas)."""
+
+    gpus: dict[str, GPU]
+    models: dict[str, Model]
+    quant_formats: dict[str, QuantFormat]
+    efficiency: dict[str, EfficiencyProfile]
+    engines: dict[str, Engine]
+    origin: dict[str, dict[str, Path]]
+    directories: list[Path]
+
+
+def _catalog_json(catalog: Catalog) -> bytes:
+    sections = {kind: getattr(catalog, kind) for kind in SECTIONS}
+    cached = _CachedCatalog(
+        **{kind: section.entries for kind, section in sections.items()},
+        origin={kind: section.origin for kind, section in sections.items()},
+        directories=catalog.directories,
+    )
+    return cached.model_dump_json().encode()
+
+
+def _catalog_from_json(data: bytes) -> Catalog:
+    cached = _CachedCatalog.model_validate_json(data)
+    sections = {
+        kind: Section(kind=kind, entries=getattr(cached, kind), origin=cached.origin[kind])
+        for kind in SECTIONS
+    }
+    return Catalog(**sections, directories=cached.directories)
 
 
 def _parse(dirs: tuple[Path, ...], files: list[tuple[str, Path]]) -> Catalog:
