@@ -208,14 +208,36 @@ def test_malformed_json_is_a_400(server):
     assert r.status_code == 400 and "Invalid JSON" in r.json()["error"]["message"]
 
 
+def cpu_share(seconds: float = 0.2) -> float:
+    """The share of one core this process gets while it computes (CPU time over wall
+    time of a busy loop): about 1 on a quiet host, lower when other processes compete for
+    the cores. The serve round trips run on the wall clock, so their tolerances widen
+    with the contention measured beside them (issue 48: a test that depends on the host's
+    speed must not fail on a busy host)."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    x = 0
+    while time.perf_counter() - wall0 < seconds:
+        x += 1
+    return min(1.0, (time.process_time() - cpu0) / (time.perf_counter() - wall0))
+
+
+def wall_clock_tolerance(base: float, shares: list[float]) -> float:
+    """``base`` on a quiet host, widened by twice the share of a core that other
+    processes took (at 0.66 of a core, two CPU hogs beside the test on two cores, the
+    tolerance grows by 0.68)."""
+    return base + 2.0 * (1.0 - min(shares))
+
+
 def test_probe_against_serve_reproduces_predict(server, tmp_path):
     """Round trip at --speedup 10: throughput and TPOT within 5% of predict's for the same
     closed workload, TTFT p50 within 10% (the driving loop wakes for each step on time and
     the server's own round trip is taken off; what is left is the host's wall-clock noise,
     a few tenths of a millisecond, which is several percent of a 10 ms first token at 10x
-    on this two-core host: see transport.py and the README)."""
+    on this two-core host: see transport.py and the README). On a busy host the
+    tolerances widen with the contention measured before and after (cpu_share)."""
     speedup = 10.0
     levels = [1, 4]
+    shares = [cpu_share()]
     summary = capsim.probe(
         url=server,
         model=MODEL,
@@ -235,15 +257,18 @@ def test_probe_against_serve_reproduces_predict(server, tmp_path):
         requests=12,
         catalog=CAT,
     )
+    shares.append(cpu_share())
+    steady, first = wall_clock_tolerance(0.05, shares), wall_clock_tolerance(0.10, shares)
     by_level = {int(level.level): level.metrics for level in predicted.levels}
     for level in summary.levels:
         measured, model = level.metrics, by_level[level.concurrency]
+        why = (level.concurrency, f"cpu share {min(shares):.2f}")
         tok_s = measured.output_tok_s / speedup
-        assert tok_s == pytest.approx(model.output_tok_s, rel=0.05), level.concurrency
+        assert tok_s == pytest.approx(model.output_tok_s, rel=steady), why
         tpot = measured.tpot_ms.mean * speedup
-        assert tpot == pytest.approx(model.tpot_ms.mean, rel=0.05), level.concurrency
+        assert tpot == pytest.approx(model.tpot_ms.mean, rel=steady), why
         ttft = measured.ttft_ms.p50 * speedup
-        assert ttft == pytest.approx(model.ttft_ms.p50, rel=0.10), level.concurrency
+        assert ttft == pytest.approx(model.ttft_ms.p50, rel=first), why
 
 
 def test_first_token_times_match_predict_in_real_time(tmp_path):
@@ -253,10 +278,13 @@ def test_first_token_times_match_predict_in_real_time(tmp_path):
     alone in both: the API server tokenizes one request at a time)."""
     levels = [1, 2, 4]
     kw = dict(concurrency=levels, input_tokens=512, output_tokens=64, requests=8)
+    shares = [cpu_share()]
     with serving(1.0) as url:
         info = httpx.get(url + "/capsim/info").json()
         assert 0 < info["http_round_trip_ms"] < 50
         summary = capsim.probe(url=url, model=MODEL, out=tmp_path / "run.json", **kw)
+    shares.append(cpu_share())
+    tolerance = wall_clock_tolerance(0.05, shares)
     predicted = capsim.predict(
         gpu="rtx3090",
         model=MODEL,
@@ -267,6 +295,7 @@ def test_first_token_times_match_predict_in_real_time(tmp_path):
     by_level = {int(level.level): level.metrics for level in predicted.levels}
     for level in summary.levels:
         measured, model = level.metrics, by_level[level.concurrency]
-        assert measured.ttft_ms.p50 == pytest.approx(model.ttft_ms.p50, rel=0.05), level
-        assert measured.output_tok_s == pytest.approx(model.output_tok_s, rel=0.05), level
-        assert measured.tpot_ms.mean == pytest.approx(model.tpot_ms.mean, rel=0.05), level
+        why = (level.concurrency, f"cpu share {min(shares):.2f}")
+        assert measured.ttft_ms.p50 == pytest.approx(model.ttft_ms.p50, rel=tolerance), why
+        assert measured.output_tok_s == pytest.approx(model.output_tok_s, rel=tolerance), why
+        assert measured.tpot_ms.mean == pytest.approx(model.tpot_ms.mean, rel=tolerance), why
