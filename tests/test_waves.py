@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from capsim.calibration.step_table import MeasuredStepModel, step_table_from_run
-from capsim.engine.setup import measured_setup
+from capsim.calibration.step_table import MeasuredStepModel, measured_setup_from_run
 from capsim.probe.runfile import load_run
 from tests.wave_checks import compare_waves, measured_runs, simulated_waves, waves
 
@@ -19,14 +18,13 @@ C, PROMPT, REQUESTS = 16, 512, 48
 
 def _setup(serial: bool):
     sweep, _ = load_run(RUNS / "cpu-vllm-tiny-qwen3-sweep.json")
-    table = step_table_from_run(sweep)
-    if not serial:
-        table = MeasuredStepModel(
+    setup = measured_setup_from_run(sweep)
+    if not serial:  # the same table without the API server's serial work
+        table = setup.step_model
+        setup.step_model = MeasuredStepModel(
             list(table.batch), list(table.decode_s), table.prefill_s_per_token, 0.0
         )
-    cache = sweep.header.server["cache_config"]
-    capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
-    return measured_setup(table, capacity, 2048, max_num_batched_tokens=2048)
+    return setup
 
 
 @pytest.mark.parametrize("name,output", [("equal", "64"), ("spread", "uniform:32,96")])

@@ -121,6 +121,24 @@ def step_table_from_run(summary: RunSummary) -> MeasuredStepModel:
     return MeasuredStepModel(batches, decode, prefill)
 
 
+def measured_setup_from_run(summary: RunSummary, max_num_batched_tokens: int = 2048):
+    """A Setup that simulates the server of a closed-workload probe run on its own step
+    times (``step_table_from_run``), with the KV capacity and context limit the server
+    reported. ``max_num_batched_tokens``: the server's token budget a step (the probe
+    cannot read it; 2048 is vLLM's default below 70 GiB, its CPU build included)."""
+    from capsim.engine.setup import measured_setup
+
+    server = summary.header.server
+    cache = server["cache_config"]
+    capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+    return measured_setup(
+        step_table_from_run(summary),
+        capacity,
+        int(server["max_model_len"]),
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+
+
 def tokenize_prior_s_per_token() -> float:
     """The prior for the API server's serial tokenization, seconds per prompt token
     (``tokenize_us_per_token``'s default in capsim/physics/efficiency.py, where its source

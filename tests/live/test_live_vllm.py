@@ -61,10 +61,9 @@ def test_probe_sweep_against_vllm(kind, tmp_path):
 def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     """Issue 8: probe both workloads at C=8 with the same length draws; the simulator, run
     on this server's own step times, reproduces how much the batch tail costs."""
-    from capsim.calibration.step_table import step_table_from_run
+    from capsim.calibration.step_table import measured_setup_from_run
     from capsim.engine.lengths import parse_length
     from capsim.engine.levels import simulate_level
-    from capsim.engine.setup import measured_setup
     from capsim.engine.workloads import Workload
 
     url = live_server("dense")
@@ -79,12 +78,7 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
         ),
         tmp_path / "sweep.json",
     )
-    table = step_table_from_run(sweep)
-    cache = sweep.header.server["cache_config"]
-    capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
-    setup = measured_setup(
-        table, capacity, int(sweep.header.server["max_model_len"]), max_num_batched_tokens=2048
-    )
+    setup = measured_setup_from_run(sweep, max_num_batched_tokens=2048)
     measured, simulated, ratios = {}, {}, []
     # The machine is shared: measure the two modes back to back seven times and take the
     # median of the paired ratios (single pairs ranged 0.70-0.94; with three pairs one CI

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from capsim.calibration.step_table import step_table_from_run
-from capsim.engine.setup import measured_setup
+from capsim.calibration.step_table import measured_setup_from_run
 from capsim.probe.runfile import load_run
 from capsim.probe.runner import ProbeConfig, run_probe
 from tests.live.conftest import live_server
@@ -48,14 +47,9 @@ def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
         ),
         tmp_path / "sweep.json",
     )
-    table = step_table_from_run(sweep)
-    cache = sweep.header.server["cache_config"]
-    capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
     # vLLM's CPU build runs 2048 batched tokens a step (engines/vllm.yaml's row for
     # devices under 70 GiB; its first wave of 16 x 512 tokens takes 4-5 prefill steps)
-    setup = measured_setup(
-        table, capacity, int(sweep.header.server["max_model_len"]), max_num_batched_tokens=2048
-    )
+    setup = measured_setup_from_run(sweep, max_num_batched_tokens=2048)
     for name, output in BURSTS:
         path = tmp_path / f"burst-{name}.json"
         run_probe(
