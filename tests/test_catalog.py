@@ -262,9 +262,12 @@ def test_gpu_measured_efficiency_names_real_parameters_with_a_measurement_source
 
 def test_a_file_planted_in_the_cache_folder_never_runs_code(cat, tmp_path, monkeypatch):
     """Issue 47: the cache keeps JSON read back through the schemas, never a pickle. A
-    pickle that would run code, planted under every name the cache uses (and a directory
-    and a huge file where entries go), is ignored and replaced by the parsed catalog."""
+    pickle that would run code, planted under every name the cache uses, is ignored and
+    replaced by the parsed catalog; so are a file past MAX_CACHED_BYTES and a directory
+    where an entry goes."""
     import pickle
+
+    from capsim.catalog.cache import MAX_CACHED_BYTES
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("CAPSIM_CACHE_DIR", str(cache))
@@ -286,6 +289,11 @@ def test_a_file_planted_in_the_cache_folder_never_runs_code(cat, tmp_path, monke
     assert again.gpus.entries == cat.gpus.entries
     for name in names:  # the planted file was replaced by a valid entry
         assert (cache / name).read_bytes().startswith(b"{")
+        with (cache / name).open("r+b") as f:  # sparse: no disk is written
+            f.truncate(MAX_CACHED_BYTES + 1)
+    assert load_catalog().gpus.entries == cat.gpus.entries
+    for name in names:
+        assert (cache / name).stat().st_size < MAX_CACHED_BYTES  # replaced, not read
         (cache / name).unlink()
         (cache / name).mkdir()
     assert load_catalog().gpus.entries == cat.gpus.entries

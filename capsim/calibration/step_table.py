@@ -76,7 +76,7 @@ class MeasuredStepModel:
     def frontend_parallel_seconds(self, prompt_tokens: float) -> float:
         """No front-end latency beside the queue (seconds): the measured prefill cost
         holds it."""
-        return 0.0 * prompt_tokens
+        return 0.0
 
     def decode_seconds(self, sequences: float) -> float:
         if sequences <= 0:
@@ -116,9 +116,9 @@ def step_table_from_run(summary: RunSummary) -> MeasuredStepModel:
     prompt = summary.header.input_tokens or 1
     # TTFT at C=1 is the API server's serial work, then one prefill step of the whole
     # prompt (vLLM's budget exceeds it)
-    serial = tokenize_prior_s_per_token() * prompt
-    prefill = max(float(np.median(ttft_c1)) - decode[0] - serial, 0.0) / prompt
-    return MeasuredStepModel(batches, decode, prefill)
+    serial = tokenize_prior_s_per_token()
+    prefill = max(float(np.median(ttft_c1)) - decode[0] - serial * prompt, 0.0) / prompt
+    return MeasuredStepModel(batches, decode, prefill, serial)
 
 
 def measured_setup_from_run(summary: RunSummary, max_num_batched_tokens: int = 2048):
