@@ -260,20 +260,21 @@ def test_calibration_loop_predicts_unseen_levels(kind, tmp_path):
     (benchmarks/bench_live_loop.py); a capsim regression shows there, deterministically,
     and in both passes here."""
     hard, failures, figures = loop_attempt(kind, tmp_path / "loop.json")
-    if hard:
-        print(f"{kind}: beyond the regression limits on the first pass: {hard}; measuring again")
-        hard, failures, figures = loop_attempt(kind, tmp_path / "again.json")
     if hard and not host_has_bf16_matrix_units():
         # The cpu-host priors the fit starts from (hardware_db/gpus/cpu-host.yaml: 2.4 bf16
         # TFLOPS, 23.5 GB/s) describe a host with AMX; on one without AMX or AVX512-BF16
         # (2026-11-28: 0.044 bf16 TFLOPS, 10.5 GB/s by benchmarks/bench_host.py) prefill
         # runs ~50x slower than the prior and the C=1-4 fit, which holds the compute rate,
-        # missed C=8/16 TTFT by -64..-71% and TPOT by +39..+48%. Such a host measures the
-        # host, not capsim: this loop cannot gate a landing there.
+        # missed C=8/16 TTFT by -50..-73% and TPOT by +39..+48% on both passes of two
+        # runs. Such a host measures the host, not capsim: this loop cannot gate a landing
+        # there, and its second pass (6-12 minutes there) is not run.
         pytest.xfail(
             f"this host has no bf16 matrix units (no amx_bf16 or avx512_bf16 in "
             f"/proc/cpuinfo), unlike the host the cpu-host priors describe: {hard + failures}"
         )
+    if hard:
+        print(f"{kind}: beyond the regression limits on the first pass: {hard}; measuring again")
+        hard, failures, figures = loop_attempt(kind, tmp_path / "again.json")
     assert not hard, hard + failures
     if failures:
         pytest.xfail(
