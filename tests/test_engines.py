@@ -299,3 +299,172 @@ def test_a_lower_max_num_seqs_than_the_state_cap_is_what_binds():
     assert not any(
         "caps running requests" in n for n in json.loads(r.stdout)["results"][0]["notes"]
     )
+
+
+def _with_generations(engine, *generations):
+    from capsim.catalog.engine_schema import EngineGeneration
+
+    gens = [EngineGeneration.model_validate(g) for g in generations]
+    return engine.model_copy(update={"generations": gens})
+
+
+SOURCE = [{"title": "a test's own entry"}]
+
+
+def test_a_release_picks_the_first_generation_whose_range_holds_it():
+    base = CAT.engine("vllm")
+    eng = _with_generations(
+        base,
+        {
+            "versions": "<0.8",
+            "label": "old",
+            "async_scheduling": False,
+            "params": {"step_overhead_us": 3000.0},
+            "rationale": "r",
+            "sources": SOURCE,
+        },
+        {
+            "versions": "<0.12",
+            "label": "middle",
+            "async_scheduling": False,
+            "rationale": "r",
+            "sources": SOURCE,
+        },
+    )
+    dev = "0.7.4.dev181+gf35f8e22"  # a development build of a covered release
+    old = eng.at_version(dev)
+    assert (old.generation, old.async_scheduling, old.version) == ("old", False, dev)
+    assert old.params["step_overhead_us"] == 3000.0
+    # what the generation does not set stays the newest release's
+    assert old.batch_defaults == base.batch_defaults
+    assert old.mixes_prefill_and_decode == base.mixes_prefill_and_decode
+    middle = eng.at_version("0.10.1")
+    assert (middle.generation, middle.async_scheduling) == ("middle", False)
+    assert "step_overhead_us" not in middle.params
+    newest = eng.at_version("0.24.0")
+    assert newest.generation is None and newest.async_scheduling == base.async_scheduling
+    with pytest.raises(ValueError, match="not a release number"):
+        eng.at_version("main")
+
+
+def test_a_generation_range_must_be_a_version_specifier():
+    from pydantic import ValidationError
+
+    from capsim.catalog.engine_schema import EngineGeneration
+
+    with pytest.raises(ValidationError, match="PEP 440"):
+        EngineGeneration.model_validate(
+            {"versions": "before 0.8", "label": "x", "rationale": "r", "sources": SOURCE}
+        )
+
+
+def test_engine_at_release_on_the_command_line():
+    # every shipped generation is reachable, and a bad release is exit 2 with the form
+    for engine in CAT.engines:
+        for gen in engine.generations:
+            version = next(
+                v
+                for v in ("0.1.0", "0.4.3", "0.7.3", "0.9.2", "0.10.1", "0.11.0")
+                if gen.covers(__import__("packaging.version").version.Version(v))
+            )
+            assert CAT.engine(f"{engine.name}@{version}").generation == gen.label
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "llama-3.1-8b",
+            "--engine",
+            "vllm@",
+            "--concurrency",
+            "1",
+        ],
+    )
+    assert r.exit_code == 2 and "names no release" in r.output
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "llama-3.1-8b",
+            "--engine",
+            "vlm@0.7.3",
+            "--concurrency",
+            "1",
+        ],
+    )
+    assert r.exit_code == 2 and "vllm" in r.output
+
+
+def _setup(engine: str, **config):
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+
+    cfg = PredictConfig(
+        gpu="h100-sxm", model="llama-3.1-8b", engine=engine, concurrency=[1], **config
+    )
+    return build_setup(cfg, CAT)
+
+
+def test_vllm_v0_prefills_whole_prompts_apart_at_a_short_context():
+    # vLLM V0 (0.7.3 config.py / arg_utils.py): chunked prefill only above 32,768 tokens of
+    # max_model_len; below, prompts run whole in prefill-only steps under max(len, 2048)
+    short = _setup("vllm@0.7.3", max_model_len=4096)
+    assert not short.scheduler.mixes_prefill_and_decode
+    assert (short.scheduler.max_num_batched_tokens, short.scheduler.max_num_seqs) == (4096, 256)
+    tiny = _setup("vllm@0.7.3", max_model_len=1024)
+    assert tiny.scheduler.max_num_batched_tokens == 2048
+    long = _setup("vllm@0.7.3")  # Llama-3.1's 131,072-token context: chunked, 2048 a step
+    assert long.scheduler.mixes_prefill_and_decode
+    assert long.scheduler.max_num_batched_tokens == 2048
+    # V0 captures decode batches 1, 2, 4, 8, ..., 256 only
+    assert long.step_model.graph_sizes == (1, 2, 4, *range(8, 257, 8))
+    # the newest release keeps chunked prefill at every length
+    newest = _setup("vllm", max_model_len=4096)
+    assert newest.scheduler.mixes_prefill_and_decode
+    assert newest.scheduler.max_num_batched_tokens == 8192
+
+
+def test_v0_graph_sizes_follow_max_num_seqs():
+    assert graph_sizes("vllm-v0", max_num_seqs=20) == (1, 2, 4, 8, 16)
+    assert graph_sizes("vllm-v0", max_num_seqs=3) == (1, 2)
+    assert graph_sizes("vllm-v0", max_num_seqs=256, decode_query_len=2)[:3] == (2, 4, 8)
+
+
+@pytest.mark.parametrize("batch", [1, 16, 128])
+def test_before_async_scheduling_a_decode_step_pays_all_its_host_work(batch):
+    # vLLM 0.8-0.13 (async scheduling off by default): the host work of a step adds to the
+    # device's; from 0.14 the share async_host_overlap of it hides under the device step
+    sync = _setup("vllm@0.10.1").step_model
+    newest = _setup("vllm").step_model
+    context = np.full(batch, 2048)
+    t_sync = sync.decode_step(context)[0].t_total
+    t_async = newest.decode_step(context)[0].t_total
+    host = newest.host_seconds(batch)
+    hidden = newest.params.async_host_overlap * host
+    assert t_sync == pytest.approx(t_async + hidden, rel=1e-9)
+    assert hidden == pytest.approx(0.8 * (400 + 12 * batch) * 1e-6)
+
+
+def test_a_probed_servers_release_picks_its_generation(tmp_path):
+    from pathlib import Path
+
+    from capsim.calibration.compare import simulated_engine
+    from capsim.calibration.published import dataset_from_run
+
+    run = json.loads(
+        Path("calibration/runs/waves-2026-11-28/cpu-vllm-tiny-qwen3-sweep.json").read_text()
+    )
+    run["header"]["server"]["version"] = {"version": "0.7.3"}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(run))
+    (scenario,) = dataset_from_run(path).scenarios
+    assert simulated_engine(scenario) == "vllm@0.7.3"
+    run["header"]["server"]["version"] = {"version": "nightly"}
+    path.write_text(json.dumps(run))
+    (scenario,) = dataset_from_run(path).scenarios
+    assert simulated_engine(scenario) == "vllm"

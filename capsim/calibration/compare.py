@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from capsim.calibration.published import PublishedDataset, Scenario
+from capsim.catalog.engine_schema import parse_engine_version
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.config import PredictConfig
 from capsim.engine.levels import catalog_dirs
@@ -116,7 +117,7 @@ def scenario_config(
             if "disable_custom_all_reduce" in flags
             else None
         ),
-        engine=ENGINE_SIMULATED.get(sc.engine, sc.engine),
+        engine=simulated_engine(sc),
         offline=bool(flags.get("offline", False)),
         ubatch_tokens=int(flags["ubatch_tokens"]) if "ubatch_tokens" in flags else None,
         scheduler_recv_interval=int(flags.get("scheduler_recv_interval", 1)),
@@ -140,6 +141,19 @@ def scenario_config(
 ENGINE_SIMULATED = {"other": "vllm", "trt-llm": "vllm"}
 """The catalog engine a scenario's ``engine`` is simulated as, where the two differ: an
 engine capsim has no entry for ('other') runs as vLLM."""
+
+
+def simulated_engine(sc: Scenario) -> str:
+    """The engine reference a scenario is simulated with: its engine at the release it
+    names ('vllm@0.7.3', which picks that release's generation), its engine alone when the
+    release is not a version number (a commit, a container tag), and vLLM's newest for an
+    engine capsim has no entry for (whose version says nothing about vLLM's)."""
+    if sc.engine in ENGINE_SIMULATED:
+        return ENGINE_SIMULATED[sc.engine]
+    if sc.engine_version and parse_engine_version(sc.engine_version) is not None:
+        return f"{sc.engine}@{sc.engine_version.strip()}"
+    return sc.engine
+
 
 LATENCY_METRICS = {"ttft_s": "ttft_ms", "tpot_s": "tpot_ms", "itl_s": "itl_ms", "e2e_s": "e2e_s"}
 """Published latency metric -> the level's distribution of it, and that distribution's

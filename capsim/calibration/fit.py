@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from capsim.calibration.compare import (
-    ENGINE_SIMULATED,
     METRIC_KINDS,
     ComparedPoint,
+    simulated_engine,
 )
 from capsim.calibration.least_squares import (
     AT_BOUND,
@@ -97,7 +97,7 @@ def fit_setup(
     hw_class = classes.pop()
     scenario = datasets[0].scenarios[0]
     gpu = catalog.gpu(scenario.gpu)
-    engine = catalog.engines.find(ENGINE_SIMULATED.get(scenario.engine, scenario.engine))
+    engine = catalog.engine(simulated_engine(scenario))
     base = default_efficiency(gpu, catalog, engine)
     int8_path = base.weight_only_int8_gemm_efficiency is not None
     if fit is None:

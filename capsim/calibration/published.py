@@ -261,6 +261,14 @@ def served_float_format(engine_flags: dict, model_reference: str) -> str | None:
     return fmt
 
 
+def server_version(server: dict) -> str | None:
+    """The release a probed server reported at /version (vLLM: {"version": "0.24.0"}), when
+    it is a string; validate and calibrate then simulate that release's engine generation."""
+    reported = server.get("version")
+    version = reported.get("version") if isinstance(reported, dict) else None
+    return (version.strip() or None) if isinstance(version, str) else None
+
+
 def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedDataset:
     """A probe run file as a dataset: points per level and run for every metric it
     measured (RUN_METRICS), with
@@ -307,6 +315,7 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
                 totals[key] = totals.get(key, 0.0) + value
         acceptance = acceptance_per_position(totals)
     model = run_model_reference(h.model, h.server, path.parent)
+    served_by = h.server.get("owned_by") if h.server.get("owned_by") in ENGINES else "vllm"
     return PublishedDataset(
         name=path.stem,
         source=Source(
@@ -323,6 +332,8 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
         scenarios=[
             Scenario(
                 name=h.model,
+                engine=served_by,
+                engine_version=server_version(h.server) if served_by == "vllm" else None,
                 gpu=dep.gpu,
                 model=model,
                 quant=dep.quant or served_float_format(dep.engine_flags, model) or "auto",

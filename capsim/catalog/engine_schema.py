@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import Field, field_validator, model_validator
 
 from capsim.catalog.schemas import Source, Strict
 
@@ -112,10 +114,71 @@ class BatchDefaults(Strict):
         )
 
 
-GraphCapture = Literal["vllm", "sglang", "single-token", "none"]
+GraphCapture = Literal["vllm", "vllm-v0", "sglang", "single-token", "none"]
 """How an engine captures CUDA graphs: vLLM's capture sizes (up to 512 tokens, 1,024 on
-datacenter Blackwell), SGLang's batch sizes (up to cuda_graph_max_bs sequences), a graph
-for single-token steps only (llama.cpp), or none."""
+datacenter Blackwell), vLLM V0's decode batches (1, 2, 4, then multiples of 8 up to
+cuda_graph_max_batch sequences), SGLang's batch sizes (up to cuda_graph_max_bs sequences),
+a graph for single-token steps only (llama.cpp), or none."""
+
+
+class EngineGeneration(Strict):
+    """What an engine did differently in a range of its releases (an older scheduler, no
+    async scheduling yet, other default limits, slower kernels): the fields it sets replace
+    the engine's; ``params`` and ``class_params`` lay over the engine's own. Each cites the
+    release notes, code or benchmarks it was read from. Selected by ``--engine NAME@VERSION``
+    and by a measurement's engine_version; the engine's own fields describe its newest
+    release."""
+
+    versions: str = Field(
+        description="The releases it covers, as a PEP 440 specifier set (e.g. '<0.8', "
+        "'>=0.8,<0.12'); development builds of a covered release count"
+    )
+    label: str = Field(description="A few words naming the generation, e.g. 'V0 engine'")
+    batch_defaults: list[BatchDefaults] | None = None
+    graph_capture: GraphCapture | None = None
+    mixes_prefill_and_decode: bool | None = None
+    chunked_prefill_above_model_len: int | None = Field(None, ge=1)
+    async_scheduling: bool | None = None
+    custom_allreduce: bool | None = None
+    params: dict[str, float] = Field(default_factory=dict)
+    class_params: dict[str, dict[str, float]] = Field(default_factory=dict)
+    rationale: str = Field(description="What changed, and from which release")
+    sources: list[Source] = Field(min_length=1)
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier:
+            raise ValueError(
+                f"'{v}' is not a PEP 440 version range (e.g. '<0.8' or '>=0.8,<0.12')"
+            ) from None
+        return v
+
+    def covers(self, version: Version) -> bool:
+        """Whether ``version`` (pre-releases and dev builds included) is in this range."""
+        return SpecifierSet(self.versions).contains(version, prereleases=True)
+
+
+GENERATION_FIELDS = (
+    "batch_defaults",
+    "graph_capture",
+    "mixes_prefill_and_decode",
+    "chunked_prefill_above_model_len",
+    "async_scheduling",
+    "custom_allreduce",
+)
+"""The Engine fields a generation may replace (params and class_params lay over)."""
+
+
+def parse_engine_version(text: str) -> Version | None:
+    """``text`` as a release number ('0.7.3', 'v0.7.4.dev181+gf35f8e22'); None when it is
+    not one (a commit, a container tag, 'main')."""
+    try:
+        return Version(text.strip())
+    except InvalidVersion:
+        return None
 
 
 class Engine(Strict):
@@ -144,6 +207,14 @@ class Engine(Strict):
         description="Whether a step carries prefill chunks and decodes together (vLLM's and "
         "llama.cpp's chunked prefill); False: prefill batches run apart (SGLang's default)",
     )
+    chunked_prefill_above_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="Chunked prefill is on by default only for a max_model_len above this "
+        "(vLLM V0: 32768); at or below it prompts are prefilled whole in steps of their own, "
+        "prefill first, under a budget of max(max_model_len, 2048) tokens. None: the "
+        "engine's batch defaults and mixes_prefill_and_decode hold at every length",
+    )
     async_scheduling: bool = Field(
         description="Whether the engine prepares step n+1 on the CPU while the GPU runs step "
         "n by default (async_host_overlap then applies)"
@@ -170,9 +241,67 @@ class Engine(Strict):
     )
     params: dict[str, float] = Field(default_factory=dict)
     class_params: dict[str, dict[str, float]] = Field(default_factory=dict)
+    generations: list[EngineGeneration] = Field(
+        default_factory=list,
+        description="Older releases that behaved differently, newest first; the first whose "
+        "range holds a version is the one used",
+    )
+    version: str | None = Field(
+        None, description="The release this entry describes (None: the newest)"
+    )
+    generation: str | None = Field(
+        None, description="The label of the older generation laid over it, if any"
+    )
     rationale: str = Field(description="Why these values: what they were read or derived from")
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None
+
+    def chunks_prefill(self, max_model_len: int) -> bool:
+        """Whether this engine chunks prompts by default at ``max_model_len`` (tokens)."""
+        limit = self.chunked_prefill_above_model_len
+        return limit is None or max_model_len > limit
+
+    def for_model_len(self, max_model_len: int) -> Engine:
+        """This engine's defaults at ``max_model_len`` (tokens): where chunked prefill is off
+        at that length, steps do not mix prefills with decodes and the default budget is
+        max(max_model_len, 2048) tokens (vLLM V0's SchedulerConfig), the sequence limit
+        and CUDA graphs as the batch_defaults row gives them."""
+        if self.chunks_prefill(max_model_len):
+            return self
+        rows = [
+            row.model_copy(update={"max_num_batched_tokens": max(max_model_len, 2048)})
+            for row in self.batch_defaults
+        ]
+        return self.model_copy(update={"batch_defaults": rows, "mixes_prefill_and_decode": False})
+
+    def at_version(self, version: str) -> Engine:
+        """This engine as release ``version`` ran it: the first generation whose range holds
+        it laid over the newest release's fields (the engine itself when none does). A
+        version that is not a release number is a ValueError when the engine has
+        generations to choose from."""
+        parsed = parse_engine_version(version)
+        if parsed is None:
+            if self.generations:
+                raise ValueError(
+                    f"'{version}' is not a release number of {self.name} (e.g. "
+                    f"{self.name}@0.7.3; ranges known: "
+                    f"{', '.join(g.versions for g in self.generations)})"
+                )
+            return self.model_copy(update={"version": version})
+        for gen in self.generations:
+            if gen.covers(parsed):
+                update = {f: getattr(gen, f) for f in GENERATION_FIELDS}
+                update = {k: v for k, v in update.items() if v is not None}
+                classes = set(self.class_params) | set(gen.class_params)
+                update["params"] = {**self.params, **gen.params}
+                update["class_params"] = {
+                    c: {**self.class_params.get(c, {}), **gen.class_params.get(c, {})}
+                    for c in classes
+                }
+                update["version"] = version
+                update["generation"] = gen.label
+                return self.model_copy(update=update)
+        return self.model_copy(update={"version": version})
 
     def batch_limits(self, gpu_name: str, memory_gb: float) -> BatchDefaults:
         """The first ``batch_defaults`` row that applies to this GPU (the last row when

@@ -26,7 +26,13 @@ from capsim.catalog import ENV_VAR
 from capsim.catalog.engine_schema import EfficiencyProfile, Engine
 from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.model_schema import Model, QuantFormat
-from capsim.errors import CatalogError, UnknownNameError, close_matches, normalise_name
+from capsim.errors import (
+    CapsimUserError,
+    CatalogError,
+    UnknownNameError,
+    close_matches,
+    normalise_name,
+)
 from capsim.notices import notice
 
 SECTIONS: dict[str, type[BaseModel]] = {
@@ -211,7 +217,26 @@ class Catalog:
         return self.quant_formats.get(name)
 
     def engine(self, name: str) -> Engine:
-        return self.engines.get(name)
+        """An engine by name, or as one of its releases ran it: 'vllm@0.7.3' lays the
+        generation that covers 0.7.3 over the newest release's entry (Engine.at_version)."""
+        base, at, version = name.partition("@")
+        engine = self.engines.get(base.strip())
+        if not at:
+            return engine
+        if not version.strip():
+            raise CapsimUserError(
+                f"engine '{name}' names no release after '@'",
+                hint=f"write {engine.name}@VERSION (e.g. {engine.name}@0.7.3), or "
+                f"{engine.name} alone for its newest release",
+            )
+        try:
+            return engine.at_version(version.strip())
+        except ValueError as e:
+            raise CapsimUserError(
+                f"engine '{name}': {e}",
+                hint=f"'capsim engines' lists each engine's generations; {engine.name} alone "
+                "is its newest release",
+            ) from None
 
 
 def user_db_dirs(explicit: list[Path] | None = None) -> list[Path]:

@@ -410,3 +410,8 @@ def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
             reserve_text(e.admission_reserve),
         )
     console.print(table)
+    older = [(e.name, g) for e in cat.engines for g in e.generations]
+    if older:
+        console.print("Older releases (--engine NAME@VERSION, e.g. vllm@0.7.3):")
+        for name, g in older:
+            console.print(f"  {name} {g.versions}: {g.label}", soft_wrap=True, highlight=False)

@@ -95,7 +95,10 @@ def fit_cmd(
         enforce_eager=enforce_eager,
         include_mtp=mtp,
     )
-    options = engine_fit_options(cat.engine(engine), g, **options)
+    eng = cat.engine(engine)
+    if max_model_len or m.max_position_embeddings:
+        eng = eng.for_model_len(max_model_len or m.max_position_embeddings)
+    options = engine_fit_options(eng, g, **options)
     result = memory_fit(g, m, fmt, tp=tp, **options)
     if json_out:
         print_json({**result.to_dict(), "gpus": total_gpus, "dp_replicas": replicas})

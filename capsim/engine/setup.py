@@ -45,6 +45,7 @@ class Setup:
     quant_reason: str = ""
     profile: object = None  # the calibration Profile applied, if any
     base_params: EfficiencyParams | None = None  # before overrides: what a worker is given
+    engine_generation: str | None = None  # the older release's generation simulated, if any
 
 
 def resolve_format(
@@ -207,6 +208,10 @@ def build_setup(
         dp = config.dp or 1
     spec = config.spec
     engine = cat.engine(config.engine)
+    # the server's max_model_len: the flag's, else the model's context (vLLM's default)
+    length = config.max_model_len or model.max_position_embeddings
+    if length:
+        engine = engine.for_model_len(length)
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
@@ -294,6 +299,7 @@ def build_setup(
         quant_reason,
         profile,
         base_params,
+        engine.generation,
     )
 
 

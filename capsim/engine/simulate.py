@@ -62,6 +62,17 @@ class PredictResult(BaseModel):
     )
 
 
+def generation_note(setup: Setup) -> str | None:
+    """Which older release's behaviour the engine was simulated with (--engine NAME@VERSION
+    inside a generation's range), so a table never hides that it is not the newest."""
+    if setup.engine_generation is None:
+        return None
+    return (
+        f"simulated as {setup.config.engine.partition('@')[0]}'s {setup.engine_generation} "
+        "('capsim engines' lists the older releases and what changed)"
+    )
+
+
 def launch_bound_note(setup: Setup) -> str | None:
     """A warning when a single sequence's decode step is bound by the CPU's kernel launches
     (eager mode on a GPU): the per-layer launch cost is the host CPU's, which no GPU name
@@ -418,7 +429,11 @@ def predict(
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,
         levels=results,
-        notes=[n for n in (launch_bound_note(setup), state_cap_note(setup)) if n]
+        notes=[
+            n
+            for n in (generation_note(setup), launch_bound_note(setup), state_cap_note(setup))
+            if n
+        ]
         + profile_warnings(setup.profile),
     )
 

@@ -114,7 +114,8 @@ def graph_sizes(
     max_batch: int | None = None,
 ) -> tuple[int, ...]:
     """Token counts an engine runs in CUDA graphs, ascending, by its ``graph_capture``
-    scheme: 'vllm' (``capture_sizes``), 'sglang' (``sglang_capture_sizes`` up to
+    scheme: 'vllm' (``capture_sizes``), 'vllm-v0' (decode batches 1, 2, 4, 8, 16, ... up to
+    ``max_batch``, 256 by default, and max_num_seqs), 'sglang' (``sglang_capture_sizes`` up to
     ``max_batch`` sequences, at most max_num_seqs), 'single-token' (one decoding sequence
     a step: llama.cpp captures graphs for batch-1 decode only) or 'none'. ``ceiling`` 0
     (a platform without CUDA graphs) gives none under every scheme."""
@@ -125,6 +126,11 @@ def graph_sizes(
     if scheme == "sglang":
         batch = min(max_batch if max_batch is not None else 160, max_num_seqs)
         return sglang_capture_sizes(batch, decode_query_len)
+    if scheme == "vllm-v0":
+        # V0's _BATCH_SIZES_TO_CAPTURE: 1, 2, 4, 8, 16, ..., 256, capped by max_num_seqs
+        batch = min(max_batch if max_batch is not None else 256, max_num_seqs)
+        sizes = [b for b in (1, 2, 4, *range(8, batch + 1, 8)) if b <= batch]
+        return tuple(b * decode_query_len for b in sizes)
     if scheme == "single-token":
         return (decode_query_len,)
     raise ValueError(f"unknown CUDA-graph scheme '{scheme}'")
