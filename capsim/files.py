@@ -1,10 +1,85 @@
-"""Files other capsim processes may read while this one writes them (the user's catalog
-overlay, profiles, bands, caches): written whole or not at all."""
+"""Every file capsim reads and writes goes through here. Reading: only regular files, of a
+bounded size, as UTF-8 text, with an error that names the file and what is wrong (never a
+hang on a device or a pipe, never a traceback on binary data). Writing: files other capsim
+processes may read meanwhile (the user's catalog overlay, profiles, bands, caches) are
+written whole or not at all."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from capsim.errors import CapsimUserError
+
+MAX_INPUT_BYTES = 64 * 2**20
+"""Largest document (YAML, JSON, a lengths or trace file) capsim parses, bytes: parsed, a
+64 MB JSON file takes a few hundred MB of Python objects; a larger file is refused before
+it is read, so no input can take the process past about 1 GB."""
+
+MAX_LOG_BYTES = 128 * 2**20
+"""Largest probe request log (.jsonl) capsim reads back, bytes (a run of ~100,000
+requests with their chunk times)."""
+
+
+def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
+    """A CapsimUserError (exit 2) before any work when one of ``paths`` (what ``flag``
+    writes) already exists and ``force`` is False, or is a folder where a file goes: capsim
+    never replaces a file the user did not say it may."""
+    for path in paths:
+        if path.is_dir():
+            raise CapsimUserError(f"{flag} '{path}' is a folder: capsim writes a file there")
+        if (path.exists() or path.is_symlink()) and not force:
+            raise CapsimUserError(
+                f"'{path}' exists: capsim does not overwrite it",
+                hint=f"pass --force to replace it, or another {flag}",
+            )
+
+
+def read_input_text(path: Path | str, what: str = "file", max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of the user's file ``path`` (``what`` names it in errors: 'profile',
+    'dataset'): a CapsimUserError (exit 2) for a path that does not exist, a folder, a
+    device, pipe or socket (which could block or never end), a file over ``max_bytes``
+    (refused before reading), one that cannot be read, or bytes that are not UTF-8 text."""
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise CapsimUserError(f"{what} '{path}' does not exist") from None
+    except OSError as exc:
+        raise CapsimUserError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise CapsimUserError(f"{what} '{path}' is a folder, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise CapsimUserError(
+            f"{what} '{path}' is not a regular file (a device, pipe or socket)",
+            hint="save the content to a file and pass that",
+        )
+    if info.st_size > max_bytes:
+        raise CapsimUserError(
+            f"{what} '{path}' is {info.st_size / 2**20:,.1f} MB, more than the "
+            f"{max_bytes / 2**20:,.0f} MB capsim reads",
+        )
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise CapsimUserError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
+    if len(data) > max_bytes:  # it grew while we looked
+        raise CapsimUserError(f"{what} '{path}' is more than the {max_bytes >> 20} MB capsim reads")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CapsimUserError(
+            f"{what} '{path}' is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}): "
+            "is it a binary file?",
+        ) from None
+    if "\x00" in text:
+        raise CapsimUserError(
+            f"{what} '{path}' holds NUL bytes (at character {text.index(chr(0))}): "
+            "it is not a text file"
+        )
+    return text
 
 
 def write_text_atomic(path: Path, text: str) -> Path:

@@ -209,7 +209,9 @@ def _load_band_version(path: str, mtime_ns: int, size: int) -> BandTable:
     from capsim.catalog.loader import load_yaml_text
 
     def parse() -> BandTable:
-        return BandTable.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+        from capsim.files import read_input_text
+
+        return BandTable.model_validate(load_yaml_text(read_input_text(path, "band table")))
 
     return cached_parse("bands", Path(path), [Path(__file__)], BandTable, parse)
 

@@ -35,6 +35,7 @@ from capsim.calibration.least_squares import bounds_and_start, check_fittable, j
 from capsim.catalog.loader import Catalog
 from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
+from capsim.files import read_input_text
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.kv_layout import kv_heads_per_gpu
@@ -110,7 +111,7 @@ def load_json_dataset(path: Path, schema: type[DatasetT], what: str) -> DatasetT
     """Read a JSON file and validate it as ``schema``; a missing or invalid file is a user
     error naming ``what`` it should have been."""
     try:
-        return schema.model_validate(json.loads(Path(path).read_text()))
+        return schema.model_validate(json.loads(read_input_text(path, what)))
     except FileNotFoundError:
         raise CapsimUserError(
             f"no kernel dataset at {path}", hint="see calibration/kernels/"

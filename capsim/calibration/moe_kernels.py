@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points, load_json_dataset
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
+from capsim.files import read_input_text
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import StepModel
@@ -59,8 +60,8 @@ class MoeKernelDataset(BaseModel):
 def is_moe_dataset(path: Path) -> bool:
     """Whether a kernel dataset file holds fused-MoE timings."""
     try:
-        return json.loads(Path(path).read_text()).get("kind") == "fused_moe"
-    except (OSError, ValueError, AttributeError):
+        return json.loads(read_input_text(path, "kernel dataset")).get("kind") == "fused_moe"
+    except (CapsimUserError, ValueError, AttributeError):
         return False
 
 

@@ -154,7 +154,9 @@ def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
     from capsim.catalog.cache import cached_parse
 
     def parse() -> Profile:
-        return Profile.model_validate(load_yaml_text(Path(path).read_text(encoding="utf-8")))
+        from capsim.files import read_input_text
+
+        return Profile.model_validate(load_yaml_text(read_input_text(path, "profile")))
 
     profile = cached_parse("profile", Path(path), [Path(__file__)], Profile, parse)
     profile._path = path

@@ -159,9 +159,12 @@ def published_dir() -> Path:
 def load_dataset(path: Path) -> PublishedDataset:
     import yaml
 
+    from capsim.files import read_input_text
+
+    text = read_input_text(path, "dataset")
     try:
-        data = load_yaml_text(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        data = load_yaml_text(text)
+    except yaml.YAMLError as exc:
         raise CapsimUserError(f"cannot read dataset '{path}': {exc}") from None
     try:
         return PublishedDataset.model_validate(data)

@@ -60,10 +60,11 @@ n_heads; GPT-Neo: num_layers, num_heads)."""
 
 def read_config(path: Path) -> dict[str, Any]:
     """Read config.json, with a clear error if it is missing or not JSON."""
+    from capsim.files import read_input_text
+
+    text = read_input_text(path, "config file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CapsimUserError(f"config file '{path}' does not exist") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -247,7 +248,11 @@ def local_hub_config_path(repo: str) -> Path | None:
     folder = root.expanduser() / ("models--" + repo.replace("/", "--"))
     ref = folder / "refs" / "main"
     if ref.is_file():
-        named = folder / "snapshots" / ref.read_text().strip() / "config.json"
+        from capsim.files import read_input_text
+
+        named = (
+            folder / "snapshots" / read_input_text(ref, "Hugging Face ref").strip() / "config.json"
+        )
         if named.is_file():
             return named
     snapshots = [p for p in folder.glob("snapshots/*/config.json") if p.is_file()]

@@ -80,19 +80,51 @@ def load_yaml_text(text: str):
     cache needs none."""
     import yaml
 
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    check_expansion(data)
+    return data
+
+
+MAX_DOCUMENT_VALUES = 2_000_000
+"""Most values (mappings, lists, scalars, counted every time an alias repeats them) a
+document may hold: YAML's aliases let a few hundred bytes name billions of values (the
+'billion laughs'), which validating or writing the document would then walk."""
+
+
+def check_expansion(data, limit: int = MAX_DOCUMENT_VALUES) -> None:
+    """Raise a yaml.YAMLError when ``data`` holds more than ``limit`` values counted as a
+    walk sees them (an alias's value once per reference); stops at the limit."""
+    import yaml
+
+    count, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > limit:
+            raise yaml.YAMLError(
+                f"the document expands to more than {limit:,} values (aliases of aliases?)"
+            )
+        if isinstance(node, dict):
+            stack.extend(node.values())
+            count += len(node)
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def read_yaml(path: Path) -> dict:
     """Parse one YAML file into a mapping, with a clear error naming the file."""
     import yaml
 
+    from capsim.files import read_input_text
+
     try:
-        data = load_yaml_text(path.read_text(encoding="utf-8"))
+        text = read_input_text(path, "catalog file")
+    except CapsimUserError as exc:
+        raise CatalogError(exc.message, hint=exc.hint) from None
+    try:
+        data = load_yaml_text(text)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path}: not valid YAML ({exc})") from None
-    except OSError as exc:
-        raise CatalogError(f"{path}: cannot be read ({exc.strerror})") from None
     if not isinstance(data, dict):
         raise CatalogError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     return data

@@ -13,6 +13,7 @@ from capsim.cli.common import (
     EXIT_INTERRUPTED,
     AcceptFailuresOption,
     DbOption,
+    ForceOption,
     JsonOption,
     PriorWeightOption,
     catalog,
@@ -64,6 +65,7 @@ def calibrate_cmd(
     prior_weight: PriorWeightOption = 0.0,
     accept_failures: AcceptFailuresOption = False,
     json_out: JsonOption = False,
+    force: ForceOption = False,
     db: DbOption = None,
 ) -> None:
     """Fit efficiency parameters per hardware class with scipy least_squares."""
@@ -85,6 +87,12 @@ def calibrate_cmd(
             f"the datasets span {len(groups)} hardware classes ({', '.join(groups)})",
             hint="pass a folder to --out, or datasets of one class",
         )
+    from capsim.files import refuse_overwrite
+
+    targets = [
+        out if out.suffix == ".yaml" else out / f"{name or c + '-vllm'}.yaml" for c in groups
+    ]
+    refuse_overwrite(targets, "--out", force)
     profiles = []
     skipped = []
     stopped = None  # after Ctrl-C: the class that was being fitted

@@ -13,6 +13,7 @@ from capsim.catalog import ENV_VAR
 from capsim.cli.common import (
     PLAIN_HELP,
     DbOption,
+    ForceOption,
     JsonOption,
     catalog,
     console,
@@ -305,6 +306,7 @@ def models_import_hf(
         ),
     ] = None,
     json_out: JsonOption = False,
+    force: ForceOption = False,
 ) -> None:
     """Write a model YAML from a Hugging Face config.json into a user catalog directory."""
     from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
@@ -315,6 +317,9 @@ def models_import_hf(
     if out is None:
         env_dirs = user_db_dirs()
         out = env_dirs[0] if env_dirs else Path("capsim-db")
+    from capsim.files import refuse_overwrite
+
+    refuse_overwrite([out / "models" / f"{model.name}.yaml"], "--name", force)
     path = write_model_yaml(model, out)
     p = parameter_breakdown(model)
     if json_out:

@@ -56,6 +56,21 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Overwrite the files this command writes if they exist")
+]
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+"""Image formats matplotlib's Agg backend writes, by suffix (plot_path_written)."""
+
+
+def check_plot_target(path: Path | None, force: bool) -> None:
+    """Refuse, before any work, a --plot file that exists (without --force)."""
+    if path is not None:
+        from capsim.files import refuse_overwrite
+
+        refuse_overwrite([plot_path_written(path, PLOT_FORMATS)], "--plot", force)
+
+
 MaxNumSeqsOption = Annotated[
     int | None, typer.Option("--max-num-seqs", help="Default: vLLM's for the GPU")
 ]

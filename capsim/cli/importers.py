@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from capsim.cli.common import PLAIN_HELP, JsonOption, print_json, user_errors
+from capsim.cli.common import PLAIN_HELP, ForceOption, JsonOption, print_json, user_errors
 from capsim.cli.probe import print_run
 
 import_app = typer.Typer(
@@ -23,10 +23,15 @@ def _command(kind: str, tool: str):
         result: Annotated[Path, typer.Argument(help=f"The {tool} result JSON")],
         out: Annotated[Path | None, typer.Option("--out", help="Run file to write")] = None,
         json_out: JsonOption = False,
+        force: ForceOption = False,
     ) -> None:
+        from capsim.files import refuse_overwrite
         from capsim.probe.importers import import_results
 
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
+        refuse_overwrite(
+            [target.with_suffix(".json"), target.with_suffix(".jsonl")], "--out", force
+        )
         summary = import_results(kind, result, target)
         if json_out:
             print_json(summary.model_dump(mode="json"))

@@ -10,8 +10,10 @@ from rich import box
 
 from capsim.cli.common import (
     DbOption,
+    ForceOption,
     JsonOption,
     catalog,
+    check_plot_target,
     console,
     fitted_table,
     print_json,
@@ -202,9 +204,11 @@ def plan_cmd(
         ),
     ] = None,
     json_out: JsonOption = False,
+    force: ForceOption = False,
     db: DbOption = None,
 ) -> None:
     """Search GPUs, counts, TP x DP, formats, KV dtype and speculation for a workload."""
+    check_plot_target(plot_path, force)
     from capsim.engine.router import ROUTER_POLICIES
     from capsim.planner.costs import CostModel
     from capsim.planner.search import (

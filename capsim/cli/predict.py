@@ -17,6 +17,7 @@ from capsim.cli.common import (
     DbOption,
     DisableCustomAllReduceOption,
     EngineOption,
+    ForceOption,
     GpuMemoryUtilizationOption,
     JsonOption,
     MaxModelLenOption,
@@ -28,6 +29,7 @@ from capsim.cli.common import (
     SetOption,
     UbatchOption,
     catalog,
+    check_plot_target,
     console,
     err_console,
     exclusive_outputs,
@@ -172,6 +174,7 @@ def predict_cmd(
     json_out: JsonOption = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout")] = False,
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG chart")] = None,
+    force: ForceOption = False,
     db: DbOption = None,
 ) -> None:
     """Simulate N concurrent clients against a vLLM, SGLang or llama.cpp server and report
@@ -179,6 +182,7 @@ def predict_cmd(
     from capsim.engine.router import ROUTER_POLICIES
 
     exclusive_outputs(json=json_out, csv=csv_out)
+    check_plot_target(plot_path, force)
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):

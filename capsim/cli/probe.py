@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from capsim.cli.common import (
     PLAIN_HELP,
+    ForceOption,
     JsonOption,
     console,
     err_console,
@@ -219,6 +220,7 @@ def probe_cmd(
         list[str] | None, typer.Option("--engine-flag", help="KEY=VALUE, repeatable")
     ] = None,
     json_out: JsonOption = False,
+    force: ForceOption = False,
 ) -> None:
     """Probe a server at several concurrency levels and write a run file."""
     from capsim.physics.speculative import parse_spec
@@ -276,6 +278,9 @@ def probe_cmd(
         ),
     )
     path = out or Path("calibration/runs") / f"{model.replace('/', '_')}.json"
+    from capsim.files import refuse_overwrite
+
+    refuse_overwrite([path.with_suffix(".json"), path.with_suffix(".jsonl")], "--out", force)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

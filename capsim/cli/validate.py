@@ -13,10 +13,12 @@ from capsim.cli.common import (
     EXIT_INTERRUPTED,
     AcceptFailuresOption,
     DbOption,
+    ForceOption,
     JsonOption,
     PriorWeightOption,
     SetOption,
     catalog,
+    check_plot_target,
     console,
     err_console,
     exclusive_outputs,
@@ -232,9 +234,15 @@ def validate_cmd(
     ] = False,
     accept_failures: AcceptFailuresOption = False,
     json_out: JsonOption = False,
+    force: ForceOption = False,
     db: DbOption = None,
 ) -> None:
     """Predict every published measurement and report the error."""
+    from capsim.files import refuse_overwrite
+
+    check_plot_target(plot_path, force)
+    if write_bands is not None:
+        refuse_overwrite([write_bands], "--write-bands", force)
     from capsim.calibration.compare import METRIC_KINDS, compare_or_skip, error_summary, mape
     from capsim.calibration.least_squares import check_fittable
     from capsim.calibration.published import load_published

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from capsim.errors import CapsimUserError
+from capsim.files import read_input_text
 
 KINDS = ("fixed", "uniform", "normal", "lognormal", "file")
 Z_999 = 3.090232306167813
@@ -118,11 +119,17 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
         kind = kind.lower()
         if kind == "file":
             path = Path(rest)
-            content = path.read_text(encoding="utf-8")
+            content = read_input_text(path, f"{what} file")
             try:
-                values = [float(v) for v in json.loads(content)]
+                numbers = json.loads(content)
             except json.JSONDecodeError:
-                values = [float(v) for v in content.split()]
+                numbers = content.split()
+            if not isinstance(numbers, list):
+                numbers = [numbers]
+            try:
+                values = [float(v) for v in numbers]
+            except TypeError:
+                raise ValueError("holds something other than numbers") from None
             if not values:
                 raise ValueError("empty file")
             if not all(math.isfinite(v) and v >= minimum for v in values):

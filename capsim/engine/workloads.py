@@ -54,10 +54,9 @@ def read_trace(path: Path) -> list[TraceEntry]:
     """Read a JSONL trace: one object per line with arrival_time (s), input_tokens,
     output_tokens and optionally session_id."""
     entries = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        raise CapsimUserError(f"trace file '{path}' cannot be read") from None
+    from capsim.files import read_input_text
+
+    lines = read_input_text(path, "trace file").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -28,10 +28,11 @@ FORMATS = ("vllm-bench", "guidellm", "aiperf")
 
 
 def _read(path: Path) -> Any:
+    from capsim.files import read_input_text
+
+    text = read_input_text(path, "benchmark result")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CapsimUserError(f"'{path}' does not exist") from None
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
 

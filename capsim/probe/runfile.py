@@ -219,11 +219,10 @@ class RunWriter:
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """Every complete line of a run's JSONL (a torn last line from a crash is skipped)."""
+    from capsim.files import MAX_LOG_BYTES, read_input_text
+
     events = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CapsimUserError(f"cannot read run log '{path}': {exc.strerror}") from None
+    lines = read_input_text(path, "run log", MAX_LOG_BYTES).splitlines()
     for line in lines:
         try:
             events.append(json.loads(line))
@@ -285,8 +284,11 @@ def load_run(path: Path) -> tuple[RunSummary, list[dict[str, Any]]]:
     summary_path = path.with_suffix(".json")
     log_path = path.with_suffix(".jsonl")
     if summary_path.exists():
+        from capsim.files import read_input_text
+
+        text = read_input_text(summary_path, "run summary")
         try:
-            summary = RunSummary.model_validate_json(summary_path.read_text(encoding="utf-8"))
+            summary = RunSummary.model_validate_json(text)
         except ValueError as exc:
             raise CapsimUserError(f"'{summary_path}' is not a capsim run summary: {exc}") from None
     elif log_path.exists():

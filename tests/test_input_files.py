@@ -1,0 +1,143 @@
+"""Hostile files (issue 47): every file capsim reads goes through one reader (capsim.files)
+that refuses devices, pipes, folders, oversized and binary files with exit 2 and a message
+naming the file, and YAML that expands past a bound; nothing is overwritten without
+--force."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+from capsim.files import MAX_INPUT_BYTES
+
+runner = CliRunner()
+PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--concurrency", "1"]
+LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh", strict=True)
+)
+
+
+def hostile_files(folder: Path) -> dict[str, Path]:
+    """One file of each hostile kind, named by kind."""
+    files = {}
+    files["binary"] = folder / "binary.yaml"
+    files["binary"].write_bytes(bytes(range(256)) * 8)
+    files["nul"] = folder / "nul.yaml"
+    files["nul"].write_bytes(b"name: x\n\x00\x00")
+    files["folder"] = folder / "folder.yaml"
+    files["folder"].mkdir()
+    files["device"] = folder / "zero.json"
+    files["device"].symlink_to("/dev/zero")
+    files["pipe"] = folder / "pipe.json"
+    os.mkfifo(files["pipe"])
+    files["oversize"] = folder / "big.yaml"
+    with open(files["oversize"], "wb") as f:  # sparse: no disk is spent
+        f.truncate(MAX_INPUT_BYTES + 1)
+    files["laughs"] = folder / "laughs.yaml"
+    files["laughs"].write_text(LAUGHS)
+    files["missing"] = folder / "missing.yaml"
+    return files
+
+
+REASONS = {
+    "binary": "not UTF-8 text",
+    "nul": "NUL bytes",
+    "folder": "folder",
+    "device": "not a regular file",
+    "pipe": "not a regular file",
+    "oversize": "more than the 64 MB",
+    "laughs": "expands to more than",
+    "missing": "does not exist",
+}
+
+COMMANDS = {
+    "profile": lambda f: [*PREDICT, "--profile", str(f)],
+    "lengths": lambda f: [*PREDICT, "--output-tokens", f"file:{f}"],
+    "validate": lambda f: ["validate", str(f)],
+    "calibrate": lambda f: ["calibrate", str(f), "--out", str(f.parent / "out.yaml")],
+    "import": lambda f: ["import", "vllm-bench", str(f), "--out", str(f.parent / "r.json")],
+    "import-hf": lambda f: ["models", "import-hf", str(f), "--name", "x", "--out", str(f.parent)],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_reader_refuses_hostile_files_with_exit_2(command, tmp_path):
+    files = hostile_files(tmp_path)
+    for kind, path in files.items():
+        if kind == "laughs" and command in ("import", "import-hf", "lengths"):
+            continue  # JSON readers: YAML aliases mean nothing there
+        args = COMMANDS[command](path)
+        if kind in ("device", "pipe"):
+            # a subprocess, so a reader that blocked on the pipe or read /dev/zero forever
+            # fails the test on its timeout instead of hanging the suite
+            r = subprocess.run(
+                [sys.executable, "-m", "capsim", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+            code, out = r.returncode, r.stdout + r.stderr
+        else:
+            result = runner.invoke(app, args)
+            code, out = result.exit_code, result.output
+        assert code == 2, (command, kind, out)
+        assert "Traceback" not in out, (command, kind, out)
+        # --profile also takes a name: a path that is not there is an unknown profile
+        reason = "unknown profile" if (command, kind) == ("profile", "missing") else REASONS[kind]
+        assert reason in out, (command, kind, out)
+
+
+def test_a_catalog_overlay_file_that_is_hostile_is_named(tmp_path):
+    for kind, content in (("binary", bytes(range(256))), ("laughs", LAUGHS.encode())):
+        db = tmp_path / kind / "gpus"
+        db.mkdir(parents=True)
+        (db / "x.yaml").write_bytes(content)
+        r = runner.invoke(app, ["--db", str(db.parent), "gpus"])
+        assert r.exit_code == 2, r.output
+        assert "x.yaml" in r.output and REASONS[kind] in r.output
+
+
+def test_nothing_is_overwritten_without_force(tmp_path):
+    plot = tmp_path / "chart.png"
+    plot.write_bytes(b"mine")
+    r = runner.invoke(app, [*PREDICT, "--plot", str(tmp_path / "chart")])
+    assert r.exit_code == 2 and "--force" in r.output
+    assert plot.read_bytes() == b"mine"
+    r = runner.invoke(app, [*PREDICT, "--plot", str(plot), "--force"])
+    assert r.exit_code == 0, r.output
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    run = tmp_path / "run.json"
+    run.write_text("{}")
+    # refused before any connection is tried (nothing listens on port 9)
+    r = runner.invoke(
+        app,
+        [
+            "probe",
+            "--url",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--concurrency",
+            "1",
+            "--out",
+            str(run),
+        ],
+    )
+    assert r.exit_code == 2 and "exists" in r.output and run.read_text() == "{}"
+    r = runner.invoke(app, ["validate", "--write-bands", str(run)])
+    assert r.exit_code == 2 and run.read_text() == "{}"
+    profile = tmp_path / "p.yaml"
+    profile.write_text("mine")
+    seed = (
+        Path(__file__).resolve().parent.parent
+        / "calibration/published/seed002-rtx3090-moe-vs-dense.yaml"
+    )
+    r = runner.invoke(app, ["calibrate", str(seed), "--out", str(profile)])
+    assert r.exit_code == 2 and profile.read_text() == "mine"
