@@ -18,6 +18,7 @@ import pytest
 
 import capsim
 from capsim.catalog.loader import load_catalog
+from tests.wall_clock import cpu_share, wall_clock_tolerance
 
 CAT = load_catalog()
 DEPLOYMENT = ["--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--quant", "awq-int4"]
@@ -206,26 +207,6 @@ def test_malformed_json_is_a_400(server):
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400 and "Invalid JSON" in r.json()["error"]["message"]
-
-
-def cpu_share(seconds: float = 0.2) -> float:
-    """The share of one core this process gets while it computes (CPU time over wall
-    time of a busy loop): about 1 on a quiet host, lower when other processes compete for
-    the cores. The serve round trips run on the wall clock, so their tolerances widen
-    with the contention measured beside them (issue 48: a test that depends on the host's
-    speed must not fail on a busy host)."""
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    x = 0
-    while time.perf_counter() - wall0 < seconds:
-        x += 1
-    return min(1.0, (time.process_time() - cpu0) / (time.perf_counter() - wall0))
-
-
-def wall_clock_tolerance(base: float, shares: list[float]) -> float:
-    """``base`` on a quiet host, widened by twice the share of a core that other
-    processes took (at 0.66 of a core, two CPU hogs beside the test on two cores, the
-    tolerance grows by 0.68)."""
-    return base + 2.0 * (1.0 - min(shares))
 
 
 def test_probe_against_serve_reproduces_predict(server, tmp_path):

@@ -259,19 +259,23 @@ def test_calibration_loop_predicts_unseen_levels(kind, tmp_path):
     (calibration/runs/loops-2026-11-27/*-ci2.json) replay the miss
     (benchmarks/bench_live_loop.py); a capsim regression shows there, deterministically,
     and in both passes here."""
-    hard, failures, figures = loop_attempt(kind, tmp_path / "loop.json")
-    if hard and not host_has_bf16_matrix_units():
+    if not host_has_bf16_matrix_units():
         # The cpu-host priors the fit starts from (hardware_db/gpus/cpu-host.yaml: 2.4 bf16
         # TFLOPS, 23.5 GB/s) describe a host with AMX; on one without AMX or AVX512-BF16
         # (2026-11-28: 0.044 bf16 TFLOPS, 10.5 GB/s by benchmarks/bench_host.py) prefill
         # runs ~50x slower than the prior and the C=1-4 fit, which holds the compute rate,
-        # missed C=8/16 TTFT by -50..-73% and TPOT by +39..+48% on both passes of two
-        # runs. Such a host measures the host, not capsim: this loop cannot gate a landing
-        # there, and its second pass (6-12 minutes there) is not run.
-        pytest.xfail(
-            f"this host has no bf16 matrix units (no amx_bf16 or avx512_bf16 in "
-            f"/proc/cpuinfo), unlike the host the cpu-host priors describe: {hard + failures}"
+        # missed C=8/16 TTFT by -50..-73% and TPOT by +39..+48% in every run of three CI
+        # runs (dense, MoE, llama). Such a host measures the host, not capsim: the loop
+        # cannot gate a landing there, and it took 25 of the 47 minutes of the clean-clone
+        # .ci/run on 2026-11-28 (the llama loop alone over 17), against the 25-minute CI
+        # budget. The stored loops (calibration/runs/loops-2026-11-27*) replay it
+        # deterministically (benchmarks/bench_live_loop.py).
+        pytest.skip(
+            "this host has no bf16 matrix units (no amx_bf16 or avx512_bf16 in "
+            "/proc/cpuinfo), unlike the host the cpu-host priors describe: the loop measures "
+            "the host there, not capsim"
         )
+    hard, failures, figures = loop_attempt(kind, tmp_path / "loop.json")
     if hard:
         print(f"{kind}: beyond the regression limits on the first pass: {hard}; measuring again")
         hard, failures, figures = loop_attempt(kind, tmp_path / "again.json")
