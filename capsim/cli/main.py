@@ -130,6 +130,30 @@ def app_for(args: list[str]) -> typer.Typer:
 
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+_terminated = False
+
+
+def _terminate_as_ctrl_c() -> None:
+    """SIGTERM (a service manager, ``kill``, CI's timeout) stops a command the way Ctrl-C
+    does: the work that finished is printed or kept, worker processes are stopped, no
+    traceback; the exit status is 143. Worker processes forked later inherit the handler
+    and die of SIGTERM as before."""
+    import os
+    import signal
+
+    main = os.getpid()
+
+    def handler(signum, frame):
+        global _terminated
+        if os.getpid() != main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        _terminated = True
+        os.kill(main, signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _exit_interrupted(say: bool) -> None:
@@ -145,11 +169,12 @@ def _exit_interrupted(say: bool) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(EXIT_INTERRUPTED)
+    os._exit(EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED)
 
 
 def run() -> None:
     """Console-script entry point."""
+    _terminate_as_ctrl_c()
     try:
         app_for(sys.argv[1:])()
     except KeyboardInterrupt:

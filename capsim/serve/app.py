@@ -41,6 +41,9 @@ OpenAI's published token-counting recipe for chat models (3-4 per message)."""
 CHAT_TOKENS_FOR_REPLY = 3
 """Estimated template tokens that open the assistant's reply."""
 
+MAX_BODY_BYTES = 32 * 2**20
+"""Largest request body capsim serve reads, bytes (answered 413 above it, before reading
+the rest): a 128k-token prompt is well under 1 MB."""
 FILLER = " tok"
 """The text of every generated token: capsim serve simulates timing, not a model."""
 
@@ -60,9 +63,17 @@ def prompt_tokens_of(body: dict, chat: bool) -> int:
             raise ApiError(400, "messages must be a non-empty list", param="messages")
         total = CHAT_TOKENS_FOR_REPLY
         for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(message, dict):
+                raise ApiError(400, "each message must be a JSON object", param="messages")
+            content = message.get("content")
             if isinstance(content, list):  # content parts: count the text ones
                 content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            if content is not None and not isinstance(content, str):
+                raise ApiError(
+                    400,
+                    "a message's content must be a string or a list of content parts",
+                    param="messages",
+                )
             total += CHAT_TOKENS_PER_MESSAGE + (count_tokens(content) if content else 0)
         return total
     prompt = body.get("prompt")
@@ -80,7 +91,11 @@ def prompt_tokens_of(body: dict, chat: bool) -> int:
 class ApiError(Exception):
     """An error answered as vLLM's OpenAI server does: status and a JSON error body."""
 
-    TYPES: ClassVar[dict[int, str]] = {400: "BadRequestError", 404: "NotFoundError"}
+    TYPES: ClassVar[dict[int, str]] = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        413: "RequestTooLargeError",
+    }
 
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
@@ -155,8 +170,16 @@ def create_app(
         return value if value is not None else max_model_len - prompt_tokens
 
     async def read_body(request: Request) -> dict:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > MAX_BODY_BYTES:
+                raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
         try:
-            body = json.loads(await request.body() or b"null")
+            body = json.loads(bytes(raw) or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"Invalid JSON in the request body: {exc}") from None
         if not isinstance(body, dict):
@@ -186,6 +209,9 @@ def create_app(
                 raise ApiError(400, "capsim serve supports n = 1 only.", param="n")
             prompt_tokens = prompt_tokens_of(body, chat)
             max_tokens = max_tokens_of(body, prompt_tokens)
+            options = body.get("stream_options")
+            if options is not None and not isinstance(options, dict):
+                raise ApiError(400, "stream_options must be a JSON object.", "stream_options")
         except ApiError as exc:
             return exc.response()
         live = deployment.submit(prompt_tokens, max_tokens, arrived)
@@ -229,6 +255,8 @@ def create_app(
             )
 
         options = body.get("stream_options") or {}
+        if not isinstance(options, dict):  # checked before the request was admitted
+            options = {}
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
         chunk_kind = "chat.completion.chunk" if chat else "text_completion"
@@ -323,7 +351,10 @@ def create_app(
         measurement takes off)."""
         loop = asyncio.get_running_loop()
         arrived = received_at(request.scope, loop)
-        await read_body(request)
+        try:
+            await read_body(request)
+        except ApiError as exc:
+            return exc.response()
         handed: asyncio.Queue[str] = asyncio.Queue()
         choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
         first = sse_chunk("cmpl-" + uuid.uuid4().hex, "text_completion", served_names[0], [choice])
