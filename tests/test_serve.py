@@ -220,16 +220,6 @@ def test_probe_against_serve_reproduces_predict(server, tmp_path):
     tolerances widen with the contention measured before and after (cpu_share)."""
     speedup = 10.0
     levels = [1, 4]
-    shares = [cpu_share()]
-    summary = capsim.probe(
-        url=server,
-        model=MODEL,
-        concurrency=levels,
-        input_tokens=512,
-        output_tokens=256,
-        requests=12,
-        out=tmp_path / "run.json",
-    )
     predicted = capsim.predict(
         gpu="rtx3090",
         model=MODEL,
@@ -240,18 +230,39 @@ def test_probe_against_serve_reproduces_predict(server, tmp_path):
         requests=12,
         catalog=CAT,
     )
-    shares.append(cpu_share())
-    steady, first = wall_clock_tolerance(0.05, shares), wall_clock_tolerance(0.10, shares)
     by_level = {int(level.level): level.metrics for level in predicted.levels}
-    for level in summary.levels:
-        measured, model = level.metrics, by_level[level.concurrency]
-        why = (level.concurrency, f"cpu share {min(shares):.2f}")
-        tok_s = measured.output_tok_s / speedup
-        assert tok_s == pytest.approx(model.output_tok_s, rel=steady), why
-        tpot = measured.tpot_ms.mean * speedup
-        assert tpot == pytest.approx(model.tpot_ms.mean, rel=steady), why
-        ttft = measured.ttft_ms.p50 * speedup
-        assert ttft == pytest.approx(model.ttft_ms.p50, rel=first), why
+    # a miss is measured once more: a burst of load between the contention samples (another
+    # test process starting beside this one) slowed one CI run's C=1 first token by 22%
+    misses = []
+    for attempt in range(2):
+        shares = [cpu_share()]
+        summary = capsim.probe(
+            url=server,
+            model=MODEL,
+            concurrency=levels,
+            input_tokens=512,
+            output_tokens=256,
+            requests=12,
+            out=tmp_path / f"run-{attempt}.json",
+        )
+        shares.append(cpu_share())
+        steady, first = wall_clock_tolerance(0.05, shares), wall_clock_tolerance(0.10, shares)
+        misses = []
+        for level in summary.levels:
+            measured, model = level.metrics, by_level[level.concurrency]
+            for name, got, want, tolerance in (
+                ("tok/s", measured.output_tok_s / speedup, model.output_tok_s, steady),
+                ("TPOT", measured.tpot_ms.mean * speedup, model.tpot_ms.mean, steady),
+                ("TTFT p50", measured.ttft_ms.p50 * speedup, model.ttft_ms.p50, first),
+            ):
+                if got != pytest.approx(want, rel=tolerance):
+                    misses.append(
+                        f"C={level.concurrency} {name} {got:.4g} vs {want:.4g} "
+                        f"(+-{100 * tolerance:.0f}%, cpu share {min(shares):.2f})"
+                    )
+        if not misses:
+            break
+    assert not misses, misses
 
 
 def test_first_token_times_match_predict_in_real_time(tmp_path):

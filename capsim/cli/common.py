@@ -434,6 +434,7 @@ def stop_on_ctrl_c():
 
     main = os.getpid()
     thread_hook = threading.excepthook
+    unraisable_hook = sys.unraisablehook
 
     def quiet_pool(args) -> None:
         # a process pool whose workers were ended marks its futures broken, and trips
@@ -441,11 +442,19 @@ def stop_on_ctrl_c():
         if not isinstance(args.exc_value, InvalidStateError):
             thread_hook(args)
 
+    def quiet_unraisable(args) -> None:
+        # the KeyboardInterrupt raised inside a call that swallows exceptions (logging's
+        # fork hook _releaseLock, a finalizer): CPython prints it as "Exception ignored
+        # in" with a traceback; ``stopped`` already tells the block Ctrl-C was pressed
+        if not isinstance(args.exc_value, KeyboardInterrupt):
+            unraisable_hook(args)
+
     def handler(signum, frame):
         if os.getpid() != main:
             return
         ctrl_c.pressed = True
         threading.excepthook = quiet_pool
+        sys.unraisablehook = quiet_unraisable
         for child in multiprocessing.active_children():
             child.terminate()
         raise KeyboardInterrupt
@@ -459,6 +468,7 @@ def stop_on_ctrl_c():
         yield ctrl_c
     finally:
         signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = unraisable_hook
 
 
 def interrupted(what: str) -> None:
