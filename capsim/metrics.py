@@ -58,7 +58,7 @@ Outcome = Literal[
     "failed",
 ]
 OUTCOMES: tuple[str, ...] = Outcome.__args__
-"""How a request ended. Only ``ok`` enters the metrics; README's "Request outcomes" says
+"""How a request ended. Only ``ok`` enters the metrics; docs/probe.md's "Request outcomes" says
 what each means. ``failed`` is a failure recorded without an outcome (a run file written
 before outcomes existed, or an imported tool's error) whose reason names none of the others.
 """

@@ -92,9 +92,8 @@ def test_probe_is_the_package_and_the_function():
         probe(out=Path("x.json"), url="http://127.0.0.1:9", model="m", concurrency=[])
 
 
-def test_the_readme_api_example_runs(tmp_path):
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Python API") :]
+def test_the_documented_api_example_runs(tmp_path):
+    section = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     script = tmp_path / "example.py"
     script.write_text(code)
