@@ -141,3 +141,23 @@ def test_nothing_is_overwritten_without_force(tmp_path):
     )
     r = runner.invoke(app, ["calibrate", str(seed), "--out", str(profile)])
     assert r.exit_code == 2 and profile.read_text() == "mine"
+
+
+def test_a_bad_url_or_address_is_exit_2():
+    for url in ("http://[::1", "ftp://host", "http://", "not a url"):
+        r = runner.invoke(app, ["probe", "--url", url, "--model", "m", "--concurrency", "1"])
+        assert r.exit_code == 2 and "Traceback" not in r.output, (url, r.output)
+    r = runner.invoke(
+        app, ["serve", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--host", "999.1.1.1"]
+    )
+    assert r.exit_code == 2 and "--host" in r.output, r.output
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = runner.invoke(
+            app, ["serve", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--port", str(port)]
+        )
+    assert r.exit_code == 2 and "cannot listen" in r.output, r.output

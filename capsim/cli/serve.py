@@ -120,6 +120,31 @@ def serve_cmd(
     run_server(setup, names, speedup, host, port)
 
 
+def check_listen(host: str, port: int) -> None:
+    """A CapsimUserError (exit 2) when ``host`` does not resolve to an address of this
+    machine or ``port`` cannot be bound there (taken, or privileged), before the server is
+    started."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise CapsimUserError(
+            f"--host '{host}' is not an address capsim can listen on ({exc})",
+            hint="use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or ::",
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CapsimUserError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                hint="pick another --port, or stop what is listening there",
+            ) from None
+
+
 def run_server(setup, names: list[str], speedup: float, host: str, port: int) -> None:
     """Serve until interrupted (Ctrl-C stops it cleanly)."""
     import uvicorn
@@ -133,11 +158,19 @@ def run_server(setup, names: list[str], speedup: float, host: str, port: int) ->
     if ":" in local and not local.startswith("["):
         local = f"[{local}]"
     self_url = f"http://{local}:{port}" if port else None  # port 0: not known in advance
+    check_listen(host, port)
     app = create_app(LiveDeployment(setup, speedup), names, __version__, self_url)
     try:
         uvicorn.run(
             app, host=host, port=port, log_level="warning", http=stamped_protocol() or "auto"
         )
+    except SystemExit as exc:  # uvicorn exits 3 when its start-up fails (it printed why)
+        if exc.code in (0, None):
+            raise
+        raise CapsimUserError(
+            f"capsim serve could not start on {host}:{port}",
+            hint="pick another --port or --host",
+        ) from None
     except OSError as exc:  # the port is taken, or the address cannot be bound
         raise CapsimUserError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",

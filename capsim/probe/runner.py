@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capsim.engine.lengths import parse_length
 from capsim.errors import CapsimUserError
@@ -69,6 +69,17 @@ class ProbeConfig(BaseModel):
     )
     metrics_interval_s: float = Field(1.0, gt=0)
     deployment: Deployment = Field(default_factory=Deployment)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        try:
+            url = httpx.URL(v)
+        except (httpx.InvalidURL, ValueError, TypeError) as exc:
+            raise ValueError(f"'{v}' is not a URL ({exc})") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"'{v}' must be http://HOST[:PORT] or https://...")
+        return v
 
     @model_validator(mode="after")
     def _limits_within_total(self) -> ProbeConfig:

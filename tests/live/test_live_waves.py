@@ -23,6 +23,7 @@ from capsim.calibration.step_table import measured_setup_from_run
 from capsim.probe.runfile import load_run
 from capsim.probe.runner import ProbeConfig, run_probe
 from tests.live.conftest import live_server
+from tests.wall_clock import cpu_share, host_was_busy
 from tests.wave_checks import compare_waves, measured_runs, simulated_waves, waves
 
 pytestmark = pytest.mark.live
@@ -34,8 +35,10 @@ WAVES = 3
 BURSTS = (("equal", "64"), ("spread", "uniform:32,96"))
 
 
-def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
-    url = live_server("dense")
+def measure_and_compare(url: str, folder) -> list[str]:
+    """One attempt: the sweep that gives the step table, then the bursts, each run compared
+    with the simulation; the misses (empty when every check held)."""
+    folder.mkdir()
     sweep = run_probe(
         ProbeConfig(
             url=url,
@@ -45,13 +48,14 @@ def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
             output_tokens=64,
             requests=16,
         ),
-        tmp_path / "sweep.json",
+        folder / "sweep.json",
     )
     # vLLM's CPU build runs 2048 batched tokens a step (engines/vllm.yaml's row for
     # devices under 70 GiB; its first wave of 16 x 512 tokens takes 4-5 prefill steps)
     setup = measured_setup_from_run(sweep, max_num_batched_tokens=2048)
+    misses = []
     for name, output in BURSTS:
-        path = tmp_path / f"burst-{name}.json"
+        path = folder / f"burst-{name}.json"
         run_probe(
             ProbeConfig(
                 url=url,
@@ -67,4 +71,27 @@ def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
         sim = simulated_waves(setup, C, WAVES * C, PROMPT, output)
         for run, records in sorted(measured_runs(load_run(path)[1]).items()):
             assert len(records) == WAVES * C
-            print(compare_waves(name, run, waves(records, C), sim))
+            try:
+                print(compare_waves(name, run, waves(records, C), sim))
+            except AssertionError as miss:
+                misses.append(str(miss).splitlines()[0])
+    return misses
+
+
+def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
+    """A miss is measured once more from a fresh sweep (the step table and the bursts are
+    measured minutes apart, and on 2026-11-28 a clean-clone CI run with another process
+    working beside it saw the equal-length bursts 27% slower than its sweep said); the test
+    fails when both attempts miss, and is an expected failure when the host was measured
+    busy (tests/wall_clock.py) during one of them."""
+    url = live_server("dense")
+    shares = [cpu_share()]
+    misses = measure_and_compare(url, tmp_path / "first")
+    shares.append(cpu_share())
+    if misses:
+        print(f"first attempt missed: {misses}; measuring again")
+        misses = measure_and_compare(url, tmp_path / "again")
+        shares.append(cpu_share())
+    if misses and host_was_busy(shares):
+        pytest.xfail(f"the host was busy (shares of a core {shares}): {misses}")
+    assert not misses, misses
