@@ -283,9 +283,9 @@ def test_connect_failures():
 
 
 def test_timeouts_default_within_the_total():
-    cfg = ProbeConfig(url="u", model="m", concurrency=[1], timeout_s=5)
+    cfg = ProbeConfig(url="http://u", model="m", concurrency=[1], timeout_s=5)
     assert cfg.timeouts() == Timeouts(connect=5, first_byte=5, chunk=5, total=5)
-    cfg = ProbeConfig(url="u", model="m", concurrency=[1], chunk_timeout_s=2)
+    cfg = ProbeConfig(url="http://u", model="m", concurrency=[1], chunk_timeout_s=2)
     assert cfg.timeouts() == Timeouts(connect=10, first_byte=300, chunk=2, total=600)
 
 
