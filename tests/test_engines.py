@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from packaging.version import Version
 from typer.testing import CliRunner
 
 from capsim.catalog.loader import load_catalog
@@ -365,39 +366,13 @@ def test_engine_at_release_on_the_command_line():
             version = next(
                 v
                 for v in ("0.1.0", "0.4.3", "0.7.3", "0.9.2", "0.10.1", "0.11.0")
-                if gen.covers(__import__("packaging.version").version.Version(v))
+                if gen.covers(Version(v))
             )
             assert CAT.engine(f"{engine.name}@{version}").generation == gen.label
-    r = runner.invoke(
-        app,
-        [
-            "predict",
-            "--gpu",
-            "h100-sxm",
-            "--model",
-            "llama-3.1-8b",
-            "--engine",
-            "vllm@",
-            "--concurrency",
-            "1",
-        ],
-    )
-    assert r.exit_code == 2 and "names no release" in r.output
-    r = runner.invoke(
-        app,
-        [
-            "predict",
-            "--gpu",
-            "h100-sxm",
-            "--model",
-            "llama-3.1-8b",
-            "--engine",
-            "vlm@0.7.3",
-            "--concurrency",
-            "1",
-        ],
-    )
-    assert r.exit_code == 2 and "vllm" in r.output
+    predict = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--concurrency", "1"]
+    for engine, words in (("vllm@", "names no release"), ("vlm@0.7.3", "vllm")):
+        r = runner.invoke(app, [*predict, "--engine", engine])
+        assert r.exit_code == 2 and words in r.output, r.output
 
 
 def _setup(engine: str, **config):
