@@ -464,6 +464,15 @@ def test_validate_reports_every_published_point():
     assert len(data["points"]) >= 24
     assert all(p["predicted"] > 0 for p in data["points"])
     assert 0 < data["mape_percent"] < 100
+    # the headline counts every point, the reference-only sets included; by metric family
+    # it is the median of |predicted / measured - 1| over them, with its sign
+    headline = {row["group"]: row for row in data["every_point"]}
+    errors = [p["error"] for p in data["points"] if p["metric"] == "tpot_s"]
+    assert sum(row["points"] for row in headline.values()) == len(data["points"])
+    assert any(not p["scored"] for p in data["points"] if p["metric"] == "tpot_s")
+    assert headline["TPOT"]["points"] >= len(errors)
+    assert headline["TPOT"]["median_abs_error_percent"] > 0
+    assert r.stdout.count('"median_signed_error_percent"') >= len(headline)
     r = invoke("validate", "nowhere.yaml")
     assert r.exit_code == 2 and "does not exist" in r.stderr
 

@@ -267,17 +267,19 @@ prompt rate the prompt over TTFT)."""
 
 
 def error_summary(points: list[ComparedPoint], key) -> list[dict]:
-    """Median and mean absolute error (percent) of the points grouped by ``key(point)``."""
+    """Median absolute, median signed (positive: predicted too high) and mean absolute error
+    (percent) of the points grouped by ``key(point)``."""
     groups: dict[str, list[float]] = {}
     for p in points:
         if math.isfinite(p.error):
-            groups.setdefault(key(p), []).append(abs(p.error))
+            groups.setdefault(key(p), []).append(p.error)
     return [
         {
             "group": name,
             "points": len(errs),
-            "median_abs_error_percent": 100.0 * float(np.median(errs)),
-            "mape_percent": 100.0 * float(np.mean(errs)),
+            "median_abs_error_percent": 100.0 * float(np.median(np.abs(errs))),
+            "median_signed_error_percent": 100.0 * float(np.median(errs)),
+            "mape_percent": 100.0 * float(np.mean(np.abs(errs))),
         }
         for name, errs in sorted(groups.items())
     ]
