@@ -22,6 +22,25 @@ MAX_LOG_BYTES = 128 * 2**20
 requests with their chunk times)."""
 
 
+def file_stem(name: str, flag: str) -> str:
+    """``name`` checked as a file name capsim writes inside the folder the user named
+    (``--name``): no path separators, no leading dot (so no '..'), no control characters,
+    at most 200 characters; else a CapsimUserError (exit 2)."""
+    bad = (
+        not name.strip()
+        or len(name) > 200
+        or name.startswith(".")
+        or any(c in name for c in "/\\")
+        or any(ord(c) < 32 for c in name)
+    )
+    if bad:
+        raise CapsimUserError(
+            f"{flag} {name!r} cannot name a file inside the output folder",
+            hint="use letters, digits, '-', '_' and '.', not starting with '.', no '/'",
+        )
+    return name
+
+
 def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
     """A CapsimUserError (exit 2) before any work when one of ``paths`` (what ``flag``
     writes) already exists and ``force`` is False, or is a folder where a file goes: capsim

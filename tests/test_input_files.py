@@ -161,3 +161,30 @@ def test_a_bad_url_or_address_is_exit_2():
             app, ["serve", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--port", str(port)]
         )
     assert r.exit_code == 2 and "cannot listen" in r.output, r.output
+
+
+def test_no_name_writes_outside_the_folder_named(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(
+        '{"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 2, '
+        '"num_attention_heads": 8, "vocab_size": 1000, "intermediate_size": 2048, '
+        '"max_position_embeddings": 4096}'
+    )
+    seed = Path(__file__).resolve().parent.parent / "calibration/published"
+    for name in ("../escape", "..", "a/b", ".hidden", "x\\y", "tab\tname"):
+        for args in (
+            ["models", "import-hf", str(config), "--name", name, "--out", str(folder)],
+            [
+                "calibrate",
+                str(seed / "seed002-rtx3090-moe-vs-dense.yaml"),
+                "--name",
+                name,
+                "--out",
+                str(folder),
+            ],
+        ):
+            r = runner.invoke(app, args)
+            assert r.exit_code == 2 and "--name" in r.output, (name, r.output)
+    assert not list(tmp_path.glob("*.yaml")) and not list(folder.rglob("*.yaml"))

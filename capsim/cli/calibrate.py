@@ -87,7 +87,10 @@ def calibrate_cmd(
             f"the datasets span {len(groups)} hardware classes ({', '.join(groups)})",
             hint="pass a folder to --out, or datasets of one class",
         )
-    from capsim.files import refuse_overwrite
+    from capsim.files import file_stem, refuse_overwrite
+
+    if name is not None:
+        file_stem(name, "--name")
 
     targets = [
         out if out.suffix == ".yaml" else out / f"{name or c + '-vllm'}.yaml" for c in groups

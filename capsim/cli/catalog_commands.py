@@ -311,8 +311,10 @@ def models_import_hf(
     """Write a model YAML from a Hugging Face config.json into a user catalog directory."""
     from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
     from capsim.catalog.loader import user_db_dirs
+    from capsim.files import file_stem
     from capsim.physics.parameters import parameter_breakdown
 
+    file_stem(name, "--name")
     model = model_from_hf_config(read_config(config), name, hf_id=hf_id, source=str(config))
     if out is None:
         env_dirs = user_db_dirs()
