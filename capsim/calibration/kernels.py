@@ -112,10 +112,6 @@ def load_json_dataset(path: Path, schema: type[DatasetT], what: str) -> DatasetT
     error naming ``what`` it should have been."""
     try:
         return schema.model_validate(json.loads(read_input_text(path, what)))
-    except FileNotFoundError:
-        raise CapsimUserError(
-            f"no kernel dataset at {path}", hint="see calibration/kernels/"
-        ) from None
     except ValueError as exc:  # bad JSON (JSONDecodeError) or a failed validation
         raise CapsimUserError(f"{path} is not a valid {what}: {exc}") from None
 

@@ -261,12 +261,13 @@ class Engine(Strict):
         limit = self.chunked_prefill_above_model_len
         return limit is None or max_model_len > limit
 
-    def for_model_len(self, max_model_len: int) -> Engine:
-        """This engine's defaults at ``max_model_len`` (tokens): where chunked prefill is off
-        at that length, steps do not mix prefills with decodes and the default budget is
+    def for_model_len(self, max_model_len: int | None) -> Engine:
+        """This engine's defaults at ``max_model_len`` (tokens; None or 0 where neither the
+        flag nor the model tells it: the engine as it is): where chunked prefill is off at
+        that length, steps do not mix prefills with decodes and the default budget is
         max(max_model_len, 2048) tokens (vLLM V0's SchedulerConfig), the sequence limit
         and CUDA graphs as the batch_defaults row gives them."""
-        if self.chunks_prefill(max_model_len):
+        if not max_model_len or self.chunks_prefill(max_model_len):
             return self
         rows = [
             row.model_copy(update={"max_num_batched_tokens": max(max_model_len, 2048)})

@@ -311,7 +311,7 @@ def models_import_hf(
     """Write a model YAML from a Hugging Face config.json into a user catalog directory."""
     from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
     from capsim.catalog.loader import user_db_dirs
-    from capsim.files import file_stem
+    from capsim.files import file_stem, refuse_overwrite
     from capsim.physics.parameters import parameter_breakdown
 
     file_stem(name, "--name")
@@ -319,8 +319,6 @@ def models_import_hf(
     if out is None:
         env_dirs = user_db_dirs()
         out = env_dirs[0] if env_dirs else Path("capsim-db")
-    from capsim.files import refuse_overwrite
-
     refuse_overwrite([out / "models" / f"{model.name}.yaml"], "--name", force)
     path = write_model_yaml(model, out)
     p = parameter_breakdown(model)

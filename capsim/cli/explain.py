@@ -95,9 +95,7 @@ def fit_cmd(
         enforce_eager=enforce_eager,
         include_mtp=mtp,
     )
-    eng = cat.engine(engine)
-    if max_model_len or m.max_position_embeddings:
-        eng = eng.for_model_len(max_model_len or m.max_position_embeddings)
+    eng = cat.engine(engine).for_model_len(max_model_len or m.max_position_embeddings)
     options = engine_fit_options(eng, g, **options)
     result = memory_fit(g, m, fmt, tp=tp, **options)
     if json_out:

@@ -207,11 +207,10 @@ def build_setup(
     else:
         dp = config.dp or 1
     spec = config.spec
-    engine = cat.engine(config.engine)
     # the server's max_model_len: the flag's, else the model's context (vLLM's default)
-    length = config.max_model_len or model.max_position_embeddings
-    if length:
-        engine = engine.for_model_len(length)
+    engine = cat.engine(config.engine).for_model_len(
+        config.max_model_len or model.max_position_embeddings
+    )
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
