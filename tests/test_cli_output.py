@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from capsim.cli import common
 from capsim.cli.main import app
+from tests.wall_clock import Check, judge_on_the_wall_clock
 
 runner = CliRunner()
 
@@ -324,10 +325,14 @@ def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_pa
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=30)
-    assert time.monotonic() - sent < 2.0
+    stopped_after = time.monotonic() - sent
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Exception" not in err, err
     (line,) = [line for line in err.splitlines() if line.startswith("interrupted:")]
     assert kept in line or "before the first" in line or "none of" in line, line
     if args == ["validate"] and "cover those" in line:
         assert "MAPE over" in out  # the finished part is printed
+    # within 2 s on a quiet host; up to 10 s is the host's (a busy two-core VM), and the
+    # bug this guards against (issue 47: calibrate took 60 s to stop) is far beyond
+    stop = Check("seconds to stop after Ctrl-C", stopped_after, 0.0, 2.0, relative=False)
+    judge_on_the_wall_clock(lambda i: [stop], noise_band=5.0, attempts=1)

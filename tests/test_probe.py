@@ -21,7 +21,7 @@ from capsim.probe.prometheus import (
 )
 from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
-from tests.wall_clock import cpu_share, host_was_busy
+from tests.wall_clock import Check, cpu_share, judge_on_the_wall_clock
 
 
 def start_mock(port: int, delay: float = 0.002) -> subprocess.Popen:
@@ -246,10 +246,24 @@ def test_simulator_on_probed_step_times_reproduces_batch_vs_closed(tmp_path):
     from capsim.engine.setup import measured_setup
     from capsim.engine.workloads import Workload
 
-    port = free_port()
-    proc = start_mock(port, delay=0.004)
-    try:
-        url = f"http://127.0.0.1:{port}"
+    def simulate(table) -> dict:
+        setup = measured_setup(table, kv_capacity_tokens=1 << 20, max_model_len=4096)
+        return {
+            kind: simulate_level(
+                setup,
+                Workload(
+                    kind=kind,
+                    concurrency=6,
+                    requests=24,
+                    input=parse_length("32"),
+                    output=parse_length("uniform:10,120"),
+                ),
+                seed=5,
+            ).metrics
+            for kind in ("closed", "batch")
+        }
+
+    def attempt(i: int) -> list[Check]:
         sweep = run_probe(
             ProbeConfig(
                 url=url,
@@ -259,13 +273,13 @@ def test_simulator_on_probed_step_times_reproduces_batch_vs_closed(tmp_path):
                 input_tokens=32,
                 output_tokens=60,
             ),
-            tmp_path / "sweep.json",
+            tmp_path / f"sweep-{i}.json",
         )
-        table = step_table_from_run(sweep)
+        simulated = simulate(step_table_from_run(sweep))
         # each workload twice, interleaved, keeping its faster run: other processes only
         # ever slow a wall-clock run down, so the faster one is the less disturbed
         measured, shares = {}, [cpu_share()]
-        for attempt in range(2):
+        for repeat in range(2):
             for kind in ("closed", "batch"):
                 run = run_probe(
                     ProbeConfig(
@@ -278,41 +292,29 @@ def test_simulator_on_probed_step_times_reproduces_batch_vs_closed(tmp_path):
                         output_tokens="uniform:10,120",
                         seed=5,
                     ),
-                    tmp_path / f"{kind}-{attempt}.json",
+                    tmp_path / f"{kind}-{i}-{repeat}.json",
                 )
                 metrics = run.levels[0].metrics
                 if kind not in measured or metrics.output_tok_s > measured[kind].output_tok_s:
                     measured[kind] = metrics
                 shares.append(cpu_share())
+        assert measured["batch"].output_tokens == simulated["batch"].output_tokens
+        measured_ratio = measured["batch"].output_tok_s / measured["closed"].output_tok_s
+        simulated_ratio = simulated["batch"].output_tok_s / simulated["closed"].output_tok_s
+        assert simulated_ratio < 0.95  # the batch tail costs throughput
+        label = f"batch/closed tok/s, measured vs simulated (cpu share {min(shares):.2f})"
+        return [Check(label, measured_ratio, simulated_ratio, 0.12, relative=False)]
+
+    port = free_port()
+    proc = start_mock(port, delay=0.004)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        # Quiet runs measure 0.79 against 0.825 simulated. A probe whose batch workload did
+        # not leave the tail to drain alone (ratio about 1.0) misses by 1.46 tolerances, so
+        # the noise band stops short of that; a busy host once measured 1.85.
+        judge_on_the_wall_clock(attempt, noise_band=1.4)
     finally:
         proc.kill()
-    setup = measured_setup(table, kv_capacity_tokens=1 << 20, max_model_len=4096)
-    simulated = {
-        kind: simulate_level(
-            setup,
-            Workload(
-                kind=kind,
-                concurrency=6,
-                requests=24,
-                input=parse_length("32"),
-                output=parse_length("uniform:10,120"),
-            ),
-            seed=5,
-        ).metrics
-        for kind in ("closed", "batch")
-    }
-    assert measured["batch"].output_tokens == simulated["batch"].output_tokens
-    measured_ratio = measured["batch"].output_tok_s / measured["closed"].output_tok_s
-    simulated_ratio = simulated["batch"].output_tok_s / simulated["closed"].output_tok_s
-    assert simulated_ratio < 0.95  # the batch tail costs throughput
-    quiet = measured_ratio < 0.95 and simulated_ratio == pytest.approx(measured_ratio, abs=0.12)
-    if not quiet and host_was_busy(shares):
-        pytest.xfail(
-            f"the host was busy (shares of a core {[round(x, 2) for x in shares]}): measured "
-            f"batch/closed {measured_ratio:.2f} against {simulated_ratio:.2f} simulated"
-        )
-    assert measured_ratio < 0.95
-    assert simulated_ratio == pytest.approx(measured_ratio, abs=0.12)
 
 
 def test_a_rebuilt_summary_is_complete_only_when_every_planned_level_finished(tmp_path):

@@ -5,6 +5,10 @@ on a busy host (issue 48), and must still fail on a quiet one."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
 
 BUSY_SHARE = 0.8
 """Below this share of a core (cpu_share) the host counts as busy."""
@@ -33,3 +37,51 @@ def wall_clock_tolerance(base: float, shares: list[float]) -> float:
 def host_was_busy(shares: list[float]) -> bool:
     """Whether any contention sample (cpu_share) found the host busy."""
     return min(shares) < BUSY_SHARE
+
+
+@dataclass(frozen=True)
+class Check:
+    """One wall-clock comparison: ``got`` against ``want`` within ``tolerance`` (a share of
+    ``want`` when ``relative``, else in ``got``'s units)."""
+
+    label: str
+    got: float
+    want: float
+    tolerance: float
+    relative: bool = True
+
+    @property
+    def misses_by(self) -> float:
+        """The error in tolerances: 1 or less holds."""
+        allowed = self.tolerance * (abs(self.want) if self.relative else 1.0)
+        return abs(self.got - self.want) / allowed
+
+    def __str__(self) -> str:
+        allowed = f"{100 * self.tolerance:.0f}%" if self.relative else f"{self.tolerance:g}"
+        return f"{self.label} {self.got:.4g} vs {self.want:.4g} (+-{allowed})"
+
+
+def judge_on_the_wall_clock(
+    attempt: Callable[[int], list[Check]], noise_band: float, attempts: int = 2
+) -> None:
+    """The one policy of the tests that run on the wall clock (issue 48: a test that
+    depends on this host's speed must not gate a landing, and must still catch a broken
+    mechanism). ``attempt(i)`` measures afresh and returns its checks. The test passes when
+    one attempt holds every check; when every attempt misses but the best one stays within
+    ``noise_band`` tolerances, it is an expected failure naming the figures (a two-core
+    virtual machine's steal time and scheduling jitter, which no contention sample sees,
+    moved clean-clone CI runs by 5-27% on quiet-looking hosts); beyond that it fails. Each
+    test sets ``noise_band`` below the miss its mechanism makes when broken, and says so."""
+    best: list[Check] | None = None
+    for i in range(attempts):
+        misses = [check for check in attempt(i) if check.misses_by > 1.0]
+        if not misses:
+            return
+        print(f"attempt {i + 1} missed: {[str(m) for m in misses]}")
+        if best is None or max(m.misses_by for m in misses) < max(m.misses_by for m in best):
+            best = misses
+    assert best is not None
+    figures = "; ".join(str(m) for m in best)
+    if max(m.misses_by for m in best) <= noise_band:
+        pytest.xfail(f"wall-clock noise, every attempt missed within {noise_band}x: {figures}")
+    pytest.fail(f"beyond {noise_band}x the tolerance on every attempt: {figures}")
