@@ -447,6 +447,32 @@ def test_parity_plot_tick_labels():
     ]
 
 
+def test_parity_panels_hold_one_quantity_each_and_mark_reference_points():
+    """Issue 48: the uncalibrated parity plot mixed tok/s and seconds on one axis."""
+    from types import SimpleNamespace
+
+    from capsim.cli.parity_plot import metric_panels
+
+    def point(metric, gpu, scored):
+        return SimpleNamespace(metric=metric, gpu=gpu, measured=1.0, predicted=2.0, scored=scored)
+
+    panels = metric_panels(
+        [
+            point("output_tok_s", "h200", True),
+            point("total_tok_s", "b200", False),
+            point("tpot_s", "h200", True),
+            point("decode_tok_s", "gb10", True),
+            point("ttft_s", "h200", False),
+        ]
+    )
+    assert panels == {
+        "throughput (tok/s)": [("h200", 1.0, 2.0, True), ("b200", 1.0, 2.0, False)],
+        "TPOT and ITL (s)": [("h200", 1.0, 2.0, True)],
+        "decode rate (tok/s)": [("gb10", 1.0, 2.0, True)],
+        "TTFT (s)": [("h200", 1.0, 2.0, False)],
+    }
+
+
 def test_validate_parity_plot(tmp_path):
     seed = "calibration/published/seed002-rtx3090-moe-vs-dense.yaml"
     png = tmp_path / "parity.png"

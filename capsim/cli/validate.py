@@ -30,7 +30,7 @@ from capsim.cli.common import (
     progress_bar,
     stop_on_ctrl_c,
 )
-from capsim.cli.parity_plot import plot_parity
+from capsim.cli.parity_plot import metric_panels, plot_parity
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 
@@ -466,8 +466,8 @@ def validate_cmd(
             ),
         }
         if plot_path is not None and not stopped:
-            title = "with --set" if overrides else "uncalibrated"
-            plot_parity({title: [(p.dataset, p.measured, p.predicted) for p in points]}, plot_path)
+            heading = ", with --set" if overrides else ", uncalibrated"
+            plot_parity(metric_panels(points), plot_path, heading)
         if json_out:
             print_json(
                 {
