@@ -64,14 +64,14 @@ record_run() {  # name port: with CAPSIM_RECORD_RUNS=1, write calibration/runs/c
 
 start_server tiny-qwen3 8301
 record_run tiny-qwen3 8301
-CAPSIM_LIVE_DENSE_URL=http://127.0.0.1:8301 "$ROOT/.venv/bin/python" -m pytest -m live \
+CAPSIM_LIVE_DENSE_URL=http://127.0.0.1:8301 "$ROOT/.venv/bin/python" -m pytest -n 0 -m live \
   tests/live -k dense -p no:cacheprovider -rxP
 stop_server
 
 start_server tiny-qwen3-moe 8302
 record_run tiny-qwen3-moe 8302
 CAPSIM_LIVE_MOE_URL=http://127.0.0.1:8302 CAPSIM_LIVE_MOE_PID=$PID \
-  "$ROOT/.venv/bin/python" -m pytest -m live tests/live -k "moe or killing" -p no:cacheprovider -rxP
+  "$ROOT/.venv/bin/python" -m pytest -n 0 -m live tests/live -k "moe or killing" -p no:cacheprovider -rxP
 stop_server
 
 # the llama server only serves the calibration loop, which a host without bf16 matrix units
@@ -79,7 +79,7 @@ stop_server
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo 2>/dev/null || [ ! -r /proc/cpuinfo ]; then
   start_server tiny-llama 8303
   record_run tiny-llama 8303
-  CAPSIM_LIVE_LLAMA_URL=http://127.0.0.1:8303 "$ROOT/.venv/bin/python" -m pytest -m live \
+  CAPSIM_LIVE_LLAMA_URL=http://127.0.0.1:8303 "$ROOT/.venv/bin/python" -m pytest -n 0 -m live \
     tests/live -k llama -p no:cacheprovider -rxP
 else
   echo "live: no amx_bf16 or avx512_bf16 on this host: the tiny-llama calibration loop is skipped"
