@@ -537,3 +537,39 @@ def test_version_prints_the_installed_version():
     r = invoke("--version")
     assert r.exit_code == 0
     assert r.stdout.strip() == f"capsim {version('capsim')}"
+
+
+PREDICT = ("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "-c", "1", "--requests", "4")
+GAMMA = ("--workload", "open", "--rate", "1", "--arrival", "gamma")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--turns", "3"), "--turns applies to --workload agents, not closed"),
+        (("--think-time", "2"), "--think-time applies to --workload agents"),
+        (("--rate", "2"), "--rate applies to --workload open, not closed"),
+        (("--rounds", "2"), "--rounds applies to --workload batch"),
+        (("--workload", "open", "--rate", "1", "--gamma-cv", "3"), "applies to --arrival gamma"),
+        (("--workload", "agents", "--rate", "1"), "--rate applies to --workload open, not agents"),
+        (("--tp", "1,,2"), "--tp '1,,2' has an empty item"),
+        (("--gpu", "rtx3090,"), "--gpu 'rtx3090,' has an empty item"),
+        (("--set", "layer_overhead_eager_us=inf"), "needs a finite number"),
+        (("--workload", "open", "--rate", "nan"), "positive and finite"),
+        ((*GAMMA, "--gamma-cv", "0"), "0.1 to 10"),
+        ((*GAMMA, "--gamma-cv", "nan"), "0.1 to 10"),
+    ],
+)
+def test_flags_that_do_not_apply_or_cannot_be_read_are_refused(args, words):
+    """Issue 47: a flag the workload ignores is an error (it used to run as if absent), and
+    values that divided by zero or ran on NaN are refused with exit 2."""
+    r = invoke(*PREDICT, *args)
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and "Traceback" not in r.output
+
+
+def test_flags_that_apply_run():
+    r = invoke(*PREDICT, "--workload", "agents", "--turns", "2", "--think-time", "1")
+    assert r.exit_code == 0, r.output
+    r = invoke(*PREDICT, *GAMMA, "--gamma-cv", "3")
+    assert r.exit_code == 0, r.output

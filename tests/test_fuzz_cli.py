@@ -161,8 +161,9 @@ def values(flag: str):
 
 
 def check(path: str, args: list[str]) -> None:
-    result = CliRunner().invoke(app, [*path.split(), *BASE[path], *args])
-    where = f"capsim {path} {' '.join(BASE[path] + args)}"
+    path, base = WORKLOAD_BASES[path][:2] if path in WORKLOAD_BASES else (path, BASE[path])
+    result = CliRunner().invoke(app, [*path.split(), *base, *args])
+    where = f"capsim {path} {' '.join(base + args)}"
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         f"{where}: {result.exception!r}"
     )
@@ -172,9 +173,56 @@ def check(path: str, args: list[str]) -> None:
         assert result.stderr.strip(), f"{where}: exit 2 without a message"
 
 
+WORKLOAD_BASES: dict[str, tuple[str, list[str], list[str]]] = {
+    "predict@open": (
+        "predict",
+        [
+            "--gpu",
+            "rtx3090",
+            "--model",
+            "qwen3-8b",
+            "--workload",
+            "open",
+            "--rate",
+            "2",
+            "--arrival",
+            "gamma",
+            "--requests",
+            "8",
+            "--output-tokens",
+            "32",
+        ],
+        ["--rate", "--gamma-cv", "--arrival", "--requests"],
+    ),
+    "predict@agents": (
+        "predict",
+        [
+            "--gpu",
+            "rtx3090",
+            "--model",
+            "qwen3-8b",
+            "--workload",
+            "agents",
+            "--concurrency",
+            "2",
+            "--turns",
+            "2",
+            "--requests",
+            "4",
+            "--output-tokens",
+            "16",
+        ],
+        ["--turns", "--think-time", "--tool-tokens", "--concurrency"],
+    ),
+}
+"""The flags that only a workload other than the default reads, fuzzed under that workload
+(issue 47: --gamma-cv 0 with gamma arrivals divided by zero; the default closed workload
+never read it). Name: (command, quick arguments, the flags fuzzed)."""
+
 CASES = [(path, param.opts[0]) for path in sorted(BASE) for param in command_params(path)] + [
     (path, None) for path in sorted(BASE) if not command_params(path)
 ]
+CASES += [(name, flag) for name, (_, _, flags) in WORKLOAD_BASES.items() for flag in flags]
 
 
 @pytest.mark.parametrize(("path", "flag"), CASES, ids=[f"{p}:{f}" for p, f in CASES])

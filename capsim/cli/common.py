@@ -159,8 +159,10 @@ PriorWeightOption = Annotated[
     typer.Option(
         "--prior-weight",
         min=0.0,
+        max=1000.0,
         help="Pull each fitted parameter towards its prior: moving it across its whole "
-        "range costs like one point this far off in log units (default 0, off)",
+        "range costs like one point this far off in log units (default 0, off; at most "
+        "1000, which holds every parameter at its prior)",
     ),
 ]
 AcceptFailuresOption = Annotated[
@@ -207,6 +209,8 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
             overrides[name] = float(text)
         except ValueError:
             raise CapsimUserError(f"--set {name} needs a number, not '{text}'") from None
+        if not math.isfinite(overrides[name]):
+            raise CapsimUserError(f"--set {name} needs a finite number, not '{text.strip()}'")
     try:
         EfficiencyParams().with_overrides(overrides)
     except ValidationError as exc:
@@ -542,3 +546,38 @@ def fitted_table(
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     return table
+
+
+WORKLOAD_FLAGS = {
+    "rate": ("--rate", ("open",)),
+    "arrival": ("--arrival", ("open",)),
+    "gamma_cv": ("--gamma-cv", ("open",)),
+    "turns": ("--turns", ("agents",)),
+    "think_time": ("--think-time", ("agents",)),
+    "tool_tokens": ("--tool-tokens", ("agents",)),
+    "orchestrator": ("--orchestrator", ("agents",)),
+    "trace": ("--trace", ("trace",)),
+    "rounds": ("--rounds", ("batch",)),
+}
+"""Workload flags (parameter name: flag, the workloads it shapes): given with another
+workload, they would be ignored."""
+
+
+def refuse_inapplicable_flags(ctx, workload: str, arrival: str = "poisson") -> None:
+    """A workload flag the user typed that the chosen workload ignores is an error, not a
+    silent no-op (``--turns 8 --workload closed`` would run one-turn requests)."""
+    for name, (flag, workloads) in WORKLOAD_FLAGS.items():
+        # by name: typer carries its own copy of click's ParameterSource
+        source = ctx.get_parameter_source(name) if name in ctx.params else None
+        if getattr(source, "name", None) not in ("COMMANDLINE", "ENVIRONMENT"):
+            continue
+        if workload not in workloads:
+            raise CapsimUserError(
+                f"{flag} applies to --workload {' or '.join(workloads)}, not {workload}",
+                hint=f"drop {flag}, or use --workload {workloads[0]}",
+            )
+        if name == "gamma_cv" and arrival != "gamma":
+            raise CapsimUserError(
+                "--gamma-cv applies to --arrival gamma, not poisson",
+                hint="add --arrival gamma (Poisson arrivals have a CV of 1)",
+            )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ from capsim.cli.common import (
     parse_overrides,
     predict_config,
     progress_bar,
+    refuse_inapplicable_flags,
     resolve_models,
     spec_config,
 )
@@ -81,13 +83,22 @@ def parse_rates(text: str) -> list[float]:
         rates = [float(v) for v in text.split(",")]
     except ValueError:
         raise CapsimUserError(f"malformed --rate '{text}'", hint="e.g. --rate 0.5,1,2") from None
-    if any(r <= 0 for r in rates):
-        raise CapsimUserError("--rate values must be positive (requests per second)")
+    if not all(0 < r < math.inf for r in rates):  # NaN fails too
+        raise CapsimUserError(
+            f"--rate values must be positive and finite (requests per second), not '{text}'"
+        )
     return rates
 
 
-def split_list(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
+def split_list(text: str, flag: str = "a list") -> list[str]:
+    """Comma-separated values, each stripped; an empty item (two commas, a comma at an
+    end) is an error naming ``flag``."""
+    values = [v.strip() for v in text.split(",")]
+    if not all(values):
+        raise CapsimUserError(
+            f"{flag} '{text}' has an empty item", hint="separate values by single commas"
+        )
+    return values
 
 
 def predict_with_progress(config, cat) -> PredictResult:
@@ -107,6 +118,7 @@ def predict_with_progress(config, cat) -> PredictResult:
 
 
 def predict_cmd(
+    ctx: typer.Context,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name(s), comma-separated")],
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
     quant: Annotated[str | None, typer.Option("--quant", help="Weight format(s)")] = None,
@@ -116,28 +128,45 @@ def predict_cmd(
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
     tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel size(s)")] = "1",
     dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel replicas")] = None,
-    interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
+    interconnect: Annotated[
+        str, typer.Option("--interconnect", help="GPU links: auto, pcie or nvlink")
+    ] = "auto",
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto, fp8 (list ok)")] = "auto",
     workload: Annotated[
         str, typer.Option("--workload", help="closed, batch, agents, open, trace")
     ] = "closed",
-    requests: Annotated[int | None, typer.Option("--requests", help="Requests per level")] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option(
+            "--requests",
+            help="Requests per level [default: 8 x the level, at least 32; batch: rounds x C]",
+        ),
+    ] = None,
     rounds: Annotated[
         int, typer.Option("--rounds", help="Batch workload: rounds per level (default 4)")
     ] = 4,
     input_tokens: Annotated[
         str, typer.Option("--input-tokens", help="N or uniform:A,B / normal: / lognormal:")
     ] = "1024",
-    output_tokens: Annotated[str, typer.Option("--output-tokens")] = "512",
+    output_tokens: Annotated[
+        str, typer.Option("--output-tokens", help="Output tokens: N or a distribution, as above")
+    ] = "512",
     rate: Annotated[
         str | None, typer.Option("--rate", help="Open-loop arrivals per second (list ok)")
     ] = None,
     arrival: Annotated[str, typer.Option("--arrival", help="poisson or gamma")] = "poisson",
-    gamma_cv: Annotated[float, typer.Option("--gamma-cv")] = 2.0,
+    gamma_cv: Annotated[
+        float,
+        typer.Option("--gamma-cv", help="Open workload, --arrival gamma: CV of the gaps, 0.1-10"),
+    ] = 2.0,
     turns: Annotated[int, typer.Option("--turns", help="Agent turns")] = 4,
     think_time: Annotated[str, typer.Option("--think-time", help="Seconds")] = "0",
-    tool_tokens: Annotated[str, typer.Option("--tool-tokens")] = "256",
-    orchestrator: Annotated[bool, typer.Option("--orchestrator")] = False,
+    tool_tokens: Annotated[
+        str, typer.Option("--tool-tokens", help="Agents: tool-result tokens added each turn")
+    ] = "256",
+    orchestrator: Annotated[
+        bool, typer.Option("--orchestrator", help="Agents: one extra orchestrating agent")
+    ] = False,
     trace: Annotated[Path | None, typer.Option("--trace", help="JSONL trace")] = None,
     max_num_seqs: MaxNumSeqsOption = None,
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
@@ -197,21 +226,22 @@ def predict_cmd(
         )
     if arrival not in ("poisson", "gamma"):
         raise CapsimUserError(f"unknown arrival process '{arrival}'", hint="poisson or gamma")
+    refuse_inapplicable_flags(ctx, workload, arrival)
     levels = parse_levels(concurrency) if workload != "open" else [1]
     rates = parse_rates(rate) if rate else []
     spec_cfg = spec_config(spec, spec_acceptance)
     overrides = parse_overrides(set_values)
     try:
-        tps = [int(v) for v in split_list(tp)]
+        tps = [int(v) for v in split_list(tp, "--tp")]
     except ValueError:
         raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
-    cat, models = resolve_models(cat, split_list(model))
+    cat, models = resolve_models(cat, split_list(model, "--model"))
     combos = itertools.product(
-        split_list(gpu),
+        split_list(gpu, "--gpu"),
         models,
-        split_list(quant) if quant else [None],
+        split_list(quant, "--quant") if quant else [None],
         tps,
-        split_list(kv_dtype),
+        split_list(kv_dtype, "--kv-dtype"),
     )
     results = []
     for g, m, q, t, kv in combos:

@@ -24,6 +24,7 @@ A seeded numpy Generator draws every length and time, so the same seed gives the
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -81,6 +82,12 @@ def read_trace(path: Path) -> list[TraceEntry]:
     return sorted(entries, key=lambda e: e.arrival)
 
 
+GAMMA_CV_RANGE = (0.1, 10.0)
+"""Coefficients of variation of gamma inter-arrival times the open workload takes: shape
+1/CV^2 from 100 (nearly evenly spaced) to 0.01 (a few huge bursts); beyond, the draws
+degenerate in floating point (a CV of 0 divides by zero)."""
+
+
 @dataclass
 class Workload:
     """One load level's workload."""
@@ -114,8 +121,17 @@ class Workload:
                 f"--requests {self.requests} is not a multiple of concurrency {self.concurrency}",
                 hint="batch rounds send C requests at a time; use a multiple of each level",
             )
-        if self.kind == "open" and (self.rate is None or self.rate <= 0):
-            raise CapsimUserError("the open workload needs --rate > 0 (requests per second)")
+        if self.kind == "open" and not (self.rate is not None and 0 < self.rate < math.inf):
+            raise CapsimUserError(
+                "the open workload needs a finite --rate > 0 (requests per second)"
+            )
+        if self.kind == "open" and self.arrival == "gamma":
+            low, high = GAMMA_CV_RANGE
+            if not low <= self.gamma_cv <= high:  # NaN fails too
+                raise CapsimUserError(
+                    f"--gamma-cv {self.gamma_cv:g} is out of range: give {low:g} to {high:g}",
+                    hint="1 is Poisson's burstiness; 2 to 4 are bursty agent swarms",
+                )
         if self.kind == "agents" and self.turns < 1:
             raise CapsimUserError("--turns must be at least 1")
         if self.kind == "trace" and not self.trace:
