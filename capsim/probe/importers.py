@@ -16,7 +16,9 @@ concurrency limit.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,9 @@ def _require(data: dict, keys: tuple[str, ...], path: Path, tool: str) -> None:
         )
 
 
-def import_vllm_bench(path: Path) -> tuple[RunHeader, list[LevelSummary], list[RequestRecord]]:
+def import_vllm_bench(
+    path: Path,
+) -> tuple[RunHeader, Callable[[], list[LevelSummary]], Iterator[RequestRecord]]:
     d = _read(path)
     if not isinstance(d, dict):
         raise CapsimUserError(f"'{path}' does not hold a vllm bench result object")
@@ -77,27 +81,35 @@ def import_vllm_bench(path: Path) -> tuple[RunHeader, list[LevelSummary], list[R
         )
 
     e2e = metric("e2el_ms", 1e-3)
-    per_request = None
-    records: list[RequestRecord] = []
-    if d.get("ttfts") and d.get("output_lens"):
-        itls = d.get("itls") or [[] for _ in d["ttfts"]]
-        for i, (ttft, out) in enumerate(zip(d["ttfts"], d["output_lens"], strict=False)):
+    rates: list[float] = []  # each ok request's output tok/s, gathered as records stream
+
+    def records() -> Iterator[RequestRecord]:
+        """One record per request, made as the writer asks (a detailed result of many
+        thousand requests is never held as records all at once)."""
+        ttfts = d.get("ttfts") or []
+        if not (ttfts and d.get("output_lens")):
+            return
+        itls = d.get("itls") or []
+        input_lens = d.get("input_lens") or []
+        errors = d.get("errors") or []
+        for i, (ttft, out) in enumerate(zip(ttfts, d["output_lens"], strict=False)):
             gaps = itls[i] if i < len(itls) else []
-            finish = ttft + sum(gaps)
-            records.append(
-                RequestRecord(
-                    request_id=f"vllm-bench-{i}",
-                    send=0.0,
-                    first_token=ttft,
-                    finish=finish,
-                    input_tokens=int((d.get("input_lens") or [0] * len(d["ttfts"]))[i]),
-                    output_tokens=int(out),
-                    chunk_times=[ttft + sum(gaps[:k]) for k in range(len(gaps) + 1)],
-                    chunk_tokens=[1] * (len(gaps) + 1),
-                    error=(d.get("errors") or [None] * len(d["ttfts"]))[i] or None,
-                )
+            chunk_times = list(itertools.accumulate(gaps, initial=ttft))
+            record = RequestRecord(
+                request_id=f"vllm-bench-{i}",
+                send=0.0,
+                first_token=ttft,
+                finish=chunk_times[-1],
+                input_tokens=int(input_lens[i]) if i < len(input_lens) else 0,
+                output_tokens=int(out),
+                chunk_times=chunk_times,
+                chunk_tokens=[1] * len(chunk_times),
+                error=(errors[i] if i < len(errors) else None) or None,
             )
-        per_request = Distribution.of(r.output_tok_s for r in records if r.ok)
+            if record.ok:
+                rates.append(record.output_tok_s)
+            yield record
+
     duration = float(d["duration"])
     metrics = LevelMetrics(
         concurrency=int(concurrency) or None,
@@ -112,7 +124,7 @@ def import_vllm_bench(path: Path) -> tuple[RunHeader, list[LevelSummary], list[R
         total_tok_s=float(d.get("total_token_throughput", 0.0)),
         prefill_tok_s=float(d.get("total_input_tokens", 0)) / duration if duration else 0.0,
         request_throughput=float(d.get("request_throughput", 0.0)),
-        per_request_output_tok_s=per_request or _dist(),
+        per_request_output_tok_s=_dist(),
         ttft_ms=metric("ttft_ms"),
         tpot_ms=metric("tpot_ms"),
         itl_ms=metric("itl_ms"),
@@ -132,8 +144,14 @@ def import_vllm_bench(path: Path) -> tuple[RunHeader, list[LevelSummary], list[R
             "request_rate": d.get("request_rate"),
         },
     )
-    level = LevelSummary(concurrency=int(concurrency or 0), run=0, metrics=metrics)
-    return header, [level], records
+
+    def levels() -> list[LevelSummary]:
+        """The level, once the records have been read (their per-request rates)."""
+        if rates:
+            metrics.per_request_output_tok_s = Distribution.of(rates)
+        return [LevelSummary(concurrency=int(concurrency or 0), run=0, metrics=metrics)]
+
+    return header, levels, records()
 
 
 def import_guidellm(path: Path) -> tuple[RunHeader, list[LevelSummary], list[RequestRecord]]:
@@ -268,10 +286,12 @@ def import_results(kind: str, path: Path, out: Path) -> RunSummary:
     if kind not in IMPORTERS:
         raise CapsimUserError(f"unknown result format '{kind}'", hint="use " + ", ".join(FORMATS))
     header, levels, records = IMPORTERS[kind](path)
-    writer = RunWriter(out, header)
+    writer = RunWriter(out, header, durable=False)
+    concurrency = header.concurrency[0] if header.concurrency else 0
     for record in records:
-        writer.request(record, levels[0].concurrency, 0)
-    for level in levels:
+        writer.request(record, concurrency, 0)
+    # an importer that streams its records gives its levels once they are read
+    for level in levels() if callable(levels) else levels:
         writer.add_level(level)
     writer.close(complete=True)
     return writer.summary

@@ -173,9 +173,15 @@ class RunSummary(BaseModel):
 
 
 class RunWriter:
-    """Appends events to NAME.jsonl as they arrive and keeps NAME.json current."""
+    """Appends events to NAME.jsonl as they arrive and keeps NAME.json current.
 
-    def __init__(self, out: Path, header: RunHeader):
+    ``durable`` (a live probe): every event reaches the disk before the next (fsync), so a
+    crash or a kill loses no measurement. An import, whose source file is already on disk,
+    passes False: the log is synced once when it closes (600,000 per-record fsyncs were
+    58 of the 105 s a 37 MB vllm-bench file took)."""
+
+    def __init__(self, out: Path, header: RunHeader, durable: bool = True):
+        self.durable = durable
         if out.suffix not in (".json", ".jsonl"):
             out = out.with_suffix(".json")
         self.summary_path = out.with_suffix(".json")
@@ -188,8 +194,9 @@ class RunWriter:
 
     def event(self, obj: dict[str, Any]) -> None:
         self._log.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._log.flush()
-        os.fsync(self._log.fileno())
+        if self.durable:
+            self._log.flush()
+            os.fsync(self._log.fileno())
 
     def request(self, record: RequestRecord, concurrency: int, run: int) -> None:
         self.event(
@@ -213,8 +220,10 @@ class RunWriter:
 
     def close(self, complete: bool) -> None:
         self.summary.complete = complete
-        self.write_summary()
+        self._log.flush()
+        os.fsync(self._log.fileno())
         self._log.close()
+        self.write_summary()
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
