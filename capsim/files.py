@@ -55,12 +55,9 @@ def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
             )
 
 
-def read_input_text(path: Path | str, what: str = "file", max_bytes: int = MAX_INPUT_BYTES) -> str:
-    """The UTF-8 text of the user's file ``path`` (``what`` names it in errors: 'profile',
-    'dataset'): a CapsimUserError (exit 2) for a path that does not exist, a folder, a
-    device, pipe or socket (which could block or never end), a file over ``max_bytes``
-    (refused before reading), one that cannot be read, or bytes that are not UTF-8 text."""
-    path = Path(path)
+def read_input_text_checks(path: Path, what: str, max_bytes: int) -> None:
+    """read_input_text's checks before reading: the path exists, is a regular file (not a
+    folder, device, pipe or socket) and is at most ``max_bytes``."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -79,6 +76,15 @@ def read_input_text(path: Path | str, what: str = "file", max_bytes: int = MAX_I
             f"{what} '{path}' is {info.st_size / 2**20:,.1f} MB, more than the "
             f"{max_bytes / 2**20:,.0f} MB capsim reads",
         )
+
+
+def read_input_text(path: Path | str, what: str = "file", max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of the user's file ``path`` (``what`` names it in errors: 'profile',
+    'dataset'): a CapsimUserError (exit 2) for a path that does not exist, a folder, a
+    device, pipe or socket (which could block or never end), a file over ``max_bytes``
+    (refused before reading), one that cannot be read, or bytes that are not UTF-8 text."""
+    path = Path(path)
+    read_input_text_checks(path, what, max_bytes)
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
@@ -99,6 +105,32 @@ def read_input_text(path: Path | str, what: str = "file", max_bytes: int = MAX_I
             "it is not a text file"
         )
     return text
+
+
+def iter_input_lines(path: Path | str, what: str = "file", max_bytes: int = MAX_INPUT_BYTES):
+    """The lines of the user's text file ``path``, read one at a time (a long run log is
+    never held whole): the checks of read_input_text on the path and its size up front,
+    then each line's UTF-8 and NUL bytes as it is read."""
+    path = Path(path)
+    read_input_text_checks(path, what, max_bytes)
+    try:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            read = 0
+            for number, line in enumerate(f, 1):
+                read += len(line)
+                if read > max_bytes:  # it grew while we read
+                    raise CapsimUserError(
+                        f"{what} '{path}' is more than the {max_bytes >> 20} MB capsim reads"
+                    )
+                if "\x00" in line:
+                    raise CapsimUserError(
+                        f"{what} '{path}' holds NUL bytes (line {number}): it is not a text file"
+                    )
+                yield line
+    except UnicodeDecodeError:
+        raise CapsimUserError(f"{what} '{path}' is not UTF-8 text: is it a binary file?") from None
+    except OSError as exc:
+        raise CapsimUserError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
 
 
 def write_text_atomic(path: Path, text: str) -> Path:

@@ -188,3 +188,24 @@ def test_no_name_writes_outside_the_folder_named(tmp_path):
             r = runner.invoke(app, args)
             assert r.exit_code == 2 and "--name" in r.output, (name, r.output)
     assert not list(tmp_path.glob("*.yaml")) and not list(folder.rglob("*.yaml"))
+
+
+def test_a_hostile_run_log_is_refused_line_by_line_with_exit_2(tmp_path):
+    """The run log is read a line at a time (a 119 MB log took 1.2 GB when read whole and
+    kept as events, 0.6 GB now); the reader's checks hold there too."""
+    from capsim.files import MAX_LOG_BYTES
+
+    logs = {
+        "not UTF-8 text": b'{"type": "header"}\n' + bytes(range(128, 256)) + b"\n",
+        "NUL bytes (line 2)": b'{"type": "header"}\n{"a": 1}\x00\n',
+    }
+    for reason, content in logs.items():
+        path = tmp_path / f"{len(content)}.jsonl"
+        path.write_bytes(content)
+        r = runner.invoke(app, ["probe", "summarize", str(path)])
+        assert r.exit_code == 2 and reason in r.output, r.output
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:  # sparse: no disk is spent
+        f.truncate(MAX_LOG_BYTES + 1)
+    r = runner.invoke(app, ["probe", "summarize", str(big)])
+    assert r.exit_code == 2 and "more than the 128 MB" in r.output, r.output

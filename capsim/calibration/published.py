@@ -281,7 +281,7 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
     from capsim.probe.prometheus import acceptance_per_position
     from capsim.probe.runfile import check_failure_share, load_run
 
-    summary, _ = load_run(path)
+    summary, _ = load_run(path, events=False)
     check_failure_share(summary, path, accept_failures)
     h = summary.header
     dep = h.deployment

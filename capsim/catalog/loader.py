@@ -80,10 +80,21 @@ def load_yaml_text(text: str):
     cache needs none."""
     import yaml
 
+    if len(text) > MAX_YAML_CHARS:
+        raise yaml.YAMLError(
+            f"the document is {len(text) / 2**20:.1f} MB, above the {MAX_YAML_CHARS // 2**20} MB "
+            "capsim parses as YAML (its own datasets and catalog files are under 100 kB)"
+        )
     data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     check_expansion(data)
     return data
 
+
+MAX_YAML_CHARS = 4 * 2**20
+"""Longest YAML text parsed: a parsed document takes about 100 bytes of memory per byte of
+text (10 MB of points: 1.07 GB and 28 s before the value count refused it), so this keeps a
+YAML file under about 400 MB of memory (issue 47: under 1 GB for any file accepted). The
+largest file capsim ships is 97 kB."""
 
 MAX_DOCUMENT_VALUES = 2_000_000
 """Most values (mappings, lists, scalars, counted every time an alias repeats them) a

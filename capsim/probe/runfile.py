@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -226,18 +227,21 @@ class RunWriter:
         self.write_summary()
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a run's JSONL (a torn last line from a crash is skipped)."""
-    from capsim.files import MAX_LOG_BYTES, read_input_text
+def iter_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Every complete line of a run's JSONL, one at a time (a torn last line from a crash
+    is skipped; a long log is never held whole)."""
+    from capsim.files import MAX_LOG_BYTES, iter_input_lines
 
-    events = []
-    lines = read_input_text(path, "run log", MAX_LOG_BYTES).splitlines()
-    for line in lines:
+    for line in iter_input_lines(path, "run log", MAX_LOG_BYTES):
         try:
-            events.append(json.loads(line))
+            yield json.loads(line)
         except json.JSONDecodeError:
             continue
-    return events
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a run's JSONL (iter_events, as a list)."""
+    return list(iter_events(path))
 
 
 def summarize_log(path: Path) -> RunSummary:
@@ -246,14 +250,12 @@ def summarize_log(path: Path) -> RunSummary:
     aggregates of an imported run, which has no request records to rebuild them from),
     then every level cut off before it finished, from its request records. The run is
     complete when every level its header planned (each concurrency, each run) finished."""
-    events = read_events(path.with_suffix(".jsonl"))
-    headers = [e for e in events if e.get("type") == "header"]
-    if not headers:
-        raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
-    header = RunHeader.model_validate({k: v for k, v in headers[0].items() if k != "type"})
+    first_header: dict[str, Any] | None = None
     groups: dict[tuple[int, int], list[RequestRecord]] = {}
     finished: dict[tuple[int, int], dict[str, Any]] = {}  # each level event, by level
-    for e in events:
+    for e in iter_events(path.with_suffix(".jsonl")):  # one pass, no event kept whole
+        if e.get("type") == "header" and first_header is None:
+            first_header = e
         if e.get("type") == "level":
             finished[(int(e["concurrency"]), int(e.get("run", 0)))] = e
         if e.get("type") != "request":
@@ -267,6 +269,9 @@ def summarize_log(path: Path) -> RunSummary:
                 f"'{path}': request {record.get('request_id')!r} is not a capsim record: "
                 f"{str(exc).splitlines()[0]}"
             ) from None
+    if first_header is None:
+        raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
+    header = RunHeader.model_validate({k: v for k, v in first_header.items() if k != "type"})
     levels = []
     for c, run in sorted(set(groups) | set(finished)):
         event = finished.get((c, run), {})
@@ -288,8 +293,9 @@ def summarize_log(path: Path) -> RunSummary:
     return RunSummary(header=header, levels=levels, complete=complete)
 
 
-def load_run(path: Path) -> tuple[RunSummary, list[dict[str, Any]]]:
-    """A run's summary (rebuilt from the log if the summary is missing) and its events."""
+def load_run(path: Path, events: bool = True) -> tuple[RunSummary, list[dict[str, Any]]]:
+    """A run's summary (rebuilt from the log if the summary is missing) and its events
+    (none read when ``events`` is False: a caller that needs only the summary)."""
     summary_path = path.with_suffix(".json")
     log_path = path.with_suffix(".jsonl")
     if summary_path.exists():
@@ -304,5 +310,4 @@ def load_run(path: Path) -> tuple[RunSummary, list[dict[str, Any]]]:
         summary = summarize_log(log_path)
     else:
         raise CapsimUserError(f"run '{path}' not found (looked for .json and .jsonl)")
-    events = read_events(log_path) if log_path.exists() else []
-    return summary, events
+    return summary, read_events(log_path) if events and log_path.exists() else []
