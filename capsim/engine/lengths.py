@@ -29,6 +29,11 @@ import numpy as np
 from capsim.errors import CapsimUserError
 from capsim.files import read_input_text
 
+MAX_LENGTHS_FILE_BYTES = 8 * 2**20
+"""Largest lengths file read (``file:PATH``): about a million numbers, far more than an
+empirical distribution needs to be resampled, in about 300 MB of memory (a 45 MB file of
+nine million took 1.85 GB; issue 47: under 1 GB for any file accepted)."""
+
 KINDS = ("fixed", "uniform", "normal", "lognormal", "file")
 Z_999 = 3.090232306167813
 """Standard normal quantile of 0.999: where normal and lognormal draws are truncated."""
@@ -119,7 +124,7 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
         kind = kind.lower()
         if kind == "file":
             path = Path(rest)
-            content = read_input_text(path, f"{what} file")
+            content = read_input_text(path, f"{what} file", MAX_LENGTHS_FILE_BYTES)
             try:
                 numbers = json.loads(content)
             except json.JSONDecodeError:
