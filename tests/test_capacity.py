@@ -120,3 +120,32 @@ def test_a_hybrid_model_on_sglang_is_limited_by_its_state_pool():
     answer = capacity(sync, Objectives(max_ttft_p90_s=2.0), CAT)
     assert answer.limiter == "recurrent-state pool"
     assert not any("--disable-overlap-schedule" in s for s in answer.suggestions)
+
+
+def test_a_ttft_bound_answer_names_the_cause_and_checks_each_change_in_the_simulator():
+    """Issue 45: a TTFT objective that binds gets its cause (against one agent alone) and
+    the changes that could move it, each rerun at the first failing level."""
+    config = PredictConfig(
+        gpu="h100-sxm", model="llama-3.1-8b", input_tokens="2048", output_tokens="128"
+    )
+    answer = capacity(config, Objectives(max_ttft_p90_s=0.3), CAT)
+    miss = next(p for p in answer.curve if p.concurrency == answer.max_concurrency + 1)
+    lone = next(p for p in answer.curve if p.concurrency == 1)
+    assert miss.ttft_mean_s > 1.5 * lone.ttft_mean_s  # the other agents' prompts, a wave
+    assert answer.ttft_cause.startswith("prompts that arrive together share the prefill")
+    labels = [c.split(":")[0] for c in answer.checked_changes]
+    assert labels == [
+        "--max-num-batched-tokens 16384",
+        "another replica (--gpus 2)",
+        "a prompt half as long (--input-tokens 1024)",
+    ]
+    # a second replica halves the agents each one serves: the rerun says it meets the SLO
+    replica = answer.checked_changes[1]
+    assert f"at {miss.concurrency} agents, meets every objective" in replica
+    after = float(replica.split("-> ")[1].split(" s")[0])
+    assert after < miss.ttft_p90_s
+
+
+def test_an_answer_bound_by_throughput_has_no_ttft_diagnosis():
+    answer = capacity(PredictConfig(**BASE), Objectives(min_agent_tok_s=60), CAT)
+    assert answer.ttft_cause is None and answer.checked_changes == []

@@ -160,6 +160,10 @@ def capacity_cmd(
         else:
             console.print(f"[bold]{label} cannot serve even one agent[/] within the objectives.")
         console.print(f"binding: {a.binding} (the engine is limited by {a.limiter})")
+        if a.ttft_cause:
+            console.print(f"first tokens are late because {a.ttft_cause}", highlight=False)
+            for change in a.checked_changes:
+                console.print(f"  checked in the simulator: {change}", highlight=False)
         for s in a.suggestions:
             console.print(f"  to serve more: {s}", highlight=False)
         for n in a.notes:

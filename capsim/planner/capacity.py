@@ -60,6 +60,8 @@ class CapacityPoint:
     e2e_p90_s: float
     peak_kv_usage: float
     preemptions: int
+    ttft_mean_s: float = math.nan  # steady-state mean time to first token
+    queueing_mean_s: float = math.nan  # of which waiting before the engine first schedules it
     misses: list[str] = field(default_factory=list)  # the objectives it misses
     band_source: str | None = None  # where the level's bands come from
 
@@ -82,6 +84,8 @@ class CapacityAnswer:
     suggestions: list[str]
     curve: list[CapacityPoint]
     notes: list[str] = field(default_factory=list)
+    ttft_cause: str | None = None  # why the first failing level's first tokens are late
+    checked_changes: list[str] = field(default_factory=list)  # each rerun in the simulator
 
 
 def _steady(values: np.ndarray, q: float) -> float:
@@ -104,6 +108,7 @@ def measure_point(
     e2e = np.array([r.e2e for r in done], dtype=float)
     tpot = np.array([r.tpot for r in done if r.tpot is not None], dtype=float)
     rates = np.array([r.output_tokens / r.e2e for r in done if r.e2e], dtype=float)
+    queueing = np.array([r.queueing for r in done if r.queueing is not None], dtype=float)
     point = CapacityPoint(
         concurrency=c,
         agent_tok_s=float(rates.mean()) if rates.size else 0.0,
@@ -113,6 +118,8 @@ def measure_point(
         e2e_p90_s=_steady(e2e, 90),
         peak_kv_usage=level.peak_kv_usage,
         preemptions=level.preemptions,
+        ttft_mean_s=float(ttft.mean()) if ttft.size else math.nan,
+        queueing_mean_s=float(queueing.mean()) if queueing.size else math.nan,
         band_source=level.band_source,
     )
     factor = pessimistic_factors(level) if pessimistic else {}
@@ -200,7 +207,17 @@ def capacity(
             f"every level up to {good} agents meets the objectives; beyond "
             f"{4 * engine_seqs} agents the engine only queues them"
         )
+    ttft_cause, checked = None, []
+    if first_miss is not None and any(m.startswith("TTFT") for m in first_miss.misses):
+        lone = cache[1].ttft_mean_s  # the search always starts with one agent
+        ttft_cause, changes = _ttft_cause(first_miss, lone, limiter, setup, config)
+        checked = [
+            _rerun(config, catalog, objectives, pessimistic, first_miss, label, update)
+            for label, update in changes
+        ]
     return CapacityAnswer(
+        ttft_cause=ttft_cause,
+        checked_changes=checked,
         gpu=setup.gpu.name,
         model=setup.model.name,
         quant=setup.fmt.name,
@@ -277,3 +294,113 @@ def _suggestions(limiter: str, setup, config: PredictConfig, catalog: Catalog) -
     else:
         out.append(f"the step is bound by {limiter}: a faster host or fewer, larger steps")
     return out
+
+
+QUEUED_SHARE = 0.5
+"""Share of the mean time to first token spent waiting before the engine first schedules a
+request from which a TTFT miss counts as queueing rather than the prefill itself."""
+
+
+LONE_MARGIN = 1.5
+"""A level whose mean time to first token is within this factor of one agent's alone is
+late because of the prompt's own prefill, not the other agents."""
+
+
+def _ttft_cause(point: CapacityPoint, lone: float, limiter: str, setup, config: PredictConfig):
+    """Why the first tokens of ``point``'s level are late (against ``lone``, one agent's
+    mean time to first token alone, s), and the changes that could move them (label,
+    PredictConfig update), for _rerun to check."""
+    scheduler = setup.scheduler
+    budget = scheduler.max_num_batched_tokens
+    gpus = setup.dp * config.tp
+    replica = (f"another replica (--gpus {2 * gpus})", {"gpus": 2 * gpus, "dp": None})
+    changes: list[tuple[str, dict]] = []
+    queued = point.queueing_mean_s / point.ttft_mean_s if point.ttft_mean_s > 0 else 0.0
+    if queued >= QUEUED_SHARE and limiter == "KV cache":
+        cause = (
+            f"requests wait for KV-cache room ({queued:.0%} of the mean "
+            f"{point.ttft_mean_s:.2f} s to first token is spent before the engine schedules "
+            "them; the cache is full)"
+        )
+        if config.kv_dtype == "auto":
+            changes.append(("--kv-dtype fp8", {"kv_dtype": "fp8"}))
+        changes.append(replica)
+    elif queued >= QUEUED_SHARE and limiter == "max_num_seqs":
+        cause = (
+            f"requests wait for a sequence slot ({queued:.0%} of the mean "
+            f"{point.ttft_mean_s:.2f} s to first token, beyond max_num_seqs "
+            f"{scheduler.max_num_seqs})"
+        )
+        changes.append(
+            (
+                f"--max-num-seqs {2 * scheduler.max_num_seqs}",
+                {"max_num_seqs": 2 * scheduler.max_num_seqs},
+            )
+        )
+        changes.append(replica)
+    elif queued >= QUEUED_SHARE:
+        cause = (
+            f"arrivals queue for the prefill token budget ({queued:.0%} of the mean "
+            f"{point.ttft_mean_s:.2f} s to first token is spent waiting; the engine "
+            f"prefills at most {budget:,} tokens a step beside its decodes)"
+        )
+        changes.append(
+            (
+                f"--max-num-batched-tokens {2 * budget}",
+                {"max_num_batched_tokens": 2 * budget},
+            )
+        )
+        changes.append(replica)
+    elif point.ttft_mean_s > LONE_MARGIN * lone:
+        cause = (
+            f"prompts that arrive together share the prefill steps (a wave: the mean first "
+            f"token takes {point.ttft_mean_s:.2f} s against {lone:.2f} s for one agent "
+            f"alone, {queued:.0%} of it waiting to be scheduled; the engine prefills at most "
+            f"{budget:,} tokens a step beside its decodes)"
+        )
+        changes.append(
+            (
+                f"--max-num-batched-tokens {2 * budget}",
+                {"max_num_batched_tokens": 2 * budget},
+            )
+        )
+        changes.append(replica)
+    else:
+        cause = (
+            f"the prompt's own prefill: one agent alone waits {lone:.2f} s for its first "
+            f"token, and {point.concurrency} wait {point.ttft_mean_s:.2f} s on average"
+        )
+        changes.append(replica)
+    shorter = _half_prompt(config.input_tokens)
+    if shorter is not None:
+        changes.append(
+            (f"a prompt half as long (--input-tokens {shorter})", {"input_tokens": shorter})
+        )
+    return cause, changes
+
+
+def _half_prompt(spec: str) -> str | None:
+    """A fixed prompt length halved (None for a distribution, or a prompt of one token)."""
+    from capsim.engine.lengths import parse_length
+
+    length = parse_length(spec)
+    if length.kind != "fixed" or length.a < 2:
+        return None
+    return str(int(length.a // 2))
+
+
+def _rerun(config, catalog, objectives, pessimistic, point: CapacityPoint, label, update):
+    """``label``'s change simulated at ``point``'s level: its TTFT p90 before and after,
+    and whether the level then meets every objective."""
+    c = point.concurrency
+    cfg = config.model_copy(update={**update, "concurrency": [c], "requests": max(8 * c, 64)})
+    try:
+        result = calibrated_predict(cfg, catalog, keep_records=True, workers=1)
+    except CapsimUserError as exc:  # the change does not apply to this deployment
+        return f"{label}: not possible here ({exc})"
+    after = measure_point(result.levels[0], objectives, pessimistic)
+    verdict = "meets every objective" if after.ok else "still misses " + "; ".join(after.misses)
+    return (
+        f"{label}: TTFT p90 {point.ttft_p90_s:.2f} -> {after.ttft_p90_s:.2f} s at {c} "
+        f"agents, {verdict}"
+    )
