@@ -114,6 +114,36 @@ EngineOption = Annotated[
         "batch defaults, CUDA-graph sizes and kernel priors",
     ),
 ]
+NCpuMoeOption = Annotated[
+    int,
+    typer.Option(
+        "--n-cpu-moe",
+        min=0,
+        max=10_000,
+        help="llama.cpp: keep the routed experts of the first N MoE layers in system RAM "
+        "(its --n-cpu-moe; needs --host-memory-bandwidth)",
+    ),
+]
+HostMemoryBandwidthOption = Annotated[
+    float | None,
+    typer.Option(
+        "--host-memory-bandwidth",
+        min=0.001,
+        max=100_000,
+        help="With --n-cpu-moe: GB/s the CPU reads system RAM at (measured: dual-channel "
+        "DDR5 about 60-95, quad-channel DDR4 about 100; see docs/physics.md)",
+    ),
+]
+HostLinkOption = Annotated[
+    float | None,
+    typer.Option(
+        "--host-link-bandwidth",
+        min=0.001,
+        max=100_000,
+        help="With --n-cpu-moe: GB/s per direction from host to GPU [default: the GPU's "
+        "PCIe link in the catalog]",
+    ),
+]
 UbatchOption = Annotated[
     int | None,
     typer.Option(

@@ -14,10 +14,13 @@ from capsim.cli.common import (
     DisableCustomAllReduceOption,
     EngineOption,
     GpuMemoryUtilizationOption,
+    HostLinkOption,
+    HostMemoryBandwidthOption,
     JsonOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    NCpuMoeOption,
     PowerLimitOption,
     SetOption,
     SpecAcceptanceOption,
@@ -67,6 +70,8 @@ def fit_cmd(
         bool, typer.Option("--mtp", help="Load the MTP module (MTP speculation)")
     ] = False,
     engine: EngineOption = "vllm",
+    n_cpu_moe: NCpuMoeOption = 0,
+    host_memory_bandwidth: HostMemoryBandwidthOption = None,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -94,16 +99,79 @@ def fit_cmd(
         context_tokens=context,
         enforce_eager=enforce_eager,
         include_mtp=mtp,
+        cpu_moe_layers=n_cpu_moe,
     )
     eng = cat.engine(engine).for_model_len(max_model_len or m.max_position_embeddings)
-    options = engine_fit_options(eng, g, **options)
-    result = memory_fit(g, m, fmt, tp=tp, **options)
+    if n_cpu_moe and eng.name != "llama.cpp":
+        raise CapsimUserError(
+            f"--n-cpu-moe is llama.cpp's, not {eng.name}'s", hint="add --engine llama.cpp"
+        )
+    fit_options = engine_fit_options(eng, g, **options)
+    result = memory_fit(g, m, fmt, tp=tp, **fit_options)
+    offload = None
+    if not result.fits and m.moe and not n_cpu_moe:
+        offload = offload_proposal(cat, g, m, fmt, tp, options, host_memory_bandwidth)
     if json_out:
-        print_json({**result.to_dict(), "gpus": total_gpus, "dp_replicas": replicas})
+        print_json(
+            {
+                **result.to_dict(),
+                "gpus": total_gpus,
+                "dp_replicas": replicas,
+                "offload_proposal": offload,
+            }
+        )
     else:
         print_fit(result, g, m, replicas)
     if not result.fits:
-        require_fit(result, fit_hint(g, m, fmt, list(cat.quant_formats), tp, **options))
+        hint = fit_hint(g, m, fmt, list(cat.quant_formats), tp, **fit_options)
+        if offload:
+            hint = f"{hint}; or {offload['text']}" if hint else offload["text"]
+        require_fit(result, hint)
+
+
+def offload_proposal(cat, g, m, fmt, tp, options, host_memory_bandwidth):
+    """The fewest MoE layers whose routed experts llama.cpp must keep in system RAM
+    (--n-cpu-moe) for ``m`` in ``fmt`` to fit on ``g``, with its decode speed at one
+    request when the host's memory bandwidth is given; None when no N fits."""
+    from capsim.engine.setup import engine_deployment, engine_fit_options
+    from capsim.physics.memory import memory_fit
+    from capsim.physics.parameters import parameter_breakdown
+    from capsim.physics.step import build_step_model
+
+    llama = cat.engine("llama.cpp")
+    gguf = f"gguf-{fmt.name}"  # llama.cpp runs the GGUF file of a format where one exists
+    if not fmt.name.startswith("gguf-") and gguf in cat.quant_formats.entries:
+        fmt = cat.quant(gguf)
+    fit_options = engine_fit_options(llama, g, **{**options, "cpu_moe_layers": 0})
+    layers = parameter_breakdown(m).moe_layers
+    for n in range(1, layers + 1):
+        fit = memory_fit(g, m, fmt, tp=tp, **{**fit_options, "cpu_moe_layers": n})
+        if fit.fits:
+            break
+    else:
+        return None
+    command = (
+        f"capsim predict --gpu {g.name} --model {m.name} --quant {fmt.name} --engine "
+        f"llama.cpp --n-cpu-moe {n} --host-memory-bandwidth GB/s"
+    )
+    text = (
+        f"llama.cpp fits it keeping the experts of {n} of its {layers} MoE layers "
+        f"({fit.experts_in_system_ram_bytes / 2**30:.1f} GiB) in system RAM: {command}"
+    )
+    tok_s = None
+    if host_memory_bandwidth:
+        dep = engine_deployment(llama, g, tp=tp, quant=fmt.name).model_copy(
+            update={"cpu_moe_layers": n, "host_memory_bandwidth_gbs": host_memory_bandwidth}
+        )
+        sm = build_step_model(cat, g, m, dep)
+        tok_s = 1.0 / sm.step_time([1], [fit.context_tokens // 2])
+        text += f" (about {tok_s:.1f} tok/s for one request at {host_memory_bandwidth:g} GB/s)"
+    return {
+        "n_cpu_moe": n,
+        "experts_in_system_ram_bytes": fit.experts_in_system_ram_bytes,
+        "decode_tok_s": tok_s,
+        "text": text,
+    }
 
 
 def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
@@ -258,6 +326,12 @@ def step_rows(
         ),
         ("overhead (step, sequences, layers)", f"{step.t_overhead * ms:.3f} ms"),
     ]
+    if step.t_offload:
+        how = {
+            "cpu": "the CPU reads them from system RAM",
+            "copy": "copied to the GPU over the host link",
+        }[step.offload_path]
+        rows.append((f"experts in system RAM ({how})", f"{step.t_offload * ms:.3f} ms"))
     if step.t_host_hidden > 0:
         rows.append(
             (
@@ -311,6 +385,9 @@ def explain_cmd(
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     engine: EngineOption = "vllm",
     ubatch_size: UbatchOption = None,
+    n_cpu_moe: NCpuMoeOption = 0,
+    host_memory_bandwidth: HostMemoryBandwidthOption = None,
+    host_link_bandwidth: HostLinkOption = None,
     profile: Annotated[
         str,
         typer.Option(
@@ -360,6 +437,7 @@ def explain_cmd(
         enforce_eager=enforce_eager,
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
         context_tokens=context + width,
+        cpu_moe_layers=n_cpu_moe,
     )
     fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
@@ -376,7 +454,17 @@ def explain_cmd(
         async_scheduling=async_scheduling,
         custom_allreduce=False if disable_custom_all_reduce else None,
         ubatch_tokens=ubatch_size,
+    ).model_copy(
+        update={
+            "cpu_moe_layers": n_cpu_moe,
+            "host_memory_bandwidth_gbs": host_memory_bandwidth,
+            "host_link_gbs": host_link_bandwidth,
+        }
     )
+    if n_cpu_moe and eng.name != "llama.cpp":
+        raise CapsimUserError(
+            f"--n-cpu-moe is llama.cpp's, not {eng.name}'s", hint="add --engine llama.cpp"
+        )
     from capsim.calibration.profiles import find_profile
 
     fitted = find_profile(profile, g.hardware_class, eng.name)

@@ -75,6 +75,21 @@ class PredictConfig(BaseModel):
     ubatch_tokens: int | None = Field(
         None, ge=1, description="Physical batch, tokens (llama.cpp's -ub; None: the engine's)"
     )
+    cpu_moe_layers: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="MoE layers whose routed experts stay in system RAM (llama.cpp's --n-cpu-moe)",
+    )
+    host_memory_bandwidth_gbs: float | None = Field(
+        None, gt=0, le=100_000, description="System RAM read bandwidth, GB/s (with --n-cpu-moe)"
+    )
+    host_link_gbs: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="Host-to-GPU link, GB/s per direction (default: the GPU's PCIe link)",
+    )
     scheduler_recv_interval: int = Field(
         1,
         ge=1,

@@ -215,6 +215,17 @@ def build_setup(
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
         )
+    if config.cpu_moe_layers and engine.name != "llama.cpp":
+        raise CapsimUserError(
+            f"--n-cpu-moe is llama.cpp's (experts of the first N MoE layers in system RAM), "
+            f"not {engine.name}'s",
+            hint="add --engine llama.cpp (vLLM's --cpu-offload-gb is not modelled yet)",
+        )
+    if (config.host_memory_bandwidth_gbs or config.host_link_gbs) and not config.cpu_moe_layers:
+        raise CapsimUserError(
+            "--host-memory-bandwidth and --host-link-bandwidth apply to --n-cpu-moe",
+            hint="add --n-cpu-moe N (MoE layers whose experts stay in system RAM)",
+        )
     reserve = engine.admission_reserve
     if config.schedule_conservativeness is not None:
         if reserve is None:
@@ -243,6 +254,7 @@ def build_setup(
         max_num_batched_tokens=config.max_num_batched_tokens,
         enforce_eager=config.enforce_eager,
         include_mtp=spec is not None and spec.method == "mtp",
+        cpu_moe_layers=config.cpu_moe_layers,
     )
     fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
     if not fit.fits:
@@ -270,6 +282,12 @@ def build_setup(
         max_num_seqs=fit.max_num_seqs,
         max_num_batched_tokens=fit.max_num_batched_tokens,
         ubatch_tokens=config.ubatch_tokens,
+    ).model_copy(
+        update={
+            "cpu_moe_layers": config.cpu_moe_layers,
+            "host_memory_bandwidth_gbs": config.host_memory_bandwidth_gbs,
+            "host_link_gbs": config.host_link_gbs,
+        }
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

@@ -47,6 +47,20 @@ class Deployment(BaseModel):
     cuda_graph_max_batch: int | None = Field(
         None, ge=0, description="Largest batch the engine captures a graph for (SGLang)"
     )
+    cpu_moe_layers: int = Field(
+        0,
+        ge=0,
+        description="MoE layers whose routed experts stay in system RAM (llama.cpp's "
+        "--n-cpu-moe N: the first N layers)",
+    )
+    host_memory_bandwidth_gbs: float | None = Field(
+        None, gt=0, description="System RAM read bandwidth the CPU reaches, GB/s (measured)"
+    )
+    host_link_gbs: float | None = Field(
+        None,
+        gt=0,
+        description="Host-to-GPU link, GB/s per direction; None: the GPU's PCIe link",
+    )
     ubatch_tokens: int | None = Field(
         None,
         ge=1,

@@ -295,6 +295,15 @@ class EfficiencyParams(BaseModel):
         "Negligible for one sequence, a few hundred microseconds a step for hundreds of "
         "sequences of a 150-250K vocabulary. Engineering prior",
     )
+    host_link_efficiency: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Share of the host-to-GPU link's per-direction bandwidth that copying "
+        "experts kept in system RAM reaches (llama.cpp's op offload of a prompt's ubatch). "
+        "Engineering prior (pinned copies over PCIe 4.0 x16 reach about 25 of 31.5 GB/s); "
+        "calibration decides",
+    )
     # --- front end (API server, tokenizer, streaming)
     frontend_request_ms: float = Field(
         10.0,

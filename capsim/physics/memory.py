@@ -201,6 +201,7 @@ class MemoryFit:
     max_num_batched_tokens: int
     fits: bool
     reason: str
+    experts_in_system_ram_bytes: float = 0.0  # routed experts kept in host memory (--n-cpu-moe)
 
     @property
     def weight_gib(self) -> float:
@@ -237,6 +238,7 @@ def memory_fit(
     state_layout: str = "shared",
     state_share: float | None = None,
     state_slots_per_sequence: int = 1,
+    cpu_moe_layers: int = 0,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -261,6 +263,9 @@ def memory_fit(
             ``state_share`` of the memory left after weights and reserves, holding
             ``state_slots_per_sequence`` slots per running sequence: SGLang). With "split"
             the state pool caps running sequences (``state_sequence_cap``).
+        cpu_moe_layers: MoE layers whose routed experts stay in system RAM (llama.cpp's
+            ``--n-cpu-moe``): their bytes leave the GPU's weights
+            (``experts_in_system_ram_bytes``).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -288,6 +293,18 @@ def memory_fit(
     memory = gpu.memory_bytes
     budget = memory * gpu_memory_utilization
     parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp)
+    if cpu_moe_layers:
+        breakdown = parameter_breakdown(model)
+        if not breakdown.moe_layers or not breakdown.routed_experts:
+            raise CapsimUserError(
+                f"{model.name} has no routed experts to keep in system RAM (--n-cpu-moe)"
+            )
+        share = min(cpu_moe_layers, breakdown.moe_layers) / breakdown.moe_layers
+        routed = breakdown.routed_experts * _format_bits(fmt, "experts") / 8 / tp
+        parts["experts"] -= share * routed
+        offloaded = share * routed
+    else:
+        offloaded = 0.0
     weights = sum(parts.values())
     activations = activation_peak_bytes(model, tp, batched, max_num_seqs, reserve)
     runtime = reserve.cuda_context_bytes + (reserve.nccl_bytes if tp > 1 else 0.0)
@@ -404,6 +421,7 @@ def memory_fit(
         max_num_batched_tokens=batched,
         fits=fits,
         reason=reason,
+        experts_in_system_ram_bytes=offloaded,
     )
 
 

@@ -82,6 +82,8 @@ class StepBreakdown:
     gdn_prefill_token_seconds: float = 0.0  # their serial chunk walk, per token and layer
     t_state: float = 0.0  # the recurrent state stream (in t_attention_memory)
     state_bytes_per_s: float = 0.0  # the rate it streams at
+    t_offload: float = 0.0  # experts in system RAM: read by the CPU or copied to the GPU
+    offload_path: str = ""  # "cpu" (a small pass) or "copy" (op offload), empty without
 
     @property
     def bytes_total(self) -> float:

@@ -71,6 +71,7 @@ from capsim.physics.expert_terms import ExpertTerms
 from capsim.physics.host_terms import HostTerms
 from capsim.physics.kv_layout import kv_layout
 from capsim.physics.memory import check_tensor_parallel
+from capsim.physics.offload_terms import OffloadTerms
 from capsim.physics.rate_terms import RateTerms
 from capsim.physics.roofline import (
     causal_pairs,
@@ -93,6 +94,7 @@ class StepModel(
     HostTerms,
     DrafterTerms,
     ExpertTerms,
+    OffloadTerms,
     StateTerms,
 ):
     """Step-time model of one replica (a TP group) serving one model.
@@ -137,6 +139,9 @@ class StepModel(
 
         # --- weights read and FLOPs per token (WorkCounts)
         parts = self._init_work_counts(elementwise_bytes)
+
+        # --- routed experts in system RAM (OffloadTerms)
+        self._init_offload()
 
         # --- KV layout
         self.kv = kv_layout(model, dep.kv_dtype, tp)
@@ -242,6 +247,9 @@ class StepModel(
         expert_bytes = passes * self.moe_layers * touched * self.expert_slice_bytes
         if touched and self.params.l2_reuse_strength:
             expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
+        # experts in system RAM: read by the CPU, or copied over for the GPU (OffloadTerms)
+        t_offload, on_gpu = self.offload_terms(routed / passes, touched, passes)
+        expert_bytes *= on_gpu
         dense_bytes = passes * self.dense_weight_bytes if tokens else 0.0
         # the sampler's passes over float32 logits (the driver rank holds the whole vocab)
         sampler_bytes = logits * self.model.vocab_size * 4.0 * self.params.sampler_logit_passes
@@ -250,7 +258,7 @@ class StepModel(
         state = self.state_traffic_bytes(seqs)
         t_state = state / self.state_bw
         dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
-        expert_flops = routed * self.expert_flops_per_token
+        expert_flops = routed * self.expert_flops_per_token * on_gpu
         attn_flops = (
             self.pair_flops * (self.full_layers * pairs + self.sliding_layers * pairs_windowed)
             + tokens * self.linear_flops_per_token
@@ -287,6 +295,7 @@ class StepModel(
                 attn_flops / self.attention_flops_rate + self.gdn_prefill_extra(tokens, seqs)
             ),
             "t_comm": t_comm,
+            "t_offload": t_offload,
             "t_host": t_host,
             "t_floor": t_floor,
             "t_dispatch": t_dispatch,
@@ -307,7 +316,7 @@ class StepModel(
     def _gpu(self, t: dict[str, float]) -> float:
         """The GPU's work in a step (s): rooflines, elementwise kernels, communication and
         the kernel floor."""
-        return self._roofline(t) + t["t_elementwise"] + t["t_comm"] + t["t_floor"]
+        return self._roofline(t) + t["t_elementwise"] + t["t_comm"] + t["t_floor"] + t["t_offload"]
 
     def _device(self, t: dict[str, float]) -> float:
         """A step's device work (s): the GPU's work or its eager launches, and drafting."""
@@ -438,6 +447,7 @@ class StepModel(
                 + t["t_elementwise"]
                 + t["t_comm"]
                 + t["t_floor"]
+                + t["t_offload"]
             )
             if len(self._context_free_cache) >= CONTEXT_FREE_CACHE_SIZE:
                 self._context_free_cache.clear()

@@ -43,6 +43,7 @@ class StepReport:
             "memory": sum(m for m, f in pairs if m >= f) + t["t_elementwise"],
             "compute": sum(f for m, f in pairs if f > m),
             "communication": t["t_comm"],
+            "experts in system RAM": t["t_offload"],
             "overhead": t["t_host"] + t["t_floor"],
             "drafting": t["t_draft"],
         }
@@ -98,6 +99,8 @@ class StepReport:
                 self.gdn_prefill_token_seconds if self.gdn_prefill_rate else 0.0
             ),
             t_state=t["t_state"],
+            t_offload=t["t_offload"],
+            offload_path=self.offload_path(tokens / self.passes(tokens)) if t["t_offload"] else "",
             state_bytes_per_s=self.state_bw if t["state"] else 0.0,
         )
 
