@@ -173,45 +173,16 @@ def check(path: str, args: list[str]) -> None:
         assert result.stderr.strip(), f"{where}: exit 2 without a message"
 
 
+ONE_GPU = ["--gpu", "rtx3090", "--model", "qwen3-8b"]
 WORKLOAD_BASES: dict[str, tuple[str, list[str], list[str]]] = {
     "predict@open": (
         "predict",
-        [
-            "--gpu",
-            "rtx3090",
-            "--model",
-            "qwen3-8b",
-            "--workload",
-            "open",
-            "--rate",
-            "2",
-            "--arrival",
-            "gamma",
-            "--requests",
-            "8",
-            "--output-tokens",
-            "32",
-        ],
+        [*ONE_GPU, "--workload", "open", "--rate", "2", "--arrival", "gamma", "--requests", "8"],
         ["--rate", "--gamma-cv", "--arrival", "--requests"],
     ),
     "predict@agents": (
         "predict",
-        [
-            "--gpu",
-            "rtx3090",
-            "--model",
-            "qwen3-8b",
-            "--workload",
-            "agents",
-            "--concurrency",
-            "2",
-            "--turns",
-            "2",
-            "--requests",
-            "4",
-            "--output-tokens",
-            "16",
-        ],
+        [*ONE_GPU, "--workload", "agents", "--concurrency", "2", "--turns", "2", "--requests", "4"],
         ["--turns", "--think-time", "--tool-tokens", "--concurrency"],
     ),
 }
