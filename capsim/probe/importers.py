@@ -106,7 +106,7 @@ def import_vllm_bench(
                 chunk_tokens=[1] * len(chunk_times),
                 error=(errors[i] if i < len(errors) else None) or None,
             )
-            if record.ok:
+            if record.ok and record.output_tok_s is not None:
                 rates.append(record.output_tok_s)
             yield record
 
