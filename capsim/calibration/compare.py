@@ -120,6 +120,12 @@ def scenario_config(
         engine=simulated_engine(sc),
         offline=bool(flags.get("offline", False)),
         ubatch_tokens=int(flags["ubatch_tokens"]) if "ubatch_tokens" in flags else None,
+        cpu_moe_layers=int(flags.get("cpu_moe_layers", 0)),
+        host_memory_bandwidth_gbs=(
+            float(flags["host_memory_bandwidth_gbs"])
+            if "host_memory_bandwidth_gbs" in flags
+            else None
+        ),
         scheduler_recv_interval=int(flags.get("scheduler_recv_interval", 1)),
         mixed_chunk=bool(flags.get("enable_mixed_chunk", False)),
         schedule_conservativeness=(
