@@ -102,10 +102,6 @@ def fit_cmd(
         cpu_moe_layers=n_cpu_moe,
     )
     eng = cat.engine(engine).for_model_len(max_model_len or m.max_position_embeddings)
-    if n_cpu_moe and eng.name != "llama.cpp":
-        raise CapsimUserError(
-            f"--n-cpu-moe is llama.cpp's, not {eng.name}'s", hint="add --engine llama.cpp"
-        )
     fit_options = engine_fit_options(eng, g, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
     offload = None
@@ -160,8 +156,13 @@ def offload_proposal(cat, g, m, fmt, tp, options, host_memory_bandwidth):
     )
     tok_s = None
     if host_memory_bandwidth:
-        dep = engine_deployment(llama, g, tp=tp, quant=fmt.name).model_copy(
-            update={"cpu_moe_layers": n, "host_memory_bandwidth_gbs": host_memory_bandwidth}
+        dep = engine_deployment(
+            llama,
+            g,
+            tp=tp,
+            quant=fmt.name,
+            cpu_moe_layers=n,
+            host_memory_bandwidth_gbs=host_memory_bandwidth,
         )
         sm = build_step_model(cat, g, m, dep)
         tok_s = 1.0 / sm.step_time([1], [fit.context_tokens // 2])
@@ -454,17 +455,10 @@ def explain_cmd(
         async_scheduling=async_scheduling,
         custom_allreduce=False if disable_custom_all_reduce else None,
         ubatch_tokens=ubatch_size,
-    ).model_copy(
-        update={
-            "cpu_moe_layers": n_cpu_moe,
-            "host_memory_bandwidth_gbs": host_memory_bandwidth,
-            "host_link_gbs": host_link_bandwidth,
-        }
+        cpu_moe_layers=n_cpu_moe,
+        host_memory_bandwidth_gbs=host_memory_bandwidth,
+        host_link_gbs=host_link_bandwidth,
     )
-    if n_cpu_moe and eng.name != "llama.cpp":
-        raise CapsimUserError(
-            f"--n-cpu-moe is llama.cpp's, not {eng.name}'s", hint="add --engine llama.cpp"
-        )
     from capsim.calibration.profiles import find_profile
 
     fitted = find_profile(profile, g.hardware_class, eng.name)

@@ -109,6 +109,9 @@ def engine_deployment(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int | None = None,
     ubatch_tokens: int | None = None,
+    cpu_moe_layers: int = 0,
+    host_memory_bandwidth_gbs: float | None = None,
+    host_link_gbs: float | None = None,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -133,6 +136,9 @@ def engine_deployment(
         graph_capture=engine.graph_capture,
         cuda_graph_max_batch=graph_batch,
         ubatch_tokens=ubatch_tokens or engine.ubatch_tokens,
+        cpu_moe_layers=cpu_moe_layers,
+        host_memory_bandwidth_gbs=host_memory_bandwidth_gbs,
+        host_link_gbs=host_link_gbs,
     )
 
 
@@ -148,6 +154,12 @@ def engine_fit_options(
     it keeps hybrid models' recurrent state (a state pool of its own holds one slot per
     request without prefix caching, and with it as many as the engine keeps with its
     overlap scheduler on or, ``async_scheduling`` False, off; None: the engine's default)."""
+    if options.get("cpu_moe_layers") and engine.name != "llama.cpp":
+        raise CapsimUserError(
+            f"--n-cpu-moe is llama.cpp's (experts of the first N MoE layers in system RAM), "
+            f"not {engine.name}'s",
+            hint="add --engine llama.cpp (vLLM's --cpu-offload-gb is not modelled yet)",
+        )
     row = engine.batch_limits(gpu.name, gpu.memory_gb)
     utilization = options.pop("gpu_memory_utilization", None)
     pool = engine.state_pool
@@ -215,12 +227,6 @@ def build_setup(
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
         )
-    if config.cpu_moe_layers and engine.name != "llama.cpp":
-        raise CapsimUserError(
-            f"--n-cpu-moe is llama.cpp's (experts of the first N MoE layers in system RAM), "
-            f"not {engine.name}'s",
-            hint="add --engine llama.cpp (vLLM's --cpu-offload-gb is not modelled yet)",
-        )
     if (config.host_memory_bandwidth_gbs or config.host_link_gbs) and not config.cpu_moe_layers:
         raise CapsimUserError(
             "--host-memory-bandwidth and --host-link-bandwidth apply to --n-cpu-moe",
@@ -282,12 +288,9 @@ def build_setup(
         max_num_seqs=fit.max_num_seqs,
         max_num_batched_tokens=fit.max_num_batched_tokens,
         ubatch_tokens=config.ubatch_tokens,
-    ).model_copy(
-        update={
-            "cpu_moe_layers": config.cpu_moe_layers,
-            "host_memory_bandwidth_gbs": config.host_memory_bandwidth_gbs,
-            "host_link_gbs": config.host_link_gbs,
-        }
+        cpu_moe_layers=config.cpu_moe_layers,
+        host_memory_bandwidth_gbs=config.host_memory_bandwidth_gbs,
+        host_link_gbs=config.host_link_gbs,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

@@ -68,8 +68,3 @@ class OffloadTerms:
         """How a pass of ``tokens_per_pass`` tokens reaches the experts in system RAM: the
         CPU multiplies them ("cpu") or they are copied to the GPU ("copy")."""
         return "cpu" if tokens_per_pass < OP_OFFLOAD_MIN_BATCH else "copy"
-
-    @property
-    def offloaded_expert_bytes(self) -> float:
-        """Bytes of routed experts held in system RAM instead of GPU memory."""
-        return self.cpu_moe_layers * self.model.moe.num_experts * self.expert_slice_bytes
