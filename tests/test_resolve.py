@@ -47,10 +47,23 @@ def isolated_cache(tmp_path, monkeypatch):
 def fake_hub(monkeypatch):
     """A local stand-in for the Hub's file endpoint: /ORG/NAME/resolve/main/config.json."""
     served: dict[str, dict] = {
-        "acme/Widget-8B": MISTRAL_LIKE,
-        "acme/Widget-8B-FP8": {
+        "acme/Widget-8B/config.json": MISTRAL_LIKE,
+        "acme/Widget-8B-FP8/config.json": {
             **MISTRAL_LIKE,
             "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+        },
+        # ModelOpt: config.json says nothing, hf_quant_config.json beside it does
+        "acme/Widget-8B-Opt/config.json": MISTRAL_LIKE,
+        "acme/Widget-8B-Opt/hf_quant_config.json": {
+            "producer": {"name": "modelopt", "version": "0.37.0"},
+            "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16},
+        },
+        # nothing in the files: the name's ending decides
+        "acme/Widget-8B-AWQ-4bit/config.json": MISTRAL_LIKE,
+        # a method capsim does not know: the torch dtype, with a notice
+        "acme/Widget-8B-Exotic/config.json": {
+            **MISTRAL_LIKE,
+            "quantization_config": {"quant_method": "exotic-q3"},
         },
     }
     hits: list[str] = []
@@ -58,9 +71,9 @@ def fake_hub(monkeypatch):
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             hits.append(self.path)
-            repo = self.path.removeprefix("/").removesuffix("/resolve/main/config.json")
-            if repo in served and self.path.endswith("/resolve/main/config.json"):
-                body = json.dumps(served[repo]).encode()
+            key = self.path.removeprefix("/").replace("/resolve/main/", "/")
+            if key in served:
+                body = json.dumps(served[key]).encode()
                 self.send_response(200)
             else:
                 body = b'{"error": "Entry not found"}'
@@ -115,9 +128,33 @@ def test_unknown_id_is_fetched_once_from_the_hub_and_cached(fake_hub):
     assert (model.num_layers, model.hidden_size, model.num_kv_heads) == (32, 4096, 8)
     again = resolve_model("acme/Widget-8B", CAT)
     assert again.name == ref.name
-    assert len(fake_hub) == 1  # the second resolution read the cache
+    assert len(fake_hub) == 2  # config.json and hf_quant_config.json; then the cache
     fp8 = resolve_model("acme/Widget-8B-FP8", CAT)
     assert fp8.quant == "fp8"  # from its quantization_config
+
+
+def test_an_imported_checkpoint_keeps_the_format_its_files_or_its_name_state(fake_hub):
+    """issue 46: a ModelOpt checkpoint states its format in hf_quant_config.json; a repo
+    whose files state none is read by its name's ending; a method capsim does not know
+    is simulated in the torch dtype with a notice instead of refusing the model."""
+    take_notices()
+    assert resolve_model("acme/Widget-8B-Opt", CAT).quant == "nvfp4"
+    assert resolve_model("acme/Widget-8B-AWQ-4bit", CAT).quant == "awq-int4"
+    assert "'-AWQ-4bit'" in " ".join(take_notices())
+    exotic = resolve_model("acme/Widget-8B-Exotic", CAT)
+    assert exotic.quant is None  # the release's own 16-bit format
+    said = " ".join(take_notices())
+    assert "'exotic-q3'" in said and "--quant" in said
+
+
+def test_a_config_folder_with_hf_quant_config_json_beside_it(tmp_path):
+    folder = tmp_path / "Widget-NVFP4"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(MISTRAL_LIKE))
+    (folder / "hf_quant_config.json").write_text(
+        json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8"}})
+    )
+    assert resolve_model(str(folder), CAT).quant == "fp8"
 
 
 def test_a_missing_repo_on_the_hub_says_so(fake_hub):

@@ -243,7 +243,7 @@ def served_float_format(engine_flags: dict, model_reference: str) -> str | None:
     where it does not (or states float32, a format capsim does not simulate), where the
     checkpoint is quantised (``--dtype`` then sets only its activations) or where the model
     cannot be resolved (the comparison reports that)."""
-    from capsim.catalog.hf_import import DTYPE_NAMES
+    from capsim.catalog.hf_quant import DTYPE_NAMES
     from capsim.catalog.loader import load_catalog
     from capsim.catalog.resolve import resolve_into
 

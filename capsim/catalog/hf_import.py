@@ -15,16 +15,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from capsim.catalog.hf_quant import quant_of_config
 from capsim.catalog.loader import format_validation_error
 from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
 from capsim.files import write_text_atomic
 
-DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "half": "fp16"}
-"""The 16-bit format a checkpoint's torch dtype is served in. vLLM serves a float32
-checkpoint in the platform's first supported dtype ("Downcast for float32 models":
-_resolve_auto_dtype in vllm/config/model.py), bfloat16 on x86 and Arm CPUs and on GPUs
-that support it; float16 and bfloat16 checkpoints keep their own."""
+QUANT_FILE = "hf_quant_config.json"
+"""NVIDIA ModelOpt's file beside config.json that states a checkpoint's quantisation."""
 STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QWEN2_FAMILY = {"qwen2", "qwen2_moe"}
 ALWAYS_SLIDING = {"mistral", "mixtral"}
@@ -70,6 +68,31 @@ def read_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CapsimUserError(f"'{path}' does not hold a JSON object")
     return data
+
+
+def _gemma_attention(cfg: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3n/4 keys: the full-attention layers' own head shape (global_head_dim, and
+    num_global_key_value_heads where keys double as values: attention_k_eq_v, which only
+    those layers use), KV-shared layers and per-layer embeddings."""
+    out: dict[str, Any] = {}
+    k_eq_v = bool(cfg.get("attention_k_eq_v"))
+    head_dim = int(cfg.get("global_head_dim") or entry["head_dim"])
+    kv_heads = entry["num_kv_heads"]
+    if k_eq_v and cfg.get("num_global_key_value_heads"):
+        kv_heads = int(cfg["num_global_key_value_heads"])
+    if "full_attention" in entry["layer_pattern"] and (
+        k_eq_v or (head_dim, kv_heads) != (entry["head_dim"], entry["num_kv_heads"])
+    ):
+        out["full_attention"] = {"head_dim": head_dim, "num_kv_heads": kv_heads, "k_eq_v": k_eq_v}
+    if cfg.get("num_kv_shared_layers"):
+        out["kv_shared_layers"] = int(cfg["num_kv_shared_layers"])
+        out["double_wide_mlp"] = bool(cfg.get("use_double_wide_mlp"))
+    if cfg.get("hidden_size_per_layer_input"):
+        out["per_layer_input"] = {
+            "size": int(cfg["hidden_size_per_layer_input"]),
+            "vocab_size": int(cfg.get("vocab_size_per_layer_input") or entry["vocab_size"]),
+        }
+    return out
 
 
 def compress_pattern(layer_types: list[str]) -> list[str]:
@@ -155,81 +178,52 @@ def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> lis
 
 def _moe(cfg: dict[str, Any]) -> dict[str, Any] | None:
     experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
-    if not experts:
+    if not experts or cfg.get("enable_moe_block") is False:
         return None
-    top_k = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
-    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    top_k = (
+        cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or cfg.get("top_k_experts")
+    )
+    width = (
+        cfg.get("moe_intermediate_size")
+        or cfg.get("expert_intermediate_size")
+        or cfg.get("intermediate_size")
+    )
     moe: dict[str, Any] = {
         "num_experts": int(experts),
         "experts_per_token": int(top_k or 1),
         "moe_intermediate_size": int(width),
     }
     shared = cfg.get("n_shared_experts")
-    shared_width = cfg.get("shared_expert_intermediate_size")
+    shared_width = (
+        cfg.get("shared_expert_intermediate_size")
+        or cfg.get("moe_shared_expert_intermediate_size")
+        or (cfg.get("shared_intermediate_size") if shared else None)
+    )
+    if cfg.get("enable_moe_block") and cfg.get("intermediate_size"):
+        # Gemma 4: every MoE layer runs its dense MLP beside the experts, on every token,
+        # as a shared expert would
+        shared, shared_width = 1, cfg["intermediate_size"]
     if shared:
         moe["num_shared_experts"] = int(shared)
     elif shared_width:
         moe["num_shared_experts"] = 1
     if shared_width:
         moe["shared_expert_intermediate_size"] = int(shared_width)
+    if cfg.get("moe_latent_size"):
+        moe["latent_size"] = int(cfg["moe_latent_size"])
     if cfg.get("first_k_dense_replace"):
         moe["first_dense_layers"] = int(cfg["first_k_dense_replace"])
+    freq = cfg.get("moe_layer_freq")
+    if isinstance(freq, list) and freq and 0 in freq:
+        # MiniMax-M3: 0 marks a dense layer, 1 a MoE layer; the dense ones lead the stack
+        leading = next((i for i, f in enumerate(freq) if f), len(freq))
+        if all(freq[leading:]):
+            moe["first_dense_layers"] = leading
     if cfg.get("model_type") == "gpt_oss":
         moe["expert_bias"] = True
     if str(cfg.get("model_type", "")).startswith("llama4"):
         moe["num_shared_experts"] = 1  # one shared expert as wide as a routed one
     return moe
-
-
-def _compressed_tensors_format(quant: dict[str, Any]) -> str:
-    """The weight format of a compressed-tensors (llm-compressor) quantization_config."""
-    fmt = str(quant.get("format", "")).lower()
-    if "nvfp4" in fmt:
-        return "nvfp4"
-    groups = quant.get("config_groups") or {}
-    for group in groups.values():
-        weights = group.get("weights") or {}
-        acts = group.get("input_activations")
-        bits = int(weights.get("num_bits", 0))
-        kind = str(weights.get("type", "int")).lower()
-        if kind == "float" and bits == 8:
-            return "fp8"
-        if kind == "float" and bits == 4:
-            return "nvfp4"
-        if bits == 4:
-            return "w4a16"
-        if bits == 8:
-            return "int8" if acts else "w8a16-int8"
-    return "compressed-tensors"
-
-
-def quant_of_config(cfg: dict[str, Any], outer: dict[str, Any] | None = None) -> str:
-    """The catalog weight format a config.json's ``quantization_config`` describes, or its
-    torch dtype (bf16/fp16) when it has none. An unknown method comes back as its own
-    name, for the caller to report."""
-    outer = outer or {}
-    quant = cfg.get("quantization_config") or outer.get("quantization_config") or {}
-    method = str(quant.get("quant_method", "")).lower()
-    bits = int(quant.get("bits") or quant.get("w_bit") or 4)
-    if method in ("fp8", "fbgemm_fp8", "mxfp4"):
-        return "mxfp4" if method == "mxfp4" else "fp8"
-    if method == "awq":
-        return "awq-int4"
-    if method == "gptq":
-        return "gptq-int4" if bits == 4 else "w8a16-int8"
-    if method in ("auto-round", "intel/auto-round", "autoround"):
-        return "w4a16"
-    if method == "compressed-tensors":
-        return _compressed_tensors_format(quant)
-    if method == "modelopt":
-        algo = str(quant.get("quant_algo", "")).upper()
-        return {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo, f"modelopt-{algo.lower()}")
-    if method == "bitsandbytes":
-        return "bnb-nf4" if quant.get("load_in_4bit", True) else "w8a16-int8"
-    if method:
-        return method
-    raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or "bf16")
-    return DTYPE_NAMES.get(raw, raw if raw in {"bf16", "fp16"} else "bf16")
 
 
 def local_hub_config_path(repo: str) -> Path | None:
@@ -262,6 +256,26 @@ def local_hub_config_path(repo: str) -> Path | None:
 def fetch_hub_config(repo: str) -> dict[str, Any]:
     """A repo's config.json from the Hugging Face Hub (``HF_ENDPOINT``; ``HF_TOKEN`` for
     gated repos), cached under capsim's cache folder so it is fetched once."""
+    config = fetch_hub_file(repo, "config.json")
+    assert config is not None
+    return config
+
+
+def fetch_hub_quant_file(repo: str) -> dict[str, Any] | None:
+    """A repo's hf_quant_config.json (ModelOpt checkpoints) from the Hub, or None when the
+    repo has none."""
+    return fetch_hub_file(repo, QUANT_FILE, optional=True)
+
+
+def quant_file_beside(config_path: Path) -> dict[str, Any] | None:
+    """The hf_quant_config.json kept beside a config.json, or None."""
+    path = config_path.parent / QUANT_FILE
+    return read_config(path) if path.is_file() else None
+
+
+def fetch_hub_file(repo: str, filename: str, optional: bool = False) -> dict[str, Any] | None:
+    """A JSON file of a Hub repo, cached under capsim's cache folder so it is fetched once;
+    None when ``optional`` and the repo has no such file."""
     import os
 
     import httpx
@@ -273,11 +287,11 @@ def fetch_hub_config(repo: str) -> dict[str, Any]:
         cache_dir,
     )
 
-    cached = cache_dir() / "hf" / repo / "config.json"
+    cached = cache_dir() / "hf" / repo / filename
     if cached.is_file():
         return read_config(cached)
     endpoint = os.environ.get(HF_ENDPOINT_ENV, DEFAULT_HF_ENDPOINT).rstrip("/")
-    url = f"{endpoint}/{repo}/resolve/main/config.json"
+    url = f"{endpoint}/{repo}/resolve/main/{filename}"
     headers = {}
     if os.environ.get("HF_TOKEN"):
         headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
@@ -293,36 +307,43 @@ def fetch_hub_config(repo: str) -> dict[str, Any]:
             f"reached ({type(exc).__name__})",
             hint=offline_hint,
         ) from None
+    if response.status_code == 404 and optional:
+        return None
     if response.status_code in (401, 403):
         raise CapsimUserError(
-            f"the Hub refused config.json of '{repo}' (HTTP {response.status_code}): a gated "
+            f"the Hub refused {filename} of '{repo}' (HTTP {response.status_code}): a gated "
             "or private repo",
             hint="set HF_TOKEN to a token with access, or pass the config.json path",
         )
     if response.status_code == 404:
         raise CapsimUserError(
-            f"no model '{repo}' on the Hugging Face Hub (or it has no config.json)",
+            f"no model '{repo}' on the Hugging Face Hub (or it has no {filename})",
             hint="check the id, or pass a catalog name (capsim models) or a config.json path",
         )
     if response.status_code != 200:
         raise CapsimUserError(
-            f"the Hub answered HTTP {response.status_code} for config.json of '{repo}'",
+            f"the Hub answered HTTP {response.status_code} for {filename} of '{repo}'",
             hint=offline_hint,
         )
     try:
-        config = response.json()
+        data = response.json()
     except ValueError:
-        raise CapsimUserError(f"config.json of '{repo}' from the Hub is not JSON") from None
-    if not isinstance(config, dict):
-        raise CapsimUserError(f"config.json of '{repo}' from the Hub is not a JSON object")
+        raise CapsimUserError(f"{filename} of '{repo}' from the Hub is not JSON") from None
+    if not isinstance(data, dict):
+        raise CapsimUserError(f"{filename} of '{repo}' from the Hub is not a JSON object")
     write_text_atomic(cached, response.text)
-    return config
+    return data
 
 
 def model_from_hf_config(
-    config: dict[str, Any], name: str, hf_id: str | None = None, source: str | None = None
+    config: dict[str, Any],
+    name: str,
+    hf_id: str | None = None,
+    source: str | None = None,
+    quant_file: dict[str, Any] | None = None,
 ) -> Model:
-    """Build a validated Model from a Hugging Face config.json mapping."""
+    """Build a validated Model from a Hugging Face config.json mapping (and the
+    checkpoint's hf_quant_config.json, ``quant_file``, where it has one)."""
     cfg = dict(config.get("text_config") or config)
     model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
     cfg = _standard_keys(cfg, model_type)
@@ -352,7 +373,7 @@ def model_from_hf_config(
         ),
         "attention_bias": bool(cfg.get("attention_bias", model_type in QWEN2_FAMILY)),
         "attn_output_gate": bool(cfg.get("attn_output_gate", False)),
-        "dtype": quant_of_config(cfg, config),
+        "dtype": quant_of_config(cfg, config, quant_file),
     }
     hybrid = _hybrid_patterns(cfg)
     if cfg.get("intermediate_size_mlp"):  # Llama 4: dense layers' width
@@ -391,6 +412,14 @@ def model_from_hf_config(
     step = cfg.get("interleave_moe_layer_step")
     if step and int(step) > 1 and (cfg.get("num_local_experts") or cfg.get("num_experts")):
         entry["ffn_pattern"] = ["dense"] * (int(step) - 1) + ["moe"]
+    sparse = cfg.get("sparse_attention_config")
+    if isinstance(sparse, dict) and sparse.get("use_sparse_attention"):
+        # MiniMax-M3's block-sparse attention: an indexer of its own picks the top blocks
+        entry["sparse_attention"] = {
+            "index_n_heads": int(sparse["sparse_num_index_heads"]),
+            "index_head_dim": int(sparse["sparse_index_dim"]),
+            "index_topk": int(sparse["sparse_topk_blocks"]) * int(sparse["sparse_block_size"]),
+        }
     if cfg.get("index_topk"):
         entry["sparse_attention"] = {
             "index_n_heads": int(cfg["index_n_heads"]),
@@ -408,9 +437,12 @@ def model_from_hf_config(
                 str(cfg.get("mamba_ssm_dtype", "float32")), 4
             ),
         }
+    entry.update(_gemma_attention(cfg, entry))
     moe = _moe(cfg)
     if moe:
         entry["moe"] = moe
+        if cfg.get("dense_intermediate_size") and moe.get("first_dense_layers"):
+            entry["intermediate_size"] = int(cfg["dense_intermediate_size"])
     mtp = cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers")
     if mtp:
         entry["mtp_layers"] = int(mtp)

@@ -32,6 +32,13 @@ class MoESpec(Strict):
         default=0, ge=0, description="Leading layers with a dense FFN (first_k_dense_replace)"
     )
     expert_bias: bool = Field(default=False, description="Experts carry biases (gpt-oss)")
+    latent_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Latent MoE (Nemotron 3 Super, moe_latent_size): routed experts work on "
+        "a latent of this width, projected down from and back up to the hidden size by two "
+        "always-active projections per MoE layer",
+    )
 
     @model_validator(mode="after")
     def _k_le_e(self) -> MoESpec:
@@ -42,6 +49,27 @@ class MoESpec(Strict):
     @property
     def shared_width(self) -> int:
         return self.shared_expert_intermediate_size or self.moe_intermediate_size
+
+
+class FullAttentionShape(Strict):
+    """The full-attention layers' own shape where it differs from the other (sliding)
+    layers' (Gemma 4: global_head_dim, num_global_key_value_heads, attention_k_eq_v)."""
+
+    head_dim: int = Field(ge=1, description="Head dimension of the full-attention layers")
+    num_kv_heads: int = Field(ge=1, description="KV heads of the full-attention layers")
+    k_eq_v: bool = Field(
+        default=False,
+        description="Values are the keys (attention_k_eq_v): no v_proj on these layers",
+    )
+
+
+class PerLayerInputSpec(Strict):
+    """Per-layer embeddings (Gemma 3n/4 E2B and E4B: hidden_size_per_layer_input): a second
+    token-embedding table giving every layer a small input of its own, looked up per token
+    (one row read), and the projections that mix it into each layer."""
+
+    size: int = Field(ge=1, description="hidden_size_per_layer_input, per layer")
+    vocab_size: int = Field(ge=1, description="vocab_size_per_layer_input")
 
 
 class LinearAttentionSpec(Strict):
@@ -124,6 +152,22 @@ class PublishedParams(Strict):
         )
     )
     includes_mtp: bool = Field(default=False, description="Whether the total includes MTP layers")
+    total_label_unit_b: float | None = Field(
+        default=None,
+        gt=0,
+        description="Where the card states the total only as a rounded label ('1T'), the "
+        "unit of its last digit in billions (1000 for 1T): the total is known only to half it",
+    )
+    active_label_unit_b: float | None = Field(
+        default=None,
+        gt=0,
+        description="The same for an active count stated only as a label ('A17B': 1)",
+    )
+    includes_vision: bool = Field(
+        default=False,
+        description="Whether the total (and the active count) includes the vision/audio "
+        "encoders (vision.params_b); Gemma's cards count them",
+    )
     source: Source
 
 
@@ -154,6 +198,23 @@ class Model(Strict):
         description="Attention type of each layer, repeated cyclically over num_layers",
     )
     sliding_window: int | None = Field(default=None, ge=1, description="Tokens, for sliding layers")
+    full_attention: FullAttentionShape | None = Field(
+        default=None,
+        description="Shape of the full-attention layers where it differs (Gemma 4); default "
+        "the model's head_dim and num_kv_heads",
+    )
+    kv_shared_layers: int = Field(
+        default=0,
+        ge=0,
+        description="The last N layers reuse an earlier layer's KV cache and have no k/v "
+        "projections of their own (Gemma 3n/4 num_kv_shared_layers)",
+    )
+    double_wide_mlp: bool = Field(
+        default=False,
+        description="The KV-shared layers' dense MLPs are twice intermediate_size wide "
+        "(Gemma 4 use_double_wide_mlp)",
+    )
+    per_layer_input: PerLayerInputSpec | None = None
     linear_attention: LinearAttentionSpec | None = None
     mla: MLASpec | None = None
     mamba: MambaSpec | None = None
@@ -198,6 +259,8 @@ class Model(Strict):
             raise ValueError("a dense model needs intermediate_size")
         if self.moe is not None and self.moe.first_dense_layers and not self.intermediate_size:
             raise ValueError("moe.first_dense_layers needs intermediate_size")
+        if self.kv_shared_layers >= self.num_layers:
+            raise ValueError("kv_shared_layers must leave at least one layer with its own KV")
         return self
 
     @property
@@ -212,6 +275,17 @@ class Model(Strict):
 
     def count_layers(self, kind: LayerType) -> int:
         return sum(1 for t in self.layer_types if t == kind)
+
+    def count_cache_layers(self, kind: LayerType) -> int:
+        """Layers of ``kind`` that keep a KV cache of their own (not KV-shared)."""
+        own = self.layer_types[: self.num_layers - self.kv_shared_layers]
+        return sum(1 for t in own if t == kind)
+
+    def attention_shape(self, kind: LayerType) -> tuple[int, int]:
+        """(head_dim, KV heads) of one layer of ``kind``."""
+        if kind == "full_attention" and self.full_attention is not None:
+            return self.full_attention.head_dim, self.full_attention.num_kv_heads
+        return self.head_dim, self.num_kv_heads
 
     def ffn_kind(self, layer: int) -> FFNType:
         """The feed-forward block of one layer (0-based)."""

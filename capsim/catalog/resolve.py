@@ -197,7 +197,7 @@ def _checkpoint_format(model: Model, repo: str) -> str | None:
 
 
 def _import_config_path(path: Path, catalog: Catalog) -> ResolvedModel:
-    from capsim.catalog.hf_import import read_config
+    from capsim.catalog.hf_import import quant_file_beside, read_config
 
     config_path = path / "config.json" if path.is_dir() else path
     if not config_path.is_file():
@@ -213,13 +213,21 @@ def _import_config_path(path: Path, catalog: Catalog) -> ResolvedModel:
     name = normalise_name(own or "model") or "model"
     hf_id = str(config.get("_name_or_path") or f"local/{config_path.parent.name or name}")
     model_name = f"local--{name}"
-    resolved = _write_imported(config, model_name, hf_id, str(config_path), catalog)
+    resolved = _write_imported(
+        config, model_name, hf_id, str(config_path), catalog, quant_file_beside(config_path)
+    )
     notice(f"'{path}' imported as {model_name} from its config.json")
     return resolved
 
 
 def _import_from_hub(repo: str, tag: str | None, catalog: Catalog, offline: bool) -> ResolvedModel:
-    from capsim.catalog.hf_import import fetch_hub_config, local_hub_config_path, read_config
+    from capsim.catalog.hf_import import (
+        fetch_hub_config,
+        fetch_hub_quant_file,
+        local_hub_config_path,
+        quant_file_beside,
+        read_config,
+    )
 
     name = imported_name(repo)
     cached = overlay_dir() / "models" / f"{name}.yaml"
@@ -233,6 +241,7 @@ def _import_from_hub(repo: str, tag: str | None, catalog: Catalog, offline: bool
     local = local_hub_config_path(repo)
     if local is not None:  # downloaded here already (a server on this machine loaded it)
         config, source = read_config(local), f"the local Hugging Face cache ({local})"
+        quant_file = quant_file_beside(local)
         how = f"read from the local Hugging Face cache ({local}) as {name}"
     elif offline:
         raise CapsimUserError(
@@ -242,8 +251,9 @@ def _import_from_hub(repo: str, tag: str | None, catalog: Catalog, offline: bool
         )
     else:
         config, source = fetch_hub_config(repo), f"the Hugging Face Hub ({repo})"
+        quant_file = fetch_hub_quant_file(repo)
         how = f"fetched from the Hugging Face Hub and cached as {name}"
-    resolved = _write_imported(config, name, repo, source, catalog)
+    resolved = _write_imported(config, name, repo, source, catalog, quant_file)
     quant = _format_of_tag(tag, catalog) if tag else resolved.quant
     notice(f"'{repo}' {how}")
     return ResolvedModel(resolved.name, quant, resolved.overlay)
@@ -254,18 +264,40 @@ def _imported_format(model: Model) -> str | None:
 
 
 def _write_imported(
-    config: dict, name: str, hf_id: str, source: str, catalog: Catalog
+    config: dict,
+    name: str,
+    hf_id: str,
+    source: str,
+    catalog: Catalog,
+    quant_file: dict | None = None,
 ) -> ResolvedModel:
+    """Import a config.json (and its hf_quant_config.json) as ``name`` into the overlay.
+    Where the files state no quantization, the repo name's format ending decides; a stated
+    format capsim does not know falls back to that ending, else the torch dtype, with a
+    notice (``--quant`` still chooses)."""
     from capsim.catalog.hf_import import model_from_hf_config, write_model_yaml
+    from capsim.catalog.hf_quant import torch_dtype_format
 
-    model = model_from_hf_config(config, name, hf_id=hf_id, source=source)
-    if model.dtype not in {f.name for f in catalog.quant_formats}:
-        raise CapsimUserError(
-            f"{hf_id} is stored as '{model.dtype}', a weight format capsim does not know",
-            hint="pass --quant with a format from 'capsim quants'",
+    model = model_from_hf_config(config, name, hf_id=hf_id, source=source, quant_file=quant_file)
+    known = {f.name for f in catalog.quant_formats}
+    stated = model.dtype
+    _, by_name, suffix = _strip_format(hf_id.split("/")[-1], catalog)
+    if stated not in known:
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        fallback = by_name or torch_dtype_format(text or config, config)
+        why = f"its name ends in '-{suffix}'" if by_name else "its torch dtype"
+        notice(
+            f"{hf_id} is stored as '{stated}', a weight format capsim does not know: "
+            f"simulated as {fallback} ({why}); pass --quant to choose (capsim quants)"
         )
+        model = model.model_copy(update={"dtype": fallback})
+    elif by_name and stated in ("bf16", "fp16") and by_name != stated:
+        notice(
+            f"{hf_id}: its files state no quantization; weight format {by_name} inferred "
+            f"from its name's ending '-{suffix}'"
+        )
+        model = model.model_copy(update={"dtype": by_name})
+    elif stated not in ("bf16", "fp16"):
+        notice(f"{hf_id}: weight format {stated} read from its quantization config")
     write_model_yaml(model, overlay_dir())
-    quant = _imported_format(model)
-    if quant:
-        notice(f"{hf_id}: weight format {quant} read from its quantization_config")
-    return ResolvedModel(model.name, quant, overlay_dir())
+    return ResolvedModel(model.name, _imported_format(model), overlay_dir())

@@ -309,13 +309,24 @@ def models_import_hf(
     force: ForceOption = False,
 ) -> None:
     """Write a model YAML from a Hugging Face config.json into a user catalog directory."""
-    from capsim.catalog.hf_import import model_from_hf_config, read_config, write_model_yaml
+    from capsim.catalog.hf_import import (
+        model_from_hf_config,
+        quant_file_beside,
+        read_config,
+        write_model_yaml,
+    )
     from capsim.catalog.loader import user_db_dirs
     from capsim.files import file_stem, refuse_overwrite
     from capsim.physics.parameters import parameter_breakdown
 
     file_stem(name, "--name")
-    model = model_from_hf_config(read_config(config), name, hf_id=hf_id, source=str(config))
+    model = model_from_hf_config(
+        read_config(config),
+        name,
+        hf_id=hf_id,
+        source=str(config),
+        quant_file=quant_file_beside(config),
+    )
     if out is None:
         env_dirs = user_db_dirs()
         out = env_dirs[0] if env_dirs else Path("capsim-db")

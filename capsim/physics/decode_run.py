@@ -34,7 +34,7 @@ class DecodeRuns:
         total_sum = ctx_sum + seqs * width
         pairs = width * ctx_sum + seqs * width * (width + 1) / 2
         kv_read = total_sum * kv.full_bytes_per_token
-        attn = self.full_layers * pairs
+        attn = self.full_pair_flops * pairs  # attention FLOPs
         ctx = None
         if kv.sliding_window is not None or self._draft_model_runs:
             ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
@@ -44,19 +44,18 @@ class DecodeRuns:
             )
             if self.sliding_layers:
                 n = np.full_like(ctx, width)
-                attn = attn + self.sliding_layers * causal_pairs(ctx, n, kv.sliding_window).sum(
-                    axis=1
-                )
+                windowed = causal_pairs(ctx, n, kv.sliding_window).sum(axis=1)
+                attn = attn + self.sliding_pair_flops * windowed
         else:
             kv_read += total_sum * kv.sliding_bytes_per_token
-            attn = attn + self.sliding_layers * pairs
+            attn = attn + self.sliding_pair_flops * pairs
         logits = seqs * width if self.deployment.spec is not None else seqs
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(
             float(seqs * width), seqs, logits
         )
         attention = roofline(
             att_mem + kv_read / self.kv_bw,
-            att_cmp + self.pair_flops * attn / self.attention_flops_rate,
+            att_cmp + attn / self.attention_flops_rate,
             self.params.roofline_sharpness,
         )
         device = gpu + attention if not dispatch else self._overlapped(gpu + attention, dispatch)
@@ -72,11 +71,10 @@ class DecodeRuns:
         kv = self.kv
         adv = self.decode_advance
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(float(seqs), seqs, seqs)
-        layers = self.full_layers + self.sliding_layers
         kv_bytes = kv.full_bytes_per_token + kv.sliding_bytes_per_token
         # at step j: summed context S0 + seqs adv j; KV read of (S + seqs) tokens and
         # S + seqs query-key pairs a layer (one new token each)
-        pair_time = self.pair_flops * layers / self.attention_flops_rate
+        pair_time = (self.full_pair_flops + self.sliding_pair_flops) / self.attention_flops_rate
         mem0 = att_mem + (context_sum + seqs) * kv_bytes / self.kv_bw
         cmp0 = att_cmp + (context_sum + seqs) * pair_time
         mem_slope = seqs * adv * kv_bytes / self.kv_bw

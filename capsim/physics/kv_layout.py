@@ -3,7 +3,8 @@ one sequence, for state) costs in memory and in reads.
 
 KV cache per layer type (per token of context, per GPU):
 
-* full attention: 2 (K and V) x kv_heads_per_gpu x head_dim x kv_dtype_bytes
+* full attention: 2 (K and V) x kv_heads_per_gpu x head_dim x kv_dtype_bytes, in the
+  full layers' own head shape where the model gives them one (Gemma 4's global_head_dim)
 * sliding-window attention: the same per token, but a sequence never holds more than
   ``sliding_window`` tokens of it
 * MLA (DeepSeek): (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes, one latent shared by
@@ -12,6 +13,7 @@ KV cache per layer type (per token of context, per GPU):
   value_heads_per_gpu x key_head_dim x value_head_dim x state_dtype_bytes plus the
   convolution window (conv_kernel - 1) x conv_channels_per_gpu x 2 bytes
 
+Layers that share an earlier layer's KV (Gemma 3n/4 num_kv_shared_layers) add none.
 All byte counts are per GPU of one tensor-parallel group.
 """
 
@@ -76,17 +78,19 @@ def kv_layout(model: Model, kv_dtype: str = "auto", tp: int = 1) -> KVLayout:
     elem = kv_dtype_bytes(kv_dtype, model)
     per_type: dict[str, float] = {}
     if model.mla is not None:
-        attn_layer = (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * elem
-        per_type["mla"] = attn_layer
+        full_layer = sliding_layer = (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * elem
+        per_type["mla"] = full_layer
     else:
-        attn_layer = 2 * kv_heads_per_gpu(model, tp) * model.head_dim * elem
-    n_full = model.count_layers("full_attention")
-    n_sliding = model.count_layers("sliding_attention")
+        full_layer = _kv_entry_bytes(model, "full_attention", tp, elem)
+        sliding_layer = _kv_entry_bytes(model, "sliding_attention", tp, elem)
+    # KV-shared layers (Gemma 3n/4) read an earlier layer's cache and keep none of their own
+    n_full = model.count_cache_layers("full_attention")
+    n_sliding = model.count_cache_layers("sliding_attention")
     n_linear = model.count_layers("linear_attention")
     if n_full and model.mla is None:
-        per_type["full_attention"] = attn_layer
+        per_type["full_attention"] = full_layer
     if n_sliding:
-        per_type["sliding_attention"] = attn_layer
+        per_type["sliding_attention"] = sliding_layer
     state = 0.0
     if n_linear:
         la = model.linear_attention
@@ -108,12 +112,21 @@ def kv_layout(model: Model, kv_dtype: str = "auto", tp: int = 1) -> KVLayout:
         per_type["mamba_state_per_sequence"] = ssm + conv
         state += n_mamba * (ssm + conv)
     return KVLayout(
-        full_bytes_per_token=n_full * attn_layer,
-        sliding_bytes_per_token=n_sliding * attn_layer,
+        full_bytes_per_token=n_full * full_layer,
+        sliding_bytes_per_token=n_sliding * sliding_layer,
         sliding_window=model.sliding_window if n_sliding else None,
         state_bytes_per_sequence=state,
         per_layer_type=per_type,
     )
+
+
+def _kv_entry_bytes(model: Model, kind: str, tp: int, elem: float) -> float:
+    """Bytes per token of one attention layer's K and V on one GPU, in that layer kind's
+    own head shape (Model.attention_shape). Keys that double as values (Gemma 4's
+    attention_k_eq_v) are still counted as two entries: whether an engine stores the one
+    tensor once is not sourced here."""
+    head_dim, kv_heads = model.attention_shape(kind)  # type: ignore[arg-type]
+    return 2 * max(1.0, kv_heads / tp) * head_dim * elem
 
 
 def kv_bytes_per_token(model: Model, kv_dtype: str = "auto", tp: int = 1) -> float:

@@ -118,6 +118,10 @@ def weight_bytes(
     )
     parts = {
         "embeddings": p.embeddings * embedding_bits / 8 / tp,
+        "per_layer_embeddings": p.per_layer_embeddings
+        * (fmt.embedding_bits or fmt.unquantized_bits)
+        / 8
+        / tp,
         "lm_head": p.lm_head * lm_head_bits / 8 / tp,
         "attention": p.attention * _format_bits(fmt, "attention") / 8 / tp,
         "linear_attention": (

@@ -62,12 +62,14 @@ class ParameterBreakdown:
     expert_params_per_expert: int
     moe_layers: int
     vision: int = 0
+    per_layer_embeddings: int = 0
 
     @property
     def total(self) -> int:
         """All weights of the main model (MTP excluded)."""
         return (
             self.embeddings
+            + self.per_layer_embeddings
             + self.lm_head
             + self.attention
             + self.linear_attention
@@ -95,7 +97,7 @@ class ParameterBreakdown:
         """Weights one token uses, without the input embedding table (OpenAI gpt-oss
         convention; also what a decode step actually reads, since an embedding lookup
         reads one row, not the table)."""
-        return self.active - self.embeddings
+        return self.active - self.embeddings - self.per_layer_embeddings
 
     def active_by_convention(self, convention: str) -> int:
         """Active weights counted the way a model card does (see PublishedParams)."""
@@ -118,8 +120,10 @@ class ParameterBreakdown:
         return d
 
 
-def attention_params(model: Model) -> int:
-    """Weights of one softmax-attention layer (full or sliding), MLA included."""
+def attention_params(model: Model, kind: str = "full_attention", own_kv: bool = True) -> int:
+    """Weights of one softmax-attention layer of ``kind`` (full or sliding, each with its
+    own head shape: Model.attention_shape), MLA included; ``own_kv`` False for a KV-shared
+    layer, which has no k/v projections."""
     h = model.hidden_size
     heads = model.num_attention_heads
     if model.mla is not None:
@@ -133,12 +137,16 @@ def attention_params(model: Model) -> int:
         kv += m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
         o = heads * m.v_head_dim * h
         return q + kv + o + indexer_params(model)
-    d = model.head_dim
+    d, kv_heads = model.attention_shape(kind)  # type: ignore[arg-type]
     q_width = heads * d * (2 if model.attn_output_gate else 1)
-    kv_width = model.num_kv_heads * d
-    params = h * q_width + 2 * h * kv_width + heads * d * h
+    kv_width = kv_heads * d
+    shape = model.full_attention
+    kv_projections = (
+        0 if not own_kv else (1 if kind == "full_attention" and shape and shape.k_eq_v else 2)
+    )
+    params = h * q_width + kv_projections * h * kv_width + heads * d * h
     if model.attention_bias:
-        params += q_width + 2 * kv_width
+        params += q_width + kv_projections * kv_width
     return params
 
 
@@ -186,9 +194,10 @@ def ffn_params(hidden: int, width: int, gated: bool = True) -> int:
 
 
 def expert_params(model: Model) -> int:
-    """Weights of one routed expert."""
+    """Weights of one routed expert (on the latent width for a latent MoE)."""
     assert model.moe is not None
-    p = ffn_params(model.hidden_size, model.moe.moe_intermediate_size, model.mlp_gated)
+    width_in = model.moe.latent_size or model.hidden_size
+    p = ffn_params(width_in, model.moe.moe_intermediate_size, model.mlp_gated)
     if model.moe.expert_bias:
         p += 2 * model.moe.moe_intermediate_size + model.hidden_size
     return p
@@ -202,11 +211,16 @@ def layer_ffn_params(model: Model, layer: int) -> dict[str, int]:
         return {}
     if kind == "dense":
         assert model.intermediate_size is not None
-        return {"mlp": ffn_params(h, model.intermediate_size, model.mlp_gated)}
+        width = model.intermediate_size
+        if model.double_wide_mlp and layer >= model.num_layers - model.kv_shared_layers:
+            width *= 2
+        return {"mlp": ffn_params(h, width, model.mlp_gated)}
     moe = model.moe
     assert moe is not None
     per_expert = expert_params(model)
     shared = moe.num_shared_experts * ffn_params(h, moe.shared_width, model.mlp_gated)
+    if moe.latent_size:  # the down- and up-projections around the latent experts
+        shared += 2 * h * moe.latent_size
     router = h * moe.num_experts + (h if moe.num_shared_experts else 0)
     return {
         "shared": shared,
@@ -237,6 +251,7 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
     attn = attention_params(model)
     la_proj, la_small = linear_attention_params(model)
     mamba_proj, mamba_small = mamba_params(model)
+    first_shared = model.num_layers - model.kv_shared_layers
     for layer, kind in enumerate(model.layer_types):
         if kind == "linear_attention":
             totals["linear_attention"] += la_proj
@@ -245,7 +260,7 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
             totals["linear_attention"] += mamba_proj
             totals["linear_attention_small"] += mamba_small
         elif kind != "none":
-            totals["attention"] += attn
+            totals["attention"] += attention_params(model, kind, own_kv=layer < first_shared)
         ffn = layer_ffn_params(model, layer)
         if "routed" in ffn:
             moe_layers += 1
@@ -254,6 +269,15 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
         blocks += (kind != "none") + bool(ffn)
     norms = h * blocks + h
     embeddings = model.vocab_size * h
+    per_layer_embeddings = 0
+    if model.per_layer_input is not None:
+        # the per-layer table, the projection of the hidden state to every layer's input
+        # (and its norm), and each layer's gate and projection back (and their norm)
+        ple = model.per_layer_input
+        width = model.num_layers * ple.size
+        per_layer_embeddings = ple.vocab_size * width
+        totals["mlp"] += h * width + model.num_layers * 2 * h * ple.size
+        norms += ple.size + model.num_layers * h
     lm_head = 0 if model.tie_word_embeddings else model.vocab_size * h
 
     mtp = 0
@@ -282,4 +306,5 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
         expert_params_per_expert=per_expert,
         moe_layers=moe_layers,
         vision=vision,
+        per_layer_embeddings=per_layer_embeddings,
     )

@@ -260,7 +260,8 @@ class StepModel(
         dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
         expert_flops = routed * self.expert_flops_per_token * on_gpu
         attn_flops = (
-            self.pair_flops * (self.full_layers * pairs + self.sliding_layers * pairs_windowed)
+            self.full_pair_flops * pairs
+            + self.sliding_pair_flops * pairs_windowed
             + tokens * self.linear_flops_per_token
         )
         t_comm = passes * self.communication_scalar(graph / passes) if tokens else 0.0
@@ -398,9 +399,7 @@ class StepModel(
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
         kv = self.kv
         kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
-        attention_flops = self.pair_flops * (
-            self.full_layers * pairs + self.sliding_layers * pairs_windowed
-        )
+        attention_flops = self.full_pair_flops * pairs + self.sliding_pair_flops * pairs_windowed
         attention = roofline_scalar(
             att_mem + kv_read / self.kv_bw,
             att_cmp + attention_flops / self.attention_flops_rate,

@@ -35,6 +35,7 @@ class WorkCounts:
         # row per token), the routed experts and a vision tower (text-only steps never run
         # it); a tied table is the output head as well, and the head reads all of it
         looked_up = 0.0 if model.tie_word_embeddings else parts["embeddings"]
+        looked_up += parts["per_layer_embeddings"]  # Gemma 3n/4: a row per token and layer
         self.dense_weight_bytes = (
             sum(parts.values()) - looked_up - parts["vision"] - self.routed_bytes_all
         )
@@ -57,17 +58,12 @@ class WorkCounts:
             if elementwise_bytes is None
             else elementwise_bytes
         )
-        heads = model.num_attention_heads / tp
-        if model.mla is not None:
-            m = model.mla
-            per_pair = (
-                2 * heads * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * heads * m.kv_lora_rank
-            )
-        else:
-            per_pair = 4 * heads * model.head_dim
-        self.pair_flops = float(per_pair)
         self.full_layers = model.count_layers("full_attention")
         self.sliding_layers = model.count_layers("sliding_attention")
+        # FLOPs of one query-key pair (QK^T and PV), summed over the layers of each kind;
+        # each kind with its own head dimension (Gemma 4's full layers: global_head_dim)
+        self.full_pair_flops = self.full_layers * _pair_flops(model, "full_attention", tp)
+        self.sliding_pair_flops = self.sliding_layers * _pair_flops(model, "sliding_attention", tp)
         self.linear_layers = model.count_layers("linear_attention")
         la = model.linear_attention
         # Gated DeltaNet: the state update and read-out, 6 x dk x dv FLOPs a head and token
@@ -91,3 +87,13 @@ class WorkCounts:
                 * mb.state_size
             )
         return parts
+
+
+def _pair_flops(model, kind: str, tp: int) -> float:
+    """FLOPs of one query-key pair in one attention layer of ``kind``, per GPU."""
+    heads = model.num_attention_heads / tp
+    if model.mla is not None:
+        m = model.mla
+        return float(2 * heads * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * heads * m.kv_lora_rank)
+    head_dim, _ = model.attention_shape(kind)
+    return float(4 * heads * head_dim)
