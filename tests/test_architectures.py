@@ -5,6 +5,7 @@ and the new architectural terms cost what a hand count says."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,60 @@ def test_minimax_m3_leads_with_dense_layers_of_their_own_width():
     p = parameter_breakdown(m)
     assert p.mlp == 3 * 3 * 6144 * 12288
     assert p.moe_layers == 57
+
+
+CATALOG_CONFIGS = Path(__file__).parent / "data" / "hf_configs_catalog"
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in CATALOG_CONFIGS.iterdir() if p.is_dir()))
+def test_a_catalog_models_own_config_imports_as_its_hand_written_entry(folder):
+    """The config.json of a catalog model (tests/data/hf_configs_catalog/SOURCES.md) gives
+    the entry's parameter breakdown, KV layout and weight format exactly."""
+    from capsim.catalog.loader import load_catalog
+    from capsim.catalog.resolve import resolve_model
+
+    cat = load_catalog()
+    repo = folder.replace("--", "/")
+    entry = cat.model(resolve_model(repo, cat, offline=True).name)
+    path = CATALOG_CONFIGS / folder / "config.json"
+    imported = model_from_hf_config(read_config(path), "imported", hf_id=repo)
+    assert parameter_breakdown(imported) == parameter_breakdown(entry)
+    assert kv_layout(imported) == kv_layout(entry)
+    assert imported.dtype == entry.dtype
+
+
+QUANT = Path(__file__).parent / "data" / "hf_quant"
+QUANT_CASES = yaml.safe_load((QUANT / "SOURCES.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(QUANT_CASES))
+def test_a_real_checkpoints_quantization_metadata_names_its_format(name):
+    """tests/data/hf_quant: ModelOpt's hf_quant_config.json (single and MIXED_PRECISION) and
+    config.json quantization blocks (ModelOpt, compressed-tensors mixed-precision, MXFP4,
+    block FP8), each as published, read as the format its weights are stored in."""
+    from capsim.catalog.hf_quant import quant_of_config
+
+    text = (QUANT / name).read_text()
+    if name.endswith("hf_quant_config.json"):
+        found = quant_of_config({}, {}, json.loads(text))
+    else:
+        found = quant_of_config(json.loads("{" + text.strip().rstrip(",") + "}"), {})
+    assert found == QUANT_CASES[name]["format"]
+    assert set(QUANT_CASES) == {p.name for p in QUANT.iterdir()} - {"SOURCES.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("block", "expected"),
+    [
+        ({"group_size": 64, "bits": 4}, "mlx-4bit"),
+        ({"group_size": 64, "bits": 8, "mode": "affine"}, "mlx-8bit"),
+        ({"group_size": 32, "bits": 4, "mode": "mxfp4"}, "mxfp4"),
+        ({"group_size": 16, "bits": 4, "mode": "nvfp4"}, "nvfp4"),
+    ],
+)
+def test_mlx_quantization_blocks(block, expected):
+    """mlx-lm writes {group_size, bits[, mode]} as config.json's "quantization" (and the same
+    as "quantization_config"): mlx_lm/utils.py at d78bf58e."""
+    from capsim.catalog.hf_quant import quant_of_config
+
+    assert quant_of_config({"quantization": block, "quantization_config": block}, {}) == expected

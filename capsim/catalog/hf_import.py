@@ -25,6 +25,10 @@ QUANT_FILE = "hf_quant_config.json"
 """NVIDIA ModelOpt's file beside config.json that states a checkpoint's quantisation."""
 STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QWEN2_FAMILY = {"qwen2", "qwen2_moe"}
+GATED_ATTENTION = {"qwen3_next"}
+"""Architectures whose q_proj always also produces an output gate, which their configs do not
+state (public Qwen3-Next implementations, e.g. the MLX ports, build q_proj as
+num_attention_heads x head_dim x 2)."""
 ALWAYS_SLIDING = {"mistral", "mixtral"}
 
 UNGATED_FFN = {
@@ -158,8 +162,12 @@ def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> lis
     if isinstance(cfg.get("layer_types"), list) and cfg["layer_types"]:
         return compress_pattern([str(t) for t in cfg["layer_types"]])
     if cfg.get("attention_chunk_size") and isinstance(cfg.get("no_rope_layers"), list):
-        # Llama 4: RoPE layers attend within a chunk, NoPE layers globally
-        flags = cfg["no_rope_layers"]
+        # Llama 4: RoPE layers attend within a chunk, NoPE layers globally; an empty list
+        # is transformers' default, every no_rope_layer_interval-th layer (4) without RoPE
+        flags = cfg["no_rope_layers"] or [
+            int((i + 1) % int(cfg.get("no_rope_layer_interval") or 4) != 0)
+            for i in range(num_layers)
+        ]
         return compress_pattern(
             ["sliding_attention" if f else "full_attention" for f in flags[:num_layers]]
         )
@@ -372,7 +380,7 @@ def model_from_hf_config(
             cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", True))
         ),
         "attention_bias": bool(cfg.get("attention_bias", model_type in QWEN2_FAMILY)),
-        "attn_output_gate": bool(cfg.get("attn_output_gate", False)),
+        "attn_output_gate": bool(cfg.get("attn_output_gate", model_type in GATED_ATTENTION)),
         "dtype": quant_of_config(cfg, config, quant_file),
     }
     hybrid = _hybrid_patterns(cfg)

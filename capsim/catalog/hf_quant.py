@@ -37,17 +37,22 @@ MODELOPT_ALGOS = {
     "FP8": "fp8",
     "FP8_PER_CHANNEL_PER_TOKEN": "fp8",
     "FP8_PB_WO": "fp8",
+    "MXFP8": "fp8",
     "NVFP4": "nvfp4",
     "NVFP4_AWQ": "nvfp4",
+    "NVFP4_SVD": "nvfp4",
     "W4A16_NVFP4": "nvfp4",
-    "MXFP8": "fp8",
+    "W4A8_NVFP4_FP8": "nvfp4",
     "W4A16_AWQ": "awq-int4",
     "W4A8_AWQ": "awq-int4",
-    "MXFP4": "mxfp4",
     "W4A8_MXFP4_FP8": "mxfp4",
+    "W8A16": "w8a16-int8",
+    "W8A8_SQ_PER_CHANNEL": "int8",
 }
-"""ModelOpt ``quant_algo`` names (modelopt.torch.export's QUANTIZATION_* constants) and the
-catalog format whose weight storage each one has."""
+"""ModelOpt ``quant_algo`` names and the catalog format with each one's weight storage: the
+per-layer algorithms its exporter writes (nvidia-modelopt 0.47.0,
+modelopt/torch/export/quant_utils.py) and FP8_PB_WO, which vLLM 0.33's ModelOpt config also
+accepts (vllm/model_executor/layers/quantization/modelopt.py)."""
 
 MLX_MODES = {"mxfp4": "mxfp4", "nvfp4": "nvfp4", "mxfp8": "fp8"}
 """MLX's floating-point quantisation modes and the catalog format of each; its default

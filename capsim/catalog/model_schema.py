@@ -195,6 +195,7 @@ class Model(Strict):
     )
     layer_pattern: list[LayerType] = Field(
         default_factory=lambda: ["full_attention"],
+        min_length=1,
         description="Attention type of each layer, repeated cyclically over num_layers",
     )
     sliding_window: int | None = Field(default=None, ge=1, description="Tokens, for sliding layers")
@@ -227,6 +228,7 @@ class Model(Strict):
     )
     ffn_pattern: list[FFNType] | None = Field(
         default=None,
+        min_length=1,
         description="FFN kind of each layer, repeated cyclically over num_layers (Llama 4 "
         "Maverick: [dense, moe]; Nemotron-H: none on mixer layers); default: MoE on every "
         "layer after moe.first_dense_layers, else dense",

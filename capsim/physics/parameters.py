@@ -27,6 +27,16 @@ Formulas (gated-SiLU FFNs as in Llama/Qwen/DeepSeek/GLM/gpt-oss; h = hidden size
   Router: h*E per MoE layer; Qwen-style shared expert gate: h per layer.
 * Vision tower of a vision-language model: the parameter count its source states
   (``vision.params_b``), kept apart from the text model's total.
+* Per-layer attention shapes (Gemma 4): full-attention layers take their own head dim and
+  KV heads (``Model.attention_shape``), no v_proj where the keys are the values
+  (attention_k_eq_v); KV-shared layers (the last ``kv_shared_layers``) have no k/v
+  projections.
+* Latent MoE (Nemotron 3 Super): each routed expert works on ``moe.latent_size`` instead
+  of h, and each MoE layer adds the h -> latent -> h projections (2*h*latent, counted with
+  the always-active shared expert weights).
+* Per-layer embeddings (Gemma E models): a table of vocab_per_layer x (layers x size),
+  kept apart (``per_layer_embeddings``: looked up, never read whole), plus the projection
+  h x (layers x size) and each layer's gate and projection back (2*h*size), with the MLPs.
 * Norms: h per block (mixer and FFN) + h final (q/k norms of 2*d per attention layer where
   present are
   folded in as negligible).
