@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from capsim.errors import CapsimUserError
 
@@ -146,3 +147,20 @@ def write_text_atomic(path: Path, text: str) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads`` whose every failure is a ``json.JSONDecodeError``: a document nested
+    past Python's recursion limit (json.loads raises RecursionError), an integer of over
+    4,300 digits or bytes that are not UTF-8 (ValueError) are malformed input like any
+    other, so every reader's JSONDecodeError handling covers them."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
+    except ValueError as exc:
+        raise json.JSONDecodeError(str(exc).split("\n")[0], "", 0) from None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from capsim.catalog.hf_import import model_from_hf_config, quant_file_beside, read_config
 from capsim.physics.kv_layout import kv_layout
@@ -197,3 +199,40 @@ def test_mlx_quantization_blocks(block, expected):
     from capsim.catalog.hf_quant import quant_of_config
 
     assert quant_of_config({"quantization": block, "quantization_config": block}, {}) == expected
+
+
+HOSTILE_VALUES = [None, "x", "", -1, 0, 1.5, [], {}, [1], {"a": 1}, 10**30, True, 1e308]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    folder=st.sampled_from(sorted(PUBLISHED)),
+    edits=st.lists(
+        st.tuples(st.integers(0, 10_000), st.sampled_from([*HOSTILE_VALUES, "<drop>"])),
+        min_size=1,
+        max_size=3,
+    ),
+    in_text_config=st.booleans(),
+)
+def test_a_mutated_config_imports_or_says_what_is_wrong(folder, edits, in_text_config):
+    """issue 47: any key of a real config.json set to a value of another type or range, or
+    dropped, either imports or is a user error (exit 2 at the command line), never another
+    exception; a million layers are refused, not expanded."""
+    from capsim.errors import CapsimUserError
+
+    config = read_config(DATA / folder / "config.json")
+    target = config.get("text_config") if in_text_config else None
+    target = target if isinstance(target, dict) else config
+    keys = sorted(target)
+    for index, value in edits:
+        key = keys[index % len(keys)]
+        if value == "<drop>":
+            target.pop(key, None)
+        else:
+            target[key] = value
+    try:
+        model = model_from_hf_config(config, "mutated")
+    except CapsimUserError:
+        return
+    parameter_breakdown(model)
+    kv_layout(model, "auto", tp=1)

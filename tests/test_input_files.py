@@ -41,6 +41,8 @@ def hostile_files(folder: Path) -> dict[str, Path]:
         f.truncate(MAX_INPUT_BYTES + 1)
     files["laughs"] = folder / "laughs.yaml"
     files["laughs"].write_text(LAUGHS)
+    files["deep"] = folder / "deep.json"  # json.loads: RecursionError; libyaml: its own limit
+    files["deep"].write_text("[" * 100_000 + "]" * 100_000)
     files["missing"] = folder / "missing.yaml"
     return files
 
@@ -54,6 +56,8 @@ REASONS = {
     "oversize": "more than the 64 MB",
     "laughs": "expands to more than",
     "missing": "does not exist",
+    # json.loads, pydantic's JSON parser, libyaml and the lengths reader each say it their way
+    "deep": ("nested too deeply", "recursion limit", "nesting depth", "other than numbers"),
 }
 
 COMMANDS = {
@@ -93,7 +97,8 @@ def test_every_reader_refuses_hostile_files_with_exit_2(command, tmp_path):
         reason = "unknown profile" if (command, kind) == ("profile", "missing") else REASONS[kind]
         if (command, kind) == ("lengths", "oversize"):
             reason = "more than the 8 MB"  # a lengths file has a lower bound of its own
-        assert reason in out, (command, kind, out)
+        reasons = reason if isinstance(reason, tuple) else (reason,)
+        assert any(r in out for r in reasons), (command, kind, out)
 
 
 def test_a_catalog_overlay_file_that_is_hostile_is_named(tmp_path):

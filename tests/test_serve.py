@@ -209,6 +209,13 @@ def test_malformed_json_is_a_400(server):
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400 and "Invalid JSON" in r.json()["error"]["message"]
+    for body in (b"[" * 100_000 + b"]" * 100_000, b'{"max_tokens": ' + b"9" * 5000 + b"}"):
+        r = httpx.post(
+            server + "/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400 and "Invalid JSON" in r.json()["error"]["message"]
 
 
 def test_probe_against_serve_reproduces_predict(server, tmp_path):

@@ -21,7 +21,6 @@ kernel's share of peak bandwidth (``eager_elementwise_shares``) and added as mea
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from capsim.calibration.least_squares import bounds_and_start, check_fittable, j
 from capsim.catalog.loader import Catalog
 from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
-from capsim.files import read_input_text
+from capsim.files import loads_json, read_input_text
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.kv_layout import kv_heads_per_gpu
@@ -111,7 +110,7 @@ def load_json_dataset(path: Path, schema: type[DatasetT], what: str) -> DatasetT
     """Read a JSON file and validate it as ``schema``; a missing or invalid file is a user
     error naming ``what`` it should have been."""
     try:
-        return schema.model_validate(json.loads(read_input_text(path, what)))
+        return schema.model_validate(loads_json(read_input_text(path, what)))
     except ValueError as exc:  # bad JSON (JSONDecodeError) or a failed validation
         raise CapsimUserError(f"{path} is not a valid {what}: {exc}") from None
 

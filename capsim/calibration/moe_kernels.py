@@ -13,7 +13,6 @@ small ones (Qwen3-Next's 512 at TP=4) the per-expert cost.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points, load_json_dataset
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
-from capsim.files import read_input_text
+from capsim.files import loads_json, read_input_text
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.step import StepModel
@@ -60,7 +59,7 @@ class MoeKernelDataset(BaseModel):
 def is_moe_dataset(path: Path) -> bool:
     """Whether a kernel dataset file holds fused-MoE timings."""
     try:
-        return json.loads(read_input_text(path, "kernel dataset")).get("kind") == "fused_moe"
+        return loads_json(read_input_text(path, "kernel dataset")).get("kind") == "fused_moe"
     except (CapsimUserError, ValueError, AttributeError):
         return False
 

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from capsim.catalog.hf_quant import quant_of_config
 from capsim.catalog.loader import format_validation_error
-from capsim.catalog.model_schema import Model
+from capsim.catalog.model_schema import MAX_LAYERS, Model
 from capsim.errors import CapsimUserError
-from capsim.files import write_text_atomic
+from capsim.files import loads_json, write_text_atomic
 
 QUANT_FILE = "hf_quant_config.json"
 """NVIDIA ModelOpt's file beside config.json that states a checkpoint's quantisation."""
@@ -66,7 +66,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
     text = read_input_text(path, "config file")
     try:
-        data = json.loads(text)
+        data = loads_json(text)
     except json.JSONDecodeError as exc:
         raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -102,10 +102,9 @@ def _gemma_attention(cfg: dict[str, Any], entry: dict[str, Any]) -> dict[str, An
 def compress_pattern(layer_types: list[str]) -> list[str]:
     """The shortest cycle that repeats to ``layer_types`` (the whole list if none does)."""
     n = len(layer_types)
-    for size in range(1, n + 1):
-        cycle = layer_types[:size]
-        if all(layer_types[i] == cycle[i % size] for i in range(n)):
-            return cycle
+    for size in range(1, n):
+        if layer_types[size:] == layer_types[:-size]:  # periodic with period `size`
+            return layer_types[:size]
     return layer_types
 
 
@@ -119,6 +118,8 @@ def _hybrid_patterns(cfg: dict[str, Any]) -> tuple[list[str], list[str]] | None:
     pattern = cfg.get("hybrid_override_pattern")
     if not isinstance(pattern, str) or not pattern:
         return None
+    if len(pattern) > MAX_LAYERS:
+        raise CapsimUserError(f"hybrid_override_pattern has more than {MAX_LAYERS:,} layers")
     unknown = set(pattern) - set(HYBRID_MIXERS)
     if unknown:
         raise CapsimUserError(
@@ -159,6 +160,8 @@ def _standard_keys(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
 
 
 def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> list[str]:
+    if num_layers > MAX_LAYERS or len(cfg.get("layer_types") or ()) > MAX_LAYERS:
+        raise CapsimUserError(f"config.json has more than {MAX_LAYERS:,} layers")
     if isinstance(cfg.get("layer_types"), list) and cfg["layer_types"]:
         return compress_pattern([str(t) for t in cfg["layer_types"]])
     if cfg.get("attention_chunk_size") and isinstance(cfg.get("no_rope_layers"), list):
@@ -343,15 +346,11 @@ def fetch_hub_file(repo: str, filename: str, optional: bool = False) -> dict[str
     return data
 
 
-def model_from_hf_config(
-    config: dict[str, Any],
-    name: str,
-    hf_id: str | None = None,
-    source: str | None = None,
-    quant_file: dict[str, Any] | None = None,
-) -> Model:
-    """Build a validated Model from a Hugging Face config.json mapping (and the
-    checkpoint's hf_quant_config.json, ``quant_file``, where it has one)."""
+def _entry_of_config(
+    config: dict[str, Any], name: str, hf_id: str | None, quant_file: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The catalog entry (a mapping, not yet validated) a config.json describes; raises
+    KeyError, TypeError or ValueError on a config whose values are missing or mistyped."""
     cfg = dict(config.get("text_config") or config)
     model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
     cfg = _standard_keys(cfg, model_type)
@@ -456,6 +455,37 @@ def model_from_hf_config(
         entry["mtp_layers"] = int(mtp)
     if cfg.get("max_position_embeddings"):
         entry["max_position_embeddings"] = int(cfg["max_position_embeddings"])
+    return entry
+
+
+def model_from_hf_config(
+    config: dict[str, Any],
+    name: str,
+    hf_id: str | None = None,
+    source: str | None = None,
+    quant_file: dict[str, Any] | None = None,
+) -> Model:
+    """Build a validated Model from a Hugging Face config.json mapping (and the
+    checkpoint's hf_quant_config.json, ``quant_file``, where it has one)."""
+    where = source or "config.json"
+    if not isinstance(config, dict) or not isinstance(config.get("text_config") or {}, dict):
+        raise CapsimUserError(
+            f"{where}: not a model config (a JSON object with text_config an object where present)"
+        )
+    try:
+        entry = _entry_of_config(config, name, hf_id, quant_file)
+    except CapsimUserError:
+        raise
+    except KeyError as exc:
+        raise CapsimUserError(
+            f"{where}: lacks {exc.args[0]!r}, which this architecture needs",
+            hint="pass the model's own config.json",
+        ) from None
+    except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError) as exc:
+        raise CapsimUserError(
+            f"{where}: a value is not of the type or range a model config holds ({exc})",
+            hint="pass the model's own, unedited config.json",
+        ) from None
     entry["sources"] = [
         {
             "title": f"{entry['hf_id']} config.json",

@@ -15,6 +15,10 @@ Llama 4's chunked attention, whose cache never holds more than one chunk), Gated
 linear attention, a Mamba-2 SSM, or none (an FFN-only layer of a hybrid stack)."""
 
 FFNType = Literal["dense", "moe", "none"]
+
+MAX_LAYERS = 10_000
+"""The most layers a model entry may have (the largest released models have under 200):
+an imported config beyond it is refused rather than expanded layer by layer."""
 """A layer's feed-forward block: a dense FFN, routed experts, or none (a mixer-only layer)."""
 
 
@@ -179,7 +183,7 @@ class Model(Strict):
     aliases: list[str] = Field(default_factory=list)
     hf_id: str
     architecture: str = Field(description="config.json model_type, e.g. 'qwen3_moe'")
-    num_layers: int = Field(ge=1, description="num_hidden_layers")
+    num_layers: int = Field(ge=1, le=MAX_LAYERS, description="num_hidden_layers")
     hidden_size: int = Field(ge=1)
     intermediate_size: int | None = Field(
         default=None, description="Dense FFN width (for MoE: of the leading dense layers)"
@@ -196,6 +200,7 @@ class Model(Strict):
     layer_pattern: list[LayerType] = Field(
         default_factory=lambda: ["full_attention"],
         min_length=1,
+        max_length=MAX_LAYERS,
         description="Attention type of each layer, repeated cyclically over num_layers",
     )
     sliding_window: int | None = Field(default=None, ge=1, description="Tokens, for sliding layers")
@@ -229,6 +234,7 @@ class Model(Strict):
     ffn_pattern: list[FFNType] | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_LAYERS,
         description="FFN kind of each layer, repeated cyclically over num_layers (Llama 4 "
         "Maverick: [dense, moe]; Nemotron-H: none on mixer layers); default: MoE on every "
         "layer after moe.first_dense_layers, else dense",

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from capsim.errors import CapsimUserError
-from capsim.files import read_input_text
+from capsim.files import loads_json, read_input_text
 
 MAX_LENGTHS_FILE_BYTES = 8 * 2**20
 """Largest lengths file read (``file:PATH``): about a million numbers, far more than an
@@ -126,15 +126,17 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
             path = Path(rest)
             content = read_input_text(path, f"{what} file", MAX_LENGTHS_FILE_BYTES)
             try:
-                numbers = json.loads(content)
+                numbers = loads_json(content)
             except json.JSONDecodeError:
                 numbers = content.split()
             if not isinstance(numbers, list):
                 numbers = [numbers]
             try:
                 values = [float(v) for v in numbers]
-            except TypeError:
-                raise ValueError("holds something other than numbers") from None
+            except (TypeError, ValueError):
+                bad = next(str(v) for v in numbers if not _is_number(v))
+                shown = bad if len(bad) <= 40 else bad[:37] + "..."
+                raise ValueError(f"holds something other than numbers: {shown!r}") from None
             if not values:
                 raise ValueError("empty file")
             if not all(math.isfinite(v) and v >= minimum for v in values):
@@ -157,3 +159,11 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
         raise CapsimUserError(f"{what} file '{raw[5:]}' does not exist", hint=hint) from None
     except ValueError as exc:
         raise CapsimUserError(f"cannot read {what} '{raw}' ({exc})", hint=hint) from None
+
+
+def _is_number(value: object) -> bool:
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -38,6 +38,7 @@ from capsim.engine.request import SimRequest
 from capsim.engine.request_log import REQUEST_BUFFER, LoggedRequests, RequestLog
 from capsim.engine.router import Router, takes_time
 from capsim.errors import CapsimUserError
+from capsim.files import loads_json
 
 WorkloadKind = Literal["batch", "closed", "agents", "open", "trace"]
 WORKLOADS: tuple[str, ...] = ("batch", "closed", "agents", "open", "trace")
@@ -62,7 +63,7 @@ def read_trace(path: Path) -> list[TraceEntry]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = loads_json(line)
             entries.append(
                 TraceEntry(
                     float(obj["arrival_time"]),

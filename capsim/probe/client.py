@@ -17,13 +17,13 @@ multi-line events).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
+from capsim.files import loads_json
 from capsim.metrics import RequestRecord
 
 
@@ -132,7 +132,7 @@ class StreamReader:
         if not data:
             return False
         try:
-            obj = json.loads(data)
+            obj = loads_json(data)
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
             return self._chunk(obj, now)

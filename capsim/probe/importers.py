@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from capsim.errors import CapsimUserError
+from capsim.files import loads_json
 from capsim.metrics import Distribution, LevelMetrics, RequestRecord
 from capsim.probe.runfile import LevelSummary, RunHeader, RunSummary, RunWriter
 
@@ -34,7 +35,7 @@ def _read(path: Path) -> Any:
 
     text = read_input_text(path, "benchmark result")
     try:
-        return json.loads(text)
+        return loads_json(text)
     except json.JSONDecodeError as exc:
         raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
 

@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capsim.errors import CapsimUserError
+from capsim.files import loads_json
 from capsim.metrics import OUTCOMES, LevelMetrics, RequestRecord, legacy_outcome, level_metrics
 
 RUN_FORMAT = "capsim-run/1"
@@ -234,7 +235,7 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
 
     for line in iter_input_lines(path, "run log", MAX_LOG_BYTES):
         try:
-            yield json.loads(line)
+            yield loads_json(line)
         except json.JSONDecodeError:
             continue
 
@@ -304,8 +305,14 @@ def load_run(path: Path, events: bool = True) -> tuple[RunSummary, list[dict[str
         text = read_input_text(summary_path, "run summary")
         try:
             summary = RunSummary.model_validate_json(text)
-        except ValueError as exc:
-            raise CapsimUserError(f"'{summary_path}' is not a capsim run summary: {exc}") from None
+        except ValidationError as exc:
+            from capsim.catalog.loader import format_validation_error
+
+            raise CapsimUserError(
+                format_validation_error(summary_path, exc).replace(
+                    "invalid entry", "not a capsim run summary"
+                )
+            ) from None
     elif log_path.exists():
         summary = summarize_log(log_path)
     else:

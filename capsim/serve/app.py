@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from capsim.files import loads_json
 from capsim.serve.live import LIMITS, LiveDeployment
 from capsim.serve.metrics import ServeMetrics
 from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip, received_at
@@ -179,7 +180,7 @@ def create_app(
             if len(raw) > MAX_BODY_BYTES:
                 raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
         try:
-            body = json.loads(bytes(raw) or b"null")
+            body = loads_json(bytes(raw) or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"Invalid JSON in the request body: {exc}") from None
         if not isinstance(body, dict):
