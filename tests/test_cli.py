@@ -558,6 +558,10 @@ GAMMA = ("--workload", "open", "--rate", "1", "--arrival", "gamma")
         (("--workload", "open", "--rate", "nan"), "positive and finite"),
         ((*GAMMA, "--gamma-cv", "0"), "0.1 to 10"),
         ((*GAMMA, "--gamma-cv", "nan"), "0.1 to 10"),
+        # ran for hours / a NaN reached the simulator's integer conversion
+        (("--requests", "99999999999999999999"), "less than or equal to 10000000"),
+        (("--spec", "ngram:4", "--spec-acceptance", "nan"), "rates from 0 to 1"),
+        (("--spec", "ngram:4", "--spec-acceptance", "0.9,1.5"), "rates from 0 to 1"),
     ],
 )
 def test_flags_that_do_not_apply_or_cannot_be_read_are_refused(args, words):

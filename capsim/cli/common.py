@@ -412,9 +412,11 @@ def parse_acceptance(text: str | None) -> float | list[float] | None:
         return None
     try:
         values = [float(v) for v in text.split(",")]
+        if not all(0.0 <= v <= 1.0 for v in values):  # NaN fails this too
+            raise ValueError
     except ValueError:
         raise CapsimUserError(
-            f"cannot read --spec-acceptance '{text}'",
+            f"cannot read --spec-acceptance '{text}': rates from 0 to 1",
             hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
         ) from None
     return values[0] if len(values) == 1 else values

@@ -18,6 +18,12 @@ MAX_TP = 72
 
 MAX_GPUS = 16_384
 """The most GPUs one prediction simulates (every data-parallel replica is simulated)."""
+MAX_REQUESTS = 10_000_000
+"""The most requests one level may simulate: about a minute on this 2-core host (capsim
+predict -c 64 --requests 200000 took 1.6 s, 2026-11-29), far past any converged figure;
+more is refused up front rather than left to run for hours."""
+MAX_BATCH_ROUNDS = 10_000
+"""The most rounds of the batch workload per level."""
 
 
 class PredictConfig(BaseModel):
@@ -36,9 +42,12 @@ class PredictConfig(BaseModel):
     workload: WorkloadKind = "closed"
     concurrency: list[int] = Field(default_factory=lambda: [1])
     rates: list[float] = Field(default_factory=list, description="Open-loop arrival rates")
-    requests: int | None = Field(None, ge=1, description="Requests per level")
+    requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="Requests per level")
     batch_rounds: int = Field(
-        4, ge=1, description="Batch workload: rounds per level when --requests is not given"
+        4,
+        ge=1,
+        le=MAX_BATCH_ROUNDS,
+        description="Batch workload: rounds per level when --requests is not given",
     )
     input_tokens: str = "1024"
     output_tokens: str = "512"

@@ -56,7 +56,7 @@ class SpecConfig(BaseModel):
         if self.verify_tokens is not None and self.verify_tokens < self.num_tokens + 1:
             raise ValueError("verify_tokens must be at least num_tokens + 1")
         rates = position_acceptance(self.num_tokens, self.acceptance)
-        if np.any(rates < 0) or np.any(rates > 1):
+        if not np.all(np.isfinite(rates)) or np.any(rates < 0) or np.any(rates > 1):
             raise ValueError("acceptance rates must be within [0, 1]")
         if np.any(np.diff(rates) > 1e-12):
             raise ValueError("per-position acceptance must not increase with position")
