@@ -204,7 +204,9 @@ def test_mlx_quantization_blocks(block, expected):
 HOSTILE_VALUES = [None, "x", "", -1, 0, 1.5, [], {}, [1], {"a": 1}, 10**30, True, 1e308]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     folder=st.sampled_from(sorted(PUBLISHED)),
     edits=st.lists(

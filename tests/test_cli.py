@@ -113,7 +113,7 @@ def test_fit_with_gpus_and_tp():
                 "--spec-acceptance",
                 "1.5",
             ),
-            "--spec-acceptance 1.5: acceptance rates must be within [0, 1]",
+            "--spec-acceptance '1.5': rates from 0 to 1",
         ),
         (
             ("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--spec-acceptance", "0.7"),

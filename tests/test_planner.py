@@ -371,3 +371,25 @@ def test_winner_serve_line_names_the_quantised_checkpoint_and_max_model_len():
     whole = CAT.model("qwen3-coder-30b-a3b").max_position_embeddings
     e.max_model_len = whole
     assert "--max-model-len" not in winner_serve_command(e, CAT)
+
+
+def test_plan_tries_only_formats_a_checkpoint_exists_in():
+    """issue 48: the winner's line names a checkpoint that exists in its format: the
+    release's own, FP8 quantised online by vLLM on GPUs with FP8 tensor cores, or a
+    published checkpoint the catalog records (FP4 ones only where FP4 tensor cores are)."""
+    from capsim.planner.search import plan_formats
+    from capsim.planner.serve_command import serve_repo
+
+    for model in CAT.models:
+        for gpu in (CAT.gpu("rtx3090"), CAT.gpu("h100-sxm"), CAT.gpu("b200")):
+            for fmt in plan_formats(model, gpu):
+                repo, in_format = serve_repo(model, fmt)
+                online_fp8 = fmt == "fp8" and "fp8" in gpu.native_formats
+                assert in_format or online_fp8, (model.name, gpu.name, fmt, repo)
+                if fmt in ("nvfp4", "mxfp4") and fmt != model.dtype:
+                    assert "fp4" in gpu.native_formats
+    gemma = CAT.model("gemma-4-31b")
+    assert "awq-int4" not in plan_formats(gemma, CAT.gpu("h100-sxm"))  # no AWQ checkpoint
+    coder = CAT.model("qwen3-coder-30b-a3b")
+    assert "awq-int4" in plan_formats(coder, CAT.gpu("rtx3090"))
+    assert serve_repo(coder, "awq-int4") == ("QuantTrio/Qwen3-Coder-30B-A3B-Instruct-AWQ", True)

@@ -16,6 +16,10 @@ linear attention, a Mamba-2 SSM, or none (an FFN-only layer of a hybrid stack)."
 
 FFNType = Literal["dense", "moe", "none"]
 
+MAX_DIM = 10_000_000
+"""The largest dimension (width, heads, experts, vocabulary, window) a model entry may
+state: about 100 times today's largest, so an imported config with an absurd value is
+refused rather than overflowing the arithmetic."""
 MAX_LAYERS = 10_000
 """The most layers a model entry may have (the largest released models have under 200):
 an imported config beyond it is refused rather than expanded layer by layer."""
@@ -25,15 +29,22 @@ an imported config beyond it is refused rather than expanded layer by layer."""
 class MoESpec(Strict):
     """Mixture-of-experts dimensions, as in the model's config.json."""
 
-    num_experts: int = Field(ge=1, description="Routed experts per MoE layer")
-    experts_per_token: int = Field(ge=1, description="Routed experts each token uses (top-k)")
-    moe_intermediate_size: int = Field(ge=1, description="FFN width of one routed expert")
-    num_shared_experts: int = Field(default=0, ge=0)
+    num_experts: int = Field(ge=1, le=MAX_DIM, description="Routed experts per MoE layer")
+    experts_per_token: int = Field(
+        ge=1, le=MAX_DIM, description="Routed experts each token uses (top-k)"
+    )
+    moe_intermediate_size: int = Field(
+        ge=1, le=MAX_DIM, description="FFN width of one routed expert"
+    )
+    num_shared_experts: int = Field(default=0, ge=0, le=MAX_DIM)
     shared_expert_intermediate_size: int | None = Field(
         default=None, description="FFN width of the shared expert(s); default moe width"
     )
     first_dense_layers: int = Field(
-        default=0, ge=0, description="Leading layers with a dense FFN (first_k_dense_replace)"
+        default=0,
+        ge=0,
+        le=MAX_LAYERS,
+        description="Leading layers with a dense FFN (first_k_dense_replace)",
     )
     expert_bias: bool = Field(default=False, description="Experts carry biases (gpt-oss)")
     latent_size: int | None = Field(
@@ -59,8 +70,10 @@ class FullAttentionShape(Strict):
     """The full-attention layers' own shape where it differs from the other (sliding)
     layers' (Gemma 4: global_head_dim, num_global_key_value_heads, attention_k_eq_v)."""
 
-    head_dim: int = Field(ge=1, description="Head dimension of the full-attention layers")
-    num_kv_heads: int = Field(ge=1, description="KV heads of the full-attention layers")
+    head_dim: int = Field(
+        ge=1, le=MAX_DIM, description="Head dimension of the full-attention layers"
+    )
+    num_kv_heads: int = Field(ge=1, le=MAX_DIM, description="KV heads of the full-attention layers")
     k_eq_v: bool = Field(
         default=False,
         description="Values are the keys (attention_k_eq_v): no v_proj on these layers",
@@ -72,18 +85,18 @@ class PerLayerInputSpec(Strict):
     token-embedding table giving every layer a small input of its own, looked up per token
     (one row read), and the projections that mix it into each layer."""
 
-    size: int = Field(ge=1, description="hidden_size_per_layer_input, per layer")
-    vocab_size: int = Field(ge=1, description="vocab_size_per_layer_input")
+    size: int = Field(ge=1, le=MAX_DIM, description="hidden_size_per_layer_input, per layer")
+    vocab_size: int = Field(ge=1, le=MAX_DIM, description="vocab_size_per_layer_input")
 
 
 class LinearAttentionSpec(Strict):
     """Gated DeltaNet (linear attention) dimensions: a fixed-size recurrent state."""
 
-    num_key_heads: int = Field(ge=1)
-    num_value_heads: int = Field(ge=1)
-    key_head_dim: int = Field(ge=1)
-    value_head_dim: int = Field(ge=1)
-    conv_kernel_dim: int = Field(ge=1)
+    num_key_heads: int = Field(ge=1, le=MAX_DIM)
+    num_value_heads: int = Field(ge=1, le=MAX_DIM)
+    key_head_dim: int = Field(ge=1, le=MAX_DIM)
+    value_head_dim: int = Field(ge=1, le=MAX_DIM)
+    conv_kernel_dim: int = Field(ge=1, le=MAX_DIM)
     state_dtype_bytes: int = Field(
         default=4, description="Bytes per element of the recurrent state (mamba_ssm_dtype)"
     )
@@ -92,11 +105,11 @@ class LinearAttentionSpec(Strict):
 class MambaSpec(Strict):
     """Mamba-2 SSM mixer dimensions (Nemotron-H and similar hybrids)."""
 
-    num_heads: int = Field(ge=1, description="mamba_num_heads")
-    head_dim: int = Field(ge=1, description="mamba_head_dim")
-    state_size: int = Field(ge=1, description="ssm_state_size (d_state)")
-    n_groups: int = Field(ge=1, description="n_groups (B/C projection groups)")
-    conv_kernel: int = Field(ge=1, description="conv_kernel")
+    num_heads: int = Field(ge=1, le=MAX_DIM, description="mamba_num_heads")
+    head_dim: int = Field(ge=1, le=MAX_DIM, description="mamba_head_dim")
+    state_size: int = Field(ge=1, le=MAX_DIM, description="ssm_state_size (d_state)")
+    n_groups: int = Field(ge=1, le=MAX_DIM, description="n_groups (B/C projection groups)")
+    conv_kernel: int = Field(ge=1, le=MAX_DIM, description="conv_kernel")
     state_dtype_bytes: int = Field(
         default=2, description="Bytes per element of the SSM state as the engine keeps it"
     )
@@ -111,9 +124,9 @@ class SparseAttentionSpec(Strict):
     """DeepSeek Sparse Attention (V3.2): a lightning indexer picks the top-k cached tokens
     each query attends to."""
 
-    index_n_heads: int = Field(ge=1)
-    index_head_dim: int = Field(ge=1)
-    index_topk: int = Field(ge=1, description="Cached tokens each query attends to")
+    index_n_heads: int = Field(ge=1, le=MAX_DIM)
+    index_head_dim: int = Field(ge=1, le=MAX_DIM)
+    index_topk: int = Field(ge=1, le=MAX_DIM, description="Cached tokens each query attends to")
 
 
 class VisionSpec(Strict):
@@ -136,11 +149,11 @@ class Checkpoint(Strict):
 class MLASpec(Strict):
     """Multi-head latent attention (DeepSeek) dimensions."""
 
-    q_lora_rank: int | None = Field(default=None, ge=1)
-    kv_lora_rank: int = Field(ge=1)
-    qk_nope_head_dim: int = Field(ge=1)
-    qk_rope_head_dim: int = Field(ge=1)
-    v_head_dim: int = Field(ge=1)
+    q_lora_rank: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    kv_lora_rank: int = Field(ge=1, le=MAX_DIM)
+    qk_nope_head_dim: int = Field(ge=1, le=MAX_DIM)
+    qk_rope_head_dim: int = Field(ge=1, le=MAX_DIM)
+    v_head_dim: int = Field(ge=1, le=MAX_DIM)
 
 
 class PublishedParams(Strict):
@@ -184,14 +197,14 @@ class Model(Strict):
     hf_id: str
     architecture: str = Field(description="config.json model_type, e.g. 'qwen3_moe'")
     num_layers: int = Field(ge=1, le=MAX_LAYERS, description="num_hidden_layers")
-    hidden_size: int = Field(ge=1)
+    hidden_size: int = Field(ge=1, le=MAX_DIM)
     intermediate_size: int | None = Field(
         default=None, description="Dense FFN width (for MoE: of the leading dense layers)"
     )
-    num_attention_heads: int = Field(ge=1)
-    num_kv_heads: int = Field(ge=1, description="num_key_value_heads")
-    head_dim: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1, le=MAX_DIM)
+    num_kv_heads: int = Field(ge=1, le=MAX_DIM, description="num_key_value_heads")
+    head_dim: int = Field(ge=1, le=MAX_DIM)
+    vocab_size: int = Field(ge=1, le=MAX_DIM)
     tie_word_embeddings: bool = False
     attention_bias: bool = Field(default=False, description="q/k/v projections carry biases")
     attn_output_gate: bool = Field(
@@ -212,6 +225,7 @@ class Model(Strict):
     kv_shared_layers: int = Field(
         default=0,
         ge=0,
+        le=MAX_LAYERS,
         description="The last N layers reuse an earlier layer's KV cache and have no k/v "
         "projections of their own (Gemma 3n/4 num_kv_shared_layers)",
     )
@@ -242,8 +256,10 @@ class Model(Strict):
     vision: VisionSpec | None = None
     checkpoints: list[Checkpoint] = Field(default_factory=list)
     listed: bool = Field(default=True, description="Shown in default listings (False: test models)")
-    mtp_layers: int = Field(default=0, ge=0, description="Multi-token-prediction layers")
-    max_position_embeddings: int | None = None
+    mtp_layers: int = Field(
+        default=0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction layers"
+    )
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_DIM * 100)
     dtype: str = Field(default="bf16", description="Native weight dtype of the release")
     published: PublishedParams | None = None
     sources: list[Source] = Field(min_length=1)

@@ -181,6 +181,30 @@ class Evaluated:
     """The longest sequence the deployment's KV cache allows (vLLM's --max-model-len)."""
 
 
+SERVABLE_CHECKPOINT_FORMATS = ("fp8", "awq-int4", "gptq-int4", "w4a16", "nvfp4", "mxfp4")
+"""Weight formats of published checkpoints the plan serves with vLLM (its AWQ/GPTQ/
+compressed-tensors Marlin kernels, FP8, and FP4 where the GPU has FP4 tensor cores)."""
+
+
+def plan_formats(model, gpu) -> list[str]:
+    """The weight formats a plan tries for a model on a GPU: the release's own, FP8 where the
+    GPU has FP8 tensor cores (vLLM quantises a 16-bit checkpoint online with --quantization
+    fp8), and every format a published checkpoint of the model exists in (the catalog's
+    checkpoints), FP4 ones only on GPUs with FP4 tensor cores: so the winning line names a
+    checkpoint that exists."""
+    formats = [model.dtype]
+    if "fp8" in gpu.native_formats and "fp8" not in formats:
+        formats.append("fp8")
+    for ckpt in model.checkpoints:
+        fmt = ckpt.quant
+        if fmt in formats or fmt not in SERVABLE_CHECKPOINT_FORMATS:
+            continue
+        if fmt in ("nvfp4", "mxfp4") and "fp4" not in gpu.native_formats:
+            continue
+        formats.append(fmt)
+    return formats
+
+
 def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate], int]:
     """Every configuration in the space, and how many were pruned for memory."""
     gpus = [cat.gpu(g) for g in req.gpus] if req.gpus else list(cat.gpus)
@@ -189,11 +213,7 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
     for model_name in req.models:
         model = cat.model(model_name)
         for gpu in gpus:
-            formats = [model.dtype]
-            if "fp8" in gpu.native_formats and "fp8" not in formats:
-                formats.append("fp8")
-            if "awq-int4" not in formats:
-                formats.append("awq-int4")
+            formats = plan_formats(model, gpu)
             kv_options = ["auto"] + (["fp8"] if "fp8" in gpu.native_formats else [])
             specs: list[SpecConfig | None] = [None]
             if model.mtp_layers:
