@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
+from capsim.errors import CapsimUserError
 from capsim.physics.memory import memory_fit
 from capsim.planner.costs import HOURS_PER_YEAR, CostModel, cost_of
 from capsim.planner.pareto import pareto_front
@@ -52,6 +53,34 @@ def test_cost_arithmetic_by_hand():
     unpriced_gpu = CAT.gpu("h100-sxm").model_copy(update={"price": None})
     unpriced = cost_of(unpriced_gpu, 1, 100.0, CostModel())
     assert unpriced.total_usd is None
+    # serving a quarter of the time: a quarter of the energy, of the cloud hours and of
+    # the tokens the purchase is spread over
+    part = cost_of(gpu, 2, 100.0, CostModel(years=1, kwh_price_usd=0.2, duty_cycle=0.25))
+    assert part.energy_usd == pytest.approx(energy / 4)
+    assert part.usd_per_million_output_tokens == pytest.approx(
+        (1600 + energy / 4) / (100 * HOURS_PER_YEAR / 4 * 3600) * 1e6
+    )
+    part_cloud = cost_of(
+        gpu, 2, 100.0, CostModel(years=1, cloud_usd_per_gpu_hour=0.5, duty_cycle=0.25)
+    )
+    assert part_cloud.total_usd == pytest.approx(0.5 * 2 * HOURS_PER_YEAR / 4)
+
+
+def test_the_plan_says_what_its_costs_assume():
+    """issue 48: the caption and JSON name the horizon, duty cycle, electricity price and
+    each GPU's price with its kind and date."""
+    from capsim.planner.costs import cost_assumptions, cost_caption
+
+    model = CostModel(years=2, kwh_price_usd=0.3, duty_cycle=0.5)
+    gpus = [CAT.gpu("rtx3090"), CAT.gpu("h100-sxm")]
+    caption = cost_caption(model, gpus)
+    assert "rtx3090 $800 used 2026-03-07" in caption
+    assert "50% of 2 years at $0.3/kWh" in caption and "idle draw not counted" in caption
+    facts = cost_assumptions(model, gpus)
+    assert facts["duty_cycle"] == 0.5 and facts["horizon_years"] == 2
+    assert facts["gpu_prices"]["rtx3090"]["kind"] == "used"
+    with pytest.raises(CapsimUserError, match="--duty-cycle"):
+        CostModel(duty_cycle=0)
 
 
 def test_slo_filter_and_figures_match_predict():

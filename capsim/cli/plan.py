@@ -179,8 +179,18 @@ def plan_cmd(
             help="Power limits to try as fractions of TDP, e.g. 1,0.8,0.7 (1 = no limit)",
         ),
     ] = "1",
-    years: Annotated[float, typer.Option("--years")] = 3.0,
+    years: Annotated[
+        float, typer.Option("--years", help="Horizon the cost is counted over, years")
+    ] = 3.0,
     kwh_price: Annotated[float, typer.Option("--kwh-price", help="USD per kWh")] = 0.15,
+    duty_cycle: Annotated[
+        float,
+        typer.Option(
+            "--duty-cycle",
+            help="Share of the horizon the box serves at the simulated load (energy, cloud "
+            "hours and the tokens $/Mtok divides by), above 0 and at most 1",
+        ),
+    ] = 1.0,
     cloud_hourly: Annotated[
         float | None, typer.Option("--cloud-hourly", help="USD per GPU-hour instead of buying")
     ] = None,
@@ -210,7 +220,7 @@ def plan_cmd(
     """Search GPUs, counts, TP x DP, formats, KV dtype and speculation for a workload."""
     check_plot_target(plot_path, force)
     from capsim.engine.router import ROUTER_POLICIES
-    from capsim.planner.costs import CostModel
+    from capsim.planner.costs import CostModel, cost_assumptions, cost_caption
     from capsim.planner.search import (
         PlanRequest,
         closest_to_slos,
@@ -264,17 +274,27 @@ def plan_cmd(
         router_latency_s=router_latency_ms / 1e3,
         router_capacity_rps=router_capacity_rps,
         pessimistic=pessimistic,
-        cost=CostModel(years=years, kwh_price_usd=kwh_price, cloud_usd_per_gpu_hour=cloud_hourly),
+        cost=CostModel(
+            years=years,
+            kwh_price_usd=kwh_price,
+            cloud_usd_per_gpu_hour=cloud_hourly,
+            duty_cycle=duty_cycle,
+        ),
     )
     outcome = search_plan(req, cat, rank, dask_scheduler=dask_scheduler)
     items, pruned = outcome.configurations, outcome.pruned_for_memory
     front_tp, front_cost = frontier_throughput(items), frontier_cost(items)
     winners = [e for e in items if e.meets_slo]
+    shown = [*items[:top], *(items[i] for i in front_cost)]  # the rows of both tables
+    priced_gpus = [cat.gpu(g) for g in dict.fromkeys(e.candidate.gpu for e in shown)]
     if json_out:
         print_json(
             {
                 "simulated": len(items),
                 "pruned_for_memory": pruned,
+                "cost_assumptions": cost_assumptions(
+                    req.cost, [cat.gpu(g) for g in dict.fromkeys(e.candidate.gpu for e in items)]
+                ),
                 "configurations": [
                     {
                         "label": e.candidate.label(),
@@ -342,7 +362,8 @@ def plan_cmd(
             f"capsim plan: {agents} agents, ranked by {rank}",
             columns,
             rows,
-            caption=f"{len(items)} configurations simulated, {pruned} pruned for memory",
+            caption=f"{len(items)} configurations simulated, {pruned} pruned for memory\n"
+            + cost_caption(req.cost, priced_gpus),
             cell_padding=2,
             box=box.SIMPLE_HEAD,
             collapse_padding=True,

@@ -1,11 +1,13 @@
 """What a configuration costs: purchase plus energy over a horizon, per million tokens.
 
 * purchase = GPU price (catalog, dated) x GPU count
-* energy = TDP x power fraction x GPU count x hours in the horizon x price per kWh, where
-  the power fraction is the power limit over TDP (1 without a limit). Drawing TDP the whole
-  time is an upper bound for a box kept busy; real draw is lower when idle.
+* energy = board power x GPU count x hours in the horizon x duty cycle x price per kWh,
+  where board power is the power limit (TDP without one) and the duty cycle the share of
+  the horizon the box serves at the simulated load (default 1: around the clock). Board
+  power at its limit is an upper bound for a busy GPU (a memory-bound decode draws less);
+  idle draw in the rest of the horizon is not counted (no sourced idle power per GPU).
 * cost per million output tokens = (purchase + energy) / (output tok/s x seconds in the
-  horizon) x 1e6, as if the box served at the simulated rate the whole time.
+  horizon x duty cycle) x 1e6: the tokens the box serves in its serving hours.
 * or, with a cloud price per GPU-hour, cost = hourly x GPU count x hours.
 """
 
@@ -28,6 +30,7 @@ class CostModel:
     years: float = 3.0
     kwh_price_usd: float = 0.15
     cloud_usd_per_gpu_hour: float | None = None
+    duty_cycle: float = 1.0
 
     def __post_init__(self) -> None:
         checks = (
@@ -38,6 +41,14 @@ class CostModel:
                 self.cloud_usd_per_gpu_hour,
                 self.cloud_usd_per_gpu_hour is None or self.cloud_usd_per_gpu_hour >= 0,
                 "0 or more USD per GPU-hour",
+            ),
+        )
+        checks += (
+            (
+                "--duty-cycle",
+                self.duty_cycle,
+                0 < self.duty_cycle <= 1,
+                "a share above 0, at most 1",
             ),
         )
         for flag, value, ok, allowed in checks:
@@ -57,8 +68,9 @@ def cost_of(
     gpu: GPU, count: int, output_tok_s: float, model: CostModel, power_limit_w: float | None = None
 ) -> Cost:
     hours = model.years * HOURS_PER_YEAR
+    serving_hours = hours * model.duty_cycle
     if model.cloud_usd_per_gpu_hour is not None:
-        total = model.cloud_usd_per_gpu_hour * count * hours
+        total = model.cloud_usd_per_gpu_hour * count * serving_hours
         purchase = None
         energy = None
     else:
@@ -66,9 +78,52 @@ def cost_of(
         energy = None
         if gpu.tdp_w:
             watts = min(power_limit_w or gpu.tdp_w, gpu.tdp_w)
-            energy = watts / 1000 * count * hours * model.kwh_price_usd
+            energy = watts / 1000 * count * serving_hours * model.kwh_price_usd
         total = purchase + energy if purchase is not None and energy is not None else None
     per_million = None
     if total is not None and output_tok_s > 0:
-        per_million = total / (output_tok_s * hours * 3600) * 1e6
+        per_million = total / (output_tok_s * serving_hours * 3600) * 1e6
     return Cost(purchase, energy, total, per_million)
+
+
+def cost_assumptions(model: CostModel, gpus: list[GPU]) -> dict:
+    """What the cost columns assume, for the table's caption and the JSON: the horizon,
+    duty cycle, electricity price (or cloud rate), and each GPU's price with its kind
+    (launch MSRP, street, used...), date and source."""
+    return {
+        "horizon_years": model.years,
+        "duty_cycle": model.duty_cycle,
+        "kwh_price_usd": None if model.cloud_usd_per_gpu_hour is not None else model.kwh_price_usd,
+        "cloud_usd_per_gpu_hour": model.cloud_usd_per_gpu_hour,
+        "power": "board power at the power limit (TDP without one) while serving; idle draw "
+        "not counted",
+        "gpu_prices": {
+            g.name: None
+            if g.price is None
+            else {
+                "usd": g.price.usd,
+                "kind": g.price.kind,
+                "date": g.price.date.isoformat(),
+                "source": g.price.source.url or g.price.source.title,
+            }
+            for g in gpus
+        },
+    }
+
+
+def cost_caption(model: CostModel, gpus: list[GPU]) -> str:
+    """One paragraph saying how the table's costs were counted."""
+    serving = f"{model.duty_cycle:.0%} of {model.years:g} years"
+    if model.cloud_usd_per_gpu_hour is not None:
+        return f"cost: ${model.cloud_usd_per_gpu_hour:g} per GPU-hour for {serving}"
+    prices = ", ".join(
+        f"{g.name} ${g.price.usd:,.0f} {g.price.kind} {g.price.date.isoformat()}"
+        if g.price
+        else f"{g.name} no price"
+        for g in gpus
+    )
+    return (
+        f"cost: purchase ({prices}) + energy at board power (TDP or the limit) serving "
+        f"{serving} at ${model.kwh_price_usd:g}/kWh, idle draw not counted; $/Mtok over "
+        "the tokens served in those hours (--duty-cycle, --years, --kwh-price)"
+    )
