@@ -191,8 +191,8 @@ def _compressed_group_format(group: dict[str, Any], top: str) -> str | None:
         return "fp8"
     if kind == "float" and bits == 4:  # OCP MX groups of 32, NVIDIA's of 16
         return "mxfp4" if _int(weights.get("group_size"), 16) == 32 else "nvfp4"
-    if bits == 4:
-        return "w4a16"
+    if bits == 4:  # int: llm-compressor's W4A16 preset groups 128, Kimi K2.5's 32
+        return "w4a16-g32" if _int(weights.get("group_size"), 128) == 32 else "w4a16"
     if bits == 8:
         return "int8" if group.get("input_activations") else "w8a16-int8"
     return None
