@@ -112,6 +112,8 @@ HYBRID_MIXERS = {"M": "mamba", "*": "full_attention", "-": "none", "E": "none"}
 HYBRID_FFNS = {"M": "none", "*": "none", "-": "dense", "E": "moe"}
 """Nemotron-H's hybrid_override_pattern: one character per layer (Mamba-2, attention,
 MLP, MoE), each layer a single block."""
+HYBRID_BLOCK_NAMES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+"""The same blocks by name, as newer Nemotron-H configs list them (layers_block_type)."""
 
 
 def _hybrid_patterns(cfg: dict[str, Any]) -> tuple[list[str], list[str]] | None:
@@ -137,6 +139,17 @@ def _standard_keys(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     and its KV heads where it says them another way (Falcon's num_kv_heads; multi_query:
     one KV head, as Falcon-7B and GPTBigCode; MPT's attn_config.kv_n_heads)."""
     out = dict(cfg)
+    blocks = out.get("layers_block_type")
+    if out.get("hybrid_override_pattern") is None and isinstance(blocks, list) and blocks:
+        # newer Nemotron-H configs (Nemotron 3 Ultra) list each layer's block by name
+        unknown = {str(b) for b in blocks} - set(HYBRID_BLOCK_NAMES)
+        if unknown:
+            raise CapsimUserError(
+                f"layers_block_type has block kinds capsim does not know: {sorted(unknown)}"
+            )
+        out["hybrid_override_pattern"] = "".join(HYBRID_BLOCK_NAMES[str(b)] for b in blocks)
+        if out.get("num_hidden_layers") is None:
+            out["num_hidden_layers"] = len(blocks)
     for key, aliases in CONFIG_ALIASES.items():
         if out.get(key) is None:
             found = next((out[a] for a in aliases if out.get(a) is not None), None)
