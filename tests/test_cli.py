@@ -48,6 +48,16 @@ def test_show_commands():
     data = json.loads(r.stdout)
     assert data["derived"]["kv_auto"]["bytes_per_token"] == 70272
     assert invoke("models", "show", "qwen3.5-27b").exit_code == 0
+
+    # the 2026 architectures' own terms are shown, each with its figure (cells may wrap)
+    def shown(name: str) -> str:
+        return " ".join(invoke("models", "show", name).stdout.replace("│", " ").split())
+
+    e2b = shown("gemma-4-e2b")
+    assert "the last 20 (no cache of their own)" in e2b
+    assert "per-layer embeddings 2.35 B" in e2b and "with 0.45 B of encoders" in e2b
+    super_ = shown("nemotron-3-super-120b-a12b")
+    assert "40 mamba, 40 moe" in super_ and "on a 1024 latent" in super_
     assert invoke("gpus", "show", "b70").exit_code == 0
     assert invoke("quants", "--json").exit_code == 0
 

@@ -165,8 +165,11 @@ def model_derived(m: Model, cat: Catalog) -> dict[str, Any]:
             "per_layer_type": lay.per_layer_type,
         }
     derived["layers"] = {
-        t: m.count_layers(t) for t in ("full_attention", "sliding_attention", "linear_attention")
+        t: m.count_layers(t)
+        for t in ("full_attention", "sliding_attention", "linear_attention", "mamba")
     }
+    if m.ffn_pattern:  # hybrids whose mixer and FFN layers are separate blocks
+        derived["layers"]["moe"] = sum(m.ffn_kind(i) == "moe" for i in range(m.num_layers))
     return derived
 
 
@@ -259,11 +262,31 @@ def models_show(name: str, json_out: JsonOption = False, db: DbOption = None) ->
         "hidden / heads / KV heads / head dim",
         f"{m.hidden_size} / {m.num_attention_heads} / {m.num_kv_heads} / {m.head_dim}",
     )
+    if m.full_attention:
+        fa = m.full_attention
+        table.add_row(
+            "full-attention layers",
+            f"{fa.num_kv_heads} KV heads x {fa.head_dim}"
+            + (", keys are the values (no v_proj)" if fa.k_eq_v else ""),
+        )
+    if m.kv_shared_layers:
+        table.add_row(
+            "KV-shared layers",
+            f"the last {m.kv_shared_layers} (no cache of their own)"
+            + ("; their MLPs twice as wide" if m.double_wide_mlp else ""),
+        )
+    if m.per_layer_input:
+        table.add_row(
+            "per-layer embeddings",
+            f"{p.per_layer_embeddings / 1e9:.2f} B (looked up per token, not read by a step)",
+        )
     if m.moe:
         table.add_row(
             "experts",
             f"{m.moe.num_experts} routed (top-{m.moe.experts_per_token}, width "
-            f"{m.moe.moe_intermediate_size}), {m.moe.num_shared_experts} shared",
+            f"{m.moe.moe_intermediate_size}), {m.moe.num_shared_experts} shared"
+            + (f" (shared width {m.moe.shared_width})" if m.moe.num_shared_experts else "")
+            + (f"; on a {m.moe.latent_size} latent" if m.moe.latent_size else ""),
         )
     if m.mla:
         table.add_row("MLA", f"kv_lora_rank {m.mla.kv_lora_rank}, rope {m.mla.qk_rope_head_dim}")
@@ -275,7 +298,12 @@ def models_show(name: str, json_out: JsonOption = False, db: DbOption = None) ->
         table.add_row(
             "published",
             f"{m.published.total_b:g} B total"
-            + (f", {m.published.active_b:g} B active" if m.published.active_b else ""),
+            + (f", {m.published.active_b:g} B active" if m.published.active_b else "")
+            + (
+                f" (with {m.vision.params_b:g} B of encoders)"
+                if m.published.includes_vision and m.vision
+                else ""
+            ),
         )
     for q, b in derived["weight_bytes"].items():
         table.add_row(f"weights at {q}", f"{b / GB:.1f} GB")
