@@ -367,17 +367,10 @@ def _entry_of_config(
     cfg = dict(config.get("text_config") or config)
     model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
     cfg = _standard_keys(cfg, model_type)
-    try:
-        num_layers = int(cfg["num_hidden_layers"])
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        vocab = int(cfg["vocab_size"])
-    except KeyError as exc:
-        raise CapsimUserError(
-            f"config.json lacks {exc.args[0]!r}, which every decoder config has",
-            hint="pass the model's own config.json (for multimodal models, the file with "
-            "text_config)",
-        ) from None
+    num_layers = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    vocab = int(cfg["vocab_size"])
     entry: dict[str, Any] = {
         "name": name,
         "display_name": name,
@@ -492,7 +485,8 @@ def model_from_hf_config(
     except KeyError as exc:
         raise CapsimUserError(
             f"{where}: lacks {exc.args[0]!r}, which this architecture needs",
-            hint="pass the model's own config.json",
+            hint="pass the model's own config.json (for multimodal models, the file with "
+            "text_config)",
         ) from None
     except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError) as exc:
         raise CapsimUserError(

@@ -15,6 +15,7 @@ Llama 4's chunked attention, whose cache never holds more than one chunk), Gated
 linear attention, a Mamba-2 SSM, or none (an FFN-only layer of a hybrid stack)."""
 
 FFNType = Literal["dense", "moe", "none"]
+"""A layer's feed-forward block: a dense FFN, routed experts, or none (a mixer-only layer)."""
 
 MAX_DIM = 10_000_000
 """The largest dimension (width, heads, experts, vocabulary, window) a model entry may
@@ -23,7 +24,6 @@ refused rather than overflowing the arithmetic."""
 MAX_LAYERS = 10_000
 """The most layers a model entry may have (the largest released models have under 200):
 an imported config beyond it is refused rather than expanded layer by layer."""
-"""A layer's feed-forward block: a dense FFN, routed experts, or none (a mixer-only layer)."""
 
 
 class MoESpec(Strict):
@@ -38,7 +38,10 @@ class MoESpec(Strict):
     )
     num_shared_experts: int = Field(default=0, ge=0, le=MAX_DIM)
     shared_expert_intermediate_size: int | None = Field(
-        default=None, description="FFN width of the shared expert(s); default moe width"
+        default=None,
+        ge=1,
+        le=MAX_DIM,
+        description="FFN width of the shared expert(s); default moe width",
     )
     first_dense_layers: int = Field(
         default=0,
@@ -50,6 +53,7 @@ class MoESpec(Strict):
     latent_size: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_DIM,
         description="Latent MoE (Nemotron 3 Super, moe_latent_size): routed experts work on "
         "a latent of this width, projected down from and back up to the hidden size by two "
         "always-active projections per MoE layer",
@@ -199,7 +203,10 @@ class Model(Strict):
     num_layers: int = Field(ge=1, le=MAX_LAYERS, description="num_hidden_layers")
     hidden_size: int = Field(ge=1, le=MAX_DIM)
     intermediate_size: int | None = Field(
-        default=None, description="Dense FFN width (for MoE: of the leading dense layers)"
+        default=None,
+        ge=1,
+        le=MAX_DIM,
+        description="Dense FFN width (for MoE: of the leading dense layers)",
     )
     num_attention_heads: int = Field(ge=1, le=MAX_DIM)
     num_kv_heads: int = Field(ge=1, le=MAX_DIM, description="num_key_value_heads")
@@ -216,7 +223,9 @@ class Model(Strict):
         max_length=MAX_LAYERS,
         description="Attention type of each layer, repeated cyclically over num_layers",
     )
-    sliding_window: int | None = Field(default=None, ge=1, description="Tokens, for sliding layers")
+    sliding_window: int | None = Field(
+        default=None, ge=1, le=MAX_DIM, description="Tokens, for sliding layers"
+    )
     full_attention: FullAttentionShape | None = Field(
         default=None,
         description="Shape of the full-attention layers where it differs (Gemma 4); default "
@@ -300,9 +309,15 @@ class Model(Strict):
     def count_layers(self, kind: LayerType) -> int:
         return sum(1 for t in self.layer_types if t == kind)
 
+    @property
+    def first_kv_shared_layer(self) -> int:
+        """Index of the first layer that reuses an earlier layer's KV (num_layers when none
+        does): it and every later one have no cache and no k/v projections of their own."""
+        return self.num_layers - self.kv_shared_layers
+
     def count_cache_layers(self, kind: LayerType) -> int:
         """Layers of ``kind`` that keep a KV cache of their own (not KV-shared)."""
-        own = self.layer_types[: self.num_layers - self.kv_shared_layers]
+        own = self.layer_types[: self.first_kv_shared_layer]
         return sum(1 for t in own if t == kind)
 
     def attention_shape(self, kind: LayerType) -> tuple[int, int]:

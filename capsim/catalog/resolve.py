@@ -283,8 +283,8 @@ def _write_imported(
     stated = model.dtype
     _, by_name, suffix = _strip_format(hf_id.split("/")[-1], catalog)
     if stated not in known:
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-        fallback = by_name or torch_dtype_format(text or config, config)
+        # model_from_hf_config has checked that a text_config, where present, is an object
+        fallback = by_name or torch_dtype_format(config.get("text_config") or config, config)
         why = f"its name ends in '-{suffix}'" if by_name else "its torch dtype"
         notice(
             f"{hf_id} is stored as '{stated}', a weight format capsim does not know: "

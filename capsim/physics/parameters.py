@@ -222,7 +222,7 @@ def layer_ffn_params(model: Model, layer: int) -> dict[str, int]:
     if kind == "dense":
         assert model.intermediate_size is not None
         width = model.intermediate_size
-        if model.double_wide_mlp and layer >= model.num_layers - model.kv_shared_layers:
+        if model.double_wide_mlp and layer >= model.first_kv_shared_layer:
             width *= 2
         return {"mlp": ffn_params(h, width, model.mlp_gated)}
     moe = model.moe
@@ -261,7 +261,6 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
     attn = attention_params(model)
     la_proj, la_small = linear_attention_params(model)
     mamba_proj, mamba_small = mamba_params(model)
-    first_shared = model.num_layers - model.kv_shared_layers
     for layer, kind in enumerate(model.layer_types):
         if kind == "linear_attention":
             totals["linear_attention"] += la_proj
@@ -270,7 +269,9 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
             totals["linear_attention"] += mamba_proj
             totals["linear_attention_small"] += mamba_small
         elif kind != "none":
-            totals["attention"] += attention_params(model, kind, own_kv=layer < first_shared)
+            totals["attention"] += attention_params(
+                model, kind, own_kv=layer < model.first_kv_shared_layer
+            )
         ffn = layer_ffn_params(model, layer)
         if "routed" in ffn:
             moe_layers += 1
