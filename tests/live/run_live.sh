@@ -62,6 +62,10 @@ record_run() {  # name port: with CAPSIM_RECORD_RUNS=1, write calibration/runs/c
   fi
 }
 
+# no server: the plan's vllm serve lines against this vLLM build's own argument parser
+CAPSIM_VLLM_PYTHON="$VENV/bin/python" "$ROOT/.venv/bin/python" -m pytest -n 0 -m live \
+  tests/live -k serve_command -p no:cacheprovider -rxP
+
 start_server tiny-qwen3 8301
 record_run tiny-qwen3 8301
 CAPSIM_LIVE_DENSE_URL=http://127.0.0.1:8301 "$ROOT/.venv/bin/python" -m pytest -n 0 -m live \
