@@ -158,6 +158,24 @@ def summary_markdown(summaries: dict[str, list[dict]], skipped) -> str:
     return "\n".join(lines)
 
 
+def loso_markdown(rows: list[dict]) -> str:
+    """``loso_summaries`` as a Markdown table."""
+    lines = [
+        "",
+        "| leave one source out (calibration/priors_in_view.yaml) | points | in-sample "
+        "median abs. | left out median abs. | left out median signed |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['points']}: {r['group']} | {r['count']} | "
+            f"{r['in_sample_median_abs_error_percent']:.1f}% | "
+            f"{r['left_out_median_abs_error_percent']:.1f}% | "
+            f"{r['left_out_median_signed_error_percent']:+.1f}% |"
+        )
+    return "\n".join(lines)
+
+
 def point_key(p: ComparedPoint) -> tuple[str, int, str]:
     return p.scenario, p.concurrency, p.metric
 
@@ -465,6 +483,13 @@ def validate_cmd(
                 [p for p in points if not p.scored], lambda p: p.dataset
             ),
         }
+        left_out = None
+        if not stopped:
+            from capsim.calibration.loso import leave_one_source_out, loso_summaries
+
+            left_out = loso_summaries(
+                points, leave_one_source_out(loaded, points, cat, overrides=overrides)
+            )
         if plot_path is not None and not stopped:
             heading = ", with --set" if overrides else ", uncalibrated"
             plot_parity(metric_panels(points), plot_path, heading)
@@ -474,6 +499,7 @@ def validate_cmd(
                     "points": [{**p.__dict__, "error": p.error} for p in points],
                     "mape_percent": mape(points),
                     **summaries,
+                    "leave_one_source_out": left_out,
                     "skipped": [s.__dict__ for s in skipped],
                 }
             )
@@ -483,6 +509,9 @@ def validate_cmd(
             console.print(
                 summary_markdown(summaries, skipped), markup=False, highlight=False, soft_wrap=True
             )
+            if left_out:
+                table = loso_markdown(left_out)
+                console.print(table, markup=False, highlight=False, soft_wrap=True)
             return
         columns = [
             (col, "left" if col in ("scenario", "metric") else "right", False)
@@ -502,6 +531,8 @@ def validate_cmd(
         title = "capsim validate: predicted vs measured"
         console.print(fitted_table(title, columns, rows, caption=UNITS, **COMPACT))
         console.print(summary_markdown(summaries, skipped), markup=False, highlight=False)
+        if left_out:
+            console.print(loso_markdown(left_out), markup=False, highlight=False)
         console.print(f"MAPE over {len(points)} points: {mape(points):.1f}%")
     finally:
         if stopped:  # what was finished is printed above; then one line and exit 130
