@@ -194,12 +194,97 @@ def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(server):
         ({"model": MODEL, "prompt": list(range(50_000)), "max_tokens": 4}, 400, "context length"),
         ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n = 1"),
         ({"model": MODEL}, 400, "prompt must be"),
+        # issue 47's battery: types vLLM's request models refuse, not 200 or 404
+        ({"model": 5, "prompt": "x"}, 400, "model must be a string"),
+        ({"model": MODEL, "prompt": "x", "temperature": -1}, 400, "non-negative"),
+        ({"model": MODEL, "prompt": "x", "top_p": 2}, 400, "top_p"),
+        ({"model": MODEL, "prompt": "x", "stop": 5}, 400, "stop"),
+        ({"model": MODEL, "prompt": "x", "stream": "banana"}, 400, "boolean"),
+        (
+            {"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}},
+            400,
+            "stream=True",
+        ),
+        ({"model": MODEL, "prompt": [-1, 5]}, 400, "out of vocabulary"),
+        ({"model": MODEL, "prompt": [10**12]}, 400, "out of vocabulary"),
     ],
 )
 def test_bad_requests_get_the_error_a_vllm_server_gives(server, body, status, words):
     r = httpx.post(server + "/v1/completions", json=body, timeout=10)
     assert r.status_code == status
     assert words in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"messages": [{"content": "hi"}]}, "role"),
+        ({"messages": [{"role": "user", "content": [1, 2]}]}, "content part"),
+        ({"messages": [{"role": "user", "content": [{"type": "bogus"}]}]}, "Unknown part type"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "string"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tools": "x"}, "tools"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "response_format": "json"},
+            "response_format",
+        ),
+    ],
+)
+def test_bad_chat_messages_are_400s(server, body, words):
+    r = httpx.post(server + "/v1/chat/completions", json={"model": MODEL, **body}, timeout=10)
+    assert r.status_code == 400 and words in r.json()["error"]["message"]
+
+
+def test_lax_values_read_as_vllms_pydantic_models_read_them(server):
+    """What vLLM accepts a client sends as it does: n null, max_tokens 5.0 or "5", stream
+    "false" (a plain answer), a batch of one token list; max_completion_tokens null leaves
+    max_tokens in charge, and completions have no max_completion_tokens."""
+    url = server + "/v1/completions"
+    for extra in ({"n": None}, {"max_tokens": 5.0}, {"max_tokens": "5"}, {"stream": "false"}):
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 5, **extra}
+        r = httpx.post(url, json=body, timeout=10)
+        assert r.status_code == 200, (extra, r.text)
+        assert r.json()["usage"]["completion_tokens"] == 5
+    r = httpx.post(url, json={"model": MODEL, "prompt": [[1, 2, 3]], "max_tokens": 2}, timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 3
+    both = {"model": MODEL, "prompt": "x", "max_tokens": 4, "max_completion_tokens": None}
+    assert httpx.post(url, json=both, timeout=10).json()["usage"]["completion_tokens"] == 4
+    both["max_completion_tokens"] = 2  # not a completions field: max_tokens decides
+    assert httpx.post(url, json=both, timeout=10).json()["usage"]["completion_tokens"] == 4
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "max_completion_tokens": None,
+    }
+    r = httpx.post(server + "/v1/chat/completions", json=chat, timeout=10)
+    assert r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_a_model_name_with_a_lone_surrogate_is_a_404_not_a_500(server):
+    """The error quotes the name back; JSON escapes it (Starlette's renderer could not
+    encode it as UTF-8 and answered 500)."""
+    r = httpx.post(
+        server + "/v1/completions",
+        content=b'{"model": "\\ud800", "prompt": "x"}',
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
+
+
+def test_wrong_media_type_route_and_method_get_json_errors(server):
+    r = httpx.post(
+        server + "/v1/completions",
+        content=b'{"prompt": "x", "max_tokens": 2}',
+        headers={"content-type": "text/plain"},
+        timeout=10,
+    )
+    assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+    r = httpx.get(server + "/v1/nope", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
+    r = httpx.get(server + "/v1/completions", timeout=10)
+    assert r.status_code == 405 and r.json()["error"]["code"] == 405
+    assert r.headers["allow"] == "POST"
 
 
 def test_malformed_json_is_a_400(server):

@@ -7,7 +7,7 @@ not, ``stream_options.include_usage`` and vLLM's ``continuous_usage_stats``,
 ``/health``, ``/version`` and ``/metrics`` (Prometheus, vLLM's names); capsim's own
 ``/capsim/info`` and ``/capsim/echo`` (the HTTP path timed at start-up, transport.py).
 
-Prompt tokens are counted by ``count_tokens``, an estimate (see its docstring) unless the
+Prompt tokens are counted by ``capsim.serve.requests.count_tokens``, an estimate (see its docstring) unless the
 prompt is given as token ids; ``/tokenize`` answers with the same count, so a client that
 sizes its prompts with it (``capsim probe`` does) gets exactly the lengths it asked for.
 """
@@ -17,105 +17,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import ClassVar
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from capsim.files import loads_json
 from capsim.serve.live import LIMITS, LiveDeployment
 from capsim.serve.metrics import ServeMetrics
+from capsim.serve.requests import (
+    ApiError,
+    check_sampling,
+    check_stream,
+    check_tools,
+    max_tokens_of,
+    model_name,
+    prompt_tokens_of,
+)
 from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip, received_at
-
-WORD_OR_MARK = re.compile(r"\w+|[^\w\s]")
-
-CHAT_TOKENS_PER_MESSAGE = 4
-"""Estimated chat-template tokens around each message (role header and separators), as in
-OpenAI's published token-counting recipe for chat models (3-4 per message)."""
-
-CHAT_TOKENS_FOR_REPLY = 3
-"""Estimated template tokens that open the assistant's reply."""
 
 MAX_BODY_BYTES = 32 * 2**20
 """Largest request body capsim serve reads, bytes (answered 413 above it, before reading
 the rest): a 128k-token prompt is well under 1 MB."""
 FILLER = " tok"
 """The text of every generated token: capsim serve simulates timing, not a model."""
-
-
-def count_tokens(text: str) -> int:
-    """Estimated tokens of ``text``: one per word and one per punctuation mark (a
-    whitespace-and-punctuation split; real BPE tokenizers give about 1.0-1.5 tokens per
-    English word). At least 1."""
-    return max(1, len(WORD_OR_MARK.findall(text)))
-
-
-def prompt_tokens_of(body: dict, chat: bool) -> int:
-    """Prompt tokens of a completions or chat request (token ids are counted exactly)."""
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list", param="messages")
-        total = CHAT_TOKENS_FOR_REPLY
-        for message in messages:
-            if not isinstance(message, dict):
-                raise ApiError(400, "each message must be a JSON object", param="messages")
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: count the text ones
-                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            if content is not None and not isinstance(content, str):
-                raise ApiError(
-                    400,
-                    "a message's content must be a string or a list of content parts",
-                    param="messages",
-                )
-            total += CHAT_TOKENS_PER_MESSAGE + (count_tokens(content) if content else 0)
-        return total
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise ApiError(
-            400, "prompt must be a string or a list of token ids (one prompt)", param="prompt"
-        )
-    return count_tokens(prompt)
-
-
-class ApiError(Exception):
-    """An error answered as vLLM's OpenAI server does: status and a JSON error body."""
-
-    TYPES: ClassVar[dict[int, str]] = {
-        400: "BadRequestError",
-        404: "NotFoundError",
-        413: "RequestTooLargeError",
-    }
-
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.TYPES.get(self.status, "InternalServerError"),
-                    "param": self.param,
-                    "code": self.status,
-                }
-            },
-            status_code=self.status,
-        )
 
 
 def sse_chunk(rid: str, kind: str, model: str, choices: list, usage: dict | None = None) -> str:
@@ -144,43 +74,49 @@ def create_app(
     created = int(time.time())
     headers = {"x-capsim-simulated": "true"}
 
-    def check_model(body: dict) -> str:
-        name = body.get("model") or served_names[0]
-        if name not in served_names:
-            raise ApiError(404, f"The model `{name}` does not exist.", param="model")
-        return name
+    vocab_size = setup.model.vocab_size
 
-    def max_tokens_of(body: dict, prompt_tokens: int) -> int:
-        value = body.get("max_completion_tokens", body.get("max_tokens"))
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ApiError(400, f"max_tokens must be an integer, got {value!r}.", "max_tokens")
-        if value is not None and value < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {value}.", "max_tokens")
+    def check_length(prompt_tokens: int, value: int | None) -> int:
+        """The tokens a request may generate, refused as vLLM does when prompt and
+        completion together pass max_model_len."""
         if prompt_tokens >= max_model_len or (
             value is not None and prompt_tokens + value > max_model_len
         ):
             asked = prompt_tokens + (value or 0)
+            over = "more than " if prompt_tokens > max_model_len else ""
             raise ApiError(
                 400,
                 f"This model's maximum context length is {max_model_len} tokens. However, "
-                f"you requested {asked} tokens ({prompt_tokens} in the messages, "
+                f"you requested {over}{asked} tokens ({over}{prompt_tokens} in the messages, "
                 f"{value or 0} in the completion). Please reduce the length of the "
                 "messages or completion.",
                 param="max_tokens" if value else "messages",
             )
         return value if value is not None else max_model_len - prompt_tokens
 
-    async def read_body(request: Request) -> dict:
+    async def count_prompt(body: dict, chat: bool) -> int:
+        """Prompt tokens, counted off the event loop (a long prompt takes a while, and
+        the streams in flight keep going meanwhile) and at most just past max_model_len."""
+        return await asyncio.to_thread(prompt_tokens_of, body, chat, vocab_size, max_model_len)
+
+    async def read_body(request: Request, json_only: bool = True) -> dict:
+        if json_only:
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                raise ApiError(415, "Unsupported Media Type: Only 'application/json' is allowed")
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
         raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > MAX_BODY_BYTES:
-                raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
         try:
-            body = loads_json(bytes(raw) or b"null")
+            async for part in request.stream():
+                raw += part
+                if len(raw) > MAX_BODY_BYTES:
+                    raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
+        except ClientDisconnect:  # gone before the body was whole: nobody reads the answer
+            raise ApiError(400, "There was an error parsing the body.") from None
+        try:
+            body = await asyncio.to_thread(loads_json, bytes(raw) or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"Invalid JSON in the request body: {exc}") from None
         if not isinstance(body, dict):
@@ -204,15 +140,14 @@ def create_app(
         arrived = received_at(request.scope, asyncio.get_running_loop())
         try:
             body = await read_body(request)
-            model = check_model(body)
-            n = body.get("n", 1)
-            if n != 1:
-                raise ApiError(400, "capsim serve supports n = 1 only.", param="n")
-            prompt_tokens = prompt_tokens_of(body, chat)
-            max_tokens = max_tokens_of(body, prompt_tokens)
-            options = body.get("stream_options")
-            if options is not None and not isinstance(options, dict):
-                raise ApiError(400, "stream_options must be a JSON object.", "stream_options")
+            model = model_name(body, served_names)
+            check_sampling(body, chat)
+            if chat:
+                check_tools(body)
+            stream, include_usage, continuous = check_stream(body)
+            asked = max_tokens_of(body, chat)
+            prompt_tokens = await count_prompt(body, chat)
+            max_tokens = check_length(prompt_tokens, asked)
         except ApiError as exc:
             return exc.response()
         live = deployment.submit(prompt_tokens, max_tokens, arrived)
@@ -226,7 +161,7 @@ def create_app(
                 "total_tokens": prompt_tokens + tokens,
             }
 
-        if not body.get("stream"):
+        if not stream:
             answer = asyncio.ensure_future(final_tokens(live))
             gone = asyncio.ensure_future(disconnected(request))
             await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -255,11 +190,6 @@ def create_app(
                 headers=headers,
             )
 
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):  # checked before the request was admitted
-            options = {}
-        include_usage = bool(options.get("include_usage"))
-        continuous = include_usage and bool(options.get("continuous_usage_stats"))
         chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choices: list, tokens: int | None = None) -> str:
@@ -331,9 +261,10 @@ def create_app(
     async def tokenize(request: Request) -> Response:
         try:
             body = await read_body(request)
-            check_model(body)
+            model_name(body, served_names)
             chat = "messages" in body
-            count = prompt_tokens_of(body, chat)
+            count = await count_prompt(body, chat)
+            check_length(count, None)
         except ApiError as exc:
             return exc.response()
         return JSONResponse(
@@ -353,7 +284,7 @@ def create_app(
         loop = asyncio.get_running_loop()
         arrived = received_at(request.scope, loop)
         try:
-            await read_body(request)
+            await read_body(request, json_only=False)
         except ApiError as exc:
             return exc.response()
         handed: asyncio.Queue[str] = asyncio.Queue()
@@ -409,7 +340,14 @@ def create_app(
         for t in task:
             t.cancel()
 
+    async def http_error(_: Request, exc: HTTPException) -> Response:
+        """Starlette's own 404 and 405 as vLLM answers them: a JSON error object."""
+        answer = ApiError(exc.status_code, str(exc.detail)).response()
+        answer.headers.update(exc.headers or {})
+        return answer
+
     return Starlette(
+        exception_handlers={HTTPException: http_error},
         routes=[
             Route("/v1/models", models),
             Route("/v1/completions", completions, methods=["POST"]),

@@ -1,0 +1,353 @@
+"""What ``capsim serve`` accepts in a request body, checked as vLLM's OpenAI server checks
+it (pydantic models in lax mode, then vLLM's own validators): a client's mistake is a 400
+with an OpenAI-style JSON error, never a 500 or a silent success.
+
+Lax mode means what pydantic accepts for a typed field: a bool as true/false, 0/1 or the
+strings "true"/"false"/"yes"/"no"/"on"/"off"/"t"/"f"/"y"/"n"/"1"/"0"; an int as an int,
+an integral float (5.0) or a numeric string ("5"); a float as a number or numeric string.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, ClassVar
+
+from starlette.responses import JSONResponse
+
+WORD_OR_MARK = re.compile(r"\w+|[^\w\s]")
+
+CHAT_TOKENS_PER_MESSAGE = 4
+"""Estimated chat-template tokens around each message (role header and separators), as in
+OpenAI's published token-counting recipe for chat models (3-4 per message)."""
+
+CHAT_TOKENS_FOR_REPLY = 3
+"""Estimated template tokens that open the assistant's reply."""
+
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+"""Message roles vLLM's chat template accepts (OpenAI's, with the legacy 'function')."""
+
+TEXT_PART_TYPES = frozenset({"text", "input_text"})
+MEDIA_PART_TYPES = frozenset(
+    {
+        "image_url",
+        "input_image",
+        "image_pil",
+        "image_embeds",
+        "audio_url",
+        "input_audio",
+        "video_url",
+        "file",
+    }
+)
+"""Content-part types vLLM parses; capsim serves a text model, as vLLM does for a model
+without a vision or audio encoder, so media parts are refused (400) like there."""
+
+TRUE_WORDS = frozenset({"true", "1", "yes", "on", "t", "y"})
+FALSE_WORDS = frozenset({"false", "0", "no", "off", "f", "n"})
+
+
+class ApiError(Exception):
+    """An error answered as vLLM's OpenAI server does: status and a JSON error body."""
+
+    TYPES: ClassVar[dict[int, str]] = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        405: "MethodNotAllowedError",
+        413: "RequestTooLargeError",
+        415: "UnsupportedMediaTypeError",
+    }
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def response(self) -> JSONResponse:
+        return AsciiJSONResponse(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.TYPES.get(self.status, "InternalServerError"),
+                    "param": self.param,
+                    "code": self.status,
+                }
+            },
+            status_code=self.status,
+        )
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: a message that quotes the client's text stays valid
+    UTF-8 even when that text held a lone surrogate (a 500 in Starlette's own renderer)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def lax_bool(body: dict, key: str, default: bool = False) -> bool:
+    """``body[key]`` as pydantic reads a bool field (null: ``default``)."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in TRUE_WORDS | FALSE_WORDS:
+        return value.strip().lower() in TRUE_WORDS
+    raise bad(key, f"{key} must be a boolean, got {short(value)}.")
+
+
+def lax_int(body: dict, key: str) -> int | None:
+    """``body[key]`` as pydantic reads an int field (None when absent or null)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise bad(key, f"{key} must be an integer, got {short(value)}.")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,18}\s*", value):
+        return int(value)
+    raise bad(key, f"{key} must be an integer, got {short(value)}.")
+
+
+def lax_float(body: dict, key: str) -> float | None:
+    """``body[key]`` as pydantic reads a float field (None when absent or null)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        raise bad(key, f"{key} must be a finite number, got {short(value)}.")
+    return number
+
+
+def short(value: Any) -> str:
+    """A client's value in an error message: JSON, at most 60 characters."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def string_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def check_range(body: dict, key: str, low: float, high: float, open_low: bool = False) -> None:
+    value = lax_float(body, key)
+    if value is None:
+        return
+    if value < low or value > high or (open_low and value == low):
+        side = "(" if open_low else "["
+        raise bad(key, f"{key} must be in {side}{low:g}, {high:g}], got {value:g}.")
+
+
+def check_sampling(body: dict, chat: bool) -> None:
+    """The sampling and output fields vLLM validates (SamplingParams._verify_args and the
+    request models' types)."""
+    temperature = lax_float(body, "temperature")
+    if temperature is not None and temperature < 0:
+        raise bad("temperature", f"temperature must be non-negative, got {temperature:g}.")
+    check_range(body, "top_p", 0.0, 1.0, open_low=True)
+    check_range(body, "min_p", 0.0, 1.0)
+    check_range(body, "presence_penalty", -2.0, 2.0)
+    check_range(body, "frequency_penalty", -2.0, 2.0)
+    repetition = lax_float(body, "repetition_penalty")
+    if repetition is not None and repetition <= 0:
+        raise bad("repetition_penalty", f"repetition_penalty must be positive, got {repetition:g}.")
+    top_k = lax_int(body, "top_k")
+    if top_k is not None and top_k < -1:
+        raise bad("top_k", f"top_k must be -1 (disable), 0 or at least 1, got {top_k}.")
+    lax_int(body, "seed")
+    lax_bool(body, "ignore_eos")
+    lax_bool(body, "echo")
+    stop = body.get("stop")
+    if not (stop is None or isinstance(stop, str) or string_list(stop)):
+        raise bad("stop", "stop must be a string or a list of strings.")
+    if chat:
+        lax_bool(body, "logprobs")
+        top = lax_int(body, "top_logprobs")
+        if top is not None and top < 0:
+            raise bad("top_logprobs", f"top_logprobs must be non-negative, got {top}.")
+    else:
+        logprobs = lax_int(body, "logprobs")
+        if logprobs is not None and logprobs < 0:
+            raise bad("logprobs", f"logprobs must be non-negative, got {logprobs}.")
+        best_of = lax_int(body, "best_of")
+        if best_of is not None and best_of != 1:
+            raise bad("best_of", "capsim serve supports best_of = 1 only.")
+        suffix = body.get("suffix")
+        if suffix is not None and not isinstance(suffix, str):
+            raise bad("suffix", "suffix must be a string.")
+        if body.get("prompt_embeds") is not None:
+            raise bad("prompt_embeds", "capsim serve does not take prompt embeddings.")
+    bias = body.get("logit_bias")
+    if bias is not None and (
+        not isinstance(bias, dict)
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bias.values())
+    ):
+        raise bad("logit_bias", "logit_bias must be an object of token ids to numbers.")
+    n = lax_int(body, "n")
+    if n is not None and n != 1:
+        raise bad("n", "capsim serve supports n = 1 only.")
+
+
+def check_tools(body: dict) -> None:
+    """Chat fields vLLM types strictly: tools, tool_choice, response_format."""
+    tools = body.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list)
+        and all(
+            isinstance(t, dict)
+            and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)
+            for t in tools
+        )
+    ):
+        raise bad("tools", "tools must be a list of {type: function, function: {name}}.")
+    choice = body.get("tool_choice")
+    if choice is not None and not (
+        choice in ("none", "auto", "required") or isinstance(choice, dict)
+    ):
+        raise bad("tool_choice", "tool_choice must be none, auto, required or an object.")
+    fmt = body.get("response_format")
+    if fmt is not None and not (
+        isinstance(fmt, dict)
+        and fmt.get("type") in ("text", "json_object", "json_schema", "structural_tag")
+    ):
+        raise bad("response_format", "response_format must be an object with a known type.")
+
+
+def check_stream(body: dict) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage_stats), as vLLM reads them; stream_options
+    without stream is refused there too."""
+    stream = lax_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False, False
+    if not isinstance(options, dict):
+        raise bad("stream_options", "stream_options must be a JSON object.")
+    if options and not stream:  # vLLM's check_stream_options: an empty object passes
+        raise bad("stream_options", "Stream options can only be defined when `stream=True`.")
+    include = lax_bool(options, "include_usage")
+    continuous = lax_bool(options, "continuous_usage_stats")
+    return stream, include, include and continuous
+
+
+def count_tokens(text: str, limit: int | None = None) -> int:
+    """Estimated tokens of ``text``: one per word and one per punctuation mark (a
+    whitespace-and-punctuation split; real BPE tokenizers give about 1.0-1.5 tokens per
+    English word). At least 1. With ``limit``, counting stops once past it (a prompt that
+    long is refused whatever its exact count, and a 30 MB one would take seconds)."""
+    words = 0
+    for _ in WORD_OR_MARK.finditer(text):
+        words += 1
+        if limit is not None and words > limit:
+            break
+    return max(1, words)
+
+
+def message_tokens(message: Any, limit: int | None) -> int:
+    """Estimated tokens of one chat message, checked as vLLM's chat parser checks it."""
+    if not isinstance(message, dict):
+        raise bad("messages", "each message must be a JSON object.")
+    role = message.get("role")
+    if not isinstance(role, str) or role not in CHAT_ROLES:
+        raise bad(
+            "messages", f"each message needs a role of {sorted(CHAT_ROLES)}, got {short(role)}."
+        )
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise bad("messages", "each content part must be an object with a type.")
+            kind = part["type"]
+            if kind in TEXT_PART_TYPES:
+                if not isinstance(part.get("text"), str):
+                    raise bad("messages", "a text part's text must be a string.")
+                texts.append(part["text"])
+            elif kind in MEDIA_PART_TYPES:
+                raise bad("messages", f"capsim serve's model takes text only, not {kind} parts.")
+            else:
+                raise bad("messages", f"Unknown part type: {short(kind)}.")
+        content = " ".join(texts)
+    if content is not None and not isinstance(content, str):
+        raise bad("messages", "a message's content must be a string or a list of content parts.")
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise bad("messages", "a message's tool_calls must be a list.")
+    return CHAT_TOKENS_PER_MESSAGE + (count_tokens(content, limit) if content else 0)
+
+
+def prompt_tokens_of(body: dict, chat: bool, vocab_size: int, limit: int | None = None) -> int:
+    """Prompt tokens of a completions or chat request (token ids are counted exactly and
+    must be in the vocabulary). With ``limit``, counting may stop once past it."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad("messages", "messages must be a non-empty list.")
+        total = CHAT_TOKENS_FOR_REPLY
+        for message in messages:
+            total += message_tokens(message, limit)
+            if limit is not None and total > limit:
+                return total
+        return total
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        for t in prompt:
+            if not 0 <= t < vocab_size:
+                raise bad(
+                    "prompt", f"Token id {short(t)} is out of vocabulary (0-{vocab_size - 1})."
+                )
+        return len(prompt)
+    if not isinstance(prompt, str):
+        raise bad("prompt", "prompt must be a string or a list of token ids (one prompt).")
+    return count_tokens(prompt, limit)
+
+
+def model_name(body: dict, served: list[str]) -> str:
+    """The model a request names (the first served one when it names none)."""
+    name = body.get("model")
+    if name is None:
+        return served[0]
+    if not isinstance(name, str):
+        raise bad("model", f"model must be a string, got {short(name)}.")
+    if name not in served:
+        raise ApiError(404, f"The model `{name}` does not exist.", param="model")
+    return name
+
+
+def max_tokens_of(body: dict, chat: bool) -> int | None:
+    """The completion budget a request asks for: chat reads max_completion_tokens or
+    max_tokens (vLLM: ``max_completion_tokens or max_tokens``), completions max_tokens
+    alone (its request has no max_completion_tokens)."""
+    value = lax_int(body, "max_tokens")
+    if chat:
+        newer = lax_int(body, "max_completion_tokens")
+        value = newer or value
+    if value is not None and value < 1:
+        raise bad("max_tokens", f"max_tokens must be at least 1, got {value}.")
+    return value
