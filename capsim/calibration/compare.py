@@ -121,6 +121,7 @@ def scenario_config(
         offline=bool(flags.get("offline", False)),
         ubatch_tokens=int(flags["ubatch_tokens"]) if "ubatch_tokens" in flags else None,
         cpu_moe_layers=int(flags.get("cpu_moe_layers", 0)),
+        expert_parallel=bool(flags.get("enable_expert_parallel", False)),
         host_memory_bandwidth_gbs=(
             float(flags["host_memory_bandwidth_gbs"])
             if "host_memory_bandwidth_gbs" in flags

@@ -13,6 +13,7 @@ import typer
 from capsim.cli.common import (
     DbOption,
     EngineOption,
+    ExpertParallelOption,
     JsonOption,
     MaxModelLenOption,
     MaxNumSeqsOption,
@@ -57,6 +58,7 @@ def capacity_cmd(
     max_num_seqs: MaxNumSeqsOption = None,
     max_model_len: MaxModelLenOption = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    enable_expert_parallel: ExpertParallelOption = False,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",
     pessimistic: Annotated[
@@ -112,6 +114,7 @@ def capacity_cmd(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
+            expert_parallel=enable_expert_parallel,
             engine=engine,
             profile=profile,
         )

@@ -114,6 +114,15 @@ EngineOption = Annotated[
         "batch defaults, CUDA-graph sizes and kernel priors",
     ),
 ]
+ExpertParallelOption = Annotated[
+    bool,
+    typer.Option(
+        "--enable-expert-parallel",
+        help="MoE: split the routed experts whole over the TP group, num_experts / tp a GPU "
+        "(vLLM's flag; SGLang's --ep-size equal to --tp) instead of a slice of each on every "
+        "GPU",
+    ),
+]
 NCpuMoeOption = Annotated[
     int,
     typer.Option(

@@ -13,6 +13,7 @@ from capsim.cli.common import (
     DbOption,
     DisableCustomAllReduceOption,
     EngineOption,
+    ExpertParallelOption,
     GpuMemoryUtilizationOption,
     HostLinkOption,
     HostMemoryBandwidthOption,
@@ -250,6 +251,14 @@ def step_rows(
                 "experts/layer)",
             )
         )
+    if step.ep_busiest_experts:
+        rows.append(
+            (
+                "expert parallel, busiest GPU",
+                f"{step.ep_busiest_experts:.2f} experts/layer, "
+                f"{step.ep_pair_load:.2f}x the mean pairs",
+            )
+        )
     rows += [
         ("KV read / written", f"{step.kv_read_bytes / GB:.4f} / {step.kv_write_bytes / GB:.4f} GB"),
     ]
@@ -386,6 +395,7 @@ def explain_cmd(
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     engine: EngineOption = "vllm",
     ubatch_size: UbatchOption = None,
+    enable_expert_parallel: ExpertParallelOption = False,
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
     host_link_bandwidth: HostLinkOption = None,
@@ -458,6 +468,7 @@ def explain_cmd(
         cpu_moe_layers=n_cpu_moe,
         host_memory_bandwidth_gbs=host_memory_bandwidth,
         host_link_gbs=host_link_bandwidth,
+        expert_parallel=enable_expert_parallel,
     )
     from capsim.calibration.profiles import find_profile
 

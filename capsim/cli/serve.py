@@ -11,6 +11,7 @@ import typer
 from capsim.cli.common import (
     DbOption,
     EngineOption,
+    ExpertParallelOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
@@ -45,6 +46,7 @@ def serve_cmd(
     spec_acceptance: SpecAcceptanceOption = None,
     power_limit: PowerLimitOption = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    enable_expert_parallel: ExpertParallelOption = False,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
@@ -96,6 +98,7 @@ def serve_cmd(
         spec=spec_config(spec, spec_acceptance),
         power_limit_w=power_limit,
         enforce_eager=enforce_eager,
+        expert_parallel=enable_expert_parallel,
         engine=engine,
         profile=profile,
     )

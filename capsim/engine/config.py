@@ -84,6 +84,11 @@ class PredictConfig(BaseModel):
     ubatch_tokens: int | None = Field(
         None, ge=1, description="Physical batch, tokens (llama.cpp's -ub; None: the engine's)"
     )
+    expert_parallel: bool = Field(
+        False,
+        description="Routed experts split whole over the TP group (vLLM's "
+        "--enable-expert-parallel; SGLang's --ep-size equal to --tp)",
+    )
     cpu_moe_layers: int = Field(
         0,
         ge=0,

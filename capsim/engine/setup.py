@@ -112,6 +112,7 @@ def engine_deployment(
     cpu_moe_layers: int = 0,
     host_memory_bandwidth_gbs: float | None = None,
     host_link_gbs: float | None = None,
+    expert_parallel: bool = False,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -139,6 +140,7 @@ def engine_deployment(
         cpu_moe_layers=cpu_moe_layers,
         host_memory_bandwidth_gbs=host_memory_bandwidth_gbs,
         host_link_gbs=host_link_gbs,
+        expert_parallel=expert_parallel,
     )
 
 
@@ -291,6 +293,7 @@ def build_setup(
         cpu_moe_layers=config.cpu_moe_layers,
         host_memory_bandwidth_gbs=config.host_memory_bandwidth_gbs,
         host_link_gbs=config.host_link_gbs,
+        expert_parallel=config.expert_parallel,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

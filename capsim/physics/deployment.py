@@ -61,6 +61,12 @@ class Deployment(BaseModel):
         gt=0,
         description="Host-to-GPU link, GB/s per direction; None: the GPU's PCIe link",
     )
+    expert_parallel: bool = Field(
+        False,
+        description="Routed experts split whole over the TP group, num_experts / tp a GPU "
+        "(vLLM's --enable-expert-parallel; SGLang's --ep-size equal to --tp), instead of a "
+        "1/tp slice of every expert on each GPU",
+    )
     ubatch_tokens: int | None = Field(
         None,
         ge=1,

@@ -8,6 +8,8 @@ parameters and expert sizes.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from capsim.physics.dtypes import ACTIVATION_BYTES
@@ -38,6 +40,45 @@ class ExpertTerms:
                 1.0 - (1.0 - moe.experts_per_token / moe.num_experts) ** tokens
             )
         return float(self.experts_touched(tokens))
+
+    def expert_parallel_load(
+        self, routed_tokens: float, touched: float
+    ) -> tuple[float, float, float]:
+        """What the busiest GPU of the TP group does in one MoE layer of a pass of
+        ``routed_tokens`` tokens touching ``touched`` experts: (expert slices it reads, in
+        units of one TP slice; expert GEMM pipelines it runs; its token-expert pairs over the
+        group's mean). Tensor parallelism gives every GPU a 1/tp slice of each touched expert,
+        so every GPU reads ``touched`` slices and runs that many pipelines on an even share
+        of the pairs: (touched, touched, 1).
+
+        Expert parallelism within the TP group (vLLM's --enable-expert-parallel, SGLang's
+        --ep-size equal to --tp) gives each GPU num_experts / tp whole experts; the layer
+        ends when the GPU with the most touched experts and the most pairs is done. With
+        each expert touched independently with probability touched / num_experts, a GPU's
+        touched count is Binomial(num_experts / tp, q) and the busiest one's is its expected
+        maximum over the tp GPUs (exact, from the binomial CDF); a whole expert is tp slices.
+        The pairs (tokens x experts per token, spread evenly in expectation) on the busiest
+        GPU exceed the mean by the expected maximum of tp binomial counts (normal
+        approximation: sqrt(2 ln tp) standard deviations). Routing skew is not laid on top."""
+        tp = self.deployment.tp
+        if not self.deployment.expert_parallel or tp == 1 or not touched:
+            return touched, touched, 1.0
+        key = round(routed_tokens, 3)
+        cached = self._ep_cache.get(key)
+        if cached is not None:
+            return cached
+        from scipy.stats import binom  # here: scipy.stats takes a third of a second to import
+
+        moe = self.model.moe
+        per_gpu = moe.num_experts // tp
+        q = min(1.0, touched / moe.num_experts)
+        below = binom.cdf(np.arange(per_gpu), per_gpu, q)
+        busiest = float(np.sum(1.0 - below**tp))
+        pairs = routed_tokens * moe.experts_per_token
+        spread = math.sqrt(2.0 * math.log(tp) * (1.0 - 1.0 / tp) * tp / pairs) if pairs else 0.0
+        result = (busiest * tp, busiest, min(float(tp), 1.0 + spread))
+        self._ep_cache[key] = result
+        return result
 
     def l2_reuse_fraction(self, touched: np.ndarray) -> np.ndarray:
         """Share of a step's routed-expert bytes served from L2 rather than DRAM.

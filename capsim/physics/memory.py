@@ -95,6 +95,32 @@ def check_tensor_parallel(model: Model, tp: int) -> None:
         )
 
 
+def check_expert_parallel(model: Model, deployment) -> None:
+    """Reject expert parallelism where vLLM and SGLang would, or where capsim does not
+    model it: a model without routed experts, an expert count the TP group does not
+    divide, experts kept in system RAM."""
+    if not deployment.expert_parallel:
+        return
+    if model.moe is None:
+        raise CapsimUserError(
+            f"--enable-expert-parallel needs routed experts, and {model.name} is dense",
+            hint="leave the flag out for a dense model",
+        )
+    tp = deployment.tp
+    if model.moe.num_experts % tp:
+        raise CapsimUserError(
+            f"expert parallelism over {tp} GPUs does not divide {model.name}'s "
+            f"{model.moe.num_experts} routed experts",
+            hint="pick a --tp that divides the expert count: "
+            + ", ".join(str(d) for d in (1, 2, 4, 8, 16) if model.moe.num_experts % d == 0),
+        )
+    if deployment.cpu_moe_layers:
+        raise CapsimUserError(
+            "--enable-expert-parallel with --n-cpu-moe is not modelled",
+            hint="leave one of them out",
+        )
+
+
 def _format_bits(fmt: QuantFormat, group: str) -> float:
     return fmt.bits_per_weight if group in fmt.quantized_tensors else fmt.unquantized_bits
 

@@ -84,6 +84,10 @@ class StepBreakdown:
     state_bytes_per_s: float = 0.0  # the rate it streams at
     t_offload: float = 0.0  # experts in system RAM: read by the CPU or copied to the GPU
     offload_path: str = ""  # "cpu" (a small pass) or "copy" (op offload), empty without
+    # expert parallelism: whole experts the busiest GPU runs a layer, and its token-expert
+    # pairs over the group's mean (0 and 1 without)
+    ep_busiest_experts: float = 0.0
+    ep_pair_load: float = 1.0
 
     @property
     def bytes_total(self) -> float:

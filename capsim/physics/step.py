@@ -70,7 +70,7 @@ from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.expert_terms import ExpertTerms
 from capsim.physics.host_terms import HostTerms
 from capsim.physics.kv_layout import kv_layout
-from capsim.physics.memory import check_tensor_parallel
+from capsim.physics.memory import check_expert_parallel, check_tensor_parallel
 from capsim.physics.offload_terms import OffloadTerms
 from capsim.physics.rate_terms import RateTerms
 from capsim.physics.roofline import (
@@ -136,6 +136,8 @@ class StepModel(
         if dep.spec is not None and dep.spec.method == "draft" and draft is None:
             raise CapsimUserError("speculative method 'draft' needs the draft model's StepModel")
         self.draft = draft
+        check_expert_parallel(model, dep)
+        self._ep_cache: dict[float, tuple[float, float, float]] = {}
 
         # --- weights read and FLOPs per token (WorkCounts)
         parts = self._init_work_counts(elementwise_bytes)
@@ -244,7 +246,10 @@ class StepModel(
         passes = self.passes(tokens)
         # each pass (ubatch) routes its own tokens and reads the weights again
         touched = self.experts_touched_scalar(routed / passes) if tokens else 0.0
-        expert_bytes = passes * self.moe_layers * touched * self.expert_slice_bytes
+        # the busiest GPU's share: the TP slices it reads, its GEMM pipelines, its pairs
+        # over the mean (all 'touched', 'touched' and 1 without expert parallelism)
+        read, pipelines, busiest = self.expert_parallel_load(routed / passes, touched)
+        expert_bytes = passes * self.moe_layers * read * self.expert_slice_bytes
         if touched and self.params.l2_reuse_strength:
             expert_bytes *= 1.0 - float(self.l2_reuse_fraction(np.asarray(touched)))
         # experts in system RAM: read by the CPU, or copied over for the GPU (OffloadTerms)
@@ -258,7 +263,7 @@ class StepModel(
         state = self.state_traffic_bytes(seqs)
         t_state = state / self.state_bw
         dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
-        expert_flops = routed * self.expert_flops_per_token * on_gpu
+        expert_flops = routed * self.expert_flops_per_token * on_gpu * busiest
         attn_flops = (
             self.full_pair_flops * pairs
             + self.sliding_pair_flops * pairs_windowed
@@ -272,6 +277,8 @@ class StepModel(
         return {
             "graph_tokens": graph,
             "touched": touched,
+            "ep_busiest": pipelines if self.deployment.expert_parallel and touched else 0.0,
+            "ep_pair_load": busiest,
             "dense_bytes": dense_bytes,
             "expert_bytes": expert_bytes,
             "kv_read": kv_read,
@@ -286,7 +293,7 @@ class StepModel(
             "t_dense_cmp": dense_flops / self.dense_gemm_rate(graph / passes),
             "t_exp_mem": (
                 expert_bytes / self.expert_bw
-                + passes * self.moe_layers * touched * self.params.moe_expert_overhead_us * 1e-6
+                + passes * self.moe_layers * pipelines * self.params.moe_expert_overhead_us * 1e-6
             ),
             "expert_rate": (rate := self.expert_gemm_rate(routed / passes, touched)),
             "t_exp_cmp": expert_flops / rate,

@@ -102,6 +102,8 @@ class StepReport:
             t_offload=t["t_offload"],
             offload_path=self.offload_path(tokens / self.passes(tokens)) if t["t_offload"] else "",
             state_bytes_per_s=self.state_bw if t["state"] else 0.0,
+            ep_busiest_experts=t["ep_busiest"],
+            ep_pair_load=t["ep_pair_load"],
         )
 
     def decode_step(self, context: np.ndarray | list[int]) -> tuple[StepBreakdown, float]:

@@ -1,0 +1,120 @@
+"""Expert parallelism within the TP group (issue 49 item 1): whole experts on each GPU, the
+busiest GPU's reads and pairs, and the combinations that are refused."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capsim.catalog.loader import load_catalog
+from capsim.cli.main import app
+from capsim.errors import CapsimUserError
+from capsim.physics.deployment import Deployment, default_efficiency
+from capsim.physics.step import StepModel
+
+CAT = load_catalog()
+
+
+def step_model(gpu="h200", model="deepseek-r1", quant="fp8", tp=8, ep=True) -> StepModel:
+    g = CAT.gpu(gpu)
+    return StepModel(
+        g,
+        CAT.model(model),
+        CAT.quant(quant),
+        Deployment(tp=tp, expert_parallel=ep),
+        default_efficiency(g, CAT),
+    )
+
+
+def expected_max_by_enumeration(per_gpu: int, q: float, gpus: int) -> float:
+    """E[max of ``gpus`` independent Binomial(per_gpu, q)] over every outcome."""
+    pmf = [math.comb(per_gpu, j) * q**j * (1 - q) ** (per_gpu - j) for j in range(per_gpu + 1)]
+    total = 0.0
+    for counts in itertools.product(range(per_gpu + 1), repeat=gpus):
+        total += max(counts) * math.prod(pmf[c] for c in counts)
+    return total
+
+
+def test_the_busiest_gpu_by_hand():
+    """Mixtral at TP2 with EP: 4 whole experts a GPU. One token touches 2 of 8 experts
+    (q = 1/4 each): the busiest GPU runs E[max of two Binomial(4, 1/4)] whole experts,
+    that many x 2 TP slices read; its pairs exceed the mean by sqrt(2 ln 2 x 1/2 x 2 / 2)."""
+    sm = step_model("h100-sxm", "mixtral-8x7b", "bf16", tp=2)
+    read, pipelines, pairs = sm.expert_parallel_load(1.0, 2.0)
+    busiest = expected_max_by_enumeration(4, 0.25, 2)
+    assert pipelines == pytest.approx(busiest)
+    assert read == pytest.approx(2 * busiest)
+    assert pairs == pytest.approx(1 + math.sqrt(2 * math.log(2) * 0.5 * 2 / 2))
+    # without expert parallelism every GPU reads a slice of each touched expert
+    assert step_model("h100-sxm", "mixtral-8x7b", "bf16", tp=2, ep=False).expert_parallel_load(
+        1.0, 2.0
+    ) == (2.0, 2.0, 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.integers(1, 4096), tp=st.sampled_from([2, 4, 8]))
+def test_the_busiest_gpu_never_reads_less_than_the_even_share(tokens, tp):
+    sm = step_model(tp=tp)
+    touched = sm.experts_touched_scalar(tokens)
+    read, pipelines, pairs = sm.expert_parallel_load(float(tokens), touched)
+    assert read >= touched * (1 - 1e-9)
+    assert pipelines * tp == pytest.approx(read)
+    assert pipelines <= CAT.model("deepseek-r1").moe.num_experts / tp + 1e-9
+    assert 1.0 <= pairs <= tp
+
+
+def test_ep_costs_more_at_one_token_and_nothing_once_every_expert_is_touched():
+    ep, tp = step_model(), step_model(ep=False)
+    one = ep.step(np.ones(4), np.full(4, 2000.0))
+    one_tp = tp.step(np.ones(4), np.full(4, 2000.0))
+    assert one.expert_bytes > 1.5 * one_tp.expert_bytes  # 6.6 whole experts against 3.8
+    assert one.t_total > one_tp.t_total
+    many = ep.step(np.ones(4096), np.full(4096, 2000.0))
+    many_tp = tp.step(np.ones(4096), np.full(4096, 2000.0))
+    assert many.expert_bytes == pytest.approx(many_tp.expert_bytes)
+    assert many.ep_pair_load < 1.05 and many_tp.ep_pair_load == 1.0
+    # at TP1 expert parallelism has one rank: the same step
+    solo, plain = step_model("h200", "qwen3-30b-a3b", "bf16", tp=1), None
+    plain = step_model("h200", "qwen3-30b-a3b", "bf16", tp=1, ep=False)
+    assert (
+        solo.step(np.ones(8), np.full(8, 500.0)).t_total
+        == plain.step(np.ones(8), np.full(8, 500.0)).t_total
+    )
+
+
+def test_refused_where_vllm_refuses_or_capsim_does_not_model_it():
+    with pytest.raises(CapsimUserError, match="dense"):
+        step_model("h100-sxm", "llama-3.1-8b", "bf16", tp=2)
+    with pytest.raises(CapsimUserError, match="does not divide mixtral-8x7b's 8 routed"):
+        step_model("h100-sxm", "mixtral-8x7b", "bf16", tp=16)
+    g = CAT.gpu("rtx3090")
+    with pytest.raises(CapsimUserError, match="--n-cpu-moe"):
+        StepModel(
+            g,
+            CAT.model("qwen3-coder-30b-a3b"),
+            CAT.quant("bf16"),
+            Deployment(tp=2, expert_parallel=True, cpu_moe_layers=4, host_memory_bandwidth_gbs=60),
+            default_efficiency(g, CAT),
+        )
+    r = CliRunner().invoke(
+        app,
+        ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--enable-expert-parallel"],
+    )
+    assert r.exit_code == 2 and "dense" in r.output and "Traceback" not in r.output
+
+
+def test_predict_and_explain_take_the_flag():
+    runner = CliRunner()
+    args = ["--gpu", "h200", "--model", "qwen3-30b-a3b", "--tp", "2"]
+    r = runner.invoke(app, ["explain", *args, "--batch", "4", "--enable-expert-parallel"])
+    assert r.exit_code == 0, r.output
+    assert "expert parallel, busiest GPU" in r.output
+    r = runner.invoke(app, ["predict", *args, "-c", "2", "--enable-expert-parallel", "--json"])
+    assert r.exit_code == 0, r.output
+    assert '"expert_parallel": true' in r.output
