@@ -72,7 +72,8 @@ def check_plot_target(path: Path | None, force: bool) -> None:
 
 
 MaxNumSeqsOption = Annotated[
-    int | None, typer.Option("--max-num-seqs", help="Default: vLLM's for the GPU")
+    int | None,
+    typer.Option("--max-num-seqs", "--max-running-requests", help="Default: vLLM's for the GPU"),
 ]
 MaxNumBatchedTokensOption = Annotated[
     int | None, typer.Option("--max-num-batched-tokens", help="Default: vLLM's for the GPU")
@@ -97,7 +98,13 @@ AsyncSchedulingOption = Annotated[
     ),
 ]
 SpecOption = Annotated[
-    str | None, typer.Option("--spec", help="Speculative decoding, e.g. mtp:2, ngram:4")
+    str | None,
+    typer.Option(
+        "--spec",
+        "--speculative-config",
+        help="Speculative decoding, e.g. mtp:2, ngram:4, or vLLM's JSON "
+        '\'{"method": "mtp", "num_speculative_tokens": 2}\'',
+    ),
 ]
 SpecAcceptanceOption = Annotated[
     str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")

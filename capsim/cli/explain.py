@@ -51,13 +51,21 @@ def fit_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. rtx3090")],
     model: Annotated[str, typer.Option("--model", help="Model name, e.g. qwen3-coder-30b-a3b")],
     quant: Annotated[
-        str | None, typer.Option("--quant", help="Weight format (default: the model's release)")
+        str | None,
+        typer.Option(
+            "--quant", "--quantization", help="Weight format (default: the model's release)"
+        ),
     ] = None,
     gpus: Annotated[
         int | None, typer.Option("--gpus", help="GPUs in total (default: --tp)")
     ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto, bf16, fp16, fp8")] = "auto",
+    tp: Annotated[
+        int,
+        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
+    ] = 1,
+    kv_dtype: Annotated[
+        str, typer.Option("--kv-dtype", "--kv-cache-dtype", help="auto, bf16, fp16, fp8")
+    ] = "auto",
     gpu_memory_utilization: GpuMemoryUtilizationOption = None,
     max_model_len: MaxModelLenOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
@@ -368,9 +376,14 @@ def step_rows(
 def explain_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
     model: Annotated[str, typer.Option("--model", help="Model name")],
-    quant: Annotated[str | None, typer.Option("--quant", help="Weight format")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype")] = "auto",
+    quant: Annotated[
+        str | None, typer.Option("--quant", "--quantization", help="Weight format")
+    ] = None,
+    tp: Annotated[
+        int,
+        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
+    ] = 1,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", "--kv-cache-dtype")] = "auto",
     batch: Annotated[int, typer.Option("--batch", help="Sequences in the decode step")] = 1,
     context: Annotated[int, typer.Option("--context", help="Tokens in each sequence's KV")] = 2048,
     prefill_chunk: Annotated[

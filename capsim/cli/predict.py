@@ -125,17 +125,27 @@ def predict_cmd(
     ctx: typer.Context,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name(s), comma-separated")],
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
-    quant: Annotated[str | None, typer.Option("--quant", help="Weight format(s)")] = None,
+    quant: Annotated[
+        str | None, typer.Option("--quant", "--quantization", help="Weight format(s)")
+    ] = None,
     concurrency: Annotated[
         str, typer.Option("--concurrency", "-c", help="Levels: 1..8, 1,2,4,8, 1..64:x2")
     ] = "1..8",
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
-    tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel size(s)")] = "1",
-    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel replicas")] = None,
+    tp: Annotated[
+        str,
+        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size(s)"),
+    ] = "1",
+    dp: Annotated[
+        int | None,
+        typer.Option("--dp", "--data-parallel-size", "--dp-size", help="Data-parallel replicas"),
+    ] = None,
     interconnect: Annotated[
         str, typer.Option("--interconnect", help="GPU links: auto, pcie or nvlink")
     ] = "auto",
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto, fp8 (list ok)")] = "auto",
+    kv_dtype: Annotated[
+        str, typer.Option("--kv-dtype", "--kv-cache-dtype", help="auto, fp8 (list ok)")
+    ] = "auto",
     workload: Annotated[
         str, typer.Option("--workload", help="closed, batch, agents, open, trace")
     ] = "closed",
@@ -176,7 +186,15 @@ def predict_cmd(
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_model_len: MaxModelLenOption = None,
     gpu_memory_utilization: GpuMemoryUtilizationOption = None,
-    spec: Annotated[str | None, typer.Option("--spec", help="e.g. mtp:2, ngram:4")] = None,
+    spec: Annotated[
+        str | None,
+        typer.Option(
+            "--spec",
+            "--speculative-config",
+            help='e.g. mtp:2, ngram:4, or vLLM\'s JSON \'{"method": "mtp", '
+            '"num_speculative_tokens": 2}\'',
+        ),
+    ] = None,
     spec_acceptance: Annotated[
         str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
     ] = None,

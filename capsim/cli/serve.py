@@ -35,10 +35,17 @@ MAX_SPEEDUP = 1000.0
 def serve_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
     model: Annotated[str, typer.Option("--model", help="Model name or Hugging Face id")],
-    quant: Annotated[str | None, typer.Option("--quant", help="Weight format")] = None,
+    quant: Annotated[
+        str | None, typer.Option("--quant", "--quantization", help="Weight format")
+    ] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size")] = 1,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="auto or fp8")] = "auto",
+    tp: Annotated[
+        int,
+        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
+    ] = 1,
+    kv_dtype: Annotated[
+        str, typer.Option("--kv-dtype", "--kv-cache-dtype", help="auto or fp8")
+    ] = "auto",
     max_num_seqs: MaxNumSeqsOption = None,
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_model_len: MaxModelLenOption = None,

@@ -105,10 +105,57 @@ SPEC_OPTIONS = {"topk": "topk", "verify": "verify_tokens"}
 """``--spec`` options after K: topk=N (tree branches), verify=N (positions verified)."""
 
 
+VLLM_SPEC_METHODS = {
+    "mtp": "mtp",
+    "deepseek_mtp": "mtp",
+    "qwen3_next_mtp": "mtp",
+    "eagle": "eagle",
+    "eagle3": "eagle",
+    "ngram": "ngram",
+    "draft_model": "draft",
+}
+"""vLLM's --speculative-config methods, as capsim's: its per-model MTP names are MTP, EAGLE
+and EAGLE-3 heads one EAGLE layer, 'draft_model' a separate draft."""
+
+
+def spec_text_of_vllm_config(text: str) -> str:
+    """vLLM's ``--speculative-config`` JSON ('{"method": "mtp", "num_speculative_tokens":
+    2}') as capsim's ``--spec`` text ('mtp:2'; a draft model names the catalog model its
+    "model" names)."""
+    from capsim.files import loads_json
+
+    try:
+        config = loads_json(text)
+    except ValueError as exc:
+        raise CapsimUserError(f"--speculative-config is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise CapsimUserError("--speculative-config must be a JSON object")
+    method = config.get("method")
+    k = config.get("num_speculative_tokens")
+    if method not in VLLM_SPEC_METHODS:
+        raise CapsimUserError(
+            f"--speculative-config method {method!r} is not one capsim models",
+            hint="one of " + ", ".join(VLLM_SPEC_METHODS),
+        )
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise CapsimUserError(
+            f"--speculative-config num_speculative_tokens must be a positive integer, got {k!r}"
+        )
+    ours = VLLM_SPEC_METHODS[method]
+    if ours == "draft":
+        model = config.get("model")
+        if not isinstance(model, str) or not model:
+            raise CapsimUserError('--speculative-config draft_model needs a "model"')
+        return f"draft:{model}:{k}"
+    return f"{ours}:{k}"
+
+
 def parse_spec(text: str, acceptance: float | list[float] | None = None) -> SpecConfig:
     """Parse ``--spec`` values like 'mtp:2', 'eagle:3', 'ngram:4', 'draft:qwen3-8b:4', and
     EAGLE trees as 'eagle:3:topk=4:verify=8' (SGLang's num-steps, eagle-topk and
-    num-draft-tokens)."""
+    num-draft-tokens), or vLLM's ``--speculative-config`` JSON."""
+    if text.lstrip()[:1] in ("{", "["):  # JSON: vLLM's --speculative-config
+        text = spec_text_of_vllm_config(text)
     parts = text.split(":")
     try:
         if parts[0] == "draft":

@@ -7,9 +7,10 @@ not, ``stream_options.include_usage`` and vLLM's ``continuous_usage_stats``,
 ``/health``, ``/version`` and ``/metrics`` (Prometheus, vLLM's names); capsim's own
 ``/capsim/info`` and ``/capsim/echo`` (the HTTP path timed at start-up, transport.py).
 
-Prompt tokens are counted by ``capsim.serve.requests.count_tokens``, an estimate (see its docstring) unless the
-prompt is given as token ids; ``/tokenize`` answers with the same count, so a client that
-sizes its prompts with it (``capsim probe`` does) gets exactly the lengths it asked for.
+Prompt tokens are counted by ``capsim.serve.requests.count_tokens``, an estimate (see its
+docstring) unless the prompt is given as token ids; ``/tokenize`` answers with the same
+count, so a client that sizes its prompts with it (``capsim probe`` does) gets exactly the
+lengths it asked for.
 """
 
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""The engines' own flag names are accepted beside capsim's (a user pastes what they pass
+to vllm serve): --tensor-parallel-size, --data-parallel-size, --kv-cache-dtype,
+--quantization, --max-running-requests (SGLang), and vLLM's --speculative-config JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+from capsim.physics.speculative import parse_spec
+
+runner = CliRunner()
+BASE = ["predict", "--gpu", "h100-sxm", "--model", "qwen3-30b-a3b", "-c", "2", "--json"]
+
+
+def predicted(*args: str) -> dict:
+    r = runner.invoke(app, [*BASE, *args])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)["results"][0]
+    return {k: result[k] for k in ("tp", "replicas", "quant", "kv_dtype", "points")}
+
+
+def test_vllm_flag_names_predict_what_capsims_do():
+    ours = predicted("--tp", "2", "--dp", "2", "--kv-dtype", "fp8", "--quant", "fp8")
+    theirs = predicted(
+        "--tensor-parallel-size",
+        "2",
+        "--data-parallel-size",
+        "2",
+        "--kv-cache-dtype",
+        "fp8",
+        "--quantization",
+        "fp8",
+    )
+    assert theirs == ours
+    assert predicted("--max-running-requests", "4") == predicted("--max-num-seqs", "4")
+
+
+def test_speculative_config_json_is_the_spec_it_names():
+    assert parse_spec('{"method": "deepseek_mtp", "num_speculative_tokens": 2}') == parse_spec(
+        "mtp:2"
+    )
+    assert parse_spec('{"method": "eagle3", "num_speculative_tokens": 3}') == parse_spec("eagle:3")
+    assert parse_spec(
+        '{"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 4}'
+    ) == parse_spec("draft:qwen3-0.6b:4")
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ('{"method": "medusa", "num_speculative_tokens": 2}', "not one capsim models"),
+        ('{"method": "mtp", "num_speculative_tokens": 0}', "positive integer"),
+        ('{"method": "mtp"', "not valid JSON"),
+        ('["mtp", 2]', "JSON object"),
+        ('{"method": "draft_model", "num_speculative_tokens": 2}', "needs a"),
+    ],
+)
+def test_a_bad_speculative_config_is_exit_2(config, words):
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "qwen3-30b-a3b",
+            "--speculative-config",
+            config,
+        ],
+    )
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output
