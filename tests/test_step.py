@@ -930,3 +930,19 @@ def test_datacenter_blackwell_takes_hoppers_kernel_latency_set_whole():
         assert getattr(blackwell, name) == getattr(hopper, name), name
     sm = model_step(gpu="b200", model="gpt-oss-120b", tp=8)
     assert sm.kernel_floor_us(1) == pytest.approx(36 * (36 - 4.4 + 25))
+
+
+def test_shared_experts_keep_their_ffn_kernels_in_the_layer_floor():
+    """An MoE layer's floor drops a dense FFN's kernels for the fused-experts call, but a
+    shared expert is that dense FFN still (Hopper: 36 us a layer, the call 25 us, the FFN
+    kernels 4.4 us)."""
+    p = default_efficiency(CAT.gpu("h200"), CAT)
+    routed_only = model_step("h200", "qwen3-30b-a3b")
+    with_shared = model_step("h200", "deepseek-r1", quant="fp8", tp=8)
+    floor, call, ffn = (
+        p.layer_overhead_graph_us,
+        p.moe_layer_overhead_us,
+        p.moe_replaced_ffn_floor_us,
+    )
+    assert routed_only.kernel_floor_us(1) == pytest.approx(48 * floor + 48 * (call - ffn))
+    assert with_shared.kernel_floor_us(1) == pytest.approx(61 * floor + 58 * call)

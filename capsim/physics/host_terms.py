@@ -44,9 +44,15 @@ class HostTerms:
     def kernel_floor_us(self, tokens: float) -> float:
         """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
         routing kernels), us, with or without CUDA graphs. Eager launches are
-        ``dispatch_seconds``."""
+        ``dispatch_seconds``. An MoE layer runs the fused-experts call (its fixed cost,
+        moe_layer_overhead_us) in place of a dense FFN's kernels (moe_replaced_ffn_floor_us
+        off the layer floor), unless it has shared experts: those are a dense FFN beside
+        the routed ones (vLLM's SharedFusedMoE runs their gate/up GEMM, activation and down
+        GEMM as a dense layer does), so their kernels stay in the floor."""
         p = self.params
-        moe = p.moe_layer_overhead_us - p.moe_replaced_ffn_floor_us
+        moe_spec = self.model.moe
+        replaced = 0.0 if moe_spec and moe_spec.num_shared_experts else p.moe_replaced_ffn_floor_us
+        moe = p.moe_layer_overhead_us - replaced
         return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe)
 
     def host_seconds(self, sequences: int) -> float:
