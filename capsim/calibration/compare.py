@@ -197,12 +197,19 @@ def compare_scenario(
     """Simulate one scenario of a dataset and pair its predictions with measurements.
     Levels with the same mean output are simulated in one sweep. ``overrides`` replace
     single efficiency parameters on top of ``params`` (or the GPU's defaults)."""
-    sweeps: dict[float | None, list[int]] = {}
+    sweeps: dict[tuple[float | None, int | None], list[int]] = {}
+    # a closed loop the source ran for a number of rounds (requests = rounds x clients)
+    # sends its own request count at each level, so each level is a sweep of its own
+    w = ds.workload
+    per_level = w.kind == "closed" and w.rounds_per_level and w.requests_per_level is None
     for level in sorted({p.concurrency for p in sc.points}):
-        sweeps.setdefault(output_mean_for(sc, level), []).append(level)
+        key = (output_mean_for(sc, level), level if per_level else None)
+        sweeps.setdefault(key, []).append(level)
     by_level = {}
-    for mean, levels in sweeps.items():
+    for (mean, alone), levels in sweeps.items():
         config = scenario_config(ds, sc, levels, mean, overrides)
+        if alone is not None:
+            config = config.model_copy(update={"requests": w.rounds_per_level * alone})
         result = predict(config, catalog, params=params, workers=workers)
         by_level.update({int(lv.level): lv.metrics for lv in result.levels})
     return [
