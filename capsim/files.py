@@ -42,13 +42,30 @@ def file_stem(name: str, flag: str) -> str:
     return name
 
 
+MAX_NAME_BYTES = 255
+"""Longest file name (one path component, UTF-8 bytes) the common file systems take."""
+
+
 def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
     """A CapsimUserError (exit 2) before any work when one of ``paths`` (what ``flag``
-    writes) already exists and ``force`` is False, or is a folder where a file goes: capsim
-    never replaces a file the user did not say it may."""
+    writes) already exists and ``force`` is False, is a folder where a file goes, is a
+    device, pipe or socket (replaced even with --force, an atomic rename would put a file
+    where /dev/full was), or has no name or one too long for a file system: capsim never
+    replaces a file the user did not say it may."""
     for path in paths:
+        if not path.name or path.name in (".", ".."):
+            raise CapsimUserError(f"{flag} '{path}' names no file", hint="give a file name")
+        if len(path.name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+            raise CapsimUserError(
+                f"{flag}: the file name is {len(path.name)} characters, longer than a file "
+                f"system takes ({MAX_NAME_BYTES} bytes)"
+            )
         if path.is_dir():
             raise CapsimUserError(f"{flag} '{path}' is a folder: capsim writes a file there")
+        if path.exists() and not path.is_file():
+            raise CapsimUserError(
+                f"{flag} '{path}' is a device, pipe or socket, not a file capsim may replace"
+            )
         if (path.exists() or path.is_symlink()) and not force:
             raise CapsimUserError(
                 f"'{path}' exists: capsim does not overwrite it",
@@ -139,7 +156,12 @@ def write_text_atomic(path: Path, text: str) -> Path:
     rename, creating its folder: a process reading ``path`` meanwhile sees the old file or
     the new one, never a truncated one (two capsim processes resolving the same model at
     once read an empty overlay YAML before). Returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_file():  # never rename a file over a device or a pipe
+        raise CapsimUserError(f"'{path}' is not a regular file: capsim does not replace it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CapsimUserError(f"cannot create the folder of '{path}': {exc.strerror}") from None
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         partial.write_text(text, encoding="utf-8")

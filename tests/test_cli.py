@@ -489,8 +489,9 @@ def test_validate_parity_plot(tmp_path):
     r = invoke("validate", seed, "--plot", str(png), "--markdown")
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a folder that does not exist is refused before any work, not after it
     r = invoke("validate", seed, "--plot", str(tmp_path / "missing" / "parity.png"))
-    assert r.exit_code == 2 and "cannot write plot" in r.stderr
+    assert r.exit_code == 2 and "does not exist" in r.stderr
 
 
 def test_validate_reports_every_published_point():

@@ -234,3 +234,24 @@ def test_every_command_has_quick_arguments_for_the_fuzz():
         else:
             paths.append(name)
     assert set(paths) <= set(BASE), set(paths) - set(BASE)
+
+
+@pytest.mark.parametrize("text", ["[/x]", "[red]x", "[bold]", "a[/]b"])
+def test_user_text_is_never_read_as_rich_markup(text):
+    """Issue 47's battery: a name that looks like rich markup is quoted as typed in the
+    error (it was a MarkupError traceback, or lost its brackets)."""
+    r = CliRunner().invoke(app, ["predict", "--gpu", text, "--model", "llama-3.1-8b"])
+    assert r.exit_code == 2 and text in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [("", "names no file"), ("/dev/full", "device"), ("a" * 300 + ".png", "longer than")],
+)
+def test_plot_targets_that_cannot_be_files_are_refused_before_work(tmp_path, target, words):
+    path = target if target.startswith("/") or not target else str(tmp_path / target)
+    args = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1"]
+    r = CliRunner().invoke(app, [*args, "--plot", path, "--force"])
+    assert r.exit_code == 2 and words in r.stderr, r.output
+    r = CliRunner().invoke(app, [*args, "--plot", str(tmp_path)])  # a folder
+    assert r.exit_code == 2 and "is a folder" in r.stderr

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from capsim.cli.common import (
@@ -134,7 +135,9 @@ def calibrate_cmd(
                 raise
             stopped = hw_class
     for hw_class, why in skipped:
-        err_console.print(f"[yellow]skipped {hw_class}:[/] {why}", highlight=False)
+        err_console.print(
+            f"[yellow]skipped {escape(hw_class)}:[/] {escape(why)}", markup=True, highlight=False
+        )
     if json_out:
         print_json([{"path": str(p), **prof.model_dump(mode="json")} for prof, p in profiles])
     else:
@@ -176,7 +179,9 @@ def print_profiles(profiles) -> None:
             where = "its prior" if key not in profile.held else f"{profile.held[key]:.4g}"
             console.print(f"held at {where}: {key}: {why}", highlight=False)
         for warning in profile.warnings:
-            console.print(f"[yellow]poor fit[/yellow]: {warning}", highlight=False)
+            console.print(
+                f"[yellow]poor fit[/yellow]: {escape(warning)}", markup=True, highlight=False
+            )
         cv = "—" if profile.cv_log_residual_sd is None else f"{profile.cv_log_residual_sd:.3f}"
         console.print(
             f"log-residual sd {profile.log_residual_sd:.3f} in-sample, {cv} cross-validated; "

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from capsim.cli.common import (
     DbOption,
@@ -163,12 +164,16 @@ def capacity_cmd(
         console.print(fitted_table(f"capsim capacity: {label}", columns, rows))
         if a.max_concurrency:
             console.print(
-                f"[bold]{label} serves at most {a.max_concurrency} agents[/] within the "
-                "objectives.",
+                f"[bold]{escape(label)} serves at most {a.max_concurrency} agents[/] within "
+                "the objectives.",
+                markup=True,
                 highlight=False,
             )
         else:
-            console.print(f"[bold]{label} cannot serve even one agent[/] within the objectives.")
+            console.print(
+                f"[bold]{escape(label)} cannot serve even one agent[/] within the objectives.",
+                markup=True,
+            )
         console.print(f"binding: {a.binding} (the engine is limited by {a.limiter})")
         if a.ttft_cause:
             console.print(f"first tokens are late because {a.ttft_cause}", highlight=False)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
@@ -44,8 +45,10 @@ PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None, "cls": CommandGroup}
 descriptions and keeps every option name whole at any width (typer's rich help panel
 cuts long names such as --spec-acceptance to '--spec-acceptan…' at 80 columns)."""
 
-console = Console()
-err_console = Console(stderr=True)
+# markup off: what is printed quotes names, paths and values the user typed, which rich
+# would read as markup ('[/x]' a MarkupError traceback); styled lines ask for it and escape
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 
 DbOption = Annotated[
     list[Path] | None,
@@ -64,11 +67,16 @@ PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", 
 
 
 def check_plot_target(path: Path | None, force: bool) -> None:
-    """Refuse, before any work, a --plot file that exists (without --force)."""
+    """Refuse, before any work, a --plot target that exists (without --force), names a
+    folder, a device or nothing, or lies in a folder that does not exist."""
     if path is not None:
         from capsim.files import refuse_overwrite
 
+        refuse_overwrite([path], "--plot", True)  # a folder, a device, no name: never
         refuse_overwrite([plot_path_written(path, PLOT_FORMATS)], "--plot", force)
+        parent = path.parent
+        if not parent.is_dir():
+            raise CapsimUserError(f"--plot '{path}': the folder '{parent}' does not exist")
 
 
 MaxNumSeqsOption = Annotated[
@@ -311,13 +319,22 @@ def user_errors(func):
             elif not isinstance(exc, CapsimUserError):
                 raise
             print_notices()
-            err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            # the message quotes what the user typed: printed as text, not as rich markup
+            # ('--gpu [/x]' was a MarkupError traceback, '[red]x' lost its brackets)
+            message = escape(exc.message)
+            err_console.print(
+                f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True
+            )
             if exc.suggestions:
                 err_console.print(
-                    f"did you mean: {', '.join(exc.suggestions)}?", highlight=False, soft_wrap=True
+                    f"did you mean: {', '.join(exc.suggestions)}?",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
                 )
             if exc.hint:
-                err_console.print(f"hint: {exc.hint}", highlight=False, soft_wrap=True)
+                hint = f"hint: {exc.hint}"
+                err_console.print(hint, markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_USER_ERROR) from None
 
     return wrapper
@@ -341,7 +358,9 @@ def print_notices() -> None:
     from capsim.notices import take_notices
 
     for text in take_notices():
-        err_console.print(f"[dim]note:[/] {text}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[dim]note:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True
+        )
 
 
 global_db: list[Path] = []
@@ -525,7 +544,9 @@ def stop_on_ctrl_c():
 
 def interrupted(what: str) -> None:
     """After Ctrl-C: one line on stderr saying what was kept (``what``)."""
-    err_console.print(f"[bold yellow]interrupted:[/] {what}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold yellow]interrupted:[/] {escape(what)}", markup=True, highlight=False, soft_wrap=True
+    )
 
 
 def progress_bar():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from capsim.cli.common import (
@@ -566,7 +567,9 @@ def explain_cmd(
         console.print(f"weight format {quant_reason}", highlight=False)
     for warning in (fit_note, kv_note):
         if warning:
-            console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+            console.print(
+                f"[bold yellow]warning:[/] {escape(warning)}", markup=True, highlight=False
+            )
 
 
 def batch_kv_note(fit, batch: int, where: str) -> str | None:

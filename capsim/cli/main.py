@@ -151,7 +151,9 @@ def _terminate_as_ctrl_c() -> None:
             os.kill(os.getpid(), signal.SIGTERM)
             return
         _terminated = True
-        os.kill(main, signal.SIGINT)
+        # as Python's own SIGINT handler does; not by sending SIGINT, which a shell that
+        # starts a command in the background has set to be ignored (it then ran on)
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
 

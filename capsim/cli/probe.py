@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from capsim.cli.common import (
@@ -119,7 +120,9 @@ def print_run(summary: RunSummary, path: Path) -> None:
     for note in notes:
         console.print(note, highlight=False)
     if not summary.complete:
-        console.print("[yellow]the run did not complete; the file holds what was measured[/]")
+        console.print(
+            "[yellow]the run did not complete; the file holds what was measured[/]", markup=True
+        )
 
 
 def probe_config(**fields):
@@ -304,7 +307,9 @@ def probe_cmd(
                 state["failed"] += 1
             progress.update(state["task"], advance=1, failed=state["failed"])
         elif event == "warning":
-            progress.console.print(f"[yellow]warning:[/] {info['message']}", highlight=False)
+            progress.console.print(
+                f"[yellow]warning:[/] {escape(info['message'])}", markup=True, highlight=False
+            )
 
     try:
         with progress:

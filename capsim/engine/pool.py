@@ -21,6 +21,24 @@ def _worker_start(initializer: Callable | None, initargs: tuple) -> None:
         initializer(*initargs)
 
 
+def quiet_cancelled_futures() -> None:
+    """From now on, leave out of stderr the InvalidStateError that the pool's management
+    thread raises when a stopped worker's result meets a future already cancelled (the
+    command is being interrupted and exits at once; the race printed a thread traceback
+    under SIGTERM on a busy host). Any other exception in any thread is reported as
+    before."""
+    import threading
+    from concurrent.futures import InvalidStateError
+
+    previous = threading.excepthook
+
+    def hook(args):
+        if not issubclass(args.exc_type, InvalidStateError):
+            previous(args)
+
+    threading.excepthook = hook
+
+
 @contextmanager
 def worker_pool(
     max_workers: int, initializer: Callable | None = None, initargs: tuple = ()
@@ -34,6 +52,7 @@ def worker_pool(
     try:
         yield pool
     except BaseException:
+        quiet_cancelled_futures()
         # stop the workers first: the pool then marks what was queued as failed (cancelling
         # it first would make the pool's own thread trip over the cancelled futures)
         for process in list((getattr(pool, "_processes", None) or {}).values()):
