@@ -13,8 +13,9 @@ import datetime as dt
 import functools
 import os
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from capsim.calibration.paths import calibration_dir
 from capsim.catalog.loader import Catalog, load_yaml_text
@@ -23,15 +24,25 @@ from capsim.files import write_text_atomic
 from capsim.physics.deployment import default_efficiency
 from capsim.physics.efficiency import EfficiencyParams
 
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is a number (no NaN or infinity)."""
+
 
 class FittedParameter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    value: float
-    prior: float
-    std: float | None = Field(None, description="Standard error from the Jacobian")
+    value: FiniteFloat
+    prior: FiniteFloat
+    std: float | None = Field(None, ge=0, description="Standard error from the Jacobian")
     identifiable: bool
-    bounds: tuple[float, float]
+    bounds: tuple[FiniteFloat, FiniteFloat]
+
+    @model_validator(mode="after")
+    def _ordered_bounds(self) -> FittedParameter:
+        if self.bounds[0] > self.bounds[1]:
+            raise ValueError(f"bounds {list(self.bounds)} are not in order (low, high)")
+        return self
+
     at_bound: bool = Field(
         False, description="The fit stopped at a bound (within fit.AT_BOUND of its range)"
     )
@@ -82,7 +93,9 @@ class Profile(BaseModel):
         description="Candidates the data could not pin, held at their priors (or at the "
         "value in ``held`` nearest the prior that the data allow), and why",
     )
-    log_residual_sd: float = Field(description="Spread of log(predicted/measured), for bands")
+    log_residual_sd: float = Field(
+        ge=0, allow_inf_nan=False, description="Spread of log(predicted/measured), for bands"
+    )
     metric_log_sd: dict[str, float] = Field(
         default_factory=dict,
         description="The same per metric family (throughput, TTFT, TPOT, E2E)",
@@ -93,10 +106,21 @@ class Profile(BaseModel):
     cv_log_residual_sd: float | None = Field(
         None, description="The same, leaving one concurrency level out (cross-validated)"
     )
-    points: int
+    points: int = Field(ge=0)
     residuals: list[PointResidual]
     note: str = ""
     _path: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _known_parameters(self) -> Profile:
+        """Every fitted or held parameter is one capsim has (a profile naming another
+        failed only when a prediction applied it, with a traceback)."""
+        known = set(EfficiencyParams.model_fields) - {"groups"}
+        unknown = sorted((set(self.parameters) | set(self.held)) - known)
+        if unknown:
+            raise ValueError(f"unknown efficiency parameter(s) {unknown}")
+        EfficiencyParams().with_overrides({**self.held, **self.fitted_values})  # in range
+        return self
 
     @property
     def path(self) -> str | None:
@@ -141,7 +165,15 @@ def load_profile(path: Path) -> Profile:
         return _load_profile_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     except Exception as exc:
         import yaml  # only here: a prediction that reads a cached profile never loads it
+        from pydantic import ValidationError
 
+        from capsim.catalog.loader import format_validation_error
+
+        if isinstance(exc, ValidationError):  # one line: file, field, problem
+            raise CapsimUserError(
+                f"profile {format_validation_error(path, exc)}",
+                hint="a profile is what capsim calibrate writes",
+            ) from None
         if isinstance(exc, OSError | ValueError | yaml.YAMLError):  # unreadable, or not one
             raise CapsimUserError(f"cannot read profile '{path}': {exc}") from None
         raise

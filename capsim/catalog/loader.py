@@ -82,7 +82,7 @@ def load_yaml_text(text: str):
 
     if len(text) > MAX_YAML_CHARS:
         raise yaml.YAMLError(
-            f"the document is {len(text) / 2**20:.1f} MB, above the {MAX_YAML_CHARS // 2**20} MB "
+            f"the document is {len(text) / 2**20:.1f} MB, above the {MAX_YAML_CHARS / 2**20:g} MB "
             "capsim parses as YAML (its own datasets and catalog files are under 100 kB)"
         )
     data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -90,11 +90,12 @@ def load_yaml_text(text: str):
     return data
 
 
-MAX_YAML_CHARS = 4 * 2**20
+MAX_YAML_CHARS = 2**20
 """Longest YAML text parsed: a parsed document takes about 100 bytes of memory per byte of
 text (10 MB of points: 1.07 GB and 28 s before the value count refused it), so this keeps a
-YAML file under about 400 MB of memory (issue 47: under 1 GB for any file accepted). The
-largest file capsim ships is 97 kB."""
+YAML file under about 100 MB of memory (issue 47: under 1 GB for any file accepted) and its
+parse and checks within a few seconds (a 4 MB flow list took 19 s to be refused, past the
+10 s a bad input may take). The largest file capsim ships is 97 kB, a tenth of the limit."""
 
 MAX_DOCUMENT_VALUES = 2_000_000
 """Most values (mappings, lists, scalars, counted every time an alias repeats them) a

@@ -133,7 +133,7 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
                 numbers = [numbers]
             try:
                 values = [float(v) for v in numbers]
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 bad = next(str(v) for v in numbers if not _is_number(v))
                 shown = bad if len(bad) <= 40 else bad[:37] + "..."
                 raise ValueError(f"holds something other than numbers: {shown!r}") from None
@@ -164,6 +164,6 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
 def _is_number(value: object) -> bool:
     try:
         float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
     return True

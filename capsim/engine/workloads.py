@@ -64,15 +64,17 @@ def read_trace(path: Path) -> list[TraceEntry]:
             continue
         try:
             obj = loads_json(line)
+            if not isinstance(obj, dict):
+                raise TypeError("the line is not a JSON object")
             entries.append(
                 TraceEntry(
-                    float(obj["arrival_time"]),
-                    int(obj["input_tokens"]),
-                    int(obj["output_tokens"]),
-                    None if obj.get("session_id") is None else str(obj["session_id"]),
+                    trace_number(obj, "arrival_time", 0.0, MAX_TRACE_SECONDS),
+                    int(trace_number(obj, "input_tokens", 1, MAX_TRACE_TOKENS, whole=True)),
+                    int(trace_number(obj, "output_tokens", 1, MAX_TRACE_TOKENS, whole=True)),
+                    trace_session(obj.get("session_id")),
                 )
             )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CapsimUserError(
                 f"{path}:{number}: not a trace record ({exc.__class__.__name__}: {exc})",
                 hint='each line: {"arrival_time": 0.5, "input_tokens": 900, '
@@ -81,6 +83,37 @@ def read_trace(path: Path) -> list[TraceEntry]:
     if not entries:
         raise CapsimUserError(f"trace file '{path}' has no records")
     return sorted(entries, key=lambda e: e.arrival)
+
+
+MAX_TRACE_SECONDS = 10 * 365 * 86400.0
+"""Latest arrival a trace may give, seconds from its start (ten years: beyond, the
+simulator's float clock loses the milliseconds that TTFT is made of)."""
+MAX_TRACE_TOKENS = 10_000_000
+"""Most tokens a trace record may give for a prompt or an output (MAX_DIM-like bound: no
+model's context comes near)."""
+
+
+def trace_number(obj: dict, key: str, low: float, high: float, whole: bool = False) -> float:
+    """``obj[key]`` as a finite JSON number in [low, high] (an integer where ``whole``);
+    strings, booleans and NaN are refused, as the record's fields are numbers."""
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{key} must be a number, got {value!r:.40}")
+    if whole and isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{key} must be a whole number of tokens, got {value}")
+    number = float(value)
+    if not (math.isfinite(number) and low <= number <= high):
+        raise ValueError(f"{key} must be between {low:g} and {high:g}, got {value!r:.40}")
+    return number
+
+
+def trace_session(value) -> str | None:
+    """A record's session_id: a string or number naming the conversation, or none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"session_id must be a string or a number, got {value!r:.40}")
+    return str(value)
 
 
 MAX_TRACE_BYTES = 32 * 2**20
