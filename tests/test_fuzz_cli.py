@@ -255,3 +255,105 @@ def test_plot_targets_that_cannot_be_files_are_refused_before_work(tmp_path, tar
     assert r.exit_code == 2 and words in r.stderr, r.output
     r = CliRunner().invoke(app, [*args, "--plot", str(tmp_path)])  # a folder
     assert r.exit_code == 2 and "is a folder" in r.stderr
+
+
+TRACE_OK = '{"arrival_time": 0, "input_tokens": 100, "output_tokens": 20}\n'
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('{"arrival_time": Infinity, "input_tokens": 100, "output_tokens": 20}', "between"),
+        ('{"arrival_time": -100, "input_tokens": 100, "output_tokens": 20}', "between"),
+        ('{"arrival_time": 1, "input_tokens": ' + "9" * 400 + ', "output_tokens": 20}', "between"),
+        ('{"arrival_time": 1, "input_tokens": -5, "output_tokens": 20}', "between"),
+        ('{"arrival_time": 1, "input_tokens": "55", "output_tokens": 20}', "a number"),
+        ('{"arrival_time": 1, "input_tokens": 1.9, "output_tokens": 20}', "whole number"),
+        ('{"arrival_time": 1, "input_tokens": 9, "output_tokens": 2, "session_id": {}}', "session"),
+        ("[1, 2, 3]", "not a JSON object"),
+    ],
+)
+def test_bad_trace_records_are_exit_2_naming_the_line(tmp_path, line, words):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE_OK + line + "\n")
+    args = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--workload", "trace"]
+    r = CliRunner().invoke(app, [*args, "--trace", str(trace)])
+    assert r.exit_code == 2 and ":2:" in r.stderr and words in r.stderr, r.output
+
+
+def test_files_with_values_no_reader_takes_are_exit_2(tmp_path):
+    """Issue 47's battery: a 5,000-digit integer in a YAML dataset, a measured value of
+    infinity, a kernel row of negative batch, a profile naming a parameter capsim lacks."""
+    runner = CliRunner()
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("x: " + "9" * 5000 + "\n")
+    r = runner.invoke(app, ["validate", str(huge)])
+    assert r.exit_code == 2 and "digits" in r.stderr
+    source = "calibration/published/corpus-inferencex-h100-gptoss120b-vllm-1k1k.yaml"
+    seed = Path(source).read_text()
+    import re
+
+    first = re.search(r"(?m)^(\s+)value: .*$", seed)
+    inf = tmp_path / "inf.yaml"
+    inf.write_text(seed[: first.start()] + first.group(1) + "value: .inf" + seed[first.end() :])
+    r = runner.invoke(app, ["validate", str(inf)])
+    assert r.exit_code == 2 and "finite" in r.stderr
+    import json
+
+    kernels = json.loads(Path("calibration/kernels/h200-decode-layers.json").read_text())
+    kernels["rows"][0]["batch"] = -1
+    bad = tmp_path / "k.json"
+    bad.write_text(json.dumps(kernels))
+    r = runner.invoke(app, ["calibrate-kernels", str(bad)])
+    assert r.exit_code == 2 and "rows.0.batch" in r.stderr
+    profile = Path("calibration/profiles/consumer-ampere-vllm.yaml").read_text()
+    odd = tmp_path / "p.yaml"
+    odd.write_text(
+        profile.replace(
+            "parameters:\n",
+            "parameters:\n  no_such_knob:\n    value: 1\n    prior: 1\n"
+            "    identifiable: true\n    bounds: [0, 2]\n",
+            1,
+        )
+    )
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "rtx3090",
+            "--model",
+            "llama-3.1-8b",
+            "-c",
+            "1",
+            "--profile",
+            str(odd),
+        ],
+    )
+    assert r.exit_code == 2 and "no_such_knob" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "plan",
+            "--model",
+            "llama-3.1-8b",
+            "--gpus",
+            "h100-sxm",
+            "--agents",
+            "4",
+            "--router-latency-ms",
+            "nan",
+        ],
+        ["capacity", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--max-ttft-p90", "inf"],
+        ["probe", "--url", "http://127.0.0.1:99999", "--model", "m"],
+        ["probe", "--url", "ftp://x", "--model", "m"],
+        ["models", "show", "x" * 300 + ".json"],
+        ["explain", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--batch", "9" * 20],
+    ],
+)
+def test_values_out_of_any_range_are_exit_2_up_front(args):
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output

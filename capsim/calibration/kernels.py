@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.calibration.compare import mape
 from capsim.calibration.least_squares import bounds_and_start, check_fittable, jacobian_std
@@ -68,18 +68,18 @@ class KernelRow(BaseModel):
 
     model: str
     weights: str
-    tp_shard: int
-    batch: int
-    new_tokens: int = 1
-    context: int
-    layers_built: int
-    us_per_layer: float
-    lm_head_us: float
-    weight_bytes_per_layer: float
-    kv_bytes_per_layer: float = 0.0
-    achieved_gb_s: float | None = None
+    tp_shard: int = Field(ge=1, le=1024)
+    batch: int = Field(ge=1, le=1_000_000)
+    new_tokens: int = Field(1, ge=1, le=10_000_000)
+    context: int = Field(ge=0, le=10_000_000)
+    layers_built: int = Field(ge=1, le=10_000)
+    us_per_layer: float = Field(gt=0, allow_inf_nan=False)
+    lm_head_us: float = Field(ge=0, allow_inf_nan=False)
+    weight_bytes_per_layer: float = Field(ge=0, allow_inf_nan=False)
+    kv_bytes_per_layer: float = Field(0.0, ge=0, allow_inf_nan=False)
+    achieved_gb_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     attention_backend: str | None = None
-    run: int
+    run: int = Field(ge=0)
 
 
 class KernelDataset(BaseModel):
@@ -95,7 +95,7 @@ class KernelDataset(BaseModel):
     elementwise: Literal["eager", "fused"] = "eager"
     eager_elementwise_shares: dict[str, float] | None = None
     eager_extra_floor_us: dict[str, float] | None = None
-    rows: list[KernelRow]
+    rows: list[KernelRow] = Field(min_length=1)
     gemms: list[dict] = []
     attention: list[dict] = []
     profiles: list[dict] = []
@@ -109,9 +109,15 @@ def load_kernel_dataset(path: Path) -> KernelDataset:
 def load_json_dataset(path: Path, schema: type[DatasetT], what: str) -> DatasetT:
     """Read a JSON file and validate it as ``schema``; a missing or invalid file is a user
     error naming ``what`` it should have been."""
+    from pydantic import ValidationError
+
+    from capsim.catalog.loader import format_validation_error
+
     try:
         return schema.model_validate(loads_json(read_input_text(path, what)))
-    except ValueError as exc:  # bad JSON (JSONDecodeError) or a failed validation
+    except ValidationError as exc:  # one line: the file, the field, the problem
+        raise CapsimUserError(f"not a valid {what}: {format_validation_error(path, exc)}") from None
+    except ValueError as exc:  # bad JSON (JSONDecodeError)
         raise CapsimUserError(f"{path} is not a valid {what}: {exc}") from None
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points, load_json_dataset
 from capsim.catalog.loader import Catalog
@@ -38,10 +38,10 @@ class MoeKernelRow(BaseModel):
     gpu: str
     model: str
     weights: str
-    tp_shard: int
-    batch: int
-    us: float
-    source: int  # index into the dataset's sources
+    tp_shard: int = Field(ge=1, le=1024)
+    batch: int = Field(ge=1, le=1_000_000)
+    us: float = Field(gt=0, allow_inf_nan=False)
+    source: int = Field(ge=0)  # index into the dataset's sources
 
 
 class MoeKernelDataset(BaseModel):
@@ -53,7 +53,7 @@ class MoeKernelDataset(BaseModel):
     kind: Literal["fused_moe"]
     sources: list[dict[str, str]]
     caveats: list[str]
-    rows: list[MoeKernelRow]
+    rows: list[MoeKernelRow] = Field(min_length=1)
 
 
 def is_moe_dataset(path: Path) -> bool:

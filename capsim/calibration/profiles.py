@@ -111,17 +111,6 @@ class Profile(BaseModel):
     note: str = ""
     _path: str | None = PrivateAttr(None)
 
-    @model_validator(mode="after")
-    def _known_parameters(self) -> Profile:
-        """Every fitted or held parameter is one capsim has (a profile naming another
-        failed only when a prediction applied it, with a traceback)."""
-        known = set(EfficiencyParams.model_fields) - {"groups"}
-        unknown = sorted((set(self.parameters) | set(self.held)) - known)
-        if unknown:
-            raise ValueError(f"unknown efficiency parameter(s) {unknown}")
-        EfficiencyParams().with_overrides({**self.held, **self.fitted_values})  # in range
-        return self
-
     @property
     def path(self) -> str | None:
         """The file this profile was read from (None if built in memory)."""
@@ -157,6 +146,16 @@ class Profile(BaseModel):
         return write_text_atomic(path, text)
 
 
+def check_profile_parameters(profile: Profile) -> None:
+    """A profile read from a file fits and holds parameters capsim has, in their ranges (a
+    profile naming another failed only when a prediction applied it, with a traceback)."""
+    known = set(EfficiencyParams.model_fields) - {"groups"}
+    unknown = sorted((set(profile.parameters) | set(profile.held)) - known)
+    if unknown:
+        raise ValueError(f"unknown efficiency parameter(s) {unknown}")
+    EfficiencyParams().with_overrides({**profile.held, **profile.fitted_values})
+
+
 def load_profile(path: Path) -> Profile:
     """Read and validate a profile YAML. Parsed once per file version (path, size and
     modification time): the planner resolves the same profile for every configuration."""
@@ -188,7 +187,9 @@ def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
     def parse() -> Profile:
         from capsim.files import read_input_text
 
-        return Profile.model_validate(load_yaml_text(read_input_text(path, "profile")))
+        profile = Profile.model_validate(load_yaml_text(read_input_text(path, "profile")))
+        check_profile_parameters(profile)
+        return profile
 
     profile = cached_parse("profile", Path(path), [Path(__file__)], Profile, parse)
     profile._path = path

@@ -53,9 +53,9 @@ class Strict(BaseModel):
 
 
 class MeasuredPoint(Strict):
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(ge=1, le=100_000)  # predict's -c limit
     metric: str
-    value: float = Field(gt=0)
+    value: float = Field(gt=0, allow_inf_nan=False)
     statistic: str = Field(
         "mean", description="For latencies: which statistic the source quotes (see STATISTICS)"
     )

@@ -85,7 +85,12 @@ def load_yaml_text(text: str):
             f"the document is {len(text) / 2**20:.1f} MB, above the {MAX_YAML_CHARS / 2**20:g} MB "
             "capsim parses as YAML (its own datasets and catalog files are under 100 kB)"
         )
-    data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (ValueError, OverflowError, RecursionError) as exc:
+        # the constructor's own limits (an integer of 5,000 digits, a date out of range):
+        # not a YAML document capsim can read, reported as its syntax errors are
+        raise yaml.YAMLError(str(exc).splitlines()[0]) from None
     check_expansion(data)
     return data
 

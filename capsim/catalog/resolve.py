@@ -129,12 +129,21 @@ def _format_of_tag(tag: str, catalog: Catalog) -> str:
     return fmt.name
 
 
+def _is_config_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder holding a config.json (a name no file system can hold,
+    300 characters of it, is not: it is a model name, looked up as one)."""
+    try:
+        return path.is_dir() and (path / "config.json").is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_model(text: str, catalog: Catalog, offline: bool = False) -> ResolvedModel:
     """Resolve a ``--model`` value (see the module docstring). ``offline`` forbids the
     Hub fetch. Raises a user error with a hint when nothing matches."""
     text = text.strip()
     path = Path(text).expanduser()
-    if text.endswith(".json") or (path.is_dir() and (path / "config.json").is_file()):
+    if text.endswith(".json") or _is_config_folder(path):
         return _import_config_path(path, catalog)
 
     repo, tag = _quant_tag(text)
@@ -199,8 +208,12 @@ def _checkpoint_format(model: Model, repo: str) -> str | None:
 def _import_config_path(path: Path, catalog: Catalog) -> ResolvedModel:
     from capsim.catalog.hf_import import quant_file_beside, read_config
 
-    config_path = path / "config.json" if path.is_dir() else path
-    if not config_path.is_file():
+    try:
+        config_path = path / "config.json" if path.is_dir() else path
+        found = config_path.is_file()
+    except OSError as exc:  # a name too long for the file system, a loop of links
+        raise CapsimUserError(f"cannot read config file '{path}': {exc.strerror}") from None
+    if not found:
         raise CapsimUserError(
             f"config file '{path}' does not exist",
             hint="pass the path of a model's config.json, or a folder that holds one",

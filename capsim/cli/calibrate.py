@@ -232,6 +232,12 @@ def calibrate_kernels_cmd(
     else:
         ds = load_kernel_dataset(dataset)
         formats = tuple(split_list(weights)) if weights else None
+        if formats and not any(r.weights in formats for r in ds.rows):
+            have = ", ".join(sorted({r.weights for r in ds.rows}))
+            raise CapsimUserError(
+                f"--weights {weights}: no row of {ds.name} is in that format",
+                hint=f"its rows are in {have}",
+            )
         result = fit_kernel_params(ds, cat, names, formats)
         ds_gpu = ds.gpu
     if json_out:

@@ -385,7 +385,10 @@ def explain_cmd(
         typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
     ] = 1,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", "--kv-cache-dtype")] = "auto",
-    batch: Annotated[int, typer.Option("--batch", help="Sequences in the decode step")] = 1,
+    batch: Annotated[
+        int,
+        typer.Option("--batch", min=1, max=1_000_000, help="Sequences in the decode step"),
+    ] = 1,
     context: Annotated[int, typer.Option("--context", help="Tokens in each sequence's KV")] = 2048,
     prefill_chunk: Annotated[
         int | None,

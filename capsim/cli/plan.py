@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -251,9 +252,13 @@ def plan_cmd(
         raise CapsimUserError(
             f"unknown --router '{router}'", hint="one of " + ", ".join(ROUTER_POLICIES)
         )
-    if router_latency_ms < 0 or (router_capacity_rps is not None and router_capacity_rps <= 0):
+    if not (math.isfinite(router_latency_ms) and 0 <= router_latency_ms <= 60_000) or (
+        router_capacity_rps is not None
+        and not (math.isfinite(router_capacity_rps) and 0 < router_capacity_rps <= 1e9)
+    ):
         raise CapsimUserError(
-            "--router-latency-ms must be >= 0 and --router-capacity-rps > 0",
+            "--router-latency-ms must be 0 to 60,000 and --router-capacity-rps above 0 (at "
+            "most 1e9), finite numbers",
             hint="e.g. --router-latency-ms 2 --router-capacity-rps 500",
         )
     cat, refs = resolve_models(cat, split_list(model))

@@ -34,6 +34,24 @@ probe_app = typer.Typer(
 )
 
 
+def check_server_url(url: str) -> None:
+    """--url as an http(s) URL with a host and a port in range (a port of 99999 was an
+    OverflowError traceback from the socket layer)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise CapsimUserError(f"--url {url!r} is not a server URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CapsimUserError(
+            f"--url {url!r} is not a server URL", hint="e.g. http://127.0.0.1:8000"
+        )
+    if port == 0:
+        raise CapsimUserError(f"--url {url!r}: port 0 is no server's port")
+
+
 def server_tokens(level: LevelSummary) -> float | None:
     """Output tokens the server's counters gained over the level (vLLM, SGLang or
     llama.cpp), or None when /metrics gave none or no number (NaN)."""
@@ -240,6 +258,11 @@ def probe_cmd(
         )
     if spec is not None:
         parse_spec(spec)  # a malformed value fails now, not at calibration
+    check_server_url(url)
+    from capsim.engine.lengths import parse_length
+
+    # a bad distribution fails before the run file exists, not after it was created
+    parse_length(str(output_tokens), "--output-tokens", minimum=1)
     if workload not in ("closed", "batch"):
         raise CapsimUserError(f"unknown workload '{workload}'", hint="use closed or batch")
     if endpoint not in ("completions", "chat"):
@@ -283,6 +306,7 @@ def probe_cmd(
     path = out or Path("calibration/runs") / f"{model.replace('/', '_')}.json"
     from capsim.files import refuse_overwrite
 
+    refuse_overwrite([path], "--out", True)  # no name, a folder, a device: never
     refuse_overwrite([path.with_suffix(".json"), path.with_suffix(".jsonl")], "--out", force)
     progress = Progress(
         TextColumn("{task.description}"),

@@ -101,7 +101,10 @@ def trace_number(obj: dict, key: str, low: float, high: float, whole: bool = Fal
         raise TypeError(f"{key} must be a number, got {value!r:.40}")
     if whole and isinstance(value, float) and not value.is_integer():
         raise ValueError(f"{key} must be a whole number of tokens, got {value}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        number = math.inf
     if not (math.isfinite(number) and low <= number <= high):
         raise ValueError(f"{key} must be between {low:g} and {high:g}, got {value!r:.40}")
     return number

@@ -39,10 +39,20 @@ class Objectives(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min_agent_tok_s: float | None = Field(None, gt=0, description="Per-agent output tok/s")
-    max_ttft_p90_s: float | None = Field(None, gt=0, description="TTFT, 90th percentile, s")
-    max_tpot_ms: float | None = Field(None, gt=0, description="Mean time per output token, ms")
-    max_e2e_p90_s: float | None = Field(None, gt=0, description="End-to-end p90, s")
+    # finite and at most a year (or a million tok/s): an infinite objective is no objective,
+    # and searched as one it walked every level to the top (25 s) to say every level met it
+    min_agent_tok_s: float | None = Field(
+        None, gt=0, le=1e6, allow_inf_nan=False, description="Per-agent output tok/s"
+    )
+    max_ttft_p90_s: float | None = Field(
+        None, gt=0, le=3.2e7, allow_inf_nan=False, description="TTFT, 90th percentile, s"
+    )
+    max_tpot_ms: float | None = Field(
+        None, gt=0, le=3.2e10, allow_inf_nan=False, description="Mean time per output token, ms"
+    )
+    max_e2e_p90_s: float | None = Field(
+        None, gt=0, le=3.2e7, allow_inf_nan=False, description="End-to-end p90, s"
+    )
 
     def any(self) -> bool:
         return any(v is not None for v in self.model_dump().values())

@@ -286,7 +286,15 @@ def import_results(kind: str, path: Path, out: Path) -> RunSummary:
     """Convert a result file into a capsim run (``out``: .json summary and .jsonl log)."""
     if kind not in IMPORTERS:
         raise CapsimUserError(f"unknown result format '{kind}'", hint="use " + ", ".join(FORMATS))
-    header, levels, records = IMPORTERS[kind](path)
+    try:
+        header, levels, records = IMPORTERS[kind](path)
+    except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as exc:
+        # a field of the wrong type or size anywhere in the file: the file is at fault
+        raise CapsimUserError(
+            f"'{path}' is not a {kind} result file capsim can read: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300],
+            hint="pass the JSON the tool wrote, unedited",
+        ) from None
     writer = RunWriter(out, header, durable=False)
     concurrency = header.concurrency[0] if header.concurrency else 0
     for record in records:

@@ -246,6 +246,21 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def summarize_log(path: Path) -> RunSummary:
+    """``rebuild_summary`` of ``path``; a log whose lines hold fields of the wrong type or
+    size (hand-edited, or another tool's) is a user error naming it, not a traceback."""
+    try:
+        return rebuild_summary(path)
+    except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as exc:
+        if isinstance(exc, CapsimUserError):
+            raise
+        raise CapsimUserError(
+            f"'{path}' is not a capsim run log: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"[:300],
+            hint="capsim probe writes it; lines of other shapes cannot be summarized",
+        ) from None
+
+
+def rebuild_summary(path: Path) -> RunSummary:
     """Rebuild a run's summary from its JSONL: every level that finished as its ``level``
     event recorded it (what the .json summary holds: the server's counters, and the
     aggregates of an imported run, which has no request records to rebuild them from),
