@@ -487,9 +487,15 @@ def validate_cmd(
         if not stopped:
             from capsim.calibration.loso import leave_one_source_out, loso_summaries
 
-            left_out = loso_summaries(
-                points, leave_one_source_out(loaded, points, cat, overrides=overrides)
-            )
+            try:
+                left_out = loso_summaries(
+                    points, leave_one_source_out(loaded, points, cat, overrides=overrides)
+                )
+            except KeyboardInterrupt:  # Ctrl-C while the sources are predicted again
+                stopped = (
+                    f"{scenarios} scenarios compared; the results cover them, without the "
+                    "leave-one-source-out figures"
+                )
         if plot_path is not None and not stopped:
             heading = ", with --set" if overrides else ", uncalibrated"
             plot_parity(metric_panels(points), plot_path, heading)
