@@ -551,6 +551,17 @@ def test_version_prints_the_installed_version():
 
 
 PREDICT = ("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "-c", "1", "--requests", "4")
+
+
+def predict_with(*args: str) -> tuple[str, ...]:
+    """PREDICT with ``args``; an open loop's load is its --rate, so -c goes (it is refused
+    there, as a flag the workload ignores)."""
+    base = PREDICT
+    if "open" in args:
+        base = tuple(a for i, a in enumerate(PREDICT) if a != "-c" and PREDICT[i - 1] != "-c")
+    return (*base, *args)
+
+
 GAMMA = ("--workload", "open", "--rate", "1", "--arrival", "gamma")
 
 
@@ -563,6 +574,7 @@ GAMMA = ("--workload", "open", "--rate", "1", "--arrival", "gamma")
         (("--rounds", "2"), "--rounds applies to --workload batch"),
         (("--workload", "open", "--rate", "1", "--gamma-cv", "3"), "applies to --arrival gamma"),
         (("--workload", "agents", "--rate", "1"), "--rate applies to --workload open, not agents"),
+        (("--workload", "open", "--rate", "1", "-c", "4"), "--concurrency applies to"),
         (("--tp", "1,,2"), "--tp '1,,2' has an empty item"),
         (("--gpu", "rtx3090,"), "--gpu 'rtx3090,' has an empty item"),
         (("--set", "layer_overhead_eager_us=inf"), "needs a finite number"),
@@ -578,7 +590,7 @@ GAMMA = ("--workload", "open", "--rate", "1", "--arrival", "gamma")
 def test_flags_that_do_not_apply_or_cannot_be_read_are_refused(args, words):
     """Issue 47: a flag the workload ignores is an error (it used to run as if absent), and
     values that divided by zero or ran on NaN are refused with exit 2."""
-    r = invoke(*PREDICT, *args)
+    r = invoke(*predict_with(*args))
     assert r.exit_code == 2, r.output
     assert words in r.stderr and "Traceback" not in r.output
 
@@ -586,5 +598,5 @@ def test_flags_that_do_not_apply_or_cannot_be_read_are_refused(args, words):
 def test_flags_that_apply_run():
     r = invoke(*PREDICT, "--workload", "agents", "--turns", "2", "--think-time", "1")
     assert r.exit_code == 0, r.output
-    r = invoke(*PREDICT, *GAMMA, "--gamma-cv", "3")
+    r = invoke(*predict_with(*GAMMA, "--gamma-cv", "3"))
     assert r.exit_code == 0, r.output

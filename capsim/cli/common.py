@@ -238,6 +238,12 @@ SetOption = Annotated[
 ]
 
 
+MAX_SET_VALUE = 1e7
+"""Largest magnitude --set takes: no efficiency parameter comes near ten million in its unit
+(microseconds, nanoseconds, tokens or a share), and 1e308 made every figure NaN or 80
+digits long (bare NaN in --json, which is not JSON)."""
+
+
 def parse_overrides(values: list[str] | None) -> dict[str, float]:
     """``--set NAME=VALUE`` items as efficiency overrides, checked against
     EfficiencyParams: unknown names get did-you-mean, values their field's limits."""
@@ -265,6 +271,12 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
             raise CapsimUserError(f"--set {name} needs a number, not '{text}'") from None
         if not math.isfinite(overrides[name]):
             raise CapsimUserError(f"--set {name} needs a finite number, not '{text.strip()}'")
+        if abs(overrides[name]) > MAX_SET_VALUE:
+            raise CapsimUserError(
+                f"--set {name}={text.strip()} is beyond any value the physics takes",
+                hint=f"efficiency parameters are at most {MAX_SET_VALUE:,.0f} in their units "
+                "(us, ns, tokens, shares); capsim explain --json lists them",
+            )
     try:
         EfficiencyParams().with_overrides(overrides)
     except ValidationError as exc:
@@ -419,8 +431,22 @@ def exclusive_outputs(**flags: bool) -> None:
         )
 
 
+def json_safe(data: Any) -> Any:
+    """``data`` with every float that is not a number (NaN, infinity) as null: JSON has no
+    such values, and a bare NaN breaks every parser that reads the output."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_safe(v) for v in data]
+    return data
+
+
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """``data`` as strict JSON on stdout (non-finite floats as null)."""
+    text = json.dumps(json_safe(data), indent=2, default=str, allow_nan=False)
+    sys.stdout.write(text + "\n")
 
 
 def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
@@ -627,6 +653,12 @@ WORKLOAD_FLAGS = {
     "orchestrator": ("--orchestrator", ("agents",)),
     "trace": ("--trace", ("trace",)),
     "rounds": ("--rounds", ("batch",)),
+    # a trace gives every request's arrival and lengths; an open loop sets its load by
+    # --rate (the levels are rates, not clients)
+    "concurrency": ("--concurrency", ("closed", "batch", "agents")),
+    "requests": ("--requests", ("closed", "batch", "agents", "open")),
+    "input_tokens": ("--input-tokens", ("closed", "batch", "agents", "open")),
+    "output_tokens": ("--output-tokens", ("closed", "batch", "agents", "open")),
 }
 """Workload flags (parameter name: flag, the workloads it shapes): given with another
 workload, they would be ignored."""

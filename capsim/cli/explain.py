@@ -93,6 +93,8 @@ def fit_cmd(
     g = cat.gpu(gpu)
     m = cat.model(ref.name)
     fmt = cat.quant(quant or ref.quant or m.dtype)
+    if tp < 1:
+        raise CapsimUserError(f"--tp must be at least 1, got {tp}")
     total_gpus = gpus if gpus is not None else tp
     if total_gpus < 1 or total_gpus % tp:
         raise CapsimUserError(
@@ -100,6 +102,17 @@ def fit_cmd(
             hint="GPUs are used as data-parallel replicas of one TP group each",
         )
     replicas = total_gpus // tp
+    longest = m.max_position_embeddings
+    if context is not None and not 1 <= context <= (longest or 10_000_000):
+        raise CapsimUserError(
+            f"--context {context:,} is not a sequence length {m.name} takes",
+            hint=f"1 to {longest:,} tokens" if longest else "at least 1 token",
+        )
+    if mtp and not m.mtp_layers:
+        raise CapsimUserError(
+            f"{m.name} has no MTP layers, so --mtp loads nothing",
+            hint="leave --mtp out (speculate with eagle, draft or ngram in predict)",
+        )
     options = dict(
         kv_dtype=kv_dtype,
         gpu_memory_utilization=gpu_memory_utilization,
