@@ -116,8 +116,8 @@ class Scenario(Strict):
 
 class WorkloadDescription(Strict):
     kind: str
-    rounds_per_level: int | None = None
-    requests_per_level: int | None = None
+    rounds_per_level: int | None = Field(None, ge=1, le=10_000)
+    requests_per_level: int | None = Field(None, ge=1, le=10_000_000)
     input_tokens: str
     output_tokens: str | None = None
     quotes: list[str] = Field(default_factory=list)
