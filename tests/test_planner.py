@@ -422,3 +422,23 @@ def test_plan_tries_only_formats_a_checkpoint_exists_in():
     coder = CAT.model("qwen3-coder-30b-a3b")
     assert "awq-int4" in plan_formats(coder, CAT.gpu("rtx3090"))
     assert serve_repo(coder, "awq-int4") == ("QuantTrio/Qwen3-Coder-30B-A3B-Instruct-AWQ", True)
+
+
+def test_plan_searches_expert_parallelism_for_moe_at_tp_above_1():
+    """Issue 49: an MoE at TP > 1 is tried with its experts sliced (TP) and split whole
+    (EP); a dense model, or TP 1, only as it is; the winner's line carries the flag."""
+    req = PlanRequest(
+        models=("qwen3-30b-a3b", "llama-3.1-8b"), agents=4, gpus=("h100-sxm",), gpu_counts=(1, 2)
+    )
+    candidates, _ = enumerate_candidates(req, CAT)
+    ep = [c for c in candidates if c.expert_parallel]
+    assert ep and all(c.model == "qwen3-30b-a3b" and c.tp > 1 for c in ep)
+    twins = {(c.model, c.tp, c.quant, c.kv_dtype, c.spec, c.interconnect) for c in ep}
+    plain = {
+        (c.model, c.tp, c.quant, c.kv_dtype, c.spec, c.interconnect)
+        for c in candidates
+        if not c.expert_parallel
+    }
+    assert twins <= plain  # every EP configuration has its TP twin
+    assert "--enable-expert-parallel" in vllm_serve_command(ep[0], "Org/Model", 64)
+    assert "EP" in ep[0].label() and ep[0].config(req).expert_parallel

@@ -312,6 +312,7 @@ def plan_cmd(
                         "model": e.candidate.model,
                         "quant": e.candidate.quant,
                         "kv_dtype": e.candidate.kv_dtype,
+                        "expert_parallel": e.candidate.expert_parallel,
                         "spec": e.candidate.spec.model_dump() if e.candidate.spec else None,
                         "interconnect": e.candidate.interconnect,
                         "power_limit_w": e.candidate.power_limit_w,

@@ -95,6 +95,8 @@ class Candidate:
     power_limit_w: float | None = None
     nodes: int = 1
     max_num_seqs: int | None = None
+    # MoE at TP > 1: experts split whole over the TP group (--enable-expert-parallel)
+    expert_parallel: bool = False
 
     @property
     def dp(self) -> int:
@@ -117,6 +119,7 @@ class Candidate:
             interconnect=self.interconnect,
             power_limit_w=self.power_limit_w,
             max_num_seqs=self.max_num_seqs,
+            expert_parallel=self.expert_parallel,
             workload="closed",
             concurrency=[req.agents],
             requests=req.requests or steady_requests(req.agents),
@@ -137,6 +140,8 @@ class Candidate:
             text += f" kv={self.kv_dtype}"
         if self.spec:
             text += f" {self.spec.method}:{self.spec.num_tokens}"
+        if self.expert_parallel:
+            text += " EP"
         if self.tp > 1 and self.interconnect != "auto":
             text += f" over {self.interconnect}"
         if self.power_limit_w is not None:
@@ -231,8 +236,20 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                     links = usable_interconnects(gpu, tp)
                     if not links:
                         continue
-                    for quant, kv, spec, link, watts, nodes, seqs in itertools.product(
-                        formats, kv_options, specs, links, power_limits, req.nodes, req.max_num_seqs
+                    # expert parallelism: an MoE's experts whole on each GPU of the group
+                    moe = model.moe
+                    ep_options = [False]
+                    if moe and tp > 1 and moe.num_experts % tp == 0:
+                        ep_options.append(True)
+                    for quant, kv, spec, link, watts, nodes, seqs, ep in itertools.product(
+                        formats,
+                        kv_options,
+                        specs,
+                        links,
+                        power_limits,
+                        req.nodes,
+                        req.max_num_seqs,
+                        ep_options,
                     ):
                         fit = memory_fit(
                             gpu,
@@ -258,6 +275,7 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                                 watts,
                                 nodes,
                                 seqs,
+                                ep,
                             )
                         )
     return out, pruned

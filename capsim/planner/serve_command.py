@@ -66,6 +66,8 @@ def vllm_serve_command(
         parts.append("--quantization fp8")
     if c.kv_dtype != "auto":
         parts.append(f"--kv-cache-dtype {c.kv_dtype}")
+    if c.expert_parallel:
+        parts.append("--enable-expert-parallel")
     if c.spec is not None:
         parts.append(
             '--speculative-config \'{"method": "mtp", "num_speculative_tokens": '

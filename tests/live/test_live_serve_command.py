@@ -93,6 +93,7 @@ def test_every_flag_a_plan_line_can_carry_parses_with_vllms_own_parser():
         spec=SpecConfig(method="mtp", num_tokens=2, acceptance=0.7),
         power_limit_w=500,
         max_num_seqs=64,
+        expert_parallel=True,
     )
     lines = [
         vllm_serve_command(every_flag, "Org/Model", 64, max_model_len=40_000),
@@ -103,6 +104,7 @@ def test_every_flag_a_plan_line_can_carry_parses_with_vllms_own_parser():
         ),
     ]
     assert "--speculative-config" in lines[0] and "--quantization fp8" in lines[0]
+    assert "--enable-expert-parallel" in lines[0]
     verdicts = parse_with_vllm(lines)
     assert all(v["ok"] for v in verdicts), list(zip(lines, verdicts, strict=True))
     assert [v["tp"] for v in verdicts] == [2, 1]
