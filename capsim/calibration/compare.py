@@ -309,7 +309,7 @@ def compare_dataset(
     return compare_datasets([ds], catalog, params, overrides=overrides)
 
 
-def _compare_in_worker(args) -> list[ComparedPoint]:
+def compare_in_worker(args) -> list[ComparedPoint]:
     ds, sc, extra_dirs, params, overrides = args
     return compare_scenario(
         ds, sc, process_catalog(extra_dirs), params, workers=1, overrides=overrides
@@ -334,4 +334,4 @@ def compare_datasets(
         ]
     dirs = catalog_dirs(catalog)
     args = [(ds, sc, dirs, params, overrides) for ds, sc in jobs]
-    return [pt for part in pool.map(_compare_in_worker, args) for pt in part]
+    return [pt for part in pool.map(compare_in_worker, args) for pt in part]

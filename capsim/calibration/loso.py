@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from capsim.calibration.compare import (
     METRIC_KINDS,
     ComparedPoint,
-    _compare_in_worker,
+    compare_in_worker,
     error_summary,
     simulated_engine,
 )
@@ -118,8 +118,9 @@ def leave_one_source_out(
     still laid over last), every other point is returned as it was."""
     priors = load_priors_in_view() if priors is None else priors
     overrides = overrides or {}
+    in_view = {name for prior in priors for name in prior.in_view}
     jobs = []
-    for ds in datasets:
+    for ds in (d for d in datasets if d.name in in_view):  # no other source is put back
         for sc in ds.scenarios:
             try:
                 gpu = catalog.gpu(sc.gpu)
@@ -133,9 +134,9 @@ def leave_one_source_out(
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers > 1:
         with worker_pool(workers) as pool:
-            results = list(pool.map(_compare_in_worker, jobs))
+            results = list(pool.map(compare_in_worker, jobs))
     else:
-        results = [_compare_in_worker(job) for job in jobs]
+        results = [compare_in_worker(job) for job in jobs]
     # a scenario's points come back in the order of its measurements, as validate's did
     redone: dict[tuple[str, str], Iterator[ComparedPoint]] = {
         (ds.name, sc.name): iter(again) for (ds, sc, *_), again in zip(jobs, results, strict=True)

@@ -12,6 +12,8 @@ import typer
 from rich.markup import escape
 
 from capsim.cli.common import (
+    KV_DTYPE_FLAGS,
+    QUANT_FLAGS,
     DbOption,
     EngineOption,
     ExpertParallelOption,
@@ -19,6 +21,7 @@ from capsim.cli.common import (
     MaxModelLenOption,
     MaxNumSeqsOption,
     ProfileOption,
+    TpOption,
     catalog,
     console,
     fitted_table,
@@ -50,17 +53,10 @@ def capacity_cmd(
     max_e2e_p90: Annotated[
         float | None, typer.Option("--max-e2e-p90", help="End-to-end p90 at most (s)")
     ] = None,
-    quant: Annotated[
-        str | None, typer.Option("--quant", "--quantization", help="Weight format")
-    ] = None,
+    quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
-    tp: Annotated[
-        int,
-        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
-    ] = 1,
-    kv_dtype: Annotated[
-        str, typer.Option("--kv-dtype", "--kv-cache-dtype", help="auto or fp8")
-    ] = "auto",
+    tp: TpOption = 1,
+    kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS, help="auto or fp8")] = "auto",
     input_tokens: Annotated[str, typer.Option("--input-tokens")] = "1024",
     output_tokens: Annotated[str, typer.Option("--output-tokens")] = "512",
     max_num_seqs: MaxNumSeqsOption = None,

@@ -79,6 +79,16 @@ def check_plot_target(path: Path | None, force: bool) -> None:
             raise CapsimUserError(f"--plot '{path}': the folder '{parent}' does not exist")
 
 
+TP_FLAGS = ("--tp", "--tensor-parallel-size", "--tp-size")
+"""The tensor-parallel flag and the engines' own names for it (vLLM's, SGLang's)."""
+DP_FLAGS = ("--dp", "--data-parallel-size", "--dp-size")
+"""The data-parallel flag and the engines' own names for it."""
+KV_DTYPE_FLAGS = ("--kv-dtype", "--kv-cache-dtype")
+"""The KV-cache dtype flag and vLLM's and SGLang's name for it."""
+QUANT_FLAGS = ("--quant", "--quantization")
+"""The weight-format flag and vLLM's name for it (its values are the formats' aliases)."""
+TpOption = Annotated[int, typer.Option(*TP_FLAGS, help="Tensor-parallel size")]
+
 MaxNumSeqsOption = Annotated[
     int | None,
     typer.Option("--max-num-seqs", "--max-running-requests", help="Default: vLLM's for the GPU"),

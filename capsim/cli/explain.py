@@ -10,6 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from capsim.cli.common import (
+    KV_DTYPE_FLAGS,
+    QUANT_FLAGS,
     AsyncSchedulingOption,
     DbOption,
     DisableCustomAllReduceOption,
@@ -27,6 +29,7 @@ from capsim.cli.common import (
     SetOption,
     SpecAcceptanceOption,
     SpecOption,
+    TpOption,
     UbatchOption,
     catalog,
     console,
@@ -53,20 +56,13 @@ def fit_cmd(
     model: Annotated[str, typer.Option("--model", help="Model name, e.g. qwen3-coder-30b-a3b")],
     quant: Annotated[
         str | None,
-        typer.Option(
-            "--quant", "--quantization", help="Weight format (default: the model's release)"
-        ),
+        typer.Option(*QUANT_FLAGS, help="Weight format (default: the model's release)"),
     ] = None,
     gpus: Annotated[
         int | None, typer.Option("--gpus", help="GPUs in total (default: --tp)")
     ] = None,
-    tp: Annotated[
-        int,
-        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
-    ] = 1,
-    kv_dtype: Annotated[
-        str, typer.Option("--kv-dtype", "--kv-cache-dtype", help="auto, bf16, fp16, fp8")
-    ] = "auto",
+    tp: TpOption = 1,
+    kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS, help="auto, bf16, fp16, fp8")] = "auto",
     gpu_memory_utilization: GpuMemoryUtilizationOption = None,
     max_model_len: MaxModelLenOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
@@ -390,14 +386,9 @@ def step_rows(
 def explain_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
     model: Annotated[str, typer.Option("--model", help="Model name")],
-    quant: Annotated[
-        str | None, typer.Option("--quant", "--quantization", help="Weight format")
-    ] = None,
-    tp: Annotated[
-        int,
-        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
-    ] = 1,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", "--kv-cache-dtype")] = "auto",
+    quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
+    tp: TpOption = 1,
+    kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS)] = "auto",
     batch: Annotated[
         int,
         typer.Option("--batch", min=1, max=1_000_000, help="Sequences in the decode step"),

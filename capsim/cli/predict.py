@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from capsim.cli.common import (
+    DP_FLAGS,
+    KV_DTYPE_FLAGS,
+    QUANT_FLAGS,
+    TP_FLAGS,
     AsyncSchedulingOption,
     ConservativenessOption,
     DbOption,
@@ -125,27 +129,23 @@ def predict_cmd(
     ctx: typer.Context,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name(s), comma-separated")],
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
-    quant: Annotated[
-        str | None, typer.Option("--quant", "--quantization", help="Weight format(s)")
-    ] = None,
+    quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format(s)")] = None,
     concurrency: Annotated[
         str, typer.Option("--concurrency", "-c", help="Levels: 1..8, 1,2,4,8, 1..64:x2")
     ] = "1..8",
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
     tp: Annotated[
         str,
-        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size(s)"),
+        typer.Option(*TP_FLAGS, help="Tensor-parallel size(s)"),
     ] = "1",
     dp: Annotated[
         int | None,
-        typer.Option("--dp", "--data-parallel-size", "--dp-size", help="Data-parallel replicas"),
+        typer.Option(*DP_FLAGS, help="Data-parallel replicas"),
     ] = None,
     interconnect: Annotated[
         str, typer.Option("--interconnect", help="GPU links: auto, pcie or nvlink")
     ] = "auto",
-    kv_dtype: Annotated[
-        str, typer.Option("--kv-dtype", "--kv-cache-dtype", help="auto, fp8 (list ok)")
-    ] = "auto",
+    kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS, help="auto, fp8 (list ok)")] = "auto",
     workload: Annotated[
         str, typer.Option("--workload", help="closed, batch, agents, open, trace")
     ] = "closed",

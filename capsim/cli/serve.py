@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from capsim.cli.common import (
+    KV_DTYPE_FLAGS,
+    QUANT_FLAGS,
     DbOption,
     EngineOption,
     ExpertParallelOption,
@@ -19,6 +21,7 @@ from capsim.cli.common import (
     ProfileOption,
     SpecAcceptanceOption,
     SpecOption,
+    TpOption,
     catalog,
     err_console,
     predict_config,
@@ -35,17 +38,10 @@ MAX_SPEEDUP = 1000.0
 def serve_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
     model: Annotated[str, typer.Option("--model", help="Model name or Hugging Face id")],
-    quant: Annotated[
-        str | None, typer.Option("--quant", "--quantization", help="Weight format")
-    ] = None,
+    quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
-    tp: Annotated[
-        int,
-        typer.Option("--tp", "--tensor-parallel-size", "--tp-size", help="Tensor-parallel size"),
-    ] = 1,
-    kv_dtype: Annotated[
-        str, typer.Option("--kv-dtype", "--kv-cache-dtype", help="auto or fp8")
-    ] = "auto",
+    tp: TpOption = 1,
+    kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS, help="auto or fp8")] = "auto",
     max_num_seqs: MaxNumSeqsOption = None,
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_model_len: MaxModelLenOption = None,
