@@ -324,7 +324,7 @@ def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_pa
     time.sleep(3.0)  # imports done, the work under way (validate takes about 6 s)
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=45)
     stopped_after = time.monotonic() - sent
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Exception" not in err, err
@@ -332,7 +332,8 @@ def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_pa
     assert kept in line or "before the first" in line or "none of" in line, line
     if args == ["validate"] and "cover those" in line:
         assert "MAPE over" in out  # the finished part is printed
-    # within 2 s on a quiet host; up to 10 s is the host's (a busy two-core VM), and the
-    # bug this guards against (issue 47: calibrate took 60 s to stop) is far beyond
-    stop = Check("seconds to stop after Ctrl-C", stopped_after, 0.0, 2.0, relative=False)
-    judge_on_the_wall_clock(lambda i: [stop], noise_band=5.0, attempts=1)
+    # within 2 s on a quiet host; up to 30 s is the host's (a busy two-core VM under the
+    # suite's other workers), and the bug this guards against (issue 47: calibrate took
+    # 60 s to stop) is beyond
+    stop = Check("seconds to stop after Ctrl-C", stopped_after, 0.0, 2.0, False, slow="high")
+    judge_on_the_wall_clock(lambda i: [stop], noise_band=5.0, attempts=1, slow_band=15.0)

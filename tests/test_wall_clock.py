@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import inf
+
 import pytest
 from _pytest.outcomes import Failed, XFailed
 
@@ -32,3 +34,23 @@ def test_misses_within_the_noise_band_are_an_expected_failure_naming_the_best():
 def test_a_miss_beyond_the_band_on_every_attempt_fails():
     with pytest.raises(Failed, match=r"beyond 3.0x"):
         judge_on_the_wall_clock(attempts(130.0, 60.0), noise_band=3.0)
+
+
+def slow_attempts(*values: float, slow: str = "high"):
+    def attempt(i: int) -> list[Check]:
+        return [Check("TTFT", values[i], 100.0, 0.05, slow=slow)]
+
+    return attempt
+
+
+def test_a_slow_side_miss_is_judged_against_the_slow_band():
+    """A latency too long is what a busy host makes: with slow_band inf it never fails,
+    however far; a latency too short (no host makes a server faster) still fails."""
+    with pytest.raises(XFailed, match=r"any on the slow side.*TTFT 190 vs 100"):
+        judge_on_the_wall_clock(slow_attempts(200.0, 190.0), noise_band=2.0, slow_band=inf)
+    with pytest.raises(Failed, match=r"beyond 2.0x"):
+        judge_on_the_wall_clock(slow_attempts(80.0, 85.0), noise_band=2.0, slow_band=inf)
+    with pytest.raises(XFailed, match=r"TTFT 85 vs 100"):  # a throughput too low
+        judge_on_the_wall_clock(slow_attempts(80.0, 85.0, slow="low"), 2.0, slow_band=inf)
+    with pytest.raises(Failed, match=r"beyond 5.0x"):  # a finite slow band still fails
+        judge_on_the_wall_clock(slow_attempts(130.0, 140.0), noise_band=2.0, slow_band=5.0)

@@ -122,6 +122,9 @@ class LiveDeployment:
         # (never before the step that made them), so a client sees the simulated front
         # end's latency once, not that plus the server's own
         self.transport_s = 0.0
+        # the early wake-up of the timed sleeps (WAKE_EARLY_S); an event loop on a virtual
+        # clock, which wakes exactly, sets 0
+        self.wake_early_s = WAKE_EARLY_S
 
     # --- time
     def sim_time(self, real: float) -> float:
@@ -258,7 +261,7 @@ class LiveDeployment:
             if not self._pending:
                 timeout = None
                 if upcoming != math.inf:
-                    timeout = max(0.0, self.real_time(upcoming) - loop.time() - WAKE_EARLY_S)
+                    timeout = max(0.0, self.real_time(upcoming) - loop.time() - self.wake_early_s)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if upcoming != math.inf:

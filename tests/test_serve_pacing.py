@@ -1,0 +1,106 @@
+"""capsim serve's engine (capsim.serve.live) driven on a virtual clock: the pacing of its
+steps and tokens, checked against ``capsim predict`` without the wall clock, so the
+figures are the same on any host, however busy (issue 48). The HTTP round trip on the
+wall clock is tests/test_serve.py's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import capsim
+from capsim.calibration.applied import calibrated_setup
+from capsim.catalog.loader import load_catalog
+from capsim.cli.common import predict_config
+from capsim.metrics import RequestRecord, level_metrics
+from capsim.serve.live import HOLD_S, LiveDeployment
+from tests.virtual_clock import run_on_virtual_clock
+
+CAT = load_catalog()
+DEPLOYMENT = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4")
+
+
+def live_deployment(speedup: float) -> LiveDeployment:
+    """The deployment ``capsim serve`` builds for DEPLOYMENT (cli/serve.py)."""
+    config = predict_config(**DEPLOYMENT, workload="closed", concurrency=[1], requests=1)
+    deployment = LiveDeployment(calibrated_setup(config, CAT), speedup)
+    deployment.wake_early_s = 0.0  # the virtual clock wakes exactly
+    return deployment
+
+
+async def closed_loop(
+    deployment: LiveDeployment, clients: int, requests: int, prompt: int, output: int
+) -> list[RequestRecord]:
+    """``clients`` clients that send ``requests`` requests in all, each the next as soon
+    as its last one ended (capsim probe's closed loop), reading the token events as the
+    HTTP handler does; times are simulated seconds (loop time times the speedup)."""
+    loop = asyncio.get_running_loop()
+    driver = asyncio.ensure_future(deployment.run())
+    # the driving loop sets its origin; the simulation runs HOLD_S behind the wall clock,
+    # so a request sent in that first stretch would enter late (a real server has been up
+    # for longer than that when its first request comes)
+    await asyncio.sleep(HOLD_S)
+    order = iter(range(requests))
+    records: list[RequestRecord] = []
+    scale = deployment.speedup
+
+    async def client() -> None:
+        for i in order:
+            send = loop.time()
+            live = deployment.submit(prompt, output)
+            times, tokens, seen = [], [], 0
+            while True:
+                event = await live.queue.get()
+                times.append(loop.time() * scale)
+                tokens.append(event.tokens - seen)
+                seen = event.tokens
+                if event.finished:
+                    break
+            records.append(
+                RequestRecord(
+                    request_id=str(i),
+                    send=send * scale,
+                    first_token=times[0],
+                    finish=times[-1],
+                    input_tokens=prompt,
+                    output_tokens=seen,
+                    outcome="ok",
+                    chunk_times=times,
+                    chunk_tokens=tokens,
+                )
+            )
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    driver.cancel()
+    return records
+
+
+@pytest.mark.parametrize("speedup", [1.0, 10.0])
+def test_serve_paces_a_closed_loop_as_predict_simulates_it(speedup):
+    """The same closed workload through the live engine and through predict: throughput,
+    TPOT and TTFT p50 within 0.01% (the same simulation, so the same figures up to float
+    rounding), at any speedup. A server that did not pace its steps, skipped the prefill or
+    the front end's latency, or scaled time wrongly, misses by 30% or more."""
+    levels, requests, prompt, output = [1, 4], 12, 512, 256
+    predicted = capsim.predict(
+        **DEPLOYMENT,
+        concurrency=levels,
+        input_tokens=str(prompt),
+        output_tokens=str(output),
+        requests=requests,
+        catalog=CAT,
+    )
+    for level in predicted.levels:
+        c = int(level.level)
+        records = run_on_virtual_clock(
+            closed_loop(live_deployment(speedup), c, requests, prompt, output)
+        )
+        assert len(records) == requests and all(r.output_tokens == output for r in records)
+        served, model = level_metrics(records, c, "closed"), level.metrics
+        for name, got, want in [
+            ("tok/s", served.output_tok_s, model.output_tok_s),
+            ("TPOT", served.tpot_ms.mean, model.tpot_ms.mean),
+            ("TTFT p50", served.ttft_ms.p50, model.ttft_ms.p50),
+        ]:
+            assert got == pytest.approx(want, rel=1e-4), f"C={c} {name}: {got} vs {want}"
