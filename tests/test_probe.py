@@ -22,6 +22,7 @@ from capsim.probe.prometheus import (
 )
 from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
+from tests.request_order import in_flight_at_sends
 from tests.wall_clock import Check, cpu_share, judge_on_the_wall_clock
 
 
@@ -67,13 +68,6 @@ def test_probe_levels_and_token_accounting(mock_url, tmp_path, workload, monkeyp
     assert sum(json.loads(line)["type"] == "request" for line in lines) == 24
     loaded, events = load_run(tmp_path / "run.json")
     assert loaded.header.workload == workload and len(events) == len(lines)
-
-
-def in_flight_at_sends(requests: list[dict]) -> list[int]:
-    """For each request in the order sent, how many were in flight (sent, not finished)
-    the moment it was sent, itself included."""
-    ordered = sorted(requests, key=lambda r: r["send"])
-    return [sum(o["send"] <= r["send"] < o["finish"] for o in ordered) for r in ordered]
 
 
 @pytest.mark.parametrize("workload", ["closed", "batch"])
