@@ -34,6 +34,7 @@ accumulators: counts, sums, minima and maxima exact, percentiles within
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Literal
@@ -45,6 +46,10 @@ from capsim.request_columns import RequestSummary, RequestTable
 from capsim.streaming import LogSketch
 
 PERCENTILES = (50, 90, 99)
+
+TIME_SLACK_S = 1e-6
+"""How far a record's times may run backwards (s) before it is refused: the rounding of a
+log that stores its times to the microsecond."""
 
 Outcome = Literal[
     "ok",
@@ -121,6 +126,25 @@ class RequestRecord(BaseModel):
     def _outcome_of_legacy_record(self) -> RequestRecord:
         if self.outcome is None and (self.finish is not None or self.error is not None):
             self.outcome = legacy_outcome(self.error, self.first_token)
+        return self
+
+    @model_validator(mode="after")
+    def _times_in_order(self) -> RequestRecord:
+        """A request is sent, then gets its first token, then finishes: times out of that
+        order (a hand-edited log, an import of a broken file) would give negative TTFTs or
+        TPOTs, so they are refused, as are token counts below zero."""
+        times = [("send", self.send), ("first_token", self.first_token)]
+        times += [("first_answer_token", self.first_answer_token), ("finish", self.finish)]
+        known = [(name, t) for name, t in times if t is not None]
+        for name, t in known:
+            if not math.isfinite(t):
+                raise ValueError(f"{name} must be a finite time, not {t}")
+        for (a, ta), (b, tb) in itertools.pairwise(known):
+            if tb < ta - TIME_SLACK_S:
+                raise ValueError(f"{b} ({tb:.6g}) comes before {a} ({ta:.6g})")
+        for name in ("input_tokens", "output_tokens", "cached_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
         return self
 
     @property

@@ -10,11 +10,30 @@ from pydantic import Field, field_validator
 
 from capsim.catalog.schemas import DTYPES, Source, Strict
 
+PLAUSIBLE = {
+    "memory_gb": 100_000.0,
+    "bandwidth_gb_s": 1_000_000.0,
+    "tflops": 1_000_000.0,
+    "link_gb_s": 100_000.0,
+    "watts": 100_000.0,
+    "usd": 100_000_000.0,
+    "cache_mb": 100_000.0,
+    "latency_us": 1_000_000.0,
+}
+"""Upper bounds of a device figure a catalog file may give: about a hundred times the
+largest of today's parts (288 GB and 8 TB/s of HBM, 15 PFLOPS of FP4, 900 GB/s of NVLink,
+1.4 kW). A figure beyond is a typo or a unit slip (TB/s written as GB/s twice), which would
+otherwise be simulated: a --db GPU with 1e30 GB/s ran and answered nonsense (issue 47)."""
+
 
 class Price(Strict):
     """A purchase price of one GPU in US dollars on a date."""
 
-    usd: float = Field(gt=0, description="Price of one GPU (or one GPU's share of a system), USD")
+    usd: float = Field(
+        gt=0,
+        le=PLAUSIBLE["usd"],
+        description="Price of one GPU (or one GPU's share of a system), USD",
+    )
     date: dt.date = Field(description="When that price applied")
     kind: Literal["launch-msrp", "street", "used", "list", "estimate"] = Field(
         "launch-msrp",
@@ -37,8 +56,12 @@ class CloudPrice(Strict):
 class PowerLimitRange(Strict):
     """The board power limits a user can set (nvidia-smi -pl, rocm-smi), W."""
 
-    min_w: float | None = Field(default=None, gt=0, description="Lowest settable limit, W")
-    max_w: float | None = Field(default=None, gt=0, description="Highest settable limit, W")
+    min_w: float | None = Field(
+        default=None, gt=0, le=PLAUSIBLE["watts"], description="Lowest settable limit, W"
+    )
+    max_w: float | None = Field(
+        default=None, gt=0, le=PLAUSIBLE["watts"], description="Highest settable limit, W"
+    )
     source: Source
 
 
@@ -58,10 +81,14 @@ class Interconnect(Strict):
     bandwidth_gb_s_per_direction: float | None = Field(
         default=None,
         gt=0,
+        le=PLAUSIBLE["link_gb_s"],
         description="Peak GPU-to-GPU bandwidth one way, GB/s (1e9 bytes/s)",
     )
     latency_us: float | None = Field(
-        default=None, ge=0, description="One-hop latency in microseconds, where a source gives it"
+        default=None,
+        ge=0,
+        le=PLAUSIBLE["latency_us"],
+        description="One-hop latency in microseconds, where a source gives it",
     )
     max_gpus: int | None = Field(
         default=None,
@@ -79,12 +106,12 @@ class TensorThroughput(Strict):
     since that is what inference GEMMs use. ``None`` means no native support or unknown.
     """
 
-    bf16: float | None = Field(default=None, gt=0)
-    fp16: float | None = Field(default=None, gt=0)
-    fp8: float | None = Field(default=None, gt=0)
-    int8: float | None = Field(default=None, gt=0)
-    int4: float | None = Field(default=None, gt=0)
-    fp4: float | None = Field(default=None, gt=0)
+    bf16: float | None = Field(default=None, gt=0, le=PLAUSIBLE["tflops"])
+    fp16: float | None = Field(default=None, gt=0, le=PLAUSIBLE["tflops"])
+    fp8: float | None = Field(default=None, gt=0, le=PLAUSIBLE["tflops"])
+    int8: float | None = Field(default=None, gt=0, le=PLAUSIBLE["tflops"])
+    int4: float | None = Field(default=None, gt=0, le=PLAUSIBLE["tflops"])
+    fp4: float | None = Field(default=None, gt=0, le=PLAUSIBLE["tflops"])
 
 
 class GPU(Strict):
@@ -98,17 +125,22 @@ class GPU(Strict):
     hardware_class: str = Field(
         description="Group whose default efficiency parameters apply, e.g. 'consumer-ampere'"
     )
-    memory_gb: float = Field(gt=0, description="Device memory as marketed, GB")
+    memory_gb: float = Field(
+        gt=0, le=PLAUSIBLE["memory_gb"], description="Device memory as marketed, GB"
+    )
     memory_type: str | None = None
     usable_memory_gb: float | None = Field(
         default=None,
         gt=0,
+        le=PLAUSIBLE["memory_gb"],
         description="Memory the GPU can use for serving where less than memory_gb "
         "(e.g. an APU's share of system RAM), GB",
     )
-    memory_bandwidth_gb_s: float = Field(gt=0, description="Peak DRAM bandwidth, GB/s")
+    memory_bandwidth_gb_s: float = Field(
+        gt=0, le=PLAUSIBLE["bandwidth_gb_s"], description="Peak DRAM bandwidth, GB/s"
+    )
     l2_cache_mb: float | None = Field(
-        default=None, gt=0, description="L2 or last-level on-chip cache, MB"
+        default=None, gt=0, le=PLAUSIBLE["cache_mb"], description="L2 or last-level cache, MB"
     )
     tensor_tflops: TensorThroughput = Field(description="Dense peak tensor throughput")
     native_formats: list[str] = Field(
@@ -116,7 +148,9 @@ class GPU(Strict):
         "int8, int4, fp4)"
     )
     interconnects: list[Interconnect] = Field(default_factory=list)
-    tdp_w: float | None = Field(default=None, gt=0, description="Board power (TDP/TBP), W")
+    tdp_w: float | None = Field(
+        default=None, gt=0, le=PLAUSIBLE["watts"], description="Board power (TDP/TBP), W"
+    )
     power_limit_w: PowerLimitRange | None = Field(
         default=None, description="Settable power-limit range, where a source gives it"
     )

@@ -9,6 +9,7 @@ schema default, and the entry's source records the file it came from.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,105 @@ def read_config(path: Path) -> dict[str, Any]:
         raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise CapsimUserError(f"'{path}' does not hold a JSON object")
+    check_whole_numbers(data, path)
     return data
+
+
+WHOLE_NUMBER_KEYS = frozenset(
+    [
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "intermediate_size",
+        "intermediate_size_mlp",
+        "dense_intermediate_size",
+        "head_dim",
+        "global_head_dim",
+        "num_global_key_value_heads",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "num_experts",
+        "n_routed_experts",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "top_k_experts",
+        "experts_per_token",
+        "moe_intermediate_size",
+        "expert_intermediate_size",
+        "shared_expert_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        "shared_intermediate_size",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "moe_layer_freq",
+        "interleave_moe_layer_step",
+        "moe_latent_size",
+        "num_kv_shared_layers",
+        "hidden_size_per_layer_input",
+        "vocab_size_per_layer_input",
+        "sliding_window",
+        "sliding_window_pattern",
+        "max_position_embeddings",
+        "attention_chunk_size",
+        "full_attention_interval",
+        "no_rope_layer_interval",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_value_head_dim",
+        "mamba_head_dim",
+        "mamba_num_heads",
+        "n_groups",
+        "ssm_state_size",
+        "conv_kernel",
+        "index_head_dim",
+        "index_n_heads",
+        "index_topk",
+        "mtp_num_hidden_layers",
+        "num_nextn_predict_layers",
+    ]
+)
+"""config.json keys that count things (layers, heads, widths, experts): whole numbers. A
+3.5 there was rounded down without a word; now it is an error naming the key."""
+
+POSITIVE_KEYS = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"})
+
+
+def check_whole_numbers(data: Any, path: Path, where: str = "") -> None:
+    """Refuse a counting key (WHOLE_NUMBER_KEYS) whose value is not a whole number, and a
+    model's core sizes (POSITIVE_KEYS) that are not positive, anywhere in the config (the
+    text_config of a multimodal one too)."""
+    items = (
+        data.items()
+        if isinstance(data, dict)
+        else enumerate(data)
+        if isinstance(data, list)
+        else ()
+    )
+    for key, value in items:
+        at = f"{where}.{key}" if where else str(key)
+        if isinstance(value, (dict, list)):
+            check_whole_numbers(value, path, at)
+            continue
+        if key not in WHOLE_NUMBER_KEYS or value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            whole = True
+        if not whole:
+            raise CapsimUserError(
+                f"'{path}': {at} is {value!r}; it counts {key.replace('_', ' ')} and must be "
+                "a whole number",
+                hint="pass the config.json of the model as published, unedited",
+            )
+        if key in POSITIVE_KEYS and value <= 0:
+            raise CapsimUserError(f"'{path}': {at} is {value!r}; it must be at least 1")
 
 
 def _gemma_attention(cfg: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:

@@ -81,6 +81,12 @@ def calibrate_cmd(
         from capsim.calibration.profiles import user_profiles_dir
 
         out = user_profiles_dir()
+    if out.suffix not in ("", ".yaml") and not out.is_dir():
+        raise CapsimUserError(
+            f"--out {out}: a profile is a .yaml file, or a folder for one profile a hardware "
+            f"class; '{out.suffix}' is neither",
+            hint=f"use --out {out.with_suffix('.yaml')}, or a folder name without a suffix",
+        )
     names = None if fit is None else tuple(split_list(fit))
     groups = group_by_class(load_published(datasets, accept_failures), cat)
     if out.suffix == ".yaml" and len(groups) > 1:

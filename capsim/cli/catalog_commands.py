@@ -17,6 +17,7 @@ from capsim.cli.common import (
     JsonOption,
     catalog,
     console,
+    err_console,
     fitted_table,
     fmt_num,
     print_json,
@@ -359,6 +360,9 @@ def models_import_hf(
         env_dirs = user_db_dirs()
         out = env_dirs[0] if env_dirs else Path("capsim-db")
     refuse_overwrite([out / "models" / f"{model.name}.yaml"], "--name", force)
+    # a name the built-in catalog already answers to: the new file replaces that model
+    # wherever --db names this directory, which the user should hear of
+    shadowed = catalog(None).models.find(model.name)
     path = write_model_yaml(model, out)
     p = parameter_breakdown(model)
     if json_out:
@@ -368,6 +372,7 @@ def models_import_hf(
                 "name": model.name,
                 "total_params": p.total,
                 "active_params": p.active,
+                "replaces_built_in": shadowed.name if shadowed is not None else None,
             }
         )
         return
@@ -375,6 +380,14 @@ def models_import_hf(
         f"wrote {path} ({p.total / 1e9:.2f} B parameters, {p.active / 1e9:.2f} B active); "
         f"use it with --db {out}"
     )
+    if shadowed is not None:
+        err_console.print(
+            f"note: '{model.name}' is also the built-in model {shadowed.name} "
+            f"({shadowed.hf_id}); with --db {out} this file replaces it. Pick another --name "
+            "to keep both",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 # ----------------------------------------------------------------------------- quants

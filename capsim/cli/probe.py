@@ -225,10 +225,16 @@ def probe_cmd(
         ),
     ] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Stated hardware")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus")] = None,
-    tp: Annotated[int | None, typer.Option("--tp")] = None,
-    quant: Annotated[str | None, typer.Option("--quant")] = None,
-    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype")] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", min=1, max=100_000, help="Stated GPUs in total")
+    ] = None,
+    tp: Annotated[
+        int | None, typer.Option("--tp", min=1, max=1024, help="Stated tensor-parallel size")
+    ] = None,
+    quant: Annotated[str | None, typer.Option("--quant", help="Stated weight format")] = None,
+    kv_dtype: Annotated[
+        str | None, typer.Option("--kv-dtype", help="Stated KV-cache dtype (auto or fp8)")
+    ] = None,
     spec: Annotated[
         str | None,
         typer.Option(
@@ -258,6 +264,7 @@ def probe_cmd(
         )
     if spec is not None:
         parse_spec(spec)  # a malformed value fails now, not at calibration
+    check_stated_deployment(gpu, quant, kv_dtype)
     check_server_url(url)
     from capsim.engine.lengths import parse_length
 
@@ -363,3 +370,24 @@ def summarize_cmd(
         print_json(summary.model_dump(mode="json"))
     else:
         print_run(summary, run)
+
+
+def check_stated_deployment(gpu: str | None, quant: str | None, kv_dtype: str | None) -> None:
+    """The hardware, weight format and KV dtype a user states are recorded in the run file
+    and simulated at calibration: a name the catalog does not know fails now (with its
+    did-you-mean), not after the run."""
+    if gpu is None and quant is None and kv_dtype is None:
+        return
+    from capsim.cli.common import catalog
+    from capsim.physics.dtypes import KV_DTYPE_BYTES
+
+    cat = catalog(None)
+    if gpu is not None:
+        cat.gpu(gpu)
+    if quant is not None:
+        cat.quant(quant)
+    if kv_dtype is not None and kv_dtype.lower() not in KV_DTYPE_BYTES:
+        raise CapsimUserError(
+            f"--kv-dtype: unknown KV cache dtype '{kv_dtype}'",
+            hint="use one of: " + ", ".join(KV_DTYPE_BYTES),
+        )

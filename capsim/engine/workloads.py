@@ -129,6 +129,14 @@ GAMMA_CV_RANGE = (0.1, 10.0)
 1/CV^2 from 100 (nearly evenly spaced) to 0.01 (a few huge bursts); beyond, the draws
 degenerate in floating point (a CV of 0 divides by zero)."""
 
+MIN_RATE_PER_S = 1e-4
+"""Slowest open-loop arrival rate taken (requests per second, one every 2.8 hours): below
+it the simulated span runs past float64's microsecond resolution of a step (a rate of
+1e-300 put arrivals at 1e300 s, where adding a step changes nothing)."""
+
+MAX_THINK_TIME_S = 1e5
+"""Longest agent think time taken (seconds, about 28 hours), for the same reason."""
+
 
 @dataclass
 class Workload:
@@ -166,6 +174,18 @@ class Workload:
         if self.kind == "open" and not (self.rate is not None and 0 < self.rate < math.inf):
             raise CapsimUserError(
                 "the open workload needs a finite --rate > 0 (requests per second)"
+            )
+        if self.kind == "open" and self.rate < MIN_RATE_PER_S:
+            raise CapsimUserError(
+                f"--rate {self.rate:g} is below {MIN_RATE_PER_S:g} requests a second (one "
+                "every 2.8 hours): requests that far apart never share a step",
+                hint="predict one request alone with --workload closed --concurrency 1",
+            )
+        if self.kind == "agents" and self.think_time.maximum > MAX_THINK_TIME_S:
+            raise CapsimUserError(
+                f"--think-time up to {self.think_time.maximum:g} s is beyond "
+                f"{MAX_THINK_TIME_S:g} s (about 28 hours) between an agent's turns",
+                hint="give seconds, e.g. --think-time 5 or uniform:2,30",
             )
         if self.kind == "open" and self.arrival == "gamma":
             low, high = GAMMA_CV_RANGE

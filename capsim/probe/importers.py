@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from capsim.errors import CapsimUserError
 from capsim.files import loads_json
 from capsim.metrics import Distribution, LevelMetrics, RequestRecord
-from capsim.probe.runfile import LevelSummary, RunHeader, RunSummary, RunWriter
+from capsim.probe.runfile import LevelSummary, RunHeader, RunSummary, RunWriter, first_problem
 
 FORMATS = ("vllm-bench", "guidellm", "aiperf")
 
@@ -40,11 +41,22 @@ def _read(path: Path) -> Any:
         raise CapsimUserError(f"'{path}' is not valid JSON: {exc}") from None
 
 
-def _dist(mean=None, p50=None, p90=None, p99=None, scale: float = 1.0) -> Distribution:
+def _dist(
+    mean=None, p50=None, p90=None, p99=None, scale: float = 1.0, name: str = "a latency"
+) -> Distribution:
     def s(v):
-        return None if v is None else float(v) * scale
+        return None if v is None else _measure(name, v) * scale
 
     return Distribution(mean=s(mean), p50=s(p50), p90=s(p90), p99=s(p99), count=0)
+
+
+def _measure(name: str, value: Any) -> float:
+    """A measured count, time or rate from a result file: a finite number, 0 or more (a
+    negative one would pass through to negative TTFTs and throughputs)."""
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{name} must be a finite number, 0 or more, not {value!r}")
+    return number
 
 
 def _require(data: dict, keys: tuple[str, ...], path: Path, tool: str) -> None:
@@ -68,9 +80,14 @@ def import_vllm_bench(
         path,
         "vllm bench serve",
     )
-    concurrency = d.get("max_concurrency") or 0
-    completed = int(d["completed"])
-    failed = int(d.get("failed", d.get("num_prompts", completed) - completed) or 0)
+    concurrency = int(_measure("max_concurrency", d.get("max_concurrency") or 0))
+    completed = int(_measure("completed", d["completed"]))
+    failed = int(
+        _measure("failed", d.get("failed", d.get("num_prompts", completed) - completed) or 0)
+    )
+    for key in ("duration", "total_output_tokens", "output_throughput", "total_input_tokens"):
+        if key in d:
+            _measure(key, d[key])
 
     def metric(name: str, scale: float = 1.0) -> Distribution:
         return _dist(
@@ -79,6 +96,7 @@ def import_vllm_bench(
             d.get(f"p90_{name}"),
             d.get(f"p99_{name}"),
             scale,
+            f"a {name} figure",
         )
 
     e2e = metric("e2el_ms", 1e-3)
@@ -297,10 +315,20 @@ def import_results(kind: str, path: Path, out: Path) -> RunSummary:
         ) from None
     writer = RunWriter(out, header, durable=False)
     concurrency = header.concurrency[0] if header.concurrency else 0
-    for record in records:
-        writer.request(record, concurrency, 0)
-    # an importer that streams its records gives its levels once they are read
-    for level in levels() if callable(levels) else levels:
-        writer.add_level(level)
+    try:
+        for record in records:
+            writer.request(record, concurrency, 0)
+        # an importer that streams its records gives its levels once they are read
+        for level in levels() if callable(levels) else levels:
+            writer.add_level(level)
+    except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as exc:
+        # a bad request deep in the file: what was written of it goes, the run is not half
+        # an import
+        writer.discard()
+        raise CapsimUserError(
+            f"'{path}' is not a {kind} result file capsim can read: "
+            f"{first_problem(exc) if isinstance(exc, ValueError) else exc}"[:300],
+            hint="pass the JSON the tool wrote, unedited",
+        ) from None
     writer.close(complete=True)
     return writer.summary

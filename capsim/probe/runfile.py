@@ -106,6 +106,16 @@ def failure_reason(error: str) -> str:
     return error.split(":")[0]
 
 
+def first_problem(exc: ValueError) -> str:
+    """The first problem a record's validation found, as one line (``field: what``)."""
+    if hasattr(exc, "errors"):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        return f"{where}: {message}" if where else message
+    return str(exc).splitlines()[0]
+
+
 def summarize_level(
     records: list[RequestRecord], concurrency: int, run: int, workload: str, **server: Any
 ) -> LevelSummary:
@@ -220,6 +230,12 @@ class RunWriter:
         tmp.write_text(self.summary.model_dump_json(indent=2), encoding="utf-8")
         os.replace(tmp, self.summary_path)
 
+    def discard(self) -> None:
+        """Close and remove what this writer wrote (an import that failed part-way)."""
+        self._log.close()
+        self.log_path.unlink(missing_ok=True)
+        self.summary_path.unlink(missing_ok=True)
+
     def close(self, complete: bool) -> None:
         self.summary.complete = complete
         self._log.flush()
@@ -283,7 +299,7 @@ def rebuild_summary(path: Path) -> RunSummary:
         except ValueError as exc:
             raise CapsimUserError(
                 f"'{path}': request {record.get('request_id')!r} is not a capsim record: "
-                f"{str(exc).splitlines()[0]}"
+                f"{first_problem(exc)}"
             ) from None
     if first_header is None:
         raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
