@@ -50,6 +50,38 @@ def test_sliding_window_kv_by_hand(cat):
     assert lay.sequence_bytes(64) == 64 * 36 * per_layer
 
 
+def test_sglang_window_pool_by_hand(cat):
+    """SGLang's hybrid SWA memory (hardware_db/engines/sglang.yaml): one full-pool token
+    costs the full layers' bytes plus 0.8 x the sliding layers', every layer allocated (the
+    18 KV-shared layers of Gemma 4 E4B too); vLLM's one pool counts the 24 layers that keep
+    a cache, and Gemma 3 (not on SGLang's list) keeps one pool on SGLang as well."""
+    sglang = cat.engine("sglang")
+    pool = sglang.sliding_window_pool
+    assert pool is not None and pool.full_tokens_ratio == 0.8
+    e4b = cat.model("gemma-4-e4b")
+    full_layer, sliding_layer = 2 * 2 * 512 * 2, 2 * 2 * 256 * 2  # K+V x heads x dim x bf16
+    # 42 layers, every sixth full: 7 full and 35 sliding, 4 and 20 of them with a cache
+    assert kv_layout(e4b).full_bytes_per_token == 4 * full_layer
+    assert kv_layout(e4b).sliding_bytes_per_token == 20 * sliding_layer
+    h200, bf16 = cat.gpu("h200"), cat.quant("bf16")
+    kw = dict(gpu_memory_utilization=0.85, max_model_len=9216)
+    split = memory_fit(h200, e4b, bf16, sliding_window_pool=pool, **kw)
+    one = memory_fit(h200, e4b, bf16, **kw)
+    assert split.kv_bytes_per_token == 7 * full_layer + 0.8 * 35 * sliding_layer == 86_016
+    assert one.kv_bytes_per_token == 4 * full_layer + 20 * sliding_layer == 57_344
+    assert split.sliding_pool_ratio == 0.8 and one.sliding_pool_ratio is None
+    assert split.kv_capacity_tokens <= split.kv_budget_bytes / 86_016
+    assert split.kv_capacity_tokens > split.kv_budget_bytes / 86_016 - BLOCK_SIZE_TOKENS
+    # the full pool bounds a sequence: no window shortens what it holds
+    assert split.max_sequences == int(split.kv_budget_bytes // (9216 * 86_016))
+    gemma3 = cat.model("gemma-3-27b")
+    assert not pool.applies_to(gemma3.architecture)
+    g3 = memory_fit(cat.gpu("h200"), gemma3, bf16, sliding_window_pool=pool, **kw)
+    assert (
+        g3.kv_bytes_per_token == memory_fit(cat.gpu("h200"), gemma3, bf16, **kw).kv_bytes_per_token
+    )
+
+
 def test_hybrid_linear_attention_by_hand(cat):
     # Qwen3.5-27B: 16 full-attention layers x 2 x 4 KV heads x 256 dims x 2 bytes per token,
     # plus per sequence 48 GDN layers x (48 heads x 128 x 128 x 4 bytes recurrent state

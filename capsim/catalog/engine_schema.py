@@ -49,6 +49,30 @@ class AdmissionReserve(Strict):
     retract_decode_steps: int = Field(ge=0)
 
 
+class SlidingWindowPool(Strict):
+    """A KV pool of its own for sliding-window layers, sized against the full-attention one
+    (SGLang's hybrid SWA memory): the full pool holds ``T`` tokens of every full layer, the
+    window pool ``full_tokens_ratio x T`` tokens of every sliding layer, and memory is split so
+    that one full-pool token costs the full layers' bytes plus ``full_tokens_ratio`` times
+    the sliding layers'. A sequence holds its whole context in the full pool and about its
+    window in the window pool, so the full pool bounds the batch. Applies to the model types
+    listed (the engine's allow-list); other models keep every layer's tokens in one pool."""
+
+    model_types: list[str] = Field(
+        min_length=1, description="config.json model_type values the engine pools this way"
+    )
+    full_tokens_ratio: float = Field(
+        gt=0, le=1, description="Window-pool tokens per full-pool token (SGLang's default 0.8)"
+    )
+    shared_kv_layers_allocated: bool = Field(
+        description="Whether KV-shared layers (Gemma 3n/4) get buffers in the pools although "
+        "they read an earlier layer's cache"
+    )
+
+    def applies_to(self, model_type: str) -> bool:
+        return model_type in self.model_types
+
+
 class StatePool(Strict):
     """Where a hybrid model's fixed-size recurrent state (Gated DeltaNet, Mamba) lives.
 
@@ -233,6 +257,11 @@ class Engine(Strict):
         default_factory=StatePool,
         description="Where hybrid models' recurrent state lives (shared KV pool or a pool "
         "of its own)",
+    )
+    sliding_window_pool: SlidingWindowPool | None = Field(
+        None,
+        description="A KV pool apart for sliding-window layers (SGLang's hybrid SWA memory); "
+        "None: every layer's tokens in one pool",
     )
     admission_reserve: AdmissionReserve | None = Field(
         None,

@@ -234,6 +234,12 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
             )
     if r.sliding_window:
         table.add_row("sliding-window layers hold at most", f"{r.sliding_window} tokens")
+    if r.sliding_pool_ratio is not None:
+        table.add_row(
+            "sliding-window layers: a pool apart",
+            f"{r.sliding_pool_ratio:g} x the full pool's tokens (SGLang's hybrid SWA "
+            "memory; every layer allocated)",
+        )
     table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens")
     table.add_row("max_model_len", f"{r.max_model_len:,} (limit {r.max_model_len_limit:,})")
     table.add_row(

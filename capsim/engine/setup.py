@@ -176,6 +176,7 @@ def engine_fit_options(
         state_layout=pool.layout,
         state_share=pool.state_share,
         state_slots_per_sequence=slots if prefix_caching else 1,
+        sliding_window_pool=engine.sliding_window_pool,
     )
 
 

@@ -73,8 +73,12 @@ class KVLayout:
         )
 
 
-def kv_layout(model: Model, kv_dtype: str = "auto", tp: int = 1) -> KVLayout:
-    """KV-cache bytes per token and state bytes per sequence, per GPU, by layer type."""
+def kv_layout(
+    model: Model, kv_dtype: str = "auto", tp: int = 1, shared_layers_allocated: bool = False
+) -> KVLayout:
+    """KV-cache bytes per token and state bytes per sequence, per GPU, by layer type.
+    ``shared_layers_allocated``: KV-shared layers (Gemma 3n/4) get cache buffers of their
+    own although they read an earlier layer's (SGLang's pools count every layer)."""
     elem = kv_dtype_bytes(kv_dtype, model)
     per_type: dict[str, float] = {}
     if model.mla is not None:
@@ -84,8 +88,10 @@ def kv_layout(model: Model, kv_dtype: str = "auto", tp: int = 1) -> KVLayout:
         full_layer = _kv_entry_bytes(model, "full_attention", tp, elem)
         sliding_layer = _kv_entry_bytes(model, "sliding_attention", tp, elem)
     # KV-shared layers (Gemma 3n/4) read an earlier layer's cache and keep none of their own
-    n_full = model.count_cache_layers("full_attention")
-    n_sliding = model.count_cache_layers("sliding_attention")
+    # (unless the engine allocates them anyway)
+    count = model.count_layers if shared_layers_allocated else model.count_cache_layers
+    n_full = count("full_attention")
+    n_sliding = count("sliding_attention")
     n_linear = model.count_layers("linear_attention")
     if n_full and model.mla is None:
         per_type["full_attention"] = full_layer
@@ -133,3 +139,19 @@ def kv_bytes_per_token(model: Model, kv_dtype: str = "auto", tp: int = 1) -> flo
     """KV-cache bytes per token of context per GPU, over all attention layers (sliding
     layers counted per token, as long as the context is within the window)."""
     return kv_layout(model, kv_dtype, tp).bytes_per_token
+
+
+def window_pool_layout(layout: KVLayout, full_tokens_ratio: float) -> KVLayout:
+    """The layout of a full-attention pool whose sliding-window layers have a pool apart
+    of ``full_tokens_ratio`` times its tokens (SGLang's hybrid SWA memory): one full-pool
+    token costs the full layers' bytes plus that share of the sliding layers' (bytes per
+    token), and a sequence holds its whole context in it, so no window limits what it
+    takes."""
+    return KVLayout(
+        full_bytes_per_token=layout.full_bytes_per_token
+        + full_tokens_ratio * layout.sliding_bytes_per_token,
+        sliding_bytes_per_token=0.0,
+        sliding_window=None,
+        state_bytes_per_sequence=layout.state_bytes_per_sequence,
+        per_layer_type=layout.per_layer_type,
+    )

@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from capsim.catalog.engine_schema import SlidingWindowPool
 from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CapsimUserError, DoesNotFitError
 from capsim.physics.dtypes import ACTIVATION_BYTES
-from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS, KVLayout, kv_layout
+from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS, KVLayout, kv_layout, window_pool_layout
 from capsim.physics.parameters import parameter_breakdown
 
 GIB = 2**30
@@ -232,6 +233,10 @@ class MemoryFit:
     fits: bool
     reason: str
     experts_in_system_ram_bytes: float = 0.0  # routed experts kept in host memory (--n-cpu-moe)
+    # window-pool tokens per full-pool token where the engine keeps sliding-window layers
+    # in a pool apart (SGLang's hybrid SWA memory); kv_bytes_per_token is then one
+    # full-pool token's cost
+    sliding_pool_ratio: float | None = None
 
     @property
     def weight_gib(self) -> float:
@@ -269,6 +274,7 @@ def memory_fit(
     state_share: float | None = None,
     state_slots_per_sequence: int = 1,
     cpu_moe_layers: int = 0,
+    sliding_window_pool: SlidingWindowPool | None = None,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -296,6 +302,9 @@ def memory_fit(
         cpu_moe_layers: MoE layers whose routed experts stay in system RAM (llama.cpp's
             ``--n-cpu-moe``): their bytes leave the GPU's weights
             (``experts_in_system_ram_bytes``).
+        sliding_window_pool: the engine's pool apart for sliding-window layers (SGLang's
+            hybrid SWA memory), where it applies to this model: the KV capacity is then
+            counted in full-pool tokens (kv_layout.window_pool_layout).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -341,7 +350,18 @@ def memory_fit(
     runtime += 0.0 if enforce_eager else reserve.cuda_graph_bytes
     kv_budget = budget - weights - activations - runtime
 
-    layout = kv_layout(model, kv_dtype, tp)
+    window_pool = sliding_window_pool
+    if window_pool is not None and not (
+        window_pool.applies_to(model.architecture) and model.count_layers("sliding_attention")
+    ):
+        window_pool = None
+    if window_pool is not None:
+        layout = window_pool_layout(
+            kv_layout(model, kv_dtype, tp, window_pool.shared_kv_layers_allocated),
+            window_pool.full_tokens_ratio,
+        )
+    else:
+        layout = kv_layout(model, kv_dtype, tp)
     model_limit = model.max_position_embeddings or 10**9
     per_token = layout.bytes_per_token
     state = layout.state_bytes_per_sequence
@@ -452,6 +472,7 @@ def memory_fit(
         fits=fits,
         reason=reason,
         experts_in_system_ram_bytes=offloaded,
+        sliding_pool_ratio=window_pool.full_tokens_ratio if window_pool is not None else None,
     )
 
 
