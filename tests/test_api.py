@@ -105,10 +105,18 @@ def test_the_documented_api_example_runs(tmp_path):
 
 
 def test_calibrate_writes_the_users_folder_and_predict_applies_it(tmp_path, monkeypatch):
+    import yaml
+
+    from tests.test_calibration import synthetic
+
     folder = tmp_path / "profiles"
     monkeypatch.setenv("CAPSIM_PROFILE_DIR", str(folder))
-    run = ROOT / "calibration" / "runs" / "cpu-vllm-tiny-qwen3.json"
-    result = CliRunner().invoke(app, ["calibrate", str(run), "--json"])
+    # a small dataset and one parameter: where the profile goes and that predict picks it
+    # up is the point here (a probe run fitted whole took 30-42 s of the suite)
+    data = tmp_path / "synthetic.yaml"
+    data.write_text(yaml.safe_dump(synthetic({"step_overhead_us": 900.0}).model_dump(mode="json")))
+    args = ["calibrate", str(data), "--fit", "step_overhead_us", "--json"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     (written,) = json.loads(result.stdout)
     assert Path(written["path"]).parent == folder

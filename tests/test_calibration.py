@@ -115,7 +115,8 @@ def test_prior_weight_pulls_a_fit_towards_the_prior_and_keeps_the_data_errors():
     fit = ("step_overhead_us",)
     values, stds = [], []
     for weight in (0.0, 2.0, 20.0):
-        p = fit_profile([ds], CAT, "pulled", fit, prior_weight=weight).parameters[fit[0]]
+        p = fit_profile([ds], CAT, "pulled", fit, prior_weight=weight, max_evaluations=12)
+        p = p.parameters[fit[0]]
         assert p.prior == 400.0
         values.append(p.value)
         stds.append(p.std)
@@ -127,7 +128,7 @@ def test_prior_weight_pulls_a_fit_towards_the_prior_and_keeps_the_data_errors():
 
 def test_cross_validation_predicts_left_out_levels():
     ds = synthetic({"step_overhead_us": 1200.0})
-    cv = cross_validate([ds], CAT, ("step_overhead_us",), max_evaluations=20)
+    cv = cross_validate([ds], CAT, ("step_overhead_us",), max_evaluations=8)
     assert {p.concurrency for p in cv} == {1, 2, 3, 4}
     assert np.mean([abs(p.error) for p in cv]) < 0.05
 
@@ -330,7 +331,7 @@ def test_leave_one_point_out_predicts_each_point_without_it():
     # fit leans towards it and its error shrinks.
     ds = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.1)
     fit = ("step_overhead_us",)
-    cv = cross_validate([ds], CAT, fit, max_evaluations=20, scheme="point")
+    cv = cross_validate([ds], CAT, fit, max_evaluations=8, scheme="point")
     assert [(p.scenario, p.concurrency) for p in cv] == [
         (sc.name, p.concurrency) for sc in ds.scenarios for p in sc.points
     ]
