@@ -106,6 +106,28 @@ GpuMemoryUtilizationOption = Annotated[
         help="Fraction of GPU memory the engine takes (default: the engine's, 0.9 for vLLM)",
     ),
 ]
+EnforceEagerOption = Annotated[
+    bool,
+    typer.Option(
+        "--enforce-eager",
+        help="No CUDA graphs: every step's kernels launched from the host (vLLM's flag; "
+        "SGLang's --disable-cuda-graph)",
+    ),
+]
+InputTokensOption = Annotated[
+    str,
+    typer.Option(
+        "--input-tokens",
+        help="Prompt tokens per request: N or a distribution (uniform:A,B, normal:MEAN,SD, "
+        "lognormal:MEDIAN,SIGMA, file:PATH)",
+    ),
+]
+OutputTokensOption = Annotated[
+    str,
+    typer.Option(
+        "--output-tokens", help="Output tokens per request: N or a distribution, as above"
+    ),
+]
 AsyncSchedulingOption = Annotated[
     bool | None,
     typer.Option(

@@ -15,6 +15,7 @@ from capsim.cli.common import (
     AsyncSchedulingOption,
     DbOption,
     DisableCustomAllReduceOption,
+    EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
     GpuMemoryUtilizationOption,
@@ -71,7 +72,7 @@ def fit_cmd(
         int | None,
         typer.Option("--context", help="Sequence length for 'sequences that fit' (tokens)"),
     ] = None,
-    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs")] = False,
+    enforce_eager: EnforceEagerOption = False,
     mtp: Annotated[
         bool, typer.Option("--mtp", help="Load the MTP module (MTP speculation)")
     ] = False,
@@ -394,7 +395,9 @@ def explain_cmd(
     model: Annotated[str, typer.Option("--model", help="Model name")],
     quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
     tp: TpOption = 1,
-    kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS)] = "auto",
+    kv_dtype: Annotated[
+        str, typer.Option(*KV_DTYPE_FLAGS, help="KV-cache dtype: auto, bf16, fp16, fp8")
+    ] = "auto",
     batch: Annotated[
         int,
         typer.Option("--batch", min=1, max=1_000_000, help="Sequences in the decode step"),
@@ -416,8 +419,10 @@ def explain_cmd(
     spec: SpecOption = None,
     spec_acceptance: SpecAcceptanceOption = None,
     power_limit: PowerLimitOption = None,
-    interconnect: Annotated[str, typer.Option("--interconnect")] = "auto",
-    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    interconnect: Annotated[
+        str, typer.Option("--interconnect", help="GPU links: auto, pcie or nvlink")
+    ] = "auto",
+    enforce_eager: EnforceEagerOption = False,
     async_scheduling: AsyncSchedulingOption = None,
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     engine: EngineOption = "vllm",

@@ -12,7 +12,9 @@ from rich import box
 from capsim.cli.common import (
     DbOption,
     ForceOption,
+    InputTokensOption,
     JsonOption,
+    OutputTokensOption,
     catalog,
     check_plot_target,
     console,
@@ -141,9 +143,11 @@ def short_misses(e: Evaluated, req: PlanRequest) -> str:
 def plan_cmd(
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
     agents: Annotated[int, typer.Option("--agents", help="Concurrent agents (clients)")],
-    input_tokens: Annotated[str, typer.Option("--input-tokens")] = "1024",
-    output_tokens: Annotated[str, typer.Option("--output-tokens")] = "512",
-    min_agent_tok_s: Annotated[float | None, typer.Option("--min-agent-tok-s")] = None,
+    input_tokens: InputTokensOption = "1024",
+    output_tokens: OutputTokensOption = "512",
+    min_agent_tok_s: Annotated[
+        float | None, typer.Option("--min-agent-tok-s", help="Each agent gets at least (tok/s)")
+    ] = None,
     max_ttft_p90: Annotated[float | None, typer.Option("--max-ttft-p90", help="Seconds")] = None,
     budget: Annotated[float | None, typer.Option("--budget", help="USD")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Candidate GPUs (default all)")] = None,

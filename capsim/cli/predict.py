@@ -21,6 +21,7 @@ from capsim.cli.common import (
     ConservativenessOption,
     DbOption,
     DisableCustomAllReduceOption,
+    EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
     ForceOption,
@@ -198,9 +199,16 @@ def predict_cmd(
     spec_acceptance: Annotated[
         str | None, typer.Option("--spec-acceptance", help="Rate, or one per position")
     ] = None,
-    prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching")] = True,
+    prefix_caching: Annotated[
+        bool,
+        typer.Option(
+            "--prefix-caching/--no-prefix-caching",
+            help="Automatic prefix caching: prompts that begin alike share KV blocks (on by "
+            "default in vLLM and SGLang)",
+        ),
+    ] = True,
     power_limit: Annotated[float | None, typer.Option("--power-limit", help="W")] = None,
-    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    enforce_eager: EnforceEagerOption = False,
     async_scheduling: AsyncSchedulingOption = None,
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     engine: EngineOption = "vllm",
@@ -223,7 +231,9 @@ def predict_cmd(
     router: Annotated[
         str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
     ] = "round_robin",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Random seed of the drawn lengths and arrivals")
+    ] = 0,
     profile: ProfileOption = "auto",
     set_values: SetOption = None,
     json_out: JsonOption = False,

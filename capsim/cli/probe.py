@@ -176,8 +176,16 @@ def probe_cmd(
     ctx: typer.Context,
     url: Annotated[str | None, typer.Option("--url", help="Server base URL")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Served model id")] = None,
-    concurrency: Annotated[str, typer.Option("--concurrency", "-c")] = "1..8",
-    input_tokens: Annotated[int, typer.Option("--input-tokens")] = 1024,
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", "-c", help="Levels: 1..8, 1,2,4,8, 1..64:x2")
+    ] = "1..8",
+    input_tokens: Annotated[
+        int,
+        typer.Option(
+            "--input-tokens",
+            help="Prompt tokens per request (exact where the server has /tokenize)",
+        ),
+    ] = 1024,
     output_tokens: Annotated[
         str, typer.Option("--output-tokens", help="N or a distribution (uniform:A,B, ...)")
     ] = "512",
@@ -194,7 +202,14 @@ def probe_cmd(
         str, typer.Option("--api-key-env", help="Environment variable holding the API key")
     ] = "OPENAI_API_KEY",
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--natural-stop")] = True,
-    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup")] = True,
+    warmup: Annotated[
+        bool,
+        typer.Option(
+            "--warmup/--no-warmup",
+            help="A warm-up round before the levels, not measured (CUDA graphs and kernels "
+            "compiled first)",
+        ),
+    ] = True,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Longest a request may take in all, seconds")
     ] = 600.0,
