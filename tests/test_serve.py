@@ -305,6 +305,23 @@ def test_malformed_json_is_a_400(server):
         assert r.status_code == 400 and "Invalid JSON" in r.json()["error"]["message"]
 
 
+def served_checks(at: str, measured, model, speedup: float, steady: float, first: float):
+    """Throughput and TPOT within ``steady``, TTFT p50 within ``first``, of a probe run
+    against capsim serve at ``speedup`` (its figures scaled back to the simulation's
+    time), each marked with the side a slow host pushes it to."""
+    return [
+        Check(
+            f"{at} tok/s", measured.output_tok_s / speedup, model.output_tok_s, steady, slow="low"
+        ),
+        Check(
+            f"{at} TPOT", measured.tpot_ms.mean * speedup, model.tpot_ms.mean, steady, slow="high"
+        ),
+        Check(
+            f"{at} TTFT p50", measured.ttft_ms.p50 * speedup, model.ttft_ms.p50, first, slow="high"
+        ),
+    ]
+
+
 def test_probe_against_serve_reproduces_predict(server, tmp_path):
     """Round trip at --speedup 10: throughput and TPOT within 5% of predict's for the same
     closed workload, TTFT p50 within 10% (the driving loop wakes for each step on time and
@@ -343,29 +360,7 @@ def test_probe_against_serve_reproduces_predict(server, tmp_path):
         for level in summary.levels:
             measured, model = level.metrics, by_level[level.concurrency]
             at = f"C={level.concurrency} (cpu share {min(shares):.2f})"
-            checks += [
-                Check(
-                    f"{at} tok/s",
-                    measured.output_tok_s / speedup,
-                    model.output_tok_s,
-                    steady,
-                    slow="low",
-                ),
-                Check(
-                    f"{at} TPOT",
-                    measured.tpot_ms.mean * speedup,
-                    model.tpot_ms.mean,
-                    steady,
-                    slow="high",
-                ),
-                Check(
-                    f"{at} TTFT p50",
-                    measured.ttft_ms.p50 * speedup,
-                    model.ttft_ms.p50,
-                    first,
-                    slow="high",
-                ),
-            ]
+            checks += served_checks(at, measured, model, speedup, steady, first)
         return checks
 
     # Clean-clone CI runs on quiet-looking hosts (cpu share 0.98) saw C=4's TTFT p50 13% and
@@ -405,11 +400,7 @@ def test_first_token_times_match_predict_in_real_time(tmp_path):
         for level in summary.levels:
             measured, model = level.metrics, by_level[level.concurrency]
             at = f"C={level.concurrency} (cpu share {min(shares):.2f})"
-            checks += [
-                Check(f"{at} TTFT p50", measured.ttft_ms.p50, model.ttft_ms.p50, tol, slow="high"),
-                Check(f"{at} tok/s", measured.output_tok_s, model.output_tok_s, tol, slow="low"),
-                Check(f"{at} TPOT", measured.tpot_ms.mean, model.tpot_ms.mean, tol, slow="high"),
-            ]
+            checks += served_checks(at, measured, model, 1.0, tol, tol)
         return checks
 
     # A clean-clone CI run on 2026-11-29 saw C=2's TTFT p50 at 170.6 ms against 161.6 (5.5%,
