@@ -82,6 +82,31 @@ def test_sglang_window_pool_by_hand(cat):
     )
 
 
+def test_vllm_keeps_only_the_window_of_sliding_layers(cat):
+    """vLLM's hybrid KV cache manager (hardware_db/engines/vllm.yaml): a pool token costs
+    gpt-oss-120b's 18 full layers alone and each running sequence holds its 128-token window
+    (9 blocks with the partial one) of the 18 sliding layers, as a fixed part like a state.
+    The simulation then holds what the fit reports: 1k + 8k tokens a sequence fit about
+    twice as often as with every sliding token counted."""
+    assert cat.engine("vllm").sliding_window_pages and not cat.engine("sglang").sliding_window_pages
+    m, h100, fmt = cat.model("gpt-oss-120b"), cat.gpu("h100-sxm"), cat.quant("mxfp4")
+    per_layer = 2 * 8 * 64 * 2
+    kw = dict(tp=2, max_model_len=9216)
+    pages = memory_fit(h100, m, fmt, sliding_window_pages=True, **kw)
+    every = memory_fit(h100, m, fmt, **kw)
+    assert pages.kv_bytes_per_token == 18 * per_layer // 2  # two GPUs share the KV heads
+    assert every.kv_bytes_per_token == 36 * per_layer // 2
+    assert pages.window_bytes_per_sequence == 144 * 18 * per_layer / 2
+    assert pages.state_blocks_per_sequence == 9 and every.state_blocks_per_sequence == 0
+    assert pages.kv_full_bytes_per_token == every.kv_full_bytes_per_token  # as reported
+    assert pages.sliding_window == every.sliding_window == 128
+    # sequences of 9,216 tokens: the pool's tokens over (9,216 + 9 x 16) a sequence
+    assert pages.max_sequences == every.max_sequences  # the fit counted windows already
+    held = pages.kv_capacity_tokens // (9216 + 9 * BLOCK_SIZE_TOKENS)
+    assert held == pytest.approx(pages.max_sequences, rel=0.01)
+    assert held > 1.9 * (every.kv_capacity_tokens // 9216)
+
+
 def test_hybrid_linear_attention_by_hand(cat):
     # Qwen3.5-27B: 16 full-attention layers x 2 x 4 KV heads x 256 dims x 2 bytes per token,
     # plus per sequence 48 GDN layers x (48 heads x 128 x 128 x 4 bytes recurrent state

@@ -263,6 +263,12 @@ class Engine(Strict):
         description="A KV pool apart for sliding-window layers (SGLang's hybrid SWA memory); "
         "None: every layer's tokens in one pool",
     )
+    sliding_window_pages: bool = Field(
+        False,
+        description="Whether a sliding-window layer keeps only its window's pages for a "
+        "running sequence (vLLM's hybrid KV cache manager); False: every token's, unless "
+        "sliding_window_pool applies",
+    )
     admission_reserve: AdmissionReserve | None = Field(
         None,
         description="Decode tokens reserved in the KV pool before admitting a request "

@@ -228,11 +228,19 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
                 f"{r.state_pool_bytes / GIB:.2f} GiB: at most {r.state_sequence_cap:,} "
                 "running requests",
             )
-        elif r.state_blocks_per_sequence:
-            table.add_row(
-                "state pages in the KV pool",
-                f"{r.state_blocks_per_sequence:,} blocks per running sequence",
-            )
+    if r.window_bytes_per_sequence:
+        table.add_row(
+            "sliding-window pages per sequence",
+            f"{r.window_bytes_per_sequence / 2**20:.1f} MiB (the engine keeps the window only)",
+        )
+    if r.state_blocks_per_sequence and r.state_sequence_cap is None:
+        what = "state and window" if r.state_bytes_per_sequence else "window"
+        if not r.window_bytes_per_sequence:
+            what = "state"
+        table.add_row(
+            f"{what} pages in the KV pool",
+            f"{r.state_blocks_per_sequence:,} blocks per running sequence",
+        )
     if r.sliding_window:
         table.add_row("sliding-window layers hold at most", f"{r.sliding_window} tokens")
     if r.sliding_pool_ratio is not None:

@@ -177,6 +177,7 @@ def engine_fit_options(
         state_share=pool.state_share,
         state_slots_per_sequence=slots if prefix_caching else 1,
         sliding_window_pool=engine.sliding_window_pool,
+        sliding_window_pages=engine.sliding_window_pages,
     )
 
 

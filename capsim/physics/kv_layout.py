@@ -155,3 +155,25 @@ def window_pool_layout(layout: KVLayout, full_tokens_ratio: float) -> KVLayout:
         state_bytes_per_sequence=layout.state_bytes_per_sequence,
         per_layer_type=layout.per_layer_type,
     )
+
+
+def window_pages_layout(layout: KVLayout) -> KVLayout:
+    """The layout of a paged pool whose sliding-window layers keep only their window
+    (vLLM's hybrid KV cache manager): a sequence holds every token of the full layers and
+    about a window of the sliding ones, so the window's pages are counted as a fixed part
+    of each running sequence (as a recurrent state is) and a pool token costs the full
+    layers' bytes alone. A sequence shorter than its window is charged the whole window
+    (more than it holds); a model without full layers keeps the layout as it is."""
+    if not (
+        layout.sliding_window and layout.sliding_bytes_per_token and layout.full_bytes_per_token
+    ):
+        return layout
+    window_tokens = (math.ceil(layout.sliding_window / BLOCK_SIZE_TOKENS) + 1) * BLOCK_SIZE_TOKENS
+    return KVLayout(
+        full_bytes_per_token=layout.full_bytes_per_token,
+        sliding_bytes_per_token=0.0,
+        sliding_window=None,
+        state_bytes_per_sequence=layout.state_bytes_per_sequence
+        + window_tokens * layout.sliding_bytes_per_token,
+        per_layer_type=layout.per_layer_type,
+    )

@@ -23,7 +23,13 @@ from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CapsimUserError, DoesNotFitError
 from capsim.physics.dtypes import ACTIVATION_BYTES
-from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS, KVLayout, kv_layout, window_pool_layout
+from capsim.physics.kv_layout import (
+    BLOCK_SIZE_TOKENS,
+    KVLayout,
+    kv_layout,
+    window_pages_layout,
+    window_pool_layout,
+)
 from capsim.physics.parameters import parameter_breakdown
 
 GIB = 2**30
@@ -237,6 +243,9 @@ class MemoryFit:
     # in a pool apart (SGLang's hybrid SWA memory); kv_bytes_per_token is then one
     # full-pool token's cost
     sliding_pool_ratio: float | None = None
+    # the sliding-window pages a running sequence holds where the engine keeps only the
+    # window (vLLM), counted with its state pages (state_blocks_per_sequence)
+    window_bytes_per_sequence: float = 0.0
 
     @property
     def weight_gib(self) -> float:
@@ -275,6 +284,7 @@ def memory_fit(
     state_slots_per_sequence: int = 1,
     cpu_moe_layers: int = 0,
     sliding_window_pool: SlidingWindowPool | None = None,
+    sliding_window_pages: bool = False,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -305,6 +315,9 @@ def memory_fit(
         sliding_window_pool: the engine's pool apart for sliding-window layers (SGLang's
             hybrid SWA memory), where it applies to this model: the KV capacity is then
             counted in full-pool tokens (kv_layout.window_pool_layout).
+        sliding_window_pages: the engine keeps a sliding-window layer's window only (vLLM's
+            hybrid KV cache manager): the window's pages are a fixed part of each running
+            sequence (kv_layout.window_pages_layout).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -362,6 +375,9 @@ def memory_fit(
         )
     else:
         layout = kv_layout(model, kv_dtype, tp)
+    shown = layout  # the layers' own figures, for the report
+    if window_pool is None and sliding_window_pages:
+        layout = window_pages_layout(layout)
     model_limit = model.max_position_embeddings or 10**9
     per_token = layout.bytes_per_token
     state = layout.state_bytes_per_sequence
@@ -452,10 +468,11 @@ def memory_fit(
         runtime_reserve_bytes=runtime,
         kv_budget_bytes=kv_budget,
         kv_bytes_per_token=per_token,
-        kv_full_bytes_per_token=layout.full_bytes_per_token,
-        kv_sliding_bytes_per_token=layout.sliding_bytes_per_token,
-        sliding_window=layout.sliding_window,
-        state_bytes_per_sequence=layout.state_bytes_per_sequence,
+        kv_full_bytes_per_token=shown.full_bytes_per_token,
+        kv_sliding_bytes_per_token=shown.sliding_bytes_per_token,
+        sliding_window=shown.sliding_window,
+        state_bytes_per_sequence=shown.state_bytes_per_sequence,
+        window_bytes_per_sequence=layout.state_bytes_per_sequence - shown.state_bytes_per_sequence,
         state_layout="split" if split else "shared",
         state_pool_bytes=state_pool,
         state_blocks_per_sequence=state_blocks,
