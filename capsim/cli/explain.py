@@ -234,11 +234,9 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
             f"{r.window_bytes_per_sequence / 2**20:.1f} MiB (the engine keeps the window only)",
         )
     if r.state_blocks_per_sequence and r.state_sequence_cap is None:
-        what = "state and window" if r.state_bytes_per_sequence else "window"
-        if not r.window_bytes_per_sequence:
-            what = "state"
+        held = [r.state_bytes_per_sequence and "state", r.window_bytes_per_sequence and "window"]
         table.add_row(
-            f"{what} pages in the KV pool",
+            f"{' and '.join(h for h in held if h)} pages in the KV pool",
             f"{r.state_blocks_per_sequence:,} blocks per running sequence",
         )
     if r.sliding_window:

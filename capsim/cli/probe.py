@@ -394,15 +394,12 @@ def check_stated_deployment(gpu: str | None, quant: str | None, kv_dtype: str | 
     if gpu is None and quant is None and kv_dtype is None:
         return
     from capsim.cli.common import catalog
-    from capsim.physics.dtypes import KV_DTYPE_BYTES
+    from capsim.physics.dtypes import check_kv_dtype
 
     cat = catalog(None)
     if gpu is not None:
         cat.gpu(gpu)
     if quant is not None:
         cat.quant(quant)
-    if kv_dtype is not None and kv_dtype.lower() not in KV_DTYPE_BYTES:
-        raise CapsimUserError(
-            f"--kv-dtype: unknown KV cache dtype '{kv_dtype}'",
-            hint="use one of: " + ", ".join(KV_DTYPE_BYTES),
-        )
+    if kv_dtype is not None:
+        check_kv_dtype(kv_dtype, "--kv-dtype")

@@ -21,13 +21,19 @@ KV_DTYPE_BYTES: dict[str, float | None] = {
 """Bytes per KV element for each ``--kv-cache-dtype`` vLLM accepts."""
 
 
-def kv_dtype_bytes(kv_dtype: str, model: Model) -> float:
-    """Bytes per KV-cache element for a ``--kv-cache-dtype`` value."""
+def check_kv_dtype(kv_dtype: str, flag: str = "") -> str:
+    """``kv_dtype`` as KV_DTYPE_BYTES' key (lower case); a value vLLM does not accept is a
+    user error listing those it does (``flag``, e.g. '--kv-dtype', opens the message)."""
     key = kv_dtype.lower()
     if key not in KV_DTYPE_BYTES:
         raise CapsimUserError(
-            f"unknown KV cache dtype '{kv_dtype}'",
+            f"{flag + ': ' if flag else ''}unknown KV cache dtype '{kv_dtype}'",
             hint="use one of: " + ", ".join(KV_DTYPE_BYTES),
         )
-    value = KV_DTYPE_BYTES[key]
+    return key
+
+
+def kv_dtype_bytes(kv_dtype: str, model: Model) -> float:
+    """Bytes per KV-cache element for a ``--kv-cache-dtype`` value."""
+    value = KV_DTYPE_BYTES[check_kv_dtype(kv_dtype)]
     return float(value) if value is not None else float(ACTIVATION_BYTES)

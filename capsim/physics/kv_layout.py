@@ -64,13 +64,18 @@ class KVLayout:
         tokens = blocks * BLOCK_SIZE_TOKENS
         sliding_tokens = tokens
         if self.sliding_window is not None:
-            window_blocks = math.ceil(self.sliding_window / BLOCK_SIZE_TOKENS) + 1
-            sliding_tokens = min(tokens, window_blocks * BLOCK_SIZE_TOKENS)
+            sliding_tokens = min(tokens, window_held_tokens(self.sliding_window))
         return (
             tokens * self.full_bytes_per_token
             + sliding_tokens * self.sliding_bytes_per_token
             + self.state_bytes_per_sequence
         )
+
+
+def window_held_tokens(window: int) -> int:
+    """Tokens of a sliding-window layer a long sequence holds: its window in whole
+    16-token blocks, plus the partial block being written."""
+    return (math.ceil(window / BLOCK_SIZE_TOKENS) + 1) * BLOCK_SIZE_TOKENS
 
 
 def kv_layout(
@@ -168,7 +173,7 @@ def window_pages_layout(layout: KVLayout) -> KVLayout:
         layout.sliding_window and layout.sliding_bytes_per_token and layout.full_bytes_per_token
     ):
         return layout
-    window_tokens = (math.ceil(layout.sliding_window / BLOCK_SIZE_TOKENS) + 1) * BLOCK_SIZE_TOKENS
+    window_tokens = window_held_tokens(layout.sliding_window)
     return KVLayout(
         full_bytes_per_token=layout.full_bytes_per_token,
         sliding_bytes_per_token=0.0,

@@ -300,19 +300,32 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
 IMPORTERS = {"vllm-bench": import_vllm_bench, "guidellm": import_guidellm, "aiperf": import_aiperf}
 
 
+FIELD_ERRORS = (TypeError, ValueError, OverflowError, KeyError, AttributeError)
+"""What a field of the wrong type or size raises while a result file is read."""
+
+
+def unreadable(path: Path, kind: str, exc: Exception) -> CapsimUserError:
+    """The user error for a result file whose field raised ``exc`` (FIELD_ERRORS): the
+    field and its problem where a record's validation names them, else the exception."""
+    if hasattr(exc, "errors"):  # a record's validation: its field and what is wrong
+        detail = first_problem(exc)
+    else:
+        lines = str(exc).splitlines()
+        detail = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return CapsimUserError(
+        f"'{path}' is not a {kind} result file capsim can read: {detail}"[:300],
+        hint="pass the JSON the tool wrote, unedited",
+    )
+
+
 def import_results(kind: str, path: Path, out: Path) -> RunSummary:
     """Convert a result file into a capsim run (``out``: .json summary and .jsonl log)."""
     if kind not in IMPORTERS:
         raise CapsimUserError(f"unknown result format '{kind}'", hint="use " + ", ".join(FORMATS))
     try:
         header, levels, records = IMPORTERS[kind](path)
-    except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as exc:
-        # a field of the wrong type or size anywhere in the file: the file is at fault
-        raise CapsimUserError(
-            f"'{path}' is not a {kind} result file capsim can read: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300],
-            hint="pass the JSON the tool wrote, unedited",
-        ) from None
+    except FIELD_ERRORS as exc:  # a field of the wrong type or size: the file is at fault
+        raise unreadable(path, kind, exc) from None
     writer = RunWriter(out, header, durable=False)
     concurrency = header.concurrency[0] if header.concurrency else 0
     try:
@@ -321,14 +334,10 @@ def import_results(kind: str, path: Path, out: Path) -> RunSummary:
         # an importer that streams its records gives its levels once they are read
         for level in levels() if callable(levels) else levels:
             writer.add_level(level)
-    except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as exc:
+    except FIELD_ERRORS as exc:
         # a bad request deep in the file: what was written of it goes, the run is not half
         # an import
         writer.discard()
-        raise CapsimUserError(
-            f"'{path}' is not a {kind} result file capsim can read: "
-            f"{first_problem(exc) if isinstance(exc, ValueError) else exc}"[:300],
-            hint="pass the JSON the tool wrote, unedited",
-        ) from None
+        raise unreadable(path, kind, exc) from None
     writer.close(complete=True)
     return writer.summary
