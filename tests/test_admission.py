@@ -117,7 +117,7 @@ def test_a_decode_run_stops_where_the_reserve_first_admits_the_head():
     assert sched.run_length() == steps
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     c=st.integers(3, 10),
     seed=st.integers(0, 10_000),

@@ -51,7 +51,7 @@ def same(a: Distribution, b: Distribution) -> None:
             assert x == pytest.approx(y, rel=1e-12, abs=1e-12, nan_ok=True)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(records())
 def test_table_metrics_equal_record_properties(recs):
     table = RequestTable.from_records(recs)
