@@ -20,8 +20,12 @@ from capsim.cli.common import (
     ExpertParallelOption,
     InputTokensOption,
     JsonOption,
+    MaxE2eP90Option,
     MaxModelLenOption,
     MaxNumSeqsOption,
+    MaxTpotOption,
+    MaxTtftP90Option,
+    MinAgentTokSOption,
     OutputTokensOption,
     ProfileOption,
     TpOption,
@@ -44,18 +48,10 @@ def _fmt(value: float, digits: int) -> str:
 def capacity_cmd(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name(s), comma-separated")],
     model: Annotated[str, typer.Option("--model", help="Model name(s) or Hugging Face id(s)")],
-    min_agent_tok_s: Annotated[
-        float | None, typer.Option("--min-agent-tok-s", help="Each agent gets at least (tok/s)")
-    ] = None,
-    max_ttft_p90: Annotated[
-        float | None, typer.Option("--max-ttft-p90", help="TTFT 90th percentile at most (s)")
-    ] = None,
-    max_tpot: Annotated[
-        float | None, typer.Option("--max-tpot", help="Mean time per output token at most (ms)")
-    ] = None,
-    max_e2e_p90: Annotated[
-        float | None, typer.Option("--max-e2e-p90", help="End-to-end p90 at most (s)")
-    ] = None,
+    min_agent_tok_s: MinAgentTokSOption = None,
+    max_ttft_p90: MaxTtftP90Option = None,
+    max_tpot: MaxTpotOption = None,
+    max_e2e_p90: MaxE2eP90Option = None,
     quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in total")] = None,
     tp: TpOption = 1,
@@ -97,9 +93,9 @@ def capacity_cmd(
         first = exc.errors()[0]
         flag = {
             "min_agent_tok_s": "--min-agent-tok-s",
-            "max_ttft_p90_s": "--max-ttft-p90",
-            "max_tpot_ms": "--max-tpot",
-            "max_e2e_p90_s": "--max-e2e-p90",
+            "max_ttft_p90_s": "--max-ttft-p90-s",
+            "max_tpot_ms": "--max-tpot-ms",
+            "max_e2e_p90_s": "--max-e2e-p90-s",
         }[first["loc"][0]]
         raise CapsimUserError(f"{flag} must be a positive number, not {first['input']}") from None
     if tp < 1 or (gpus is not None and gpus < 1):

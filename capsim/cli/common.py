@@ -128,6 +128,37 @@ OutputTokensOption = Annotated[
         "--output-tokens", help="Output tokens per request: N or a distribution, as above"
     ),
 ]
+MinAgentTokSOption = Annotated[
+    float | None,
+    typer.Option("--min-agent-tok-s", help="Objective: each agent gets at least this (tok/s)"),
+]
+MaxTtftP90Option = Annotated[
+    float | None,
+    typer.Option(
+        "--max-ttft-p90-s",
+        "--max-ttft-p90",
+        help="Objective: TTFT 90th percentile at most this (seconds)",
+    ),
+]
+MaxTpotOption = Annotated[
+    float | None,
+    typer.Option(
+        "--max-tpot-ms",
+        "--max-tpot",
+        help="Objective: mean time per output token at most this (milliseconds)",
+    ),
+]
+MaxE2eP90Option = Annotated[
+    float | None,
+    typer.Option(
+        "--max-e2e-p90-s",
+        "--max-e2e-p90",
+        help="Objective: end-to-end latency p90 at most this (seconds)",
+    ),
+]
+"""The service-level objectives capacity, plan and predict take. A flag's name carries its
+unit (the shorter names stay accepted): TTFT and end-to-end latency in seconds, the time
+per output token in milliseconds, as the tables show them."""
 AsyncSchedulingOption = Annotated[
     bool | None,
     typer.Option(

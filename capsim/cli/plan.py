@@ -10,18 +10,24 @@ import typer
 from rich import box
 
 from capsim.cli.common import (
+    EXIT_INTERRUPTED,
     DbOption,
     ForceOption,
     InputTokensOption,
     JsonOption,
+    MaxTtftP90Option,
+    MinAgentTokSOption,
     OutputTokensOption,
     catalog,
     check_plot_target,
     console,
     fitted_table,
+    interrupted,
     print_json,
+    progress_bar,
     resolve_models,
     save_figure,
+    stop_on_ctrl_c,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -59,51 +65,82 @@ def pareto_table(items, front: list[int]):
     return table
 
 
-def plot_frontiers(items, front_tp, front_cost, path: Path) -> None:
+def plot_frontiers(items, front_cost, path: Path, req: PlanRequest) -> None:
+    """Two panels, one colour per GPU, configurations that miss an SLO hollow. Left: what
+    each agent gets against its TTFT p90 (log), the objectives as dashed lines. Right: total
+    cost (log) against aggregate tok/s, the cost Pareto frontier drawn and each of its
+    configurations labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
-    ok = [e for e in items if e.meets_slo]
-    bad = [e for e in items if not e.meets_slo]
-    for axis, xs, ys in ((left, "output_tok_s", "per_agent_tok_s"),):
-        axis.scatter(
-            [getattr(e, xs) for e in bad],
-            [getattr(e, ys) for e in bad],
-            c="lightgray",
-            label="misses an SLO",
-        )
-        axis.scatter(
-            [getattr(e, xs) for e in ok],
-            [getattr(e, ys) for e in ok],
-            c="tab:blue",
-            label="meets the SLOs",
-        )
-        front = sorted((items[i] for i in front_tp), key=lambda e: e.output_tok_s)
-        axis.plot(
-            [e.output_tok_s for e in front],
-            [e.per_agent_tok_s for e in front],
-            "r-",
-            label="Pareto frontier",
-        )
-    left.set_xlabel("aggregate output tok/s")
-    left.set_ylabel("per-agent output tok/s")
-    left.legend(fontsize=8)
-    priced = [e for e in items if e.cost.total_usd is not None]
-    right.scatter(
-        [e.cost.total_usd for e in priced],
-        [e.output_tok_s for e in priced],
-        c=["tab:blue" if e.meets_slo else "lightgray" for e in priced],
-    )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    gpus = list(dict.fromkeys(e.candidate.gpu for e in items))
+    color_of = {g: colors[i % len(colors)] for i, g in enumerate(gpus)}
+    for gpu in gpus:
+        for meets in (True, False):
+            group = [e for e in items if e.candidate.gpu == gpu and e.meets_slo == meets]
+            if not group:
+                continue
+            style = dict(
+                s=28,
+                edgecolors=color_of[gpu],
+                facecolors=color_of[gpu] if meets else "none",
+                label=gpu if meets else f"{gpu} (misses an SLO)",
+            )
+            left.scatter([e.per_agent_tok_s for e in group], [e.ttft_p90_s for e in group], **style)
+            priced = [e for e in group if e.cost.total_usd is not None]
+            right.scatter(
+                [e.cost.total_usd for e in priced], [e.output_tok_s for e in priced], **style
+            )
+    if req.min_agent_tok_s is not None:
+        left.axvline(req.min_agent_tok_s, color="tab:red", ls="--", lw=1, label="SLO")
+    if req.max_ttft_p90_s is not None:
+        left.axhline(req.max_ttft_p90_s, color="tab:red", ls="--", lw=1)
+    left.set_yscale("log")
+    left.set_xlabel("output tok/s each agent gets (steady state)")
+    left.set_ylabel("TTFT p90 (s, log scale)")
+    left.legend(fontsize=7, loc="best")
     front = sorted((items[i] for i in front_cost), key=lambda e: e.cost.total_usd)
-    right.plot([e.cost.total_usd for e in front], [e.output_tok_s for e in front], "r-")
-    right.set_xlabel("total cost over the horizon (USD)")
+    right.plot(
+        [e.cost.total_usd for e in front],
+        [e.output_tok_s for e in front],
+        "-",
+        color="0.3",
+        lw=1,
+        label="Pareto frontier (nothing cheaper is faster)",
+    )
+    for e in front:
+        c = e.candidate
+        right.annotate(
+            f"{c.count}x {c.gpu} {c.quant}" + (f" TP{c.tp}" if c.tp > 1 else ""),
+            (e.cost.total_usd, e.output_tok_s),
+            xytext=(5, -10),
+            textcoords="offset points",
+            fontsize=7,
+        )
+    if req.budget_usd is not None:
+        right.axvline(req.budget_usd, color="tab:red", ls="--", lw=1, label="budget")
+    right.set_xscale("log")
+    right.set_xlabel("total cost over the horizon (USD, log scale)")
     right.set_ylabel("aggregate output tok/s")
+    right.legend(fontsize=7, loc="upper left")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    left.yaxis.set_major_formatter(plain)
+    left.yaxis.set_minor_formatter(plain)
+    right.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v / 1000:,.0f}k"))
+    right.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    right.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     for axis in (left, right):
-        axis.grid(alpha=0.3)
-    fig.suptitle("capsim plan: configurations and Pareto frontiers")
+        axis.grid(alpha=0.3, which="both")
+    fig.suptitle(
+        f"capsim plan: {', '.join(req.models)} for {req.agents} agents, "
+        f"{req.input_tokens} in / {req.output_tokens} out tokens",
+        fontsize=11,
+    )
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -145,10 +182,8 @@ def plan_cmd(
     agents: Annotated[int, typer.Option("--agents", help="Concurrent agents (clients)")],
     input_tokens: InputTokensOption = "1024",
     output_tokens: OutputTokensOption = "512",
-    min_agent_tok_s: Annotated[
-        float | None, typer.Option("--min-agent-tok-s", help="Each agent gets at least (tok/s)")
-    ] = None,
-    max_ttft_p90: Annotated[float | None, typer.Option("--max-ttft-p90", help="Seconds")] = None,
+    min_agent_tok_s: MinAgentTokSOption = None,
+    max_ttft_p90: MaxTtftP90Option = None,
     budget: Annotated[float | None, typer.Option("--budget", help="USD")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Candidate GPUs (default all)")] = None,
     counts: Annotated[str, typer.Option("--counts", help="GPUs per box to try")] = "1,2,4,8",
@@ -225,15 +260,14 @@ def plan_cmd(
     """Search GPUs, counts, TP x DP, formats, KV dtype and speculation for a workload."""
     check_plot_target(plot_path, force)
     from capsim.engine.router import ROUTER_POLICIES
-    from capsim.planner.costs import CostModel, cost_assumptions, cost_caption
+    from capsim.planner.costs import CostModel
     from capsim.planner.search import (
         PlanRequest,
-        closest_to_slos,
-        frontier_cost,
-        frontier_throughput,
-        search_plan,
+        judge,
+        plan_candidates,
+        ranked,
+        simulate_each,
     )
-    from capsim.planner.serve_command import effective_max_num_seqs, winner_serve_command
 
     cat = catalog(db)
     gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8", MAX_GPUS_PER_NODE)
@@ -290,8 +324,39 @@ def plan_cmd(
             duty_cycle=duty_cycle,
         ),
     )
-    outcome = search_plan(req, cat, rank, dask_scheduler=dask_scheduler)
-    items, pruned = outcome.configurations, outcome.pruned_for_memory
+    candidates, pruned = plan_candidates(req, cat, rank)
+    pairs, stopped = [], None
+    with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
+        task = bar.add_task("simulating configurations", total=len(candidates))
+        try:
+            for pair in simulate_each(candidates, req, cat, dask_scheduler=dask_scheduler):
+                pairs.append(pair)
+                bar.advance(task)
+        except BaseException as exc:
+            if not ctrl_c.stopped(exc):
+                raise
+            stopped = (
+                f"{len(pairs)} of {len(candidates)} configurations simulated; the plan "
+                f"covers those{'' if plot_path is None else ' (no plot written)'}"
+            )
+    if stopped and not pairs:
+        interrupted(f"before the first of {len(candidates)} configurations was simulated")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    try:
+        items = ranked(judge(pairs, req, cat), pruned, rank).configurations
+        show_plan(items, pruned, req, cat, agents, rank, top, json_out, plot_path, stopped)
+    finally:
+        if stopped:  # what was finished is printed above; then one line and exit 130
+            interrupted(stopped)
+            raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def show_plan(items, pruned, req, cat, agents, rank, top, json_out, plot_path, stopped) -> None:
+    """The plan's tables (or JSON), the winner's serve line and the plot."""
+    from capsim.planner.costs import cost_assumptions, cost_caption
+    from capsim.planner.search import closest_to_slos, frontier_cost, frontier_throughput
+    from capsim.planner.serve_command import effective_max_num_seqs, winner_serve_command
+
     front_tp, front_cost = frontier_throughput(items), frontier_cost(items)
     winners = [e for e in items if e.meets_slo]
     shown = [*items[:top], *(items[i] for i in front_cost)]  # the rows of both tables
@@ -396,5 +461,5 @@ def plan_cmd(
                 highlight=False,
                 soft_wrap=True,
             )
-    if plot_path is not None:
-        plot_frontiers(items, front_tp, front_cost, plot_path)
+    if plot_path is not None and not stopped:
+        plot_frontiers(items, front_cost, plot_path, req)

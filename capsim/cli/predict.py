@@ -14,6 +14,7 @@ import typer
 
 from capsim.cli.common import (
     DP_FLAGS,
+    EXIT_INTERRUPTED,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
     TP_FLAGS,
@@ -43,12 +44,14 @@ from capsim.cli.common import (
     console,
     err_console,
     exclusive_outputs,
+    interrupted,
     parse_overrides,
     predict_config,
     progress_bar,
     refuse_inapplicable_flags,
     resolve_models,
     spec_config,
+    stop_on_ctrl_c,
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
 from capsim.errors import CapsimUserError
@@ -239,6 +242,22 @@ def predict_cmd(
     json_out: JsonOption = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout")] = False,
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG chart")] = None,
+    min_agent_tok_s: Annotated[
+        float | None,
+        typer.Option(
+            "--min-agent-tok-s",
+            help="With --plot: draw this objective for each client's tok/s (capsim capacity "
+            "searches for the level that meets it)",
+        ),
+    ] = None,
+    max_ttft_p90: Annotated[
+        float | None,
+        typer.Option(
+            "--max-ttft-p90-s",
+            "--max-ttft-p90",
+            help="With --plot: draw this objective for TTFT p90 (seconds)",
+        ),
+    ] = None,
     force: ForceOption = False,
     db: DbOption = None,
 ) -> None:
@@ -247,7 +266,19 @@ def predict_cmd(
     from capsim.engine.router import ROUTER_POLICIES
 
     exclusive_outputs(json=json_out, csv=csv_out)
+    for flag, value in (("--min-agent-tok-s", min_agent_tok_s), ("--max-ttft-p90-s", max_ttft_p90)):
+        if value is None:
+            continue
+        if plot_path is None:
+            raise CapsimUserError(
+                f"{flag} draws an objective on the plot, and no --plot was given",
+                hint=f"add --plot FILE.png, or ask capsim capacity {flag} {value:g} for the "
+                "largest load that meets it",
+            )
+        if not math.isfinite(value) or value <= 0:
+            raise CapsimUserError(f"{flag} must be a positive number, not {value}")
     check_plot_target(plot_path, force)
+    objectives = dict(min_agent_tok_s=min_agent_tok_s, max_ttft_p90_s=max_ttft_p90)
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):
@@ -279,7 +310,7 @@ def predict_cmd(
         tps,
         split_list(kv_dtype, "--kv-dtype"),
     )
-    results = []
+    configs = []
     for g, m, q, t, kv in combos:
         config = predict_config(
             gpu=g,
@@ -329,7 +360,32 @@ def predict_cmd(
             profile=profile,
             efficiency_overrides=overrides,
         )
-        results.append(predict_with_progress(config, cat))
+        configs.append(config)
+    results, stopped = [], None
+    with stop_on_ctrl_c() as ctrl_c:
+        try:
+            for config in configs:
+                results.append(predict_with_progress(config, cat))
+        except BaseException as exc:
+            if not ctrl_c.stopped(exc):
+                raise
+            stopped = (
+                f"{len(results)} of {len(configs)} configurations predicted; the results "
+                f"cover those{'' if plot_path is None else ' (no plot written)'}"
+            )
+    if stopped and not results:
+        interrupted(f"before the first of {len(configs)} configurations was predicted")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    try:
+        show_results(results, json_out, csv_out, None if stopped else plot_path, objectives)
+    finally:
+        if stopped:  # what was finished is printed above; then one line and exit 130
+            interrupted(stopped)
+            raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def show_results(results, json_out, csv_out, plot_path, objectives) -> None:
+    """The predictions as a table, JSON or CSV, and the plot."""
     if json_out:
         sys.stdout.write(
             json.dumps({"results": [result_dict(r) for r in results]}, indent=2) + "\n"
@@ -339,4 +395,4 @@ def predict_cmd(
     else:
         print_table(console, results)
     if plot_path is not None:
-        plot(results, plot_path)
+        plot(results, plot_path, **objectives)

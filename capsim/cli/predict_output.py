@@ -220,49 +220,110 @@ def write_csv(results: list[PredictResult]) -> str:
     return buf.getvalue()
 
 
-def plot(results: list[PredictResult], path: Path) -> None:
-    """Aggregate and per-request throughput against the level, and TTFT below."""
+def workload_words(config) -> str:
+    """The workload a plot's title names: its kind and the request lengths it draws."""
+    words = f"{config.workload} workload"
+    if config.workload == "trace":
+        return words
+    return f"{words}, {config.input_tokens} in / {config.output_tokens} out tokens"
+
+
+def _banded_line(axis, x, levels, value, band_key, style, color, name):
+    """One figure against the level, its 80% band shaded where the levels carry one."""
+    (line,) = axis.plot(x, [value(lv) for lv in levels], style, color=color, label=name)
+    edges = [(lv.band_80 or {}).get(band_key) for lv in levels]
+    if all(edges):
+        axis.fill_between(
+            x, [e[0] for e in edges], [e[1] for e in edges], color=line.get_color(), alpha=0.15
+        )
+    return line
+
+
+def plot(
+    results: list[PredictResult],
+    path: Path,
+    min_agent_tok_s: float | None = None,
+    max_ttft_p90_s: float | None = None,
+) -> None:
+    """Aggregate and per-request throughput against the level, TTFT p50 and p90 below on a
+    log axis, each with its 80% band shaded; the SLOs given as dashed lines; the deployment
+    and workload in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
-    xlabel = "arrival rate (req/s)" if results[0].config.workload == "open" else "concurrency"
-    for result in results:
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 9), sharex=True)
+    config = results[0].config
+    xlabel = "arrival rate (req/s)" if config.workload == "open" else "concurrent clients"
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, result in enumerate(results):
+        color = colors[i % len(colors)]
         x = [lv.level for lv in result.levels]
-        name = label(result)
-        (line,) = top.plot(
-            x, [lv.metrics.output_tok_s for lv in result.levels], "o-", label=f"{name}: aggregate"
-        )
-        top.plot(
+        levels = result.levels
+        name = label(result) if len(results) > 1 else ""
+        sep = ": " if name else ""
+        _banded_line(
+            top,
             x,
-            [lv.metrics.per_request_output_tok_s.mean for lv in result.levels],
-            "s--",
-            color=line.get_color(),
-            label=f"{name}: per request",
-        )
-        bottom.plot(
-            x,
-            [lv.metrics.ttft_ms.p50 for lv in result.levels],
+            levels,
+            lambda lv: lv.metrics.output_tok_s,
+            "output_tok_s",
             "o-",
-            color=line.get_color(),
-            label=f"{name}: p50",
+            color,
+            f"{name}{sep}all clients",
         )
-        bottom.plot(
+        _banded_line(
+            top,
             x,
-            [lv.metrics.ttft_ms.p90 for lv in result.levels],
-            "^:",
-            color=line.get_color(),
-            label=f"{name}: p90",
+            levels,
+            lambda lv: lv.metrics.per_request_output_tok_s.mean,
+            "per_request_output_tok_s",
+            "s--",
+            color,
+            f"{name}{sep}each client (mean)",
         )
+        _banded_line(
+            bottom,
+            x,
+            levels,
+            lambda lv: lv.metrics.ttft_ms.p50,
+            "ttft_p50_ms",
+            "o-",
+            color,
+            f"{name}{sep}p50",
+        )
+        _banded_line(
+            bottom,
+            x,
+            levels,
+            lambda lv: lv.metrics.ttft_ms.p90,
+            "ttft_p90_ms",
+            "^:",
+            color,
+            f"{name}{sep}p90",
+        )
+    if min_agent_tok_s is not None:
+        top.axhline(min_agent_tok_s, color="tab:red", ls="--", lw=1, label="SLO: each client")
+    if max_ttft_p90_s is not None:
+        bottom.axhline(max_ttft_p90_s * 1000, color="tab:red", ls="--", lw=1, label="SLO: TTFT p90")
+    heading = label(results[0]) if len(results) == 1 else f"{len(results)} deployments"
+    top.set_title(f"capsim predict: {heading}\n{workload_words(config)}", fontsize=10)
     top.set_ylabel("output tokens/s")
-    top.set_title(f"capsim predict ({results[0].config.workload} workload)")
-    top.grid(alpha=0.3)
-    top.legend(fontsize=7)
-    bottom.set_ylabel("time to first token (ms)")
+    top.set_ylim(bottom=0)
+    bottom.set_yscale("log")
+    # plain milliseconds at 1, 2 and 5 of each decade, not 2x10^3
+    bottom.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    bottom.yaxis.set_major_formatter(
+        FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    )
+    bottom.yaxis.set_minor_formatter(NullFormatter())
+    bottom.set_ylabel("time to first token (ms, log scale)")
     bottom.set_xlabel(xlabel)
-    bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=7)
-    fig.tight_layout()
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3, which="both")
+        axis.legend(fontsize=8, loc="best", framealpha=0.8)
+    fig.text(0.01, 0.005, "shaded: 80% prediction band", fontsize=8, color="0.35")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     save_figure(fig, path)

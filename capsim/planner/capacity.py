@@ -164,7 +164,7 @@ def capacity(
     if not objectives.any():
         raise CapsimUserError(
             "capacity needs at least one objective",
-            hint="e.g. --min-agent-tok-s 20 --max-ttft-p90 2",
+            hint="e.g. --min-agent-tok-s 20 --max-ttft-p90-s 2",
         )
     if config.workload != "closed":
         raise CapsimUserError("capacity searches a closed loop of agents (--workload closed)")

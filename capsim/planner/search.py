@@ -18,7 +18,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import Catalog, process_catalog
@@ -76,7 +78,7 @@ class PlanRequest:
         for flag, value in (
             ("--budget", self.budget_usd),
             ("--min-agent-tok-s", self.min_agent_tok_s),
-            ("--max-ttft-p90", self.max_ttft_p90_s),
+            ("--max-ttft-p90-s", self.max_ttft_p90_s),
         ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise CapsimUserError(f"{flag} {value:g}: must be a positive number")
@@ -378,6 +380,31 @@ def _evaluate_on_dask(args: list, scheduler: str) -> list:
             client.close()
 
 
+def simulate_each(
+    candidates: list[Candidate],
+    req: PlanRequest,
+    cat: Catalog,
+    workers: int | None = None,
+    dask_scheduler=None,
+) -> Iterator[tuple[Candidate, Any]]:
+    """Simulate every candidate (in local processes, or on a Dask cluster), yielding each
+    with its result (or the engine's refusal, a string) in the candidates' order as they
+    finish: a caller can count them, and keep those done when it stops early (the local
+    processes are stopped with the generator)."""
+    jobs = workers or min(os.cpu_count() or 1, max(len(candidates), 1))
+    args = [(c, req, cat.directories[1:]) for c in candidates]
+    if dask_scheduler is not None:
+        yield from zip(candidates, _evaluate_on_dask(args, dask_scheduler), strict=True)
+    elif jobs > 1 and len(candidates) > 1:
+        with worker_pool(jobs) as pool:
+            # one configuration a task (each is a simulation of 0.1-1 s): the caller counts
+            # them as they finish, and a stop keeps all but those in flight
+            yield from zip(candidates, pool.map(_evaluate, args), strict=True)
+    else:
+        for a in args:
+            yield a[0], _evaluate(a)
+
+
 def evaluate(
     candidates: list[Candidate],
     req: PlanRequest,
@@ -385,20 +412,16 @@ def evaluate(
     workers: int | None = None,
     dask_scheduler=None,
 ) -> list[Evaluated]:
-    """Simulate every candidate (in local processes, or on a Dask cluster) and apply
-    costs and SLOs."""
-    jobs = workers or min(os.cpu_count() or 1, max(len(candidates), 1))
-    args = [(c, req, cat.directories[1:]) for c in candidates]
-    if dask_scheduler is not None:
-        results = _evaluate_on_dask(args, dask_scheduler)
-    elif jobs > 1 and len(candidates) > 1:
-        with worker_pool(jobs) as pool:
-            results = list(pool.map(_evaluate, args, chunksize=max(1, len(args) // (4 * jobs))))
-    else:
-        results = [_evaluate(a) for a in args]
+    """Simulate every candidate and apply costs and SLOs (``judge``)."""
+    return judge(list(simulate_each(candidates, req, cat, workers, dask_scheduler)), req, cat)
+
+
+def judge(pairs: list[tuple[Candidate, Any]], req: PlanRequest, cat: Catalog) -> list[Evaluated]:
+    """Costs and SLOs for simulated candidates (``simulate_each``'s pairs); those the engine
+    refused are left out, and a user error says so when every one was."""
     evaluated = []
     rejected = []
-    for c, r in zip(candidates, results, strict=True):
+    for c, r in pairs:
         if isinstance(r, str):
             rejected.append(f"{c.label()}: {r}")
             continue  # rejected by the engine (e.g. prompts longer than max_model_len)
@@ -486,11 +509,9 @@ class PlanOutcome:
     pruned_for_memory: int
 
 
-def search_plan(
-    req: PlanRequest, cat: Catalog, rank: str = "throughput", dask_scheduler=None
-) -> PlanOutcome:
-    """Enumerate the configurations ``req`` allows, simulate those that fit, and rank
-    them (``rank``: a key of RANKINGS; those meeting the SLOs first)."""
+def plan_candidates(req: PlanRequest, cat: Catalog, rank: str) -> tuple[list[Candidate], int]:
+    """The configurations ``req`` allows that fit in memory, and how many did not; a user
+    error for an unknown ranking or when none fits."""
     if rank not in RANKINGS:
         raise CapsimUserError(
             f"unknown ranking '{rank}' (--rank)",
@@ -503,6 +524,18 @@ def search_plan(
             "no configuration fits in memory",
             hint="allow more GPUs (--counts) or other GPUs (--gpus)",
         )
-    items = evaluate(candidates, req, cat, dask_scheduler=dask_scheduler)
-    items.sort(key=RANKINGS[rank])
-    return PlanOutcome(items, pruned)
+    return candidates, pruned
+
+
+def ranked(items: list[Evaluated], pruned: int, rank: str) -> PlanOutcome:
+    """``items`` ranked by ``rank`` (a key of RANKINGS; those meeting the SLOs first)."""
+    return PlanOutcome(sorted(items, key=RANKINGS[rank]), pruned)
+
+
+def search_plan(
+    req: PlanRequest, cat: Catalog, rank: str = "throughput", dask_scheduler=None
+) -> PlanOutcome:
+    """Enumerate the configurations ``req`` allows, simulate those that fit, and rank
+    them (``rank``: a key of RANKINGS; those meeting the SLOs first)."""
+    candidates, pruned = plan_candidates(req, cat, rank)
+    return ranked(evaluate(candidates, req, cat, dask_scheduler=dask_scheduler), pruned, rank)
