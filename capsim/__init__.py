@@ -89,4 +89,6 @@ __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+    """What ``dir(capsim)`` and completion offer: the public API and the version, not the
+    names this module uses to load it lazily."""
+    return sorted([*__all__, "__version__"])

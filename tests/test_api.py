@@ -139,3 +139,22 @@ def test_the_command_starts_without_its_heavy_dependencies():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
+
+
+def test_dir_shows_the_public_api_and_defaults_match_the_cli():
+    """Issue 48: dir(capsim) lists what the API offers, not its lazy-loading machinery; the
+    Python API's defaults are the command line's (--gamma-cv was 1.0 against 2.0)."""
+    import typer
+
+    import capsim
+    from capsim.cli.main import app
+    from capsim.engine.config import PredictConfig
+
+    shown = dir(capsim)
+    assert {"predict", "capacity", "plan", "load_catalog", "__version__"} <= set(shown)
+    assert not {"TYPE_CHECKING", "annotations", "lazy", "lazy_exports", "_EXPORTS"} & set(shown)
+    predict_cmd = typer.main.get_command(app).commands["predict"]
+    cli = {p.name: p.default for p in predict_cmd.params}
+    config = PredictConfig(gpu="h100-sxm", model="llama-3.1-8b")
+    for name in ("gamma_cv", "turns", "arrival", "input_tokens", "output_tokens"):
+        assert getattr(config, name) == cli[name], name

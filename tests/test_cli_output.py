@@ -428,3 +428,35 @@ def test_plan_plot_labels_the_pareto_front_and_draws_the_objectives(monkeypatch)
     lines = [list(line.get_xdata()) + list(line.get_ydata()) for line in left.lines]
     assert any(xs[:2] == [20, 20] for xs in lines)  # the per-agent floor, vertical
     assert any(xs[2:] == [2, 2] for xs in lines)  # the TTFT cap, horizontal
+
+
+def test_interconnect_takes_a_list_like_tp_and_kv_dtype():
+    """Issue 48: --interconnect pcie,nvlink compares the two (it was refused); each
+    configuration's label names its links, and PCIe's all-reduce is the slower at TP 2."""
+    import json
+
+    args = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--tp", "2", "-c", "8"]
+    r = invoke(*args, "--requests", "32", "--interconnect", "pcie,nvlink", "--json")
+    assert r.exit_code == 0, r.output
+    pcie, nvlink = json.loads(r.stdout)["results"]
+    assert pcie["label"].endswith("over pcie") and nvlink["label"].endswith("over nvlink")
+    assert pcie["points"][0]["tpot_ms"]["mean"] > nvlink["points"][0]["tpot_ms"]["mean"]
+    r = invoke(*args, "--interconnect", "pcie,carrier-pigeon")
+    assert r.exit_code == 2 and "carrier-pigeon" in r.stderr
+
+
+def test_progress_bar_at_80_columns_keeps_the_counts_and_the_time_whole():
+    """Issue 48: at 80 columns the bar read '0/7… -:--:…'; a long description is what
+    gives way now, never the counts or the time left."""
+    import io
+
+    from rich.console import Console
+
+    bar = common.progress_bar()
+    task = bar.add_task("h100-sxm qwen3-coder-30b-a3b-instruct-fp8 kv fp8 tp 2 ep", total=12345)
+    bar.update(task, completed=123)
+    out = Console(width=80, file=io.StringIO(), color_system=None)
+    out.print(bar.make_tasks_table(bar.tasks))
+    line = out.file.getvalue().rstrip()
+    assert "123/12345" in line and line.endswith("-:--:--") and "…" in line, line
+    assert len(line) <= 80

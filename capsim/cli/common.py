@@ -641,13 +641,24 @@ def interrupted(what: str) -> None:
 def progress_bar():
     """The bar long commands show on stderr while they work: description, bar, done of
     total and time remaining; it disappears when done."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Column
 
+    whole = dict(no_wrap=True, overflow="fold")  # the counts and the time are never cut
     return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
+        TextColumn(
+            "[progress.description]{task.description}",
+            table_column=Column(no_wrap=True, overflow="ellipsis", max_width=34),
+        ),
+        BarColumn(bar_width=20),
+        MofNCompleteColumn(table_column=Column(**whole)),
+        TimeRemainingColumn(table_column=Column(**whole)),
         console=err_console,
         transient=True,
     )

@@ -147,7 +147,7 @@ def predict_cmd(
         typer.Option(*DP_FLAGS, help="Data-parallel replicas"),
     ] = None,
     interconnect: Annotated[
-        str, typer.Option("--interconnect", help="GPU links: auto, pcie or nvlink")
+        str, typer.Option("--interconnect", help="GPU links: auto, pcie or nvlink (list ok)")
     ] = "auto",
     kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS, help="auto, fp8 (list ok)")] = "auto",
     workload: Annotated[
@@ -309,9 +309,10 @@ def predict_cmd(
         split_list(quant, "--quant") if quant else [None],
         tps,
         split_list(kv_dtype, "--kv-dtype"),
+        split_list(interconnect, "--interconnect"),
     )
     configs = []
-    for g, m, q, t, kv in combos:
+    for g, m, q, t, kv, link in combos:
         config = predict_config(
             gpu=g,
             model=m.name,
@@ -319,7 +320,7 @@ def predict_cmd(
             gpus=gpus,
             tp=t,
             dp=dp,
-            interconnect=interconnect,
+            interconnect=link,
             kv_dtype=kv,
             workload=workload,
             concurrency=levels,

@@ -78,6 +78,8 @@ def label(result: PredictResult) -> str:
         text += f" x{result.replicas}"
     if c.kv_dtype != "auto":
         text += f" kv={c.kv_dtype}"
+    if c.interconnect != "auto":
+        text += f" over {c.interconnect}"
     if c.spec:
         text += f" {c.spec.method}:{c.spec.num_tokens}"
     if c.engine != "vllm":

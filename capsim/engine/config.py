@@ -56,7 +56,7 @@ class PredictConfig(BaseModel):
     tool_tokens: str = "256"
     orchestrator: bool = False
     arrival: Literal["poisson", "gamma"] = "poisson"
-    gamma_cv: float = 1.0
+    gamma_cv: float = 2.0  # the CLI's --gamma-cv default: gamma arrivals are chosen for bursts
     trace: str | None = None
     max_num_seqs: int | None = Field(None, ge=1, description="Default: vLLM's for the GPU")
     max_num_batched_tokens: int | None = Field(

@@ -149,7 +149,7 @@ class Workload:
     output: LengthSpec = field(default_factory=lambda: parse_length("512"))
     rate: float | None = None
     arrival: Literal["poisson", "gamma"] = "poisson"
-    gamma_cv: float = 1.0
+    gamma_cv: float = 2.0
     turns: int = 4
     think_time: LengthSpec = field(default_factory=lambda: parse_length("0"))
     tool_tokens: LengthSpec = field(default_factory=lambda: parse_length("256"))
