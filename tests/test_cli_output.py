@@ -342,8 +342,11 @@ def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_pa
     stopped_after = time.monotonic() - sent
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Exception" not in err, err
-    (line,) = [line for line in err.splitlines() if line.startswith("interrupted:")]
-    assert kept in line or "before the first" in line or "none of" in line, line
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted")]
+    # on a host busy enough that the command was still starting up, a bare "interrupted"
+    assert (
+        kept in line or "before the first" in line or "none of" in line or line == ("interrupted")
+    ), line
     if "cover those" in line:  # the finished part is printed
         finished = {"validate": "MAPE over", "plan": "winner: ", "predict": "capsim predict"}
         assert finished[args[0]] in out or "nothing meets" in out, out

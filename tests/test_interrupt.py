@@ -90,3 +90,34 @@ def test_ctrl_c_swallowed_where_it_lands_still_stops_the_work():
         assert ctrl_c.pressed
         assert ctrl_c.stopped(RuntimeError("process pool broken by the ended workers"))
         assert ctrl_c.stopped(KeyboardInterrupt())
+
+
+@pytest.mark.parametrize(
+    ("body", "lines"),
+    [
+        # Ctrl-C before any command caught it (while starting up): typer makes it exit 130
+        ("raise KeyboardInterrupt", ["interrupted"]),
+        # a command that kept its work says so itself, and no bare line follows
+        (
+            "common.interrupted('2 of 3 kept'); raise typer.Exit(130)",
+            ["interrupted: 2 of 3 kept"],
+        ),
+    ],
+)
+def test_ctrl_c_always_ends_in_one_line_saying_so(body, lines):
+    """Ctrl-C during start-up printed nothing and exited 130: typer turns an uncaught
+    KeyboardInterrupt into exit 130, which the entry point took for a command that had
+    already said what it kept."""
+    script = (
+        "import sys, typer\n"
+        "from capsim.cli import common, main\n"
+        "app = typer.Typer()\n"
+        "@app.command()\n"
+        f"def work():\n    {body}\n"
+        "main.app_for = lambda args: app\n"
+        "sys.argv = ['capsim']\n"
+        "main.run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 130, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.strip()] == lines

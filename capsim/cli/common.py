@@ -7,8 +7,9 @@ import functools
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -631,11 +632,70 @@ def stop_on_ctrl_c():
         sys.unraisablehook = unraisable_hook
 
 
+said_interrupted = False
+"""Whether a command said what it kept after Ctrl-C (``interrupted``); the entry point
+prints a bare 'interrupted' for one that did not (Ctrl-C during start-up)."""
+
+
 def interrupted(what: str) -> None:
     """After Ctrl-C: one line on stderr saying what was kept (``what``)."""
+    global said_interrupted
+    said_interrupted = True
     err_console.print(
         f"[bold yellow]interrupted:[/] {escape(what)}", markup=True, highlight=False, soft_wrap=True
     )
+
+
+T = TypeVar("T")
+
+
+def finished_before_ctrl_c(
+    work: Iterator[T],
+    total: int,
+    what: str,
+    covers: str,
+    plot_path: Path | None = None,
+    bar_text: str | None = None,
+) -> tuple[list[T], str | None]:
+    """Run ``work`` (an iterator that yields each of ``total`` finished items) until it ends
+    or Ctrl-C stops it, with a bar counting the items when ``bar_text`` is given. Returns
+    the items finished and, after Ctrl-C, the line that says what the output covers
+    ("3 of 183 configurations simulated; the plan covers those"; ``what`` is "configurations
+    simulated", ``covers`` "the plan covers those"). Ctrl-C before the first item says so
+    and exits 130 here; otherwise the caller prints what finished inside
+    ``exit_after_interrupt``."""
+    done: list[T] = []
+    stopped = None
+    bar = progress_bar() if bar_text else contextlib.nullcontext()
+    with stop_on_ctrl_c() as ctrl_c, bar:
+        task = bar.add_task(bar_text, total=total) if bar_text else None
+        try:
+            for item in work:
+                done.append(item)
+                if task is not None:
+                    bar.advance(task)
+        except BaseException as exc:
+            if not ctrl_c.stopped(exc):
+                raise
+            stopped = f"{len(done)} of {total} {what}; {covers}"
+            stopped += "" if plot_path is None else " (no plot written)"
+    if stopped and not done:
+        noun, _, verb = what.partition(" ")
+        interrupted(f"before the first of {total} {noun} was {verb}")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    return done, stopped
+
+
+@contextlib.contextmanager
+def exit_after_interrupt(stopped: str | None):
+    """Around printing what finished before Ctrl-C: then one line saying what it covers
+    (``stopped``) and exit 130; nothing when the work was not interrupted."""
+    try:
+        yield
+    finally:
+        if stopped:
+            interrupted(stopped)
+            raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def progress_bar():

@@ -183,7 +183,11 @@ def run() -> None:
         _exit_interrupted(say=True)
     except SystemExit as exc:
         if exc.code == EXIT_INTERRUPTED:
-            _exit_interrupted(say=False)
+            # typer turns a KeyboardInterrupt no command caught (Ctrl-C while starting up)
+            # into exit 130 too: say it, unless the command said what it kept
+            from capsim.cli import common
+
+            _exit_interrupted(say=not common.said_interrupted)
         raise
 
 

@@ -10,7 +10,6 @@ import typer
 from rich import box
 
 from capsim.cli.common import (
-    EXIT_INTERRUPTED,
     DbOption,
     ForceOption,
     InputTokensOption,
@@ -21,13 +20,12 @@ from capsim.cli.common import (
     catalog,
     check_plot_target,
     console,
+    exit_after_interrupt,
+    finished_before_ctrl_c,
     fitted_table,
-    interrupted,
     print_json,
-    progress_bar,
     resolve_models,
     save_figure,
-    stop_on_ctrl_c,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -325,30 +323,17 @@ def plan_cmd(
         ),
     )
     candidates, pruned = plan_candidates(req, cat, rank)
-    pairs, stopped = [], None
-    with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
-        task = bar.add_task("simulating configurations", total=len(candidates))
-        try:
-            for pair in simulate_each(candidates, req, cat, dask_scheduler=dask_scheduler):
-                pairs.append(pair)
-                bar.advance(task)
-        except BaseException as exc:
-            if not ctrl_c.stopped(exc):
-                raise
-            stopped = (
-                f"{len(pairs)} of {len(candidates)} configurations simulated; the plan "
-                f"covers those{'' if plot_path is None else ' (no plot written)'}"
-            )
-    if stopped and not pairs:
-        interrupted(f"before the first of {len(candidates)} configurations was simulated")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    try:
+    pairs, stopped = finished_before_ctrl_c(
+        simulate_each(candidates, req, cat, dask_scheduler=dask_scheduler),
+        len(candidates),
+        "configurations simulated",
+        "the plan covers those",
+        plot_path,
+        bar_text="simulating configurations",
+    )
+    with exit_after_interrupt(stopped):
         items = ranked(judge(pairs, req, cat), pruned, rank).configurations
         show_plan(items, pruned, req, cat, agents, rank, top, json_out, plot_path, stopped)
-    finally:
-        if stopped:  # what was finished is printed above; then one line and exit 130
-            interrupted(stopped)
-            raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def show_plan(items, pruned, req, cat, agents, rank, top, json_out, plot_path, stopped) -> None:

@@ -14,7 +14,6 @@ import typer
 
 from capsim.cli.common import (
     DP_FLAGS,
-    EXIT_INTERRUPTED,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
     TP_FLAGS,
@@ -44,14 +43,14 @@ from capsim.cli.common import (
     console,
     err_console,
     exclusive_outputs,
-    interrupted,
+    exit_after_interrupt,
+    finished_before_ctrl_c,
     parse_overrides,
     predict_config,
     progress_bar,
     refuse_inapplicable_flags,
     resolve_models,
     spec_config,
-    stop_on_ctrl_c,
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
 from capsim.errors import CapsimUserError
@@ -362,27 +361,15 @@ def predict_cmd(
             efficiency_overrides=overrides,
         )
         configs.append(config)
-    results, stopped = [], None
-    with stop_on_ctrl_c() as ctrl_c:
-        try:
-            for config in configs:
-                results.append(predict_with_progress(config, cat))
-        except BaseException as exc:
-            if not ctrl_c.stopped(exc):
-                raise
-            stopped = (
-                f"{len(results)} of {len(configs)} configurations predicted; the results "
-                f"cover those{'' if plot_path is None else ' (no plot written)'}"
-            )
-    if stopped and not results:
-        interrupted(f"before the first of {len(configs)} configurations was predicted")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    try:
+    results, stopped = finished_before_ctrl_c(
+        (predict_with_progress(config, cat) for config in configs),
+        len(configs),
+        "configurations predicted",
+        "the results cover those",
+        plot_path,
+    )
+    with exit_after_interrupt(stopped):
         show_results(results, json_out, csv_out, None if stopped else plot_path, objectives)
-    finally:
-        if stopped:  # what was finished is printed above; then one line and exit 130
-            interrupted(stopped)
-            raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def show_results(results, json_out, csv_out, plot_path, objectives) -> None:
