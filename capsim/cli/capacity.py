@@ -33,6 +33,7 @@ from capsim.cli.common import (
     console,
     fitted_table,
     fmt_sig,
+    objectives_from_flags,
     predict_config,
     print_json,
     resolve_models,
@@ -78,26 +79,14 @@ def capacity_cmd(
     """How many concurrent agents can this box serve within the objectives? Searches the
     closed-loop concurrency (steady state: the start-up burst is left out) and names what
     stops it."""
-    from pydantic import ValidationError
+    from capsim.planner.capacity import capacity
 
-    from capsim.planner.capacity import Objectives, capacity
-
-    try:
-        objectives = Objectives(
-            min_agent_tok_s=min_agent_tok_s,
-            max_ttft_p90_s=max_ttft_p90,
-            max_tpot_ms=max_tpot,
-            max_e2e_p90_s=max_e2e_p90,
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        flag = {
-            "min_agent_tok_s": "--min-agent-tok-s",
-            "max_ttft_p90_s": "--max-ttft-p90-s",
-            "max_tpot_ms": "--max-tpot-ms",
-            "max_e2e_p90_s": "--max-e2e-p90-s",
-        }[first["loc"][0]]
-        raise CapsimUserError(f"{flag} must be a positive number, not {first['input']}") from None
+    objectives = objectives_from_flags(
+        min_agent_tok_s=min_agent_tok_s,
+        max_ttft_p90_s=max_ttft_p90,
+        max_tpot_ms=max_tpot,
+        max_e2e_p90_s=max_e2e_p90,
+    )
     if tp < 1 or (gpus is not None and gpus < 1):
         raise CapsimUserError("--tp and --gpus must be at least 1")
     cat, refs = resolve_models(catalog(db), split_list(model))

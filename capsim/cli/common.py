@@ -160,6 +160,30 @@ MaxE2eP90Option = Annotated[
 """The service-level objectives capacity, plan and predict take. A flag's name carries its
 unit (the shorter names stay accepted): TTFT and end-to-end latency in seconds, the time
 per output token in milliseconds, as the tables show them."""
+OBJECTIVE_FLAGS = {
+    "min_agent_tok_s": "--min-agent-tok-s",
+    "max_ttft_p90_s": "--max-ttft-p90-s",
+    "max_tpot_ms": "--max-tpot-ms",
+    "max_e2e_p90_s": "--max-e2e-p90-s",
+}
+"""Each field of planner.capacity.Objectives and the flag that sets it."""
+
+
+def objectives_from_flags(**values: float | None):
+    """The Objectives the SLO flags give (``values`` by Objectives' field names), or a user
+    error naming the flag whose value is out of its range."""
+    from pydantic import ValidationError
+
+    from capsim.planner.capacity import Objectives
+
+    try:
+        return Objectives(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = OBJECTIVE_FLAGS[first["loc"][0]]
+        raise CapsimUserError(f"{flag} must be a positive number, not {first['input']}") from None
+
+
 AsyncSchedulingOption = Annotated[
     bool | None,
     typer.Option(

@@ -15,6 +15,7 @@ import typer
 from capsim.cli.common import (
     DP_FLAGS,
     KV_DTYPE_FLAGS,
+    OBJECTIVE_FLAGS,
     QUANT_FLAGS,
     TP_FLAGS,
     AsyncSchedulingOption,
@@ -45,6 +46,7 @@ from capsim.cli.common import (
     exclusive_outputs,
     exit_after_interrupt,
     finished_before_ctrl_c,
+    objectives_from_flags,
     parse_overrides,
     predict_config,
     progress_bar,
@@ -265,19 +267,17 @@ def predict_cmd(
     from capsim.engine.router import ROUTER_POLICIES
 
     exclusive_outputs(json=json_out, csv=csv_out)
-    for flag, value in (("--min-agent-tok-s", min_agent_tok_s), ("--max-ttft-p90-s", max_ttft_p90)):
-        if value is None:
-            continue
+    drawn = objectives_from_flags(min_agent_tok_s=min_agent_tok_s, max_ttft_p90_s=max_ttft_p90)
+    for field, value in drawn.model_dump(exclude_none=True).items():
         if plot_path is None:
+            flag = OBJECTIVE_FLAGS[field]
             raise CapsimUserError(
                 f"{flag} draws an objective on the plot, and no --plot was given",
                 hint=f"add --plot FILE.png, or ask capsim capacity {flag} {value:g} for the "
                 "largest load that meets it",
             )
-        if not math.isfinite(value) or value <= 0:
-            raise CapsimUserError(f"{flag} must be a positive number, not {value}")
     check_plot_target(plot_path, force)
-    objectives = dict(min_agent_tok_s=min_agent_tok_s, max_ttft_p90_s=max_ttft_p90)
+    objectives = dict(min_agent_tok_s=drawn.min_agent_tok_s, max_ttft_p90_s=drawn.max_ttft_p90_s)
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
     if workload not in ("closed", "batch", "agents", "open", "trace"):
