@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from capsim.catalog.loader import load_catalog
 from capsim.cli.main import app
+from capsim.engine.setup import engine_fit_options
 from capsim.errors import CapsimUserError
 from capsim.physics.deployment import Deployment
 from capsim.physics.memory import memory_fit
@@ -107,15 +108,93 @@ def test_offload_flags_that_cannot_work_exit_2(args, words):
     assert r.exit_code == 2 and words in r.output, r.output
 
 
-def test_fit_proposes_the_fewest_offloaded_layers_that_fit_with_their_speed():
-    r = runner.invoke(
-        app, ["fit", "--gpu", "rtx3090", "--model", "gpt-oss-120b", "--host-memory-bandwidth", "60"]
-    )
-    assert r.exit_code == 2
-    assert "--engine llama.cpp --n-cpu-moe 24" in r.output and "tok/s for one request" in r.output
+def test_fit_proposes_the_offload_configurations_that_fit_with_their_speed():
+    """Issue 49: a MoE model too large for the GPU is answered with the llama.cpp
+    configurations that fit (exit 0), each with one request's decode speed at the
+    catalog's measured hosts and the user's own, and the command that simulates it."""
+    r = runner.invoke(app, [*FIT, "--host-memory-bandwidth", "80"], terminal_width=120)
+    assert r.exit_code == 0, r.output
+    assert "does not fit on 1x rtx3090 alone" in r.output
+    for host in CAT.hosts:
+        assert host.display_name in r.output and f"{host.read_bandwidth_gbs:g} GB/s" in r.output
+    assert "yours (80 GB/s)" in r.output and "24 of 36" in r.output and "36 of 36" in r.output
+    assert "--engine llama.cpp --n-cpu-moe 24 --host-memory-bandwidth 80" in r.output
     # and that proposal does fit
     r = runner.invoke(
         app,
         [*FIT, "--quant", "gguf-mxfp4", "--engine", "llama.cpp", "--n-cpu-moe", "24"],
     )
     assert r.exit_code == 0 and "FITS" in r.output, r.output
+
+
+def test_the_fewest_offloaded_layers_are_the_fewest_that_fit_and_speeds_order():
+    from capsim.planner.offload import USER_HOST, propose_offload
+
+    g, m, fmt = CAT.gpu("rtx3090"), CAT.model("gpt-oss-120b"), CAT.quant("mxfp4")
+    proposal = propose_offload(CAT, g, m, fmt, 1, {}, host_memory_bandwidth=40.0)
+    assert proposal is not None and proposal.quant == "gguf-mxfp4"
+    fewest = proposal.fewest.n_cpu_moe
+    gguf = CAT.quant("gguf-mxfp4")
+    llama = engine_fit_options(CAT.engine("llama.cpp"), g)  # llama.cpp's own memory rules
+    assert memory_fit(g, m, gguf, **{**llama, "cpu_moe_layers": fewest}).fits
+    assert not memory_fit(g, m, gguf, **{**llama, "cpu_moe_layers": fewest - 1}).fits
+    layers = parameter_breakdown(m).moe_layers
+    assert [o.n_cpu_moe for o in proposal.options] == [fewest, (fewest + layers + 1) // 2, layers]
+    hosts = sorted(proposal.hosts, key=proposal.hosts.get)
+    assert hosts[0] == USER_HOST  # 40 GB/s, below every reference host
+    for option in proposal.options:
+        speeds = [option.decode_tok_s[h] for h in hosts]
+        assert speeds == sorted(speeds) and speeds[0] < speeds[-1]  # more bandwidth, faster
+        assert option.context_tokens == min(4096, option.kv_capacity_tokens)
+    for host in hosts:  # more layers in system RAM: slower, and more room for KV
+        speeds = [o.decode_tok_s[host] for o in proposal.options]
+        assert speeds == sorted(speeds, reverse=True)
+    kv = [o.kv_capacity_tokens for o in proposal.options]
+    assert kv == sorted(kv) and kv[0] < kv[-1]
+
+
+def test_fit_json_carries_the_offload_options_and_a_dense_model_still_exits_2():
+    import json
+
+    r = runner.invoke(app, [*FIT, "--json"])
+    assert r.exit_code == 0, r.output
+    proposal = json.loads(r.output)["offload_proposal"]
+    assert proposal["options"][0]["n_cpu_moe"] == 24
+    assert set(proposal["options"][0]["decode_tok_s"]) == {h.name for h in CAT.hosts}
+    r = runner.invoke(app, ["fit", "--gpu", "rtx3060-12g", "--model", "llama-3.3-70b"])
+    assert r.exit_code == 2 and "does not fit" in r.output, r.output
+
+
+def test_a_host_entry_without_a_measured_bandwidth_and_source_is_refused(tmp_path):
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "hosts" / "guess.yaml").write_text(
+        "name: guess\ndisplay_name: Guess\nmemory: DDR5\nread_bandwidth_gbs: -1\n"
+        "measured_with: nothing\nsources: []\n"
+    )
+    r = runner.invoke(app, ["--db", str(tmp_path), *FIT])
+    assert r.exit_code == 2 and "read_bandwidth_gbs" in r.output and "Traceback" not in r.output
+
+
+def test_every_reference_host_is_a_measurement_with_its_quote():
+    assert len(CAT.hosts) >= 3
+    for host in CAT.hosts:
+        assert host.sources and all(s.quote and s.url for s in host.sources), host.name
+        assert f"{host.read_bandwidth_gbs:g}" in " ".join(s.quote for s in host.sources) or (
+            f"{host.read_bandwidth_gbs:g}GB/s" in " ".join(s.quote for s in host.sources)
+        ), host.name
+
+
+@pytest.mark.parametrize("gpu", ["gb10", "ryzen-ai-max-395", "apple-m3-ultra"])
+def test_offload_on_a_unified_memory_part_exits_2(gpu):
+    """Issue 49: the CPU and the GPU share one memory, so there is no system RAM apart to
+    keep experts in: refused naming the part, and fit proposes no offload there."""
+    from capsim.planner.offload import propose_offload
+
+    args = ["--model", "gpt-oss-120b", "--engine", "llama.cpp", "--n-cpu-moe", "4"]
+    r = runner.invoke(
+        app, ["predict", "--gpu", gpu, *args, "--host-memory-bandwidth", "60", "-c", "1"]
+    )
+    assert r.exit_code == 2 and "shares one memory" in r.output and gpu in r.output, r.output
+    assert "Traceback" not in r.output
+    g, m = CAT.gpu(gpu), CAT.model("gpt-oss-120b")
+    assert propose_offload(CAT, g, m, CAT.quant("mxfp4"), 1, {}) is None

@@ -129,6 +129,11 @@ class GPU(Strict):
         gt=0, le=PLAUSIBLE["memory_gb"], description="Device memory as marketed, GB"
     )
     memory_type: str | None = None
+    unified_memory: bool = Field(
+        default=False,
+        description="One memory shared by the CPU and the GPU (an APU, Apple silicon, "
+        "GB10): weights 'in system RAM' would sit in the same memory",
+    )
     usable_memory_gb: float | None = Field(
         default=None,
         gt=0,

@@ -7,6 +7,7 @@ Layout of a catalog directory (the built-in one and any user one alike)::
     quant_formats/<name>.yaml  one weight format a file (schema: QuantFormat)
     efficiency/<class>.yaml    default efficiency parameters of one hardware class
     engines/<name>.yaml        one serving engine a file (schema: Engine)
+    hosts/<name>.yaml          one measured host memory system a file (schema: HostMemory)
 
 User directories come from ``--db DIR`` and the ``CAPSIM_DB`` environment variable
 (several directories separated by ``os.pathsep``). Their entries are laid over the
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from capsim.catalog import ENV_VAR
 from capsim.catalog.engine_schema import EfficiencyProfile, Engine
 from capsim.catalog.gpu_schema import GPU
+from capsim.catalog.host_schema import HostMemory
 from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import (
     CapsimUserError,
@@ -41,9 +43,10 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "quant_formats": QuantFormat,
     "efficiency": EfficiencyProfile,
     "engines": Engine,
+    "hosts": HostMemory,
 }
 
-T = TypeVar("T", GPU, Model, QuantFormat, EfficiencyProfile, Engine)
+T = TypeVar("T", GPU, Model, QuantFormat, EfficiencyProfile, Engine, HostMemory)
 
 LIST_COMMANDS = {
     "gpus": "gpus",
@@ -254,6 +257,7 @@ class Catalog:
     quant_formats: Section[QuantFormat]
     efficiency: Section[EfficiencyProfile]
     engines: Section[Engine]
+    hosts: Section[HostMemory]
     directories: list[Path]
 
     def gpu(self, name: str) -> GPU:
@@ -359,6 +363,7 @@ class _CachedCatalog(BaseModel):
     quant_formats: dict[str, QuantFormat]
     efficiency: dict[str, EfficiencyProfile]
     engines: dict[str, Engine]
+    hosts: dict[str, HostMemory]
     origin: dict[str, dict[str, Path]]
     directories: list[Path]
 
@@ -392,5 +397,6 @@ def _parse(dirs: tuple[Path, ...], files: list[tuple[str, Path]]) -> Catalog:
         quant_formats=sections["quant_formats"],
         efficiency=sections["efficiency"],
         engines=sections["engines"],
+        hosts=sections["hosts"],
         directories=list(dirs),
     )

@@ -126,73 +126,29 @@ def fit_cmd(
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
     offload = None
     if not result.fits and m.moe and not n_cpu_moe:
-        offload = offload_proposal(cat, g, m, fmt, tp, options, host_memory_bandwidth)
+        from capsim.planner.offload import propose_offload
+
+        offload = propose_offload(cat, g, m, fmt, tp, options, host_memory_bandwidth)
     if json_out:
         print_json(
             {
                 **result.to_dict(),
                 "gpus": total_gpus,
                 "dp_replicas": replicas,
-                "offload_proposal": offload,
+                "offload_proposal": offload.to_dict() if offload else None,
             }
         )
     else:
         print_fit(result, g, m, replicas)
-    if not result.fits:
-        hint = fit_hint(g, m, fmt, list(cat.quant_formats), tp, **fit_options)
-        if offload:
-            hint = f"{hint}; or {offload['text']}" if hint else offload["text"]
+    if result.fits:
+        return
+    hint = fit_hint(g, m, fmt, list(cat.quant_formats), tp, **fit_options)
+    if offload is None:
         require_fit(result, hint)
+    elif not json_out:
+        from capsim.cli.offload_output import print_offload
 
-
-def offload_proposal(cat, g, m, fmt, tp, options, host_memory_bandwidth):
-    """The fewest MoE layers whose routed experts llama.cpp must keep in system RAM
-    (--n-cpu-moe) for ``m`` in ``fmt`` to fit on ``g``, with its decode speed at one
-    request when the host's memory bandwidth is given; None when no N fits."""
-    from capsim.engine.setup import engine_deployment, engine_fit_options
-    from capsim.physics.memory import memory_fit
-    from capsim.physics.parameters import parameter_breakdown
-    from capsim.physics.step import build_step_model
-
-    llama = cat.engine("llama.cpp")
-    gguf = f"gguf-{fmt.name}"  # llama.cpp runs the GGUF file of a format where one exists
-    if not fmt.name.startswith("gguf-") and gguf in cat.quant_formats.entries:
-        fmt = cat.quant(gguf)
-    fit_options = engine_fit_options(llama, g, **{**options, "cpu_moe_layers": 0})
-    layers = parameter_breakdown(m).moe_layers
-    for n in range(1, layers + 1):
-        fit = memory_fit(g, m, fmt, tp=tp, **{**fit_options, "cpu_moe_layers": n})
-        if fit.fits:
-            break
-    else:
-        return None
-    command = (
-        f"capsim predict --gpu {g.name} --model {m.name} --quant {fmt.name} --engine "
-        f"llama.cpp --n-cpu-moe {n} --host-memory-bandwidth GB/s"
-    )
-    text = (
-        f"llama.cpp fits it keeping the experts of {n} of its {layers} MoE layers "
-        f"({fit.experts_in_system_ram_bytes / 2**30:.1f} GiB) in system RAM: {command}"
-    )
-    tok_s = None
-    if host_memory_bandwidth:
-        dep = engine_deployment(
-            llama,
-            g,
-            tp=tp,
-            quant=fmt.name,
-            cpu_moe_layers=n,
-            host_memory_bandwidth_gbs=host_memory_bandwidth,
-        )
-        sm = build_step_model(cat, g, m, dep)
-        tok_s = 1.0 / sm.step_time([1], [fit.context_tokens // 2])
-        text += f" (about {tok_s:.1f} tok/s for one request at {host_memory_bandwidth:g} GB/s)"
-    return {
-        "n_cpu_moe": n,
-        "experts_in_system_ram_bytes": fit.experts_in_system_ram_bytes,
-        "decode_tok_s": tok_s,
-        "text": text,
-    }
+        print_offload(offload, result, g, m, hint)
 
 
 def print_fit(r, g: GPU, m: Model, replicas: int) -> None:

@@ -346,6 +346,14 @@ def memory_fit(
     budget = memory * gpu_memory_utilization
     parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp)
     if cpu_moe_layers:
+        if gpu.unified_memory:
+            raise CapsimUserError(
+                f"{gpu.name} shares one memory between its CPU and GPU "
+                f"({gpu.memory_type or 'unified'}), so --n-cpu-moe keeps no experts anywhere "
+                "else: they stay in the same memory, read by the slower CPU",
+                hint=f"leave --n-cpu-moe out; the model has to fit the {gpu.memory_gb:g} GB "
+                "the two share",
+            )
         breakdown = parameter_breakdown(model)
         if not breakdown.moe_layers or not breakdown.routed_experts:
             raise CapsimUserError(
