@@ -118,3 +118,30 @@ def test_predict_and_explain_take_the_flag():
     r = runner.invoke(app, ["predict", *args, "-c", "2", "--enable-expert-parallel", "--json"])
     assert r.exit_code == 0, r.output
     assert '"expert_parallel": true' in r.output
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.integers(1, 256),
+    context=st.integers(0, 8192),
+    prefill=st.integers(0, 8192),
+    gpu_tp=st.sampled_from([("rtx3090", 2), ("h100-sxm", 2), ("h100-sxm", 4), ("h100-sxm", 8)]),
+    model=st.sampled_from(["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b"]),
+)
+def test_a_faster_interconnect_never_slows_expert_parallelism(
+    batch, context, prefill, gpu_tp, model
+):
+    """Issue 49: GPUs joined by NVLink (bridges, or a switch) or by PCIe alone, with the
+    experts split whole over the TP group; the faster link never gives a longer step."""
+    gpu, tp = gpu_tp
+    g, m = CAT.gpu(gpu), CAT.model(model)
+    params = default_efficiency(g, CAT)
+
+    def step_time(link: str) -> float:
+        dep = Deployment(tp=tp, expert_parallel=True, interconnect=link, quant="awq-int4")
+        sm = StepModel(g, m, CAT.quant("awq-int4"), dep, params)
+        tokens = [1] * batch + ([prefill] if prefill else [])
+        contexts = [context] * batch + ([0] if prefill else [])
+        return sm.step(tokens, contexts).t_total
+
+    assert step_time("nvlink") <= step_time("pcie") * (1 + 1e-12)
