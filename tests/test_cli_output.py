@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -315,7 +316,7 @@ def test_predict_csv_has_each_figure_once_and_flat_cells():
                 *("predict", "--model", "qwen3-8b", "-c", "1,8,64", "--requests", "4000"),
                 *("--gpu", "rtx3090,rtx4090,l40s,h100-sxm,a100-80g,h200"),
             ],
-            "configurations predicted; the results cover those",
+            "configurations predicted",
         ),
     ],
 )
@@ -463,3 +464,52 @@ def test_progress_bar_at_80_columns_keeps_the_counts_and_the_time_whole():
     line = out.file.getvalue().rstrip()
     assert "123/12345" in line and line.endswith("-:--:--") and "…" in line, line
     assert len(line) <= 80
+
+
+class StopAfterFirstLevel:
+    """A progress callback that presses Ctrl-C once the first level is measured."""
+
+    def __init__(self, first_level_requests: int):
+        self.first = first_level_requests
+
+    def __call__(self, done: int, total: int) -> None:
+        if done >= self.first:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("workload", ["closed", "open"])
+def test_a_sweep_stopped_part_way_keeps_the_levels_it_finished(workload):
+    """Issue 48: Ctrl-C in the middle of one configuration's sweep keeps its finished
+    levels (the interrupt carries them), in the order of the sweep."""
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.simulate import predict
+
+    levels = dict(concurrency=[1, 2, 4]) if workload == "closed" else dict(rates=[1.0, 2.0, 4.0])
+    config = PredictConfig(
+        gpu="rtx3090", model="qwen3-8b", workload=workload, requests=16, **levels
+    )
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        predict(config, workers=1, progress=StopAfterFirstLevel(16))
+    partial = stopped.value.capsim_partial
+    assert [r.level for r in partial.levels] == [1.0]
+    assert partial.levels[0].metrics.completed == 16
+    assert stopped.value.capsim_partial_text == "1 of 3 levels"
+
+
+def test_predict_prints_the_levels_finished_before_ctrl_c(monkeypatch):
+    import capsim.cli.predict as predict_cli
+    from capsim.api import predict
+
+    def stopped_after_one(config, cat):
+        return predict(config, catalog=cat, progress=StopAfterFirstLevel(16))
+
+    monkeypatch.setattr(predict_cli, "predict_with_progress", stopped_after_one)
+    args = ["predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "-c", "1,2,4"]
+    r = runner.invoke(app, [*args, "--requests", "16", "--json"])
+    assert r.exit_code == 130, r.output
+    (result,) = json.loads(r.stdout)["results"]
+    assert [p["concurrency"] for p in result["points"]] == [1]
+    assert (
+        "interrupted: 0 of 1 configurations predicted, and 1 of 3 levels of the next; "
+        "the results cover those" in " ".join(r.stderr.split())
+    )

@@ -701,7 +701,13 @@ def finished_before_ctrl_c(
         except BaseException as exc:
             if not ctrl_c.stopped(exc):
                 raise
-            stopped = f"{len(done)} of {total} {what}; {covers}"
+            stopped = f"{len(done)} of {total} {what}"
+            # the item under way may have kept its finished parts (predict: its levels)
+            partial = getattr(exc, "capsim_partial", None)
+            if partial is not None:
+                done.append(partial)
+                stopped += f", and {exc.capsim_partial_text} of the next"
+            stopped += f"; {covers}"
             stopped += "" if plot_path is None else " (no plot written)"
     if stopped and not done:
         noun, _, verb = what.partition(" ")

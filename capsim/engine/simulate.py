@@ -195,6 +195,7 @@ def sweep_saturating(
     progress: Progress | None = None,
     then: Callable[[], None] | None = None,
     workers: int | None = None,
+    results: list[LevelResult | None] | None = None,
 ) -> list[LevelResult]:
     """Closed-loop levels on one replica, lowest concurrency first (in ``pool``'s
     workers, made by ``saturating_pool``; None: in this process); once a level is
@@ -204,9 +205,12 @@ def sweep_saturating(
     simulated, and becomes the base for the levels above it when it saturates too). With
     a pool, ``then()`` is called once the levels are handed to it (to queue other work
     behind them). Results come back in the given order. Without a pool, a long level's
-    replications run in up to ``workers`` processes (None: automatic)."""
+    replications run in up to ``workers`` processes (None: automatic). ``results``, when
+    given (one None a level), is filled as levels finish, so a caller stopped part-way
+    keeps those."""
     order = sorted(range(len(workloads)), key=lambda i: workloads[i].concurrency)
-    results: list[LevelResult | None] = [None] * len(workloads)
+    if results is None:
+        results = [None] * len(workloads)
     base: ReplicaRun | None = None
     base_level = base_requests = 0
     done = 0  # requests of the levels measured so far
@@ -363,42 +367,44 @@ def predict(
         if reruns is not None and moves:
             reruns.start(pool, moves, sampled)
 
-    if shared:
-        with saturating_pool(jobs) as pool:
-            results = sweep_saturating(
-                setup,
-                config,
-                workloads,
-                keep_records,
-                pool,
-                catalog,
-                params,
-                counter,
-                then=lambda: start_reruns(pool),
-                workers=workers,
-            )
-            if reruns is not None:
-                reruns.collect()  # before the pool closes
-    elif jobs > 1:
-        with worker_pool(jobs) as pool:
-            levels = pool.map(
-                _simulate_in_worker,
-                [(config, catalog_dirs(catalog), params, w, keep_records) for w in workloads],
-            )
-            start_reruns(pool)
-            results = []
-            for result, w in zip(levels, workloads, strict=True):
-                results.append(result)
-                if counter is not None:
-                    counter.settle(counter.done + level_requests(w))
-            if reruns is not None:
-                reruns.collect()
-    else:
-        # one process for the levels: a level whose replicas run apart may use several
-        results, done = [], 0
-        for w in workloads:
-            results.append(
-                simulate_level(
+    # each level's result as it finishes (sweep order), kept when the sweep is stopped
+    finished: list[LevelResult | None] = [None] * len(workloads)
+    try:
+        if shared:
+            with saturating_pool(jobs) as pool:
+                sweep_saturating(
+                    setup,
+                    config,
+                    workloads,
+                    keep_records,
+                    pool,
+                    catalog,
+                    params,
+                    counter,
+                    then=lambda: start_reruns(pool),
+                    workers=workers,
+                    results=finished,
+                )
+                if reruns is not None:
+                    reruns.collect()  # before the pool closes
+        elif jobs > 1:
+            with worker_pool(jobs) as pool:
+                levels = pool.map(
+                    _simulate_in_worker,
+                    [(config, catalog_dirs(catalog), params, w, keep_records) for w in workloads],
+                )
+                start_reruns(pool)
+                for i, (result, w) in enumerate(zip(levels, workloads, strict=True)):
+                    finished[i] = result
+                    if counter is not None:
+                        counter.settle(counter.done + level_requests(w))
+                if reruns is not None:
+                    reruns.collect()
+        else:
+            # one process for the levels: a level whose replicas run apart may use several
+            done = 0
+            for i, w in enumerate(workloads):
+                finished[i] = simulate_level(
                     setup,
                     w,
                     config.seed,
@@ -407,16 +413,29 @@ def predict(
                     catalog=catalog,
                     progress=counter,
                 )
-            )
-            done += level_requests(w)
-            if counter is not None:
-                counter.settle(done)
+                done += level_requests(w)
+                if counter is not None:
+                    counter.settle(done)
+    except BaseException as exc:  # Ctrl-C (or workers ended by it): keep what finished
+        kept = [r for r in finished if r is not None]
+        if kept and not isinstance(exc, CapsimUserError):
+            if band_table is not None:
+                add_corpus_bands(kept, setup.gpu.hardware_class, band_table)
+            exc.capsim_partial = predict_result(setup, config, kept)
+            exc.capsim_partial_text = f"{len(kept)} of {len(workloads)} levels"
+        raise
+    results = [r for r in finished if r is not None]
     if relative_figures:
         add_relative_figures(setup, config, results)
     if band_table is not None:
         add_corpus_bands(results, setup.gpu.hardware_class, band_table)
     if reruns is not None:
         add_profile_bands(results, setup.profile, reruns)
+    return predict_result(setup, config, results)
+
+
+def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResult]):
+    """A configuration's PredictResult from its levels' results."""
     return PredictResult(
         config=config,
         gpu=setup.gpu.name,
