@@ -198,3 +198,16 @@ def test_offload_on_a_unified_memory_part_exits_2(gpu):
     assert "Traceback" not in r.output
     g, m = CAT.gpu(gpu), CAT.model("gpt-oss-120b")
     assert propose_offload(CAT, g, m, CAT.quant("mxfp4"), 1, {}) is None
+
+
+def test_without_quant_offload_uses_a_4_bit_gguf_and_only_where_no_format_fits():
+    """A release in BF16 is offloaded as llama.cpp users run it (Q4_K_M), not as 186 GiB
+    of BF16 experts; where a smaller format fits the GPU whole, that is the answer."""
+    r = runner.invoke(app, ["fit", "--gpu", "rtx3090", "--model", "glm-4.5-air"])
+    assert r.exit_code == 0 and "llama.cpp (gguf-q4_k_m)" in r.output, r.output
+    r = runner.invoke(app, ["fit", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b"])
+    assert r.exit_code == 2 and "these formats fit" in r.output and "n-cpu-moe" not in r.output
+    # a format the user names is offloaded as named
+    args = ["fit", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--quant", "bf16"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and "llama.cpp (bf16)" in r.output, r.output

@@ -125,10 +125,17 @@ def fit_cmd(
     fit_options = engine_fit_options(eng, g, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
     offload = None
+    # experts in system RAM where the format asked for does not fit, or (no --quant) where
+    # no format fits the GPU alone: a smaller format is the better answer when one does
     if not result.fits and m.moe and not n_cpu_moe:
+        from capsim.physics.memory import formats_that_fit
         from capsim.planner.offload import propose_offload
 
-        offload = propose_offload(cat, g, m, fmt, tp, options, host_memory_bandwidth)
+        chosen = quant is not None or ref.quant is not None
+        if chosen or not formats_that_fit(g, m, list(cat.quant_formats), tp, **fit_options):
+            offload = propose_offload(
+                cat, g, m, fmt, tp, options, host_memory_bandwidth, chosen=chosen
+            )
     if json_out:
         print_json(
             {

@@ -531,6 +531,21 @@ def smallest_fitting_tp(gpu: GPU, model: Model, fmt: QuantFormat, **kwargs) -> i
     return None
 
 
+def formats_that_fit(
+    gpu: GPU, model: Model, formats: list[QuantFormat], tp: int, **kwargs
+) -> list[str]:
+    """The names of ``formats`` in which ``model`` fits a TP group of ``gpu``, widest
+    first (a format the model cannot be served in is skipped)."""
+    fitting = []
+    for fmt in sorted(formats, key=lambda f: -f.bits_per_weight):
+        try:
+            if memory_fit(gpu, model, fmt, tp=tp, **kwargs).fits:
+                fitting.append(fmt.name)
+        except CapsimUserError:
+            continue
+    return fitting
+
+
 def fit_hint(
     gpu: GPU, model: Model, fmt: QuantFormat, formats: list[QuantFormat], tp: int, **kwargs
 ) -> str:
@@ -539,15 +554,7 @@ def fit_hint(
     need_tp = smallest_fitting_tp(gpu, model, fmt, **kwargs)
     if need_tp and need_tp > tp:
         hints.append(f"in {fmt.name} it fits with --tp {need_tp} ({need_tp}x {gpu.name})")
-    fitting = []
-    for other in sorted(formats, key=lambda f: -f.bits_per_weight):
-        if other.name == fmt.name:
-            continue
-        try:
-            if memory_fit(gpu, model, other, tp=tp, **kwargs).fits:
-                fitting.append(other.name)
-        except CapsimUserError:
-            continue
+    fitting = formats_that_fit(gpu, model, [f for f in formats if f.name != fmt.name], tp, **kwargs)
     if fitting:
         hints.append(f"at TP={tp} these formats fit: {', '.join(fitting[:4])}")
     elif tp == 1:

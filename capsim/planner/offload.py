@@ -41,6 +41,12 @@ class OffloadOption:
     command: str = ""
 
 
+COMMON_GGUF = "gguf-q4_k_m"
+"""The weight format an offload proposal uses where the user named none and the release
+format has no GGUF form of its own: Q4_K_M, which llama.cpp's GGUF conversion script lists
+as "Q4_K_M: medium, balanced quality - recommended" (ggml-org/llama.cpp,
+examples/make-ggml.py; the table most published GGUF repositories copy)."""
+
 USER_HOST = "yours"
 """Key of the user's own host (``--host-memory-bandwidth``) in ``decode_tok_s``."""
 
@@ -83,11 +89,14 @@ def propose_offload(
     tp: int,
     fit_options: dict,
     host_memory_bandwidth: float | None = None,
+    chosen: bool = True,
 ) -> OffloadProposal | None:
     """The llama.cpp offload configurations that fit ``model`` on ``gpu`` (TP ``tp``), in
-    the GGUF form of ``fmt`` where the catalog has one; None when the model has no routed
-    experts or even every MoE layer offloaded does not fit. ``fit_options`` are memory_fit's
-    options as the user gave them (KV dtype, context, limits)."""
+    the GGUF form of ``fmt`` where the catalog has one; where it has none, ``fmt`` itself
+    when the user ``chosen`` it, else llama.cpp's common 4-bit GGUF (``COMMON_GGUF``).
+    None when the model has no routed experts, the GPU shares its memory with the CPU, or
+    even every MoE layer offloaded does not fit. ``fit_options`` are memory_fit's options
+    as the user gave them (KV dtype, context, limits)."""
     from capsim.engine.setup import engine_deployment, engine_fit_options
     from capsim.physics.memory import memory_fit
     from capsim.physics.parameters import parameter_breakdown
@@ -99,6 +108,10 @@ def propose_offload(
     gguf = f"gguf-{fmt.name}"  # llama.cpp runs the GGUF file of a format where one exists
     if not fmt.name.startswith("gguf-") and gguf in cat.quant_formats.entries:
         fmt = cat.quant(gguf)
+    elif (
+        not fmt.name.startswith("gguf-") and not chosen and COMMON_GGUF in cat.quant_formats.entries
+    ):
+        fmt = cat.quant(COMMON_GGUF)
     options = engine_fit_options(llama, gpu, **{**fit_options, "cpu_moe_layers": 0})
     layers = parameter_breakdown(model).moe_layers
 
