@@ -57,6 +57,19 @@ def test_ctrl_c_stops_a_long_command_within_a_second(args, sent, status, sigint,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     stop = Check("seconds to stop", time.monotonic() - started, 0.0, 1.5, False, slow="high")
+    # nothing of it is left running: its worker processes ended with it (a worker forked
+    # mid-signal once slept on in the command's process group after it exited)
+    leftover = True
+    for _ in range(50):
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            leftover = False
+            break
+        time.sleep(0.1)
+    if leftover:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not leftover, "a process of the command outlived it by 5 s"
     assert proc.returncode == status, err.decode()[-2000:]
     assert b"Traceback" not in err
     # within 1.5 s on a quiet host; up to 30 s is the host's (a busy two-core VM under the

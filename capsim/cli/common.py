@@ -589,6 +589,18 @@ EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 
+def end_worker_processes() -> None:
+    """Kill (SIGKILL) every worker process this one started. Not SIGTERM: a worker forked
+    while a signal handler ran in the parent can be left waiting on a lock it inherited
+    locked, where no handler of its own ever runs, and it holds both ends of its pipes,
+    so it never sees the parent go (CI, 2026-11-29: a validate --calibrated worker still
+    asleep twelve minutes after its command exited 143)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+
+
 class CtrlC:
     """What a ``stop_on_ctrl_c`` block knows of Ctrl-C: whether it was pressed."""
 
@@ -611,7 +623,6 @@ def stop_on_ctrl_c():
     this handler, and sent the same SIGINT by the terminal) ignores it and is ended.
     Yields a CtrlC: the block's ``except`` asks its ``stopped(exc)``, since the interrupt
     can be swallowed where it lands while the ended workers still break the work."""
-    import multiprocessing
     import os
     import signal
     import threading
@@ -640,8 +651,7 @@ def stop_on_ctrl_c():
         ctrl_c.pressed = True
         threading.excepthook = quiet_pool
         sys.unraisablehook = quiet_unraisable
-        for child in multiprocessing.active_children():
-            child.terminate()
+        end_worker_processes()
         raise KeyboardInterrupt
 
     ctrl_c = CtrlC()

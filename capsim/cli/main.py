@@ -166,6 +166,9 @@ def _exit_interrupted(say: bool) -> None:
     printed or written as it finished)."""
     import os
 
+    from capsim.cli.common import end_worker_processes
+
+    end_worker_processes()  # any a pool started after the first ones were ended
     if say:
         err_console.print("interrupted", highlight=False)
     for stream in (sys.stdout, sys.stderr):

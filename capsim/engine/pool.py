@@ -56,7 +56,7 @@ def worker_pool(
         # stop the workers first: the pool then marks what was queued as failed (cancelling
         # it first would make the pool's own thread trip over the cancelled futures)
         for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.terminate()
+            process.kill()  # SIGKILL: a worker caught mid-fork may never run a handler
         pool.shutdown(wait=False)
         raise
     pool.shutdown(wait=True, cancel_futures=True)  # what was not needed is not run
