@@ -39,6 +39,8 @@ def test_single_request_timing_by_hand():
     assert frontend == pytest.approx(
         sm.params.frontend_request_ms * 1e-3 + 1024 * sm.params.tokenize_us_per_token * 1e-6
     )
+    # and one round of the API server over the level's one stream (front_end.py)
+    frontend += sm.params.api_server_us_per_stream_chunk * 1e-6
     (rec,) = result.levels[0].records
     assert rec.ttft == pytest.approx(prefill + frontend, rel=1e-12)
     assert rec.e2e == pytest.approx(prefill + decode + frontend, rel=1e-9)
@@ -57,7 +59,7 @@ def test_chunked_prefill_takes_budget_sized_steps():
     )
     sm = build_setup(PredictConfig(**BASE), CAT).step_model
     chunks = sum(sm.step(np.array([512]), np.array([512 * i])).t_total for i in range(4))
-    frontend = sm.frontend_seconds(2048)
+    frontend = sm.frontend_seconds(2048) + sm.stream_round_seconds(1)
     assert result.levels[0].records[0].ttft == pytest.approx(chunks + frontend, rel=1e-12)
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import capsim.engine.simulate as simulate
 from capsim.catalog.loader import load_catalog
 from capsim.engine.config import PredictConfig
+from capsim.engine.front_end import level_frontend
 from capsim.engine.levels import level_runs, make_workload
 from capsim.engine.saturation import closed_send_times, derive_run, is_saturated
 from capsim.engine.setup import build_setup
@@ -82,12 +83,15 @@ def test_a_level_derived_from_a_saturated_one_equals_its_simulation(config, c, e
     except CapsimUserError:  # a drawn request longer than the KV cache
         assume(False)
     # in any closed loop, request m >= C is sent when the (m - C + 1)-th finish reaches
-    # its client (the front end's latency after the engine's finish)
-    turnaround = build_setup(config, CAT).step_model.frontend_parallel_seconds
+    # its client (the front end's latency after the engine's finish, the API server's
+    # round over the level's streams included)
+    setup = build_setup(config, CAT)
+    turnaround = level_frontend(setup, make_workload(config, c))
     assert closed_send_times(run, c, turnaround).tolist() == run.requests.send.tolist()
     direct = one_run(config, c + extra)
     if is_saturated(run):
-        assert same_run(derive_run(run, c + extra, turnaround), direct)
+        above = level_frontend(setup, make_workload(config, c + extra))
+        assert same_run(derive_run(run, c + extra, above), direct)
     # and the lower level is saturated whenever the higher one's service is the same
     # (saturation is monotone): a saturated level's own run is never 'unsaturated' above
     if is_saturated(run):
@@ -114,7 +118,7 @@ def test_derivation_needs_saturation():
     config = PredictConfig(**BASE, requests=12, output_tokens="uniform:20,200", max_num_seqs=12)
     run = one_run(config, 2)
     assert not is_saturated(run)
-    turnaround = build_setup(config, CAT).step_model.frontend_parallel_seconds
+    turnaround = level_frontend(build_setup(config, CAT), make_workload(config, 4))
     assert not same_run(derive_run(run, 4, turnaround), one_run(config, 4))
 
 

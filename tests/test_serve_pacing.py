@@ -90,6 +90,9 @@ def test_serve_paces_a_closed_loop_as_predict_simulates_it(speedup):
         output_tokens=str(output),
         requests=requests,
         catalog=CAT,
+        # capsim serve streams through its own front end, which a client meets for real:
+        # it does not simulate the engine's API-server round (front_end.py) on top
+        efficiency_overrides={"api_server_us_per_stream_chunk": 0.0},
     )
     for level in predicted.levels:
         c = int(level.level)

@@ -78,6 +78,11 @@ class MeasuredStepModel:
         holds it."""
         return 0.0
 
+    def stream_round_seconds(self, streams: float) -> float:
+        """No round of the API server beside the measured costs (seconds): the decode
+        gaps and prefill costs were read off the server's own streams, which hold it."""
+        return 0.0
+
     def decode_seconds(self, sequences: float) -> float:
         if sequences <= 0:
             return 0.0

@@ -516,6 +516,7 @@ def explain_cmd(
                 },
                 "frontend_s_per_request": sm.frontend_seconds(chunk),
                 "api_server_serial_s_per_request": sm.api_server_seconds(chunk),
+                "api_server_round_s_at_batch": sm.stream_round_seconds(batch),
             }
         )
         return
@@ -550,6 +551,14 @@ def explain_cmd(
         ),
         highlight=False,
     )
+    round_s = sm.stream_round_seconds(batch)
+    if round_s:
+        console.print(
+            f"the API server spends {sm.params.api_server_us_per_stream_chunk:g} us on each "
+            f"streamed chunk: with {batch:,} requests streaming, a client sees its last token "
+            f"and its next request reaches the engine a round of {round_s * 1e3:.1f} ms later",
+            highlight=False,
+        )
     if quant in (None, "auto"):
         console.print(f"weight format {quant_reason}", highlight=False)
     for warning in (fit_note, kv_note):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine import periodic, request_log
 from capsim.engine.config import PredictConfig
+from capsim.engine.front_end import level_frontend
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
 from capsim.engine.pool import worker_pool
@@ -189,7 +190,7 @@ def run_replicas(
     # the log keeps the engine's times (the saturation derivation relies on them); the
     # front end's latency is added to what a client sees in measure_level, in the
     # records, and in requests folded past the buffer
-    frontend = setup.step_model.frontend_parallel_seconds
+    frontend = level_frontend(setup, workload)
     log = RequestLog(frontend, keep_records, first_rid)
     driver = Driver(env, router, workload, seed, log, agents, first_rid, progress)
     driver.start()
@@ -255,9 +256,7 @@ def simulate_level(
     ``progress`` counts the requests simulated in this process as they finish."""
     started = time.perf_counter()
     runs = level_runs(setup, workload, seed, keep_records, partition, workers, catalog, progress)
-    return measure_level(
-        runs, workload, keep_records, started, setup.step_model.frontend_parallel_seconds
-    )
+    return measure_level(runs, workload, keep_records, started, level_frontend(setup, workload))
 
 
 def level_runs(
@@ -352,7 +351,7 @@ def replicated_run(
 ) -> ReplicaRun:
     """A long closed-loop level as independent replications of ``parts`` requests each,
     in up to ``workers`` processes, joined end to end (engine/replication.py)."""
-    join = ReplicationJoin(workload.requests, setup.step_model.frontend_parallel_seconds)
+    join = ReplicationJoin(workload.requests, level_frontend(setup, workload))
     pieces = [
         (dataclass_replace(workload, requests=n), part_seed(seed, k)) for k, n in enumerate(parts)
     ]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from capsim.catalog.loader import Catalog, process_catalog, share_with_workers
 from capsim.engine.bands import add_corpus_bands, add_profile_bands, propagation_plan
 from capsim.engine.config import PredictConfig
+from capsim.engine.front_end import level_frontend
 from capsim.engine.lengths import parse_length
 from capsim.engine.levels import (
     LevelResult,
@@ -157,9 +158,7 @@ def closed_level(
     (run,) = level_runs(
         setup, workload, seed, keep_records, workers=workers, catalog=catalog, progress=progress
     )
-    result = measure_level(
-        [run], workload, keep_records, started, setup.step_model.frontend_parallel_seconds
-    )
+    result = measure_level([run], workload, keep_records, started, level_frontend(setup, workload))
     return result, run if is_saturated(run) else None
 
 
@@ -223,12 +222,9 @@ def sweep_saturating(
 
     def derived(w: Workload) -> LevelResult:
         started = time.perf_counter()
+        frontend = level_frontend(setup, w)
         result = measure_level(
-            [derive_run(base, w.concurrency, setup.step_model.frontend_parallel_seconds)],
-            w,
-            keep_records,
-            started,
-            setup.step_model.frontend_parallel_seconds,
+            [derive_run(base, w.concurrency, frontend)], w, keep_records, started, frontend
         )
         result.service_of = float(base_level)
         return result

@@ -323,6 +323,16 @@ class EfficiencyParams(BaseModel):
         "one request alone sees only frontend_request_ms (which caps it). 0: not modelled "
         "(no source measures it on GPU servers); calibration fits it where TTFT grows with a burst",
     )
+    api_server_us_per_stream_chunk: float = Field(
+        0.0,
+        ge=0,
+        description="CPU time the API server spends on one streamed chunk of one request "
+        "(us): receiving the engine's output, detokenising, building and sending the SSE "
+        "event. One API-server process serves every stream in turn, so a client sees its "
+        "last token, and its next request reaches the engine, about one round over the "
+        "running streams later (streams x this). Per engine (hardware_db/engines/); 0: not "
+        "modelled",
+    )
     tokenize_us_per_token: float = Field(
         1.0,
         ge=0,
@@ -379,6 +389,7 @@ class EfficiencyParams(BaseModel):
             "frontend": [
                 "frontend_request_ms",
                 "api_server_ms_per_request",
+                "api_server_us_per_stream_chunk",
                 "tokenize_us_per_token",
             ],
             "overhead": [

@@ -41,6 +41,17 @@ class HostTerms:
         it to each client-side first token and finish."""
         return self.frontend_seconds(prompt_tokens) - self.api_server_seconds(prompt_tokens)
 
+    def stream_round_seconds(self, streams: float) -> float:
+        """One round of the API server over ``streams`` streaming requests, seconds: each
+        stream's chunk costs ``api_server_us_per_stream_chunk`` of the one API-server
+        process. A finished request's last chunk waits about half a round to be sent and
+        the client's next request about half a round to be taken in: a closed-loop
+        client's slot stands empty about one round (it adds to TTFT and end-to-end time).
+        When the round outlasts an engine step, a stream's tokens wait and go out together
+        (vLLM merges the outputs a stream has not yet sent), so the round, not a growing
+        queue, bounds the wait."""
+        return float(streams) * self.params.api_server_us_per_stream_chunk * 1e-6
+
     def kernel_floor_us(self, tokens: float) -> float:
         """GPU-side per-layer costs of one step (gaps between a layer's kernels, MoE
         routing kernels), us, with or without CUDA graphs. Eager launches are
