@@ -105,22 +105,26 @@ def propose_offload(
     if not model.moe or gpu.unified_memory:  # one memory: nothing to keep elsewhere
         return None
     llama = cat.engine("llama.cpp")
-    gguf = f"gguf-{fmt.name}"  # llama.cpp runs the GGUF file of a format where one exists
-    if not fmt.name.startswith("gguf-") and gguf in cat.quant_formats.entries:
-        fmt = cat.quant(gguf)
-    elif (
-        not fmt.name.startswith("gguf-") and not chosen and COMMON_GGUF in cat.quant_formats.entries
-    ):
-        fmt = cat.quant(COMMON_GGUF)
+    if not fmt.name.startswith("gguf-"):
+        gguf = f"gguf-{fmt.name}"  # llama.cpp runs the GGUF file of a format where one exists
+        if gguf in cat.quant_formats.entries:
+            fmt = cat.quant(gguf)
+        elif not chosen and COMMON_GGUF in cat.quant_formats.entries:
+            fmt = cat.quant(COMMON_GGUF)
     options = engine_fit_options(llama, gpu, **{**fit_options, "cpu_moe_layers": 0})
     layers = parameter_breakdown(model).moe_layers
 
     def fit_with(n: int):
         return memory_fit(gpu, model, fmt, tp=tp, **{**options, "cpu_moe_layers": n})
 
-    fewest = next((n for n in range(1, layers + 1) if fit_with(n).fits), None)
-    if fewest is None:
+    fits = {}  # memory fits by offloaded layers, the fewest that fit found first
+    for n in range(1, layers + 1):
+        fits[n] = fit_with(n)
+        if fits[n].fits:
+            break
+    else:
         return None
+    fewest = n
     hosts = {h.name: h.read_bandwidth_gbs for h in sorted(cat.hosts, key=_by_bandwidth)}
     labels = {h.name: h.display_name for h in cat.hosts}
     if host_memory_bandwidth:
@@ -133,17 +137,17 @@ def propose_offload(
     command_bandwidth = f"{bandwidth:g}" if bandwidth else "GB/s"
     result = []
     for n in offload_layers_to_try(fewest, layers):
-        fit = fit_with(n)
+        fit = fits[n] if n in fits else fit_with(n)
         context = min(PRICED_CONTEXT_TOKENS, fit.kv_capacity_tokens)
         speeds = {}
-        for name, bandwidth in hosts.items():
+        for name, host_gbs in hosts.items():
             deployment = engine_deployment(
                 llama,
                 gpu,
                 tp=tp,
                 quant=fmt.name,
                 cpu_moe_layers=n,
-                host_memory_bandwidth_gbs=bandwidth,
+                host_memory_bandwidth_gbs=host_gbs,
             )
             step = build_step_model(cat, gpu, model, deployment)
             speeds[name] = 1.0 / step.step_time([1], [context])
