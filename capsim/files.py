@@ -42,6 +42,15 @@ def file_stem(name: str, flag: str) -> str:
     return name
 
 
+def path_exists(path: Path) -> bool:
+    """``path.exists()``, False instead of an OSError for a name no file can have (too long,
+    a NUL byte, a loop of links): a user's value that names no file is not there."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 MAX_NAME_BYTES = 255
 """Longest file name (one path component, UTF-8 bytes) the common file systems take."""
 

@@ -149,3 +149,25 @@ def test_a_ttft_bound_answer_names_the_cause_and_checks_each_change_in_the_simul
 def test_an_answer_bound_by_throughput_has_no_ttft_diagnosis():
     answer = capacity(PredictConfig(**BASE), Objectives(min_agent_tok_s=60), CAT)
     assert answer.ttft_cause is None and answer.checked_changes == []
+
+
+def test_many_replicas_are_searched_as_one_replicas_share_of_the_agents():
+    """Issue 47's battery: capacity --gpus 1000 simulated every replica at every level of
+    the search and ran for minutes. Past MAX_JOINT_REPLICAS round-robin replicas, one
+    replica's share is searched and multiplied (the same answer per replica as one GPU)."""
+    from capsim.planner.capacity import MAX_JOINT_REPLICAS
+
+    objectives = Objectives(min_agent_tok_s=60)
+    one = capacity(PredictConfig(**BASE), objectives, CAT)
+    n = 4 * MAX_JOINT_REPLICAS
+    many = capacity(PredictConfig(**BASE, gpus=n), objectives, CAT)
+    assert many.gpus == n and many.max_concurrency == n * one.max_concurrency
+    assert any(f"one of the {n} replicas" in note for note in many.notes)
+    assert [p.concurrency for p in many.curve] == [n * p.concurrency for p in one.curve]
+    assert any(f"--gpus {2 * n}" in s for s in many.suggestions)
+    # a gateway joins the replicas: they are simulated together, never multiplied
+    gated = PredictConfig(**BASE, gpus=MAX_JOINT_REPLICAS + 1, router_latency_s=0.001)
+    from capsim.planner.capacity import per_replica_share
+
+    assert per_replica_share(gated, MAX_JOINT_REPLICAS + 1) == 1
+    assert per_replica_share(PredictConfig(**BASE), MAX_JOINT_REPLICAS) == 1

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from capsim.cli.main import app
 from capsim.files import MAX_INPUT_BYTES
 
+ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--concurrency", "1"]
 LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(
@@ -216,3 +217,30 @@ def test_a_hostile_run_log_is_refused_line_by_line_with_exit_2(tmp_path):
         f.truncate(MAX_LOG_BYTES + 1)
     r = runner.invoke(app, ["probe", "summarize", str(big)])
     assert r.exit_code == 2 and "more than the 128 MB" in r.output, r.output
+
+
+def test_errors_in_a_file_name_its_line(tmp_path):
+    """Issue 47: 'file:line: field: problem', one line, instead of the parser's five lines
+    about '<unicode string>' or a field path with no line to look at."""
+    source = ROOT / "calibration/published/corpus-inferencex-h100-gptoss120b-vllm-1k1k.yaml"
+    lines = source.read_text().splitlines(keepends=True)
+    target = next(i for i, line in enumerate(lines) if line.strip().startswith("- concurrency:"))
+    lines[target] = lines[target].split(":")[0] + ": -3\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("".join(lines))
+    r = runner.invoke(app, ["validate", str(bad)])
+    first = r.stderr.splitlines()[0]
+    assert r.exit_code == 2 and f"{bad}:{target + 1}: invalid entry: scenarios.0.points.0" in first
+    assert "concurrency: Input should be greater than or equal to 1" in first
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nscenarios: [1, 2\nmore: 3\n")
+    r = runner.invoke(app, ["validate", str(broken)])
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "line 3, column 5" in r.stderr and "<unicode string>" not in r.stderr
+
+
+def test_a_path_no_file_can_have_is_exit_2():
+    """A name longer than the file system takes (--profile 'aaa...') was an OSError
+    traceback from Path.exists()."""
+    r = runner.invoke(app, [*PREDICT, "--profile", "a" * 300])
+    assert r.exit_code == 2 and "unknown profile" in r.stderr and "Traceback" not in r.output

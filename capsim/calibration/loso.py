@@ -83,13 +83,16 @@ def priors_in_view_path() -> Path:
 def load_priors_in_view(path: Path | None = None) -> list[PriorInView]:
     """The registry (default: calibration/priors_in_view.yaml)."""
     path = path or priors_in_view_path()
-    data = load_yaml_text(read_input_text(path, "priors-in-view registry"))
+    text = read_input_text(path, "priors-in-view registry")
+    data = load_yaml_text(text)
     if not isinstance(data, list):
         raise CapsimUserError(f"{path}: expected a list of priors, got {type(data).__name__}")
-    try:
-        return [PriorInView.model_validate(entry) for entry in data]
+    from pydantic import TypeAdapter
+
+    try:  # validated as one list, so an error's location starts with the entry's index
+        return TypeAdapter(list[PriorInView]).validate_python(data)
     except ValidationError as exc:
-        raise CapsimUserError(format_validation_error(path, exc)) from None
+        raise CapsimUserError(format_validation_error(path, exc, text)) from None
 
 
 def left_out_overrides(

@@ -232,13 +232,15 @@ def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") ->
             if path.exists():
                 return load_profile(path)
         return None
+    from capsim.files import path_exists
+
     path = Path(spec)
-    if not path.exists():
+    if not path_exists(path):
         path = next(
-            (f / f"{spec}.yaml" for f in profile_search_path() if (f / f"{spec}.yaml").exists()),
+            (f / f"{spec}.yaml" for f in profile_search_path() if path_exists(f / f"{spec}.yaml")),
             path,
         )
-    if not path.exists():
+    if not path_exists(path):
         names = sorted({p.stem for f in profile_search_path() for p in f.glob("*.yaml")})
         raise CapsimUserError(
             f"unknown profile '{spec}' (--profile)",

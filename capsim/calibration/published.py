@@ -169,7 +169,7 @@ def load_dataset(path: Path) -> PublishedDataset:
     try:
         return PublishedDataset.model_validate(data)
     except ValidationError as exc:
-        raise CapsimUserError(format_validation_error(path, exc)) from None
+        raise CapsimUserError(format_validation_error(path, exc, text)) from None
 
 
 RUN_METRICS = (

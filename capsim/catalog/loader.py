@@ -88,12 +88,16 @@ def load_yaml_text(text: str):
             f"the document is {len(text) / 2**20:.1f} MB, above the {MAX_YAML_CHARS / 2**20:g} MB "
             "capsim parses as YAML (its own datasets and catalog files are under 100 kB)"
         )
+    from capsim.catalog.yaml_errors import one_line_yaml_error
+
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (ValueError, OverflowError, RecursionError) as exc:
         # the constructor's own limits (an integer of 5,000 digits, a date out of range):
         # not a YAML document capsim can read, reported as its syntax errors are
         raise yaml.YAMLError(str(exc).splitlines()[0]) from None
+    except yaml.YAMLError as exc:  # one line with the line and column, not libyaml's five
+        raise yaml.YAMLError(one_line_yaml_error(exc)) from None
     check_expansion(data)
     return data
 
@@ -150,13 +154,38 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
-def format_validation_error(path: Path, exc: ValidationError) -> str:
+def format_validation_error(path: Path, exc: ValidationError, text: str | None = None) -> str:
+    """A schema error as 'file:LINE: invalid entry: field: problem' (up to five fields,
+    each after the first with its own line). ``text``: the file's YAML or JSON, read again
+    from ``path`` when not given, to place the fields (capsim.catalog.yaml_errors)."""
+    from capsim.catalog.yaml_errors import line_of
+
+    if text is None:
+        text = _text_for_lines(path)
+    errors = exc.errors()
     lines = []
-    for err in exc.errors()[:5]:
+    first_line = None
+    for i, err in enumerate(errors[:5]):
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"{loc}: {err['msg']}")
-    more = "" if len(exc.errors()) <= 5 else f" (and {len(exc.errors()) - 5} more)"
-    return f"{path}: invalid entry: " + "; ".join(lines) + more
+        line = line_of(text, tuple(err["loc"])) if text is not None else None
+        if i == 0:
+            first_line = line
+            lines.append(f"{loc}: {err['msg']}")
+        else:
+            lines.append(f"{loc}{f' (line {line})' if line else ''}: {err['msg']}")
+    more = "" if len(errors) <= 5 else f" (and {len(errors) - 5} more)"
+    where = f"{path}:{first_line}" if first_line else f"{path}"
+    return f"{where}: invalid entry: " + "; ".join(lines) + more
+
+
+def _text_for_lines(path: Path) -> str | None:
+    """``path``'s text for placing schema errors, or None where it cannot be read again."""
+    from capsim.files import read_input_text
+
+    try:
+        return read_input_text(path, "file")
+    except (CapsimUserError, OSError, ValueError):
+        return None
 
 
 def load_entry(path: Path, schema: type[T]) -> T:

@@ -416,6 +416,11 @@ def user_errors(func):
                 "pydantic"
             ):
                 exc = validation_user_error(exc)
+            elif isinstance(exc, OSError) and exc.filename is not None:
+                # a path the user gave that no file can have or capsim may not touch (a
+                # name too long, a loop of links, no permission, a full disk): the path and
+                # the system's reason, not a traceback
+                exc = CapsimUserError(f"'{exc.filename}': {exc.strerror or exc}")
             elif not isinstance(exc, CapsimUserError):
                 raise
             print_notices()

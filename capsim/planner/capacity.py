@@ -13,6 +13,7 @@ resource the decode step is bound by) and what would let it serve more.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -29,6 +30,12 @@ from capsim.errors import CapsimUserError
 
 MAX_CONCURRENCY = 8192
 """Largest concurrency the search tries (agents)."""
+
+MAX_JOINT_REPLICAS = 8
+"""Most replicas capacity simulates together. With more behind a round-robin router, it
+searches one replica's share of the agents and multiplies: a closed loop's agents spread
+evenly over identical replicas, and simulating a thousand replicas together at every level
+of the search took minutes (the issue-47 battery: --gpus 1000 ran past its 20 s)."""
 
 KV_FULL = 0.98
 """Peak KV-cache use from which a level counts as KV-bound (fraction of blocks)."""
@@ -168,16 +175,23 @@ def capacity(
         )
     if config.workload != "closed":
         raise CapsimUserError("capacity searches a closed loop of agents (--workload closed)")
-    setup = calibrated_setup(config, catalog)
+    whole = calibrated_setup(config, catalog)
+    share = per_replica_share(config, whole.dp)
+    searched = config if share == 1 else config.model_copy(update={"gpus": None, "dp": 1})
+    setup = whole if share == 1 else calibrated_setup(searched, catalog)
     engine_seqs = setup.scheduler.max_num_seqs * setup.dp
     cache: dict[int, CapacityPoint] = {}
 
     def at(c: int) -> CapacityPoint:
         if c not in cache:
-            cfg = config.model_copy(
+            cfg = searched.model_copy(
                 update={"concurrency": [c], "requests": max(requests_per_agent * c, 64)}
             )
-            result = calibrated_predict(cfg, catalog, keep_records=True, workers=1)
+            # a profile's bands are three more simulations a level: only the pessimistic
+            # search reads them
+            result = calibrated_predict(
+                cfg, catalog, keep_records=True, workers=1, profile_bands=pessimistic
+            )
             cache[c] = measure_point(result.levels[0], objectives, pessimistic)
         return cache[c]
 
@@ -220,10 +234,22 @@ def capacity(
     ttft_cause, checked = None, []
     if first_miss is not None and any(m.startswith("TTFT") for m in first_miss.misses):
         lone = cache[1].ttft_mean_s  # the search always starts with one agent
-        ttft_cause, changes = _ttft_cause(first_miss, lone, limiter, setup, config)
+        ttft_cause, changes = _ttft_cause(first_miss, lone, limiter, setup, searched)
         checked = [
-            _rerun(config, catalog, objectives, pessimistic, first_miss, label, update)
+            _rerun(searched, catalog, objectives, pessimistic, first_miss, label, update)
             for label, update in changes
+        ]
+    if share > 1:
+        notes.append(
+            f"searched one of the {share} replicas with its share of the agents (round-robin "
+            f"spreads a closed loop evenly) and multiplied by {share}; figures per agent "
+            "are that replica's" + (", the reruns above too" if checked else "")
+        )
+        curve = [
+            dataclasses.replace(
+                p, concurrency=p.concurrency * share, output_tok_s=p.output_tok_s * share
+            )
+            for p in curve
         ]
     return CapacityAnswer(
         ttft_cause=ttft_cause,
@@ -231,14 +257,26 @@ def capacity(
         gpu=setup.gpu.name,
         model=setup.model.name,
         quant=setup.fmt.name,
-        gpus=setup.dp * config.tp,
-        max_concurrency=good,
+        gpus=whole.dp * config.tp,
+        max_concurrency=good * share,
         binding=binding,
         limiter=limiter,
-        suggestions=_suggestions(limiter, setup, config, catalog or load_catalog()),
+        suggestions=_suggestions(limiter, whole, config, catalog or load_catalog()),
         curve=curve,
         notes=notes,
     )
+
+
+def per_replica_share(config: PredictConfig, dp: int) -> int:
+    """How many replicas one simulated replica stands for in the search: ``dp`` when there
+    are more than MAX_JOINT_REPLICAS behind a plain round-robin router (no gateway latency
+    or rate limit joining them), else 1 (all simulated together)."""
+    plain = (
+        config.router == "round_robin"
+        and not config.router_latency_s
+        and config.router_capacity_rps is None
+    )
+    return dp if dp > MAX_JOINT_REPLICAS and plain else 1
 
 
 def _limiter(setup, point: CapacityPoint, engine_seqs: int) -> str:
@@ -405,7 +443,9 @@ def _rerun(config, catalog, objectives, pessimistic, point: CapacityPoint, label
     c = point.concurrency
     cfg = config.model_copy(update={**update, "concurrency": [c], "requests": max(8 * c, 64)})
     try:
-        result = calibrated_predict(cfg, catalog, keep_records=True, workers=1)
+        result = calibrated_predict(
+            cfg, catalog, keep_records=True, workers=1, profile_bands=pessimistic
+        )
     except CapsimUserError as exc:  # the change does not apply to this deployment
         return f"{label}: not possible here ({exc})"
     after = measure_point(result.levels[0], objectives, pessimistic)

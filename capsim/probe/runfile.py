@@ -285,7 +285,13 @@ def rebuild_summary(path: Path) -> RunSummary:
     first_header: dict[str, Any] | None = None
     groups: dict[tuple[int, int], list[RequestRecord]] = {}
     finished: dict[tuple[int, int], dict[str, Any]] = {}  # each level event, by level
-    for e in iter_events(path.with_suffix(".jsonl")):  # one pass, no event kept whole
+    log = path.with_suffix(".jsonl") if path.suffix == ".json" else path  # a .json: its log
+    if log != path and path.is_file() and not log.exists():
+        raise CapsimUserError(
+            f"'{path}' has no run log beside it ('{log.name}' does not exist)",
+            hint="capsim probe writes NAME.jsonl beside NAME.json; summarize rebuilds from it",
+        )
+    for e in iter_events(log):  # one pass, no event kept whole
         if e.get("type") == "header" and first_header is None:
             first_header = e
         if e.get("type") == "level":
