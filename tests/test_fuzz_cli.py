@@ -361,3 +361,19 @@ def test_files_with_values_no_reader_takes_are_exit_2(tmp_path):
 def test_values_out_of_any_range_are_exit_2_up_front(args):
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize("value", ["2.0", "1e3", "0x10", "2.", "two"])
+def test_integer_flags_take_whole_numbers_only(value):
+    """Issue 47: '--requests 2.0' ran as 2 (typer reads integers through pydantic's lax
+    mode); every integer flag now refuses what is not written as a whole number."""
+    base = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
+    for args in (
+        ["predict", *base, "-c", "1", "--requests", value],
+        ["explain", *base, "--batch", value],
+        ["capacity", *base, "--min-agent-tok-s", "5", "--gpus", value],
+    ):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "is not a whole number" in r.output, (args, r.output)
+    r = CliRunner().invoke(app, ["explain", *base, "--batch", "+2", "--json"])
+    assert r.exit_code == 0, r.output

@@ -32,6 +32,41 @@ APP_SETTINGS: dict[str, Any] = dict(
     **PLAIN_HELP,
 )
 
+
+def _whole_numbers_only() -> None:
+    """Integer flags take whole numbers as written: typer reads them through pydantic's lax
+    mode, which took '--requests 2.0' as 2 (issue 47). A value that is not digits (with a
+    sign, '_' between digits) is refused as click refuses any other bad value, exit 2."""
+    import re
+    import types
+    from typing import Union, get_args, get_origin
+
+    try:
+        from typer._click.exceptions import BadParameter
+        from typer._coercion import AdapterRuntimeParam
+    except ImportError:  # another typer: its own integer parsing stands
+        return
+    whole = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
+
+    def integral(annotation) -> bool:
+        if annotation is int:
+            return True
+        if get_origin(annotation) in (Union, types.UnionType):
+            return any(a is int for a in get_args(annotation))
+        return False
+
+    original = AdapterRuntimeParam._coerce_value
+
+    def coerce(self, value, param, ctx):
+        if isinstance(value, str) and integral(self.annotation) and not whole.fullmatch(value):
+            raise BadParameter(f"{value!r} is not a whole number", ctx=ctx, param=param)
+        return original(self, value, param, ctx)
+
+    AdapterRuntimeParam._coerce_value = coerce
+
+
+_whole_numbers_only()
+
 cli = typer.Typer(**APP_SETTINGS)
 """The global options; ``app`` (``full_app``) adds the commands, which live in the other
 cli modules."""
