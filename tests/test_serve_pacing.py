@@ -107,3 +107,46 @@ def test_serve_paces_a_closed_loop_as_predict_simulates_it(speedup):
             ("TTFT p50", served.ttft_ms.p50, model.ttft_ms.p50),
         ]:
             assert got == pytest.approx(want, rel=1e-4), f"C={c} {name}: {got} vs {want}"
+
+
+def test_requests_without_max_tokens_get_vllms_defaults():
+    """A completion without max_tokens generates vLLM's 16; a chat request up to the
+    context limit, or what --override-generation-config's max_new_tokens allows (with no
+    end-of-sequence token, 'up to the limit' held a client for many minutes: issue 47)."""
+    from starlette.testclient import TestClient
+
+    from capsim.serve.app import create_app
+
+    def tokens(client, path: str, body: dict) -> int:
+        r = client.post(path, json={"model": "m", **body})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["completion_tokens"]
+
+    # one client a deployment: its lifespan starts the deployment's driving loop once
+    with TestClient(create_app(live_deployment(1000.0), ["m"])) as plain:
+        assert tokens(plain, "/v1/completions", {"prompt": "a b c"}) == 16
+        assert tokens(plain, "/v1/completions", {"prompt": "a b c", "max_tokens": 4}) == 4
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(create_app(live_deployment(1000.0), ["m"], default_max_tokens=7)) as capped:
+        assert tokens(capped, "/v1/chat/completions", chat) == 7
+        assert tokens(capped, "/v1/chat/completions", {**chat, "max_tokens": 3}) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("{", "not JSON"),
+        ("[1]", "JSON object"),
+        ('{"max_new_tokens": 0}', "from 1"),
+        ('{"max_new_tokens": 2.5}', "whole number"),
+        ('{"max_new_tokens": true}', "whole number"),
+    ],
+)
+def test_a_bad_generation_config_is_exit_2(text, words):
+    from typer.testing import CliRunner
+
+    from capsim.cli.main import app
+
+    args = ["serve", "--gpu", "rtx3090", "--model", "qwen3-8b"]
+    r = CliRunner().invoke(app, [*args, "--override-generation-config", text])
+    assert r.exit_code == 2 and words in r.stderr, r.output

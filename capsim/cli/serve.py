@@ -70,6 +70,16 @@ def serve_cmd(
             "Hugging Face id and its catalog name)",
         ),
     ] = None,
+    override_generation_config: Annotated[
+        str | None,
+        typer.Option(
+            "--override-generation-config",
+            help="vLLM's flag, as JSON: '{\"max_new_tokens\": N}' caps what a request "
+            "without max_tokens generates (default: up to max_model_len, as vLLM; with no "
+            "end-of-sequence token here that can take many minutes). Other keys change no "
+            "timing",
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Serve the OpenAI API with the predicted deployment's timing: point an agent
@@ -84,6 +94,7 @@ def serve_cmd(
         )
     if tp < 1 or (gpus is not None and gpus < 1):
         raise CapsimUserError("--tp and --gpus must be at least 1")
+    default_max_tokens = max_new_tokens_of(override_generation_config)
     cat, (ref,) = resolve_models(catalog(db), [model])
     cat.engine(engine)
     config = predict_config(
@@ -120,11 +131,46 @@ def serve_cmd(
         f"max_model_len {setup.max_model_len:,}, KV cache "
         f"{setup.num_blocks * setup.scheduler.block_size:,} tokens, speedup {speedup:g}x; "
         f"serving {', '.join(names)} at http://{host}:{port}/v1\n"
-        f"simulated, not a model: {LIMITS}",
+        f"simulated, not a model: {LIMITS}; a chat request without max_tokens generates "
+        + (
+            f"at most {default_max_tokens:,} tokens (--override-generation-config)"
+            if default_max_tokens
+            else "up to max_model_len (vLLM's default; cap it with --override-generation-config "
+            "'{\"max_new_tokens\": N}'), a completion without it 16"
+        ),
         highlight=False,
         soft_wrap=True,
     )
-    run_server(setup, names, speedup, host, port)
+    run_server(setup, names, speedup, host, port, default_max_tokens)
+
+
+def max_new_tokens_of(text: str | None) -> int | None:
+    """``--override-generation-config``'s max_new_tokens (None where not given), checked:
+    a JSON object, max_new_tokens a whole number from 1; exit 2 otherwise."""
+    if text is None:
+        return None
+    import json
+
+    from capsim.files import loads_json
+
+    flag = "--override-generation-config"
+    try:
+        value = loads_json(text)
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+        raise CapsimUserError(
+            f"{flag} is not JSON ({str(exc).splitlines()[0][:120]})",
+            hint=f"""e.g. {flag} '{{"max_new_tokens": 512}}'""",
+        ) from None
+    if not isinstance(value, dict):
+        raise CapsimUserError(f"{flag} must be a JSON object, not {type(value).__name__}")
+    tokens = value.get("max_new_tokens")
+    if tokens is None:
+        return None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 10**9:
+        raise CapsimUserError(
+            f"{flag}: max_new_tokens must be a whole number from 1 to 1e9, not {tokens!r}"[:300]
+        )
+    return tokens
 
 
 def check_listen(host: str, port: int) -> None:
@@ -152,7 +198,14 @@ def check_listen(host: str, port: int) -> None:
             ) from None
 
 
-def run_server(setup, names: list[str], speedup: float, host: str, port: int) -> None:
+def run_server(
+    setup,
+    names: list[str],
+    speedup: float,
+    host: str,
+    port: int,
+    default_max_tokens: int | None = None,
+) -> None:
     """Serve until interrupted (Ctrl-C stops it cleanly)."""
     import uvicorn
 
@@ -166,7 +219,9 @@ def run_server(setup, names: list[str], speedup: float, host: str, port: int) ->
         local = f"[{local}]"
     self_url = f"http://{local}:{port}" if port else None  # port 0: not known in advance
     check_listen(host, port)
-    app = create_app(LiveDeployment(setup, speedup), names, __version__, self_url)
+    app = create_app(
+        LiveDeployment(setup, speedup), names, __version__, self_url, default_max_tokens
+    )
     try:
         uvicorn.run(
             app, host=host, port=port, log_level="warning", http=stamped_protocol() or "auto"

@@ -64,11 +64,14 @@ def create_app(
     served_names: list[str],
     version: str = "0",
     self_url: str | None = None,
+    default_max_tokens: int | None = None,
 ) -> Starlette:
     """The Starlette application serving ``deployment`` under ``served_names`` (the first
     is the name /v1/models lists). With ``self_url`` (where this app will listen), it
     measures its own HTTP round trip at start-up (capsim.serve.transport) and answers
-    /health with 503 until it has."""
+    /health with 503 until it has. ``default_max_tokens``: what a request that sets no
+    max_tokens may generate at most (vLLM's ``--override-generation-config
+    '{"max_new_tokens": N}'``); None: up to max_model_len, as vLLM without it."""
     setup = deployment.setup
     max_model_len = setup.max_model_len
     metrics = ServeMetrics(deployment, served_names[0])
@@ -93,7 +96,10 @@ def create_app(
                 "messages or completion.",
                 param="max_tokens" if value else "messages",
             )
-        return value if value is not None else max_model_len - prompt_tokens
+        if value is not None:
+            return value
+        room = max_model_len - prompt_tokens
+        return room if default_max_tokens is None else min(room, default_max_tokens)
 
     async def count_prompt(body: dict, chat: bool) -> int:
         """Prompt tokens, counted off the event loop (a long prompt takes a while, and

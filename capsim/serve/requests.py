@@ -340,10 +340,18 @@ def model_name(body: dict, served: list[str]) -> str:
     return name
 
 
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""max_tokens of a /v1/completions request that does not send the field: vLLM's
+CompletionRequest declares ``max_tokens: int | None = 16`` (OpenAI's legacy default); an
+explicit null, and a chat request without it, may generate up to max_model_len."""
+
+
 def max_tokens_of(body: dict, chat: bool) -> int | None:
     """The completion budget a request asks for: chat reads max_completion_tokens or
     max_tokens (vLLM: ``max_completion_tokens or max_tokens``), completions max_tokens
-    alone (its request has no max_completion_tokens)."""
+    alone (its request has no max_completion_tokens; 16 where it is not sent)."""
+    if not chat and "max_tokens" not in body:
+        return COMPLETIONS_DEFAULT_MAX_TOKENS
     value = lax_int(body, "max_tokens")
     if chat:
         newer = lax_int(body, "max_completion_tokens")
