@@ -123,3 +123,22 @@ def test_import_errors(tmp_path):
     assert r.exit_code == 2 and "does not exist" in r.stderr
     r = CliRunner().invoke(app, ["import", "aiperf", str(bad), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "time_to_first_token" in r.stderr
+
+
+def test_a_result_with_too_many_requests_keeps_its_aggregates(tmp_path, monkeypatch):
+    """Issue 47: a 51 MB vllm bench result of 1.5 million requests took 150 s to import;
+    past MAX_IMPORTED_REQUESTS the level's aggregates are imported, no per-request records,
+    and a note says so."""
+    import capsim.probe.importers as importers
+    from capsim.notices import take_notices
+    from capsim.probe.runfile import read_events
+
+    monkeypatch.setattr(importers, "MAX_IMPORTED_REQUESTS", 3)
+    src = tmp_path / "vllm.json"
+    src.write_text(json.dumps(VLLM_BENCH))
+    take_notices()
+    summary = import_results("vllm-bench", src, tmp_path / "run.json")
+    assert summary.levels[0].metrics.output_tok_s == VLLM_BENCH["output_throughput"]
+    events = read_events(tmp_path / "run.jsonl")
+    assert not [e for e in events if e.get("type") == "request"]
+    assert any("4 requests, more than the 3" in n for n in take_notices())

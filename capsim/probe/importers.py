@@ -30,6 +30,12 @@ from capsim.probe.runfile import LevelSummary, RunHeader, RunSummary, RunWriter,
 
 FORMATS = ("vllm-bench", "guidellm", "aiperf")
 
+MAX_IMPORTED_REQUESTS = 100_000
+"""Most per-request records one import writes (about 40 us each here: 100,000 in about 4 s).
+A result holding more (a 51 MB vllm bench file of 1.5 million requests took 150 s, issue
+47's 'import hangs') keeps its level aggregates, which calibration reads, and no
+per-request records, with a note; the largest published runs hold tens of thousands."""
+
 
 def _read(path: Path) -> Any:
     from capsim.files import read_input_text
@@ -107,6 +113,15 @@ def import_vllm_bench(
         thousand requests is never held as records all at once)."""
         ttfts = d.get("ttfts") or []
         if not (ttfts and d.get("output_lens")):
+            return
+        if len(ttfts) > MAX_IMPORTED_REQUESTS:
+            from capsim.notices import notice
+
+            notice(
+                f"'{path.name}' holds per-request times of {len(ttfts):,} requests, more "
+                f"than the {MAX_IMPORTED_REQUESTS:,} capsim imports: the level's aggregates "
+                "are imported, no per-request records"
+            )
             return
         itls = d.get("itls") or []
         input_lens = d.get("input_lens") or []
