@@ -31,8 +31,17 @@ READERS = {
     ],
     "calibrate-kernels": lambda f, out: ["calibrate-kernels", str(f)],
     "probe summarize": lambda f, out: ["probe", "summarize", str(f)],
+    "--db overlay": lambda f, out: ["--db", str(overlay(f, out.parent)), "gpus"],
 }
 """Every command that reads a file the user names, by the flag or argument that names it."""
+
+
+def overlay(path: Path, folder: Path) -> Path:
+    """A catalog overlay folder holding ``path`` as one GPU entry (gpus/NAME.yaml)."""
+    db = folder / "db" / path.name
+    (db / "gpus").mkdir(parents=True, exist_ok=True)
+    (db / "gpus" / f"{path.name}.yaml").write_bytes(path.read_bytes())
+    return db
 
 
 def test_the_corpus_is_there():
