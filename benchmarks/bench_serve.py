@@ -1,7 +1,7 @@
 """Benchmark: does ``capsim serve`` behave like ``capsim predict`` says, in real time?
 
 Run:  .venv/bin/python benchmarks/bench_serve.py [--speedup 1] [--levels 32,64,128,256]
-          [--requests 256] [--input-tokens 512] [--output-tokens 64]
+          [--requests 256] [--input-tokens 512] [--output-tokens 64] [--hostile 32]
 
 Starts ``capsim serve`` (RTX 3090, Qwen3-Coder-30B-A3B AWQ) in a subprocess, probes it
 with ``capsim.probe`` at each level (closed loop), predicts the same workload with
@@ -9,14 +9,22 @@ with ``capsim.probe`` at each level (closed loop), predicts the same workload wi
 (scaled back by the speedup) against the prediction, and how far the server's loop ran
 behind the wall clock. Probe and server share this machine's cores, as a user's agent
 framework and the server would.
+
+``--hostile N``: meanwhile N clients send malformed requests (bad JSON, wrong types, unknown
+model, negative max_tokens, deep nesting, a wrong content type...) without pause, and their
+status codes are counted: the valid clients' figures, against a run without them, show
+whether the bad requests disturb the simulated timing (issue 47), and no answer may be 5xx.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +56,52 @@ def serve(port: int, speedup: float) -> subprocess.Popen:
     raise SystemExit("capsim serve did not start: " + proc.stderr.read().decode()[-2000:])
 
 
+JSON = "application/json"
+MALFORMED: list[tuple[str, bytes, str]] = [
+    ("/v1/completions", b"{", JSON),
+    ("/v1/completions", b"[]", JSON),
+    ("/v1/completions", b'{"model": 5, "prompt": "a"}', JSON),
+    ("/v1/completions", b'{"model": "nope", "prompt": "a", "max_tokens": 4}', JSON),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": -3}', JSON),
+    ("/v1/completions", b'{"prompt": "a", "stream_options": "x"}', JSON),
+    ("/v1/completions", b'{"prompt": [-1, 2], "max_tokens": 1}', JSON),
+    ("/v1/completions", b'{"prompt": "a"}', "text/plain"),
+    ("/v1/chat/completions", b'{"messages": "hi"}', JSON),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', JSON),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [1]}]}', JSON),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user"}], "n": 3}', JSON),
+    ("/v1/chat/completions", b"[" * 10_000 + b"]" * 10_000, JSON),
+]
+"""Malformed requests of distinct kinds (path, body, content type), sent in turn."""
+
+
+def hostile_clients(
+    url: str, clients: int, stop: threading.Event
+) -> tuple[collections.Counter, threading.Thread]:
+    """``clients`` clients sending MALFORMED requests in turn until ``stop`` is set, in a
+    thread of their own: the status codes they get (counted as they come) and the thread."""
+    codes: collections.Counter = collections.Counter()
+
+    async def one(client: httpx.AsyncClient, start: int) -> None:
+        i = start
+        while not stop.is_set():
+            path, body, kind = MALFORMED[i % len(MALFORMED)]
+            i += 1
+            try:
+                r = await client.post(url + path, content=body, headers={"content-type": kind})
+                codes[r.status_code] += 1
+            except httpx.HTTPError as exc:
+                codes[type(exc).__name__] += 1
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            await asyncio.gather(*(one(client, k) for k in range(clients)))
+
+    thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
+    thread.start()
+    return codes, thread
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speedup", type=float, default=1.0)
@@ -55,11 +109,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--input-tokens", type=int, default=512)
     parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--hostile", type=int, default=0, help="clients sending bad requests")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = serve(port, args.speedup)
+    stop = threading.Event()
+    codes, thread = hostile_clients(url, args.hostile, stop) if args.hostile else (None, None)
     try:
         out = Path(tempfile.mkdtemp()) / "run.json"
         measured = capsim.probe(
@@ -73,6 +130,9 @@ def main() -> None:
         )
         info = httpx.get(url + "/capsim/info").json()
     finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=30)
         proc.terminate()
         proc.wait(timeout=10)
     predicted = capsim.predict(
@@ -97,6 +157,10 @@ def main() -> None:
             f" {'':4}{tpot:9.2f} {tpot / p.tpot_ms.mean - 1:+7.1%}"
             f" {'':4}{ttft:10.1f} {ttft / p.ttft_ms.p50 - 1:+7.1%}"
         )
+    if codes is not None:
+        bad = sum(n for code, n in codes.items() if not (isinstance(code, int) and code < 500))
+        print(f"{args.hostile} clients sent malformed requests meanwhile: {dict(codes)}")
+        print("no 5xx and no transport error" if not bad else f"{bad} answers were 5xx or errors")
     lag = info.get("max_lag_ms")
     if lag is not None:
         print(f"the server's loop ran at most {lag:.1f} ms behind the wall clock")
