@@ -279,6 +279,13 @@ def per_replica_share(config: PredictConfig, dp: int) -> int:
     return dp if dp > MAX_JOINT_REPLICAS and plain else 1
 
 
+def _more_replicas(dp: int, tp: int) -> str:
+    """The change that doubles the replicas ('another replica' from one, 'N more replicas'
+    from N), with the --gpus that gives it."""
+    what = "another replica" if dp == 1 else f"{dp} more replicas"
+    return f"{what} (--gpus {2 * dp * tp})"
+
+
 def _limiter(setup, point: CapacityPoint, engine_seqs: int) -> str:
     """What the engine runs out of at a level: KV cache, its sequence limit, or the
     resource its decode step is bound by."""
@@ -333,9 +340,9 @@ def _suggestions(limiter: str, setup, config: PredictConfig, catalog: Catalog) -
                 else ""
             )
         )
-        out.append(f"another replica (--gpus {2 * setup.dp * config.tp}) adds a state pool")
+        out.append(f"{_more_replicas(setup.dp, config.tp)} adds a state pool")
     elif limiter in ("memory bandwidth", "compute"):
-        out.append(f"another replica (--gpus {2 * setup.dp * config.tp}) doubles the {limiter}")
+        out.append(f"{_more_replicas(setup.dp, config.tp)} doubles the {limiter}")
         if limiter == "memory bandwidth" and setup.fmt.bits_per_weight > 5:
             out.append("a 4-bit weight format reads fewer bytes per step")
         out.append("a GPU with more " + ("bandwidth" if limiter != "compute" else "TFLOPS"))
@@ -361,7 +368,7 @@ def _ttft_cause(point: CapacityPoint, lone: float, limiter: str, setup, config: 
     scheduler = setup.scheduler
     budget = scheduler.max_num_batched_tokens
     gpus = setup.dp * config.tp
-    replica = (f"another replica (--gpus {2 * gpus})", {"gpus": 2 * gpus, "dp": None})
+    replica = (_more_replicas(setup.dp, config.tp), {"gpus": 2 * gpus, "dp": None})
     changes: list[tuple[str, dict]] = []
     queued = point.queueing_mean_s / point.ttft_mean_s if point.ttft_mean_s > 0 else 0.0
     if queued >= QUEUED_SHARE and limiter == "KV cache":
