@@ -234,7 +234,9 @@ def capacity(
     ttft_cause, checked = None, []
     if first_miss is not None and any(m.startswith("TTFT") for m in first_miss.misses):
         lone = cache[1].ttft_mean_s  # the search always starts with one agent
-        ttft_cause, changes = _ttft_cause(first_miss, lone, limiter, setup, searched)
+        ttft_cause, changes = _ttft_cause(
+            first_miss, lone, limiter, setup, searched, shown_replicas=whole.dp
+        )
         checked = [
             _rerun(searched, catalog, objectives, pessimistic, first_miss, label, update)
             for label, update in changes
@@ -361,14 +363,24 @@ LONE_MARGIN = 1.5
 late because of the prompt's own prefill, not the other agents."""
 
 
-def _ttft_cause(point: CapacityPoint, lone: float, limiter: str, setup, config: PredictConfig):
+def _ttft_cause(
+    point: CapacityPoint,
+    lone: float,
+    limiter: str,
+    setup,
+    config: PredictConfig,
+    shown_replicas: int | None = None,
+):
     """Why the first tokens of ``point``'s level are late (against ``lone``, one agent's
     mean time to first token alone, s), and the changes that could move them (label,
     PredictConfig update), for _rerun to check."""
     scheduler = setup.scheduler
     budget = scheduler.max_num_batched_tokens
     gpus = setup.dp * config.tp
-    replica = (_more_replicas(setup.dp, config.tp), {"gpus": 2 * gpus, "dp": None})
+    # labelled for the whole deployment (``shown_replicas``: where one replica of many is
+    # searched, doubling its replicas is doubling the deployment's)
+    label = _more_replicas(shown_replicas or setup.dp, config.tp)
+    replica = (label, {"gpus": 2 * gpus, "dp": None})
     changes: list[tuple[str, dict]] = []
     queued = point.queueing_mean_s / point.ttft_mean_s if point.ttft_mean_s > 0 else 0.0
     if queued >= QUEUED_SHARE and limiter == "KV cache":
