@@ -158,16 +158,15 @@ def format_validation_error(path: Path, exc: ValidationError, text: str | None =
     """A schema error as 'file:LINE: invalid entry: field: problem' (up to five fields,
     each after the first with its own line). ``text``: the file's YAML or JSON, read again
     from ``path`` when not given, to place the fields (capsim.catalog.yaml_errors)."""
-    from capsim.catalog.yaml_errors import line_of
+    from capsim.catalog.yaml_errors import field_lines
 
-    if text is None:
-        text = _text_for_lines(path)
+    line_of = field_lines(text if text is not None else _text_for_lines(path))
     errors = exc.errors()
     lines = []
     first_line = None
     for i, err in enumerate(errors[:5]):
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        line = line_of(text, tuple(err["loc"])) if text is not None else None
+        line = line_of(tuple(err["loc"]))
         if i == 0:
             first_line = line
             lines.append(f"{loc}: {err['msg']}")

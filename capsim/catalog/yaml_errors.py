@@ -4,7 +4,7 @@ line: field: problem", never the parser's multi-line '<unicode string>' report).
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 MAX_LOCATED_CHARS = 2**20
 """Longest text whose nodes are composed again to find a field's line (libyaml: about 0.1 s
@@ -30,43 +30,47 @@ def one_line_yaml_error(exc: Exception) -> str:
     return where
 
 
-def line_of(text: str, loc: tuple) -> int | None:
-    """The 1-based line of the value at ``loc`` (pydantic's error location: keys and list
-    indices) in the YAML or JSON ``text``; for a key that is missing, the line of the mapping
-    that lacks it. None when the text cannot be composed (or is too long to)."""
-    if len(text) > MAX_LOCATED_CHARS:
-        return None
+def field_lines(text: str | None) -> Callable[[tuple], int | None]:
+    """A function giving the 1-based line of the value at a pydantic error location (keys
+    and list indices) in the YAML or JSON ``text``; for a key that is missing, the line of
+    the mapping that lacks it. The text is composed once, however many fields are placed;
+    the function gives None everywhere when there is no text or it cannot be composed (or
+    is too long to)."""
+    root = _compose(text) if text is not None and len(text) <= MAX_LOCATED_CHARS else None
+    if root is None:
+        return lambda loc: None
+    import yaml
+
+    def line_of(loc: tuple) -> int:
+        node, line = root, root.start_mark.line + 1
+        for part in loc:
+            child = None
+            if isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    if str(getattr(key, "value", None)) == str(part):
+                        child = value
+                        line = key.start_mark.line + 1
+                        break
+            elif (
+                isinstance(node, yaml.SequenceNode)
+                and isinstance(part, int)
+                and 0 <= part < len(node.value)
+            ):
+                child = node.value[part]
+                line = child.start_mark.line + 1
+            if child is None:
+                return line
+            node = child
+        return line
+
+    return line_of
+
+
+def _compose(text: str):
+    """The YAML node tree of ``text`` (libyaml's where PyYAML has it), or None."""
     import yaml
 
     try:
-        node = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (yaml.YAMLError, ValueError, RecursionError):
         return None
-    if node is None:
-        return None
-    line = node.start_mark.line + 1
-    for part in loc:
-        child = None
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if str(getattr(key, "value", None)) == str(part):
-                    child = value
-                    line = key.start_mark.line + 1
-                    break
-        elif (
-            isinstance(node, yaml.SequenceNode)
-            and isinstance(part, int)
-            and 0 <= part < len(node.value)
-        ):
-            child = node.value[part]
-            line = child.start_mark.line + 1
-        if child is None:
-            return line
-        node = child
-    return line
-
-
-def located(path: Path | str, text: str | None, loc: tuple) -> str:
-    """'path:LINE' for the field at ``loc`` when ``text`` places it, else 'path'."""
-    line = line_of(text, loc) if text is not None else None
-    return f"{path}:{line}" if line is not None else f"{path}"
