@@ -306,14 +306,15 @@ def test_predict_csv_has_each_figure_once_and_flat_cells():
         (["calibrate", "--out", "{tmp}"], "hardware classes"),
         (
             [
-                *("plan", "--model", "qwen3-8b", "--agents", "8", "--counts", "1,2,4"),
+                *("plan", "--model", "qwen3-8b", "--agents", "64", "--counts", "1,2,4,8"),
                 *("--gpus", "rtx3090,rtx4090,l40s,h100-sxm,a100-80g,h200"),
             ],
             "configurations simulated; the plan covers those",
         ),
         (
             [
-                *("predict", "--model", "qwen3-8b", "-c", "1,8,64", "--requests", "4000"),
+                *("predict", "--model", "qwen3-8b", "-c", "1,8,64", "--requests", "20000"),
+                *("--output-tokens", "uniform:50,900"),
                 *("--gpu", "rtx3090,rtx4090,l40s,h100-sxm,a100-80g,h200"),
             ],
             "configurations predicted",
@@ -336,7 +337,9 @@ def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_pa
         text=True,
         start_new_session=True,
     )
-    time.sleep(3.0)  # imports done, the work under way (validate takes about 6 s)
+    # imports done, the work under way: each command takes 8-20 s on a quiet two-core host
+    # (a signal after it finished would test nothing; test_a_late_ctrl_c_changes_nothing)
+    time.sleep(3.0)
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=45)
@@ -356,6 +359,28 @@ def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_pa
     # 60 s to stop) is beyond
     stop = Check("seconds to stop after Ctrl-C", stopped_after, 0.0, 2.0, False, slow="high")
     judge_on_the_wall_clock(lambda i: [stop], noise_band=5.0, attempts=1, slow_band=15.0)
+
+
+def test_a_late_ctrl_c_changes_nothing(tmp_path):
+    """Ctrl-C (or SIGTERM) while the interpreter shuts down after a command finished: the
+    exit status stands and nothing is printed (it was a KeyboardInterrupt traceback from
+    the exit hooks, or death by SIGINT)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import atexit, os, signal, sys\n"
+        "sys.argv = ['capsim', 'gpus']\n"
+        "from capsim.cli.main import run\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+        "run()\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "h100-sxm" in proc.stdout
+    assert proc.stderr == "", proc.stderr
 
 
 def drawn_figure(monkeypatch, module: str, *args: str):

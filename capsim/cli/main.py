@@ -212,6 +212,17 @@ def _exit_interrupted(say: bool) -> None:
     os._exit(EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED)
 
 
+def _ignore_late_signals() -> None:
+    """Once a command has finished, Ctrl-C or SIGTERM during the interpreter's shutdown
+    changes nothing: its output is out and its exit status stands (they raised
+    KeyboardInterrupt in the exit hooks, and the process died of SIGINT, status -2, with
+    nothing said)."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def run() -> None:
     """Console-script entry point."""
     _terminate_as_ctrl_c()
@@ -226,7 +237,9 @@ def run() -> None:
             from capsim.cli import common
 
             _exit_interrupted(say=not common.said_interrupted)
+        _ignore_late_signals()
         raise
+    _ignore_late_signals()
 
 
 if __name__ == "__main__":
