@@ -38,8 +38,9 @@ def offload_table(proposal: OffloadProposal, title: str):
     caption = (
         f"tok/s: decode speed of one request with {context:,} tokens in context, "
         "uncalibrated (against published llama-bench runs capsim's decode with experts in "
-        "system RAM came out 11-43% fast: docs/physics.md); host bandwidths as measured "
-        "(hardware_db/hosts/, sources there), yours with --host-memory-bandwidth"
+        "system RAM came out 5-35% fast with MXFP4 experts: docs/physics.md); host "
+        "bandwidths as measured (hardware_db/hosts/, sources there), yours with "
+        "--host-memory-bandwidth"
     )
     return fitted_table(
         title,
