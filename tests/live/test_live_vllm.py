@@ -16,6 +16,7 @@ from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
 from tests.live.conftest import live_server
 from tests.request_order import in_flight_at_sends
+from tests.wall_clock import cpu_share, host_was_busy
 
 pytestmark = pytest.mark.live
 
@@ -81,6 +82,7 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     )
     setup = measured_setup_from_run(sweep, max_num_batched_tokens=2048)
     measured, simulated, ratios = {}, {}, []
+    shares = [cpu_share()]  # the contention beside the pairs (tests/wall_clock.py)
     # The machine is shared: measure the two modes back to back seven times and take the
     # median of the paired ratios (single pairs ranged 0.70-0.94; with three pairs one CI
     # run still measured 0.889 against 0.761 simulated).
@@ -102,6 +104,7 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
             pair[kind] = m
             measured.setdefault(kind, m)
         ratios.append(pair["batch"].output_tok_s / pair["closed"].output_tok_s)
+        shares.append(cpu_share())
     for kind in ("closed", "batch"):
         workload = Workload(
             kind=kind,
@@ -129,6 +132,14 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     # over eight runs the two differed by up to 0.18, so seven pairs and a 0.25 allowance.
     # (A clean-clone CI run simulated 0.998: on this server's near-linear step times the tail
     # can cost nothing, so the simulated ratio is not bounded below 1 either.)
+    # On a host measured busy (another process taking cores) a miss is an expected failure:
+    # a clean-clone CI run beside a CPU hog on 2026-11-29 measured single pairs of 0.54-1.66
+    # (median 1.134) against 0.847 simulated. It still fails on a quiet host.
+    if abs(s_ratio - m_ratio) > 0.25 and host_was_busy(shares):
+        pytest.xfail(
+            f"the host was busy (shares of a core {np.round(shares, 2)}): batch/closed "
+            f"measured {m_ratio:.3f} (pairs {np.round(ratios, 3)}), simulated {s_ratio:.3f}"
+        )
     assert s_ratio == pytest.approx(m_ratio, abs=0.25)
 
 
