@@ -132,15 +132,19 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     # over eight runs the two differed by up to 0.18, so seven pairs and a 0.25 allowance.
     # (A clean-clone CI run simulated 0.998: on this server's near-linear step times the tail
     # can cost nothing, so the simulated ratio is not bounded below 1 either.)
-    # On a host measured busy (another process taking cores) a miss is an expected failure:
-    # a clean-clone CI run beside a CPU hog on 2026-11-29 measured single pairs of 0.54-1.66
-    # (median 1.134) against 0.847 simulated. It still fails on a quiet host.
-    if abs(s_ratio - m_ratio) > 0.25 and host_was_busy(shares):
+    # The allowance grows with the pairs' own scatter: twice the standard error of their
+    # median (1.253 sd / sqrt(n), the sd from the interquartile range). Two clean-clone CI
+    # runs beside a CPU hog on 2026-11-29 measured pairs of 0.54-1.66 and 0.47-1.76 (medians
+    # 1.134 and 1.047, standard errors about 0.14 and 0.19) against 0.847 and 0.752
+    # simulated. On a host measured busy a miss beyond that is an expected failure.
+    q25, q75 = np.percentile(ratios, [25, 75])
+    allowance = 0.25 + 2.0 * 1.253 * (q75 - q25) / 1.349 / np.sqrt(len(ratios))
+    if abs(s_ratio - m_ratio) > allowance and host_was_busy(shares):
         pytest.xfail(
             f"the host was busy (shares of a core {np.round(shares, 2)}): batch/closed "
             f"measured {m_ratio:.3f} (pairs {np.round(ratios, 3)}), simulated {s_ratio:.3f}"
         )
-    assert s_ratio == pytest.approx(m_ratio, abs=0.25)
+    assert s_ratio == pytest.approx(m_ratio, abs=allowance), (ratios, allowance)
 
 
 LOOP_LIMITS = {("output_tok_s", "mean"): 0.25, ("tpot_s", "mean"): 0.25, ("ttft_s", "median"): 0.35}
