@@ -54,3 +54,33 @@ def test_a_slow_side_miss_is_judged_against_the_slow_band():
         judge_on_the_wall_clock(slow_attempts(80.0, 85.0, slow="low"), 2.0, slow_band=inf)
     with pytest.raises(Failed, match=r"beyond 5.0x"):  # a finite slow band still fails
         judge_on_the_wall_clock(slow_attempts(130.0, 140.0), noise_band=2.0, slow_band=5.0)
+
+
+def test_other_processes_cpu_time_is_counted_and_the_servers_is_not():
+    """OthersCores counts the CPU time a process running beside the block spends during it
+    (what the kernel charged a spinning child, whatever share of a core a busy host gives
+    it), and leaves out the server under test ('vllm' in its command line) and this
+    process."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.wall_clock import OthersCores, _cpu_seconds_by_pid
+
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 3: pass\n"
+    hog = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.2)
+        start = _cpu_seconds_by_pid()[hog.pid][0]
+        with OthersCores() as meter:
+            time.sleep(0.8)
+        spent = _cpu_seconds_by_pid()[hog.pid][0] - start
+    finally:
+        hog.kill()
+        hog.wait()
+    assert spent > 0.1  # it ran
+    assert meter.seconds >= 0.8 * spent, (meter.seconds, spent)  # spent brackets the block
+    snapshot = {1: (5.0, "python -m vllm.entrypoints.openai.api_server"), 2: (3.0, "yes ")}
+    snapshot[os.getpid()] = (9.0, "python")
+    assert OthersCores(ours=("vllm",))._others(snapshot) == {2: 3.0}

@@ -41,6 +41,75 @@ def host_was_busy(shares: list[float]) -> bool:
     return min(shares) < BUSY_SHARE
 
 
+OTHERS_BUSY_CORES = 0.25
+"""Above this many cores taken by processes outside the test and the server under test
+(others_cores) the host counts as busy."""
+
+
+def _cpu_seconds_by_pid() -> dict[int, tuple[float, str]]:
+    """Every process's CPU time so far (user + system, seconds) and command line, from
+    /proc (empty where there is no /proc)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        # its own time and that of the children it has reaped (a make's compilers)
+        spent = sum(int(fields[i]) for i in (11, 12, 13, 14))
+        out[int(entry)] = (spent / tick, cmdline)
+    return out
+
+
+class OthersCores:
+    """How many cores processes other than this test's own and the server under test took
+    while the block ran (a context manager; ``cores`` after it). cpu_share samples taken
+    between measurements miss a CPU hog when the server idles then: on 2026-11-29 a CI run
+    beside ``yes`` sampled shares of 0.99, 0.69 and 0.98 around a burst test while the hog
+    held a whole core throughout. ``ours`` are substrings of the command lines that belong
+    to the run (the vLLM server and its engine process: 'vllm'); this process counts as
+    ours."""
+
+    def __init__(self, ours: tuple[str, ...] = ("vllm", "VLLM", "pytest")):
+        self.ours = ours
+        self.cores = 0.0
+        self.seconds = 0.0
+
+    def _others(self, snapshot) -> dict[int, float]:
+        import os
+
+        me = os.getpid()
+        return {
+            pid: cpu
+            for pid, (cpu, cmd) in snapshot.items()
+            if pid != me and not any(mark in cmd for mark in self.ours)
+        }
+
+    def __enter__(self):
+        self.wall0 = time.perf_counter()
+        self.before = self._others(_cpu_seconds_by_pid())
+        return self
+
+    def __exit__(self, *exc):
+        after = self._others(_cpu_seconds_by_pid())
+        wall = max(time.perf_counter() - self.wall0, 1e-9)
+        self.seconds = sum(cpu - self.before.get(pid, 0.0) for pid, cpu in after.items())
+        self.cores = max(0.0, self.seconds / wall)
+        return False
+
+    @property
+    def busy(self) -> bool:
+        return self.cores > OTHERS_BUSY_CORES
+
+
 @dataclass(frozen=True)
 class Check:
     """One wall-clock comparison: ``got`` against ``want`` within ``tolerance`` (a share of

@@ -16,7 +16,7 @@ from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
 from tests.live.conftest import live_server
 from tests.request_order import in_flight_at_sends
-from tests.wall_clock import cpu_share, host_was_busy
+from tests.wall_clock import OthersCores, cpu_share, host_was_busy
 
 pytestmark = pytest.mark.live
 
@@ -86,25 +86,26 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     # The machine is shared: measure the two modes back to back seven times and take the
     # median of the paired ratios (single pairs ranged 0.70-0.94; with three pairs one CI
     # run still measured 0.889 against 0.761 simulated).
-    for attempt in range(7):
-        pair = {}
-        for kind in ("closed", "batch"):
-            cfg = ProbeConfig(
-                url=url,
-                model=MODELS["dense"],
-                concurrency=[8],
-                workload=kind,
-                requests=32,
-                input_tokens=256,
-                output_tokens="uniform:16,160",
-                seed=3,
-            )
-            m = run_probe(cfg, tmp_path / f"{kind}-{attempt}.json").levels[0].metrics
-            assert m.failed == 0
-            pair[kind] = m
-            measured.setdefault(kind, m)
-        ratios.append(pair["batch"].output_tok_s / pair["closed"].output_tok_s)
-        shares.append(cpu_share())
+    with OthersCores() as meter:  # other processes' CPU time beside the pairs
+        for attempt in range(7):
+            pair = {}
+            for kind in ("closed", "batch"):
+                cfg = ProbeConfig(
+                    url=url,
+                    model=MODELS["dense"],
+                    concurrency=[8],
+                    workload=kind,
+                    requests=32,
+                    input_tokens=256,
+                    output_tokens="uniform:16,160",
+                    seed=3,
+                )
+                m = run_probe(cfg, tmp_path / f"{kind}-{attempt}.json").levels[0].metrics
+                assert m.failed == 0
+                pair[kind] = m
+                measured.setdefault(kind, m)
+            ratios.append(pair["batch"].output_tok_s / pair["closed"].output_tok_s)
+            shares.append(cpu_share())
     for kind in ("closed", "batch"):
         workload = Workload(
             kind=kind,
@@ -139,9 +140,10 @@ def test_dense_batch_vs_closed_reproduced_by_simulator(tmp_path):
     # simulated. On a host measured busy a miss beyond that is an expected failure.
     q25, q75 = np.percentile(ratios, [25, 75])
     allowance = 0.25 + 2.0 * 1.253 * (q75 - q25) / 1.349 / np.sqrt(len(ratios))
-    if abs(s_ratio - m_ratio) > allowance and host_was_busy(shares):
+    if abs(s_ratio - m_ratio) > allowance and (host_was_busy(shares) or meter.busy):
         pytest.xfail(
-            f"the host was busy (shares of a core {np.round(shares, 2)}): batch/closed "
+            f"the host was busy (shares of a core {np.round(shares, 2)}; other processes "
+            f"took {meter.cores:.2f} cores): batch/closed "
             f"measured {m_ratio:.3f} (pairs {np.round(ratios, 3)}), simulated {s_ratio:.3f}"
         )
     assert s_ratio == pytest.approx(m_ratio, abs=allowance), (ratios, allowance)

@@ -23,7 +23,7 @@ from capsim.calibration.step_table import measured_setup_from_run
 from capsim.probe.runfile import load_run
 from capsim.probe.runner import ProbeConfig, run_probe
 from tests.live.conftest import live_server
-from tests.wall_clock import cpu_share, host_was_busy
+from tests.wall_clock import OTHERS_BUSY_CORES, OthersCores, cpu_share, host_was_busy
 from tests.wave_checks import TOLERANCE, compare_waves, measured_runs, simulated_waves, waves
 
 pytestmark = pytest.mark.live
@@ -89,17 +89,27 @@ def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
     measured minutes apart, and on 2026-11-28 a clean-clone CI run with another process
     working beside it saw the equal-length bursts 27% slower than its sweep said); the test
     fails when both attempts miss, and is an expected failure when the host was measured
-    busy (tests/wall_clock.py) during one of them."""
+    busy (tests/wall_clock.py) during one of them: by a share of a core sampled between the
+    attempts, or by other processes' CPU time during them (a CI run beside a CPU hog on
+    2026-11-29 sampled shares of 0.99-0.69-0.98 and missed by +28%)."""
     url = live_server("dense")
-    shares = [cpu_share()]
-    misses, wide = measure_and_compare(url, tmp_path / "first")
+    shares, others = [cpu_share()], []
+    with OthersCores() as meter:
+        misses, wide = measure_and_compare(url, tmp_path / "first")
+    others.append(meter.cores)
     shares.append(cpu_share())
     if misses:
         print(f"first attempt missed: {misses}; measuring again")
-        misses, wide = measure_and_compare(url, tmp_path / "again")
+        with OthersCores() as meter:
+            misses, wide = measure_and_compare(url, tmp_path / "again")
+        others.append(meter.cores)
         shares.append(cpu_share())
-    if misses and host_was_busy(shares):
-        pytest.xfail(f"the host was busy (shares of a core {shares}): {misses}")
+    busy = host_was_busy(shares) or max(others) > OTHERS_BUSY_CORES
+    if misses and busy:
+        pytest.xfail(
+            f"the host was busy (shares of a core {shares}; other processes took "
+            f"{[round(c, 2) for c in others]} cores): {misses}"
+        )
     if misses and not wide:
         # Both attempts beyond 20% but within 30%: on 2026-11-29 the clean-clone CI runs
         # on this VM (losing 10-16% of a CPU to steal time, which the contention samples
