@@ -46,9 +46,9 @@ OTHERS_BUSY_CORES = 0.25
 (others_cores) the host counts as busy."""
 
 
-def _cpu_seconds_by_pid() -> dict[int, tuple[float, str]]:
-    """Every process's CPU time so far (user + system, seconds) and command line, from
-    /proc (empty where there is no /proc)."""
+def _cpu_seconds_by_pid() -> dict[int, tuple[float, str, int]]:
+    """Every process's CPU time so far (user + system, seconds), command line and parent,
+    from /proc (empty where there is no /proc)."""
     import os
 
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -65,7 +65,7 @@ def _cpu_seconds_by_pid() -> dict[int, tuple[float, str]]:
             continue
         # its own time and that of the children it has reaped (a make's compilers)
         spent = sum(int(fields[i]) for i in (11, 12, 13, 14))
-        out[int(entry)] = (spent / tick, cmdline)
+        out[int(entry)] = (spent / tick, cmdline, int(fields[1]))
     return out
 
 
@@ -75,23 +75,32 @@ class OthersCores:
     between measurements miss a CPU hog when the server idles then: on 2026-11-29 a CI run
     beside ``yes`` sampled shares of 0.99, 0.69 and 0.98 around a burst test while the hog
     held a whole core throughout. ``ours`` are substrings of the command lines that belong
-    to the run (the vLLM server and its engine process: 'vllm'); this process counts as
-    ours."""
+    to the run (the vLLM server: 'vllm'); their descendants (its engine process) and this
+    process count as ours too."""
 
-    def __init__(self, ours: tuple[str, ...] = ("vllm", "VLLM", "pytest")):
+    def __init__(self, ours: tuple[str, ...] = ("vllm", "VLLM")):
         self.ours = ours
         self.cores = 0.0
         self.seconds = 0.0
 
     def _others(self, snapshot) -> dict[int, float]:
+        """CPU seconds of every process but this one, those whose command line names the
+        run and their descendants (vLLM's engine process, a spawned worker)."""
         import os
 
         me = os.getpid()
-        return {
-            pid: cpu
-            for pid, (cpu, cmd) in snapshot.items()
-            if pid != me and not any(mark in cmd for mark in self.ours)
-        }
+        marked = {pid for pid, (_, cmd, _) in snapshot.items() if any(m in cmd for m in self.ours)}
+
+        def ours(pid: int) -> bool:
+            seen = set()
+            while pid in snapshot and pid not in seen:
+                if pid in marked:
+                    return True
+                seen.add(pid)
+                pid = snapshot[pid][2]
+            return False
+
+        return {pid: cpu for pid, (cpu, _, _) in snapshot.items() if pid != me and not ours(pid)}
 
     def __enter__(self):
         self.wall0 = time.perf_counter()
