@@ -43,7 +43,7 @@ def host_was_busy(shares: list[float]) -> bool:
 
 OTHERS_BUSY_CORES = 0.25
 """Above this many cores taken by processes outside the test and the server under test
-(others_cores) the host counts as busy."""
+(OthersCores) the host counts as busy."""
 
 
 def _cpu_seconds_by_pid() -> dict[int, tuple[float, str, int]]:
