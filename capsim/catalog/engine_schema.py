@@ -311,10 +311,12 @@ class Engine(Strict):
         return self.model_copy(update={"batch_defaults": rows, "mixes_prefill_and_decode": False})
 
     def at_version(self, version: str) -> Engine:
-        """This engine as release ``version`` ran it: the first generation whose range holds
-        it laid over the newest release's fields (the engine itself when none does). A
-        version that is not a release number is a ValueError when the engine has
-        generations to choose from."""
+        """This engine as release ``version`` ran it: every generation whose range holds
+        it, in the file's order, laid over the newest release's fields (a later one's
+        fields replace an earlier one's; their params add up), or the engine itself when
+        none does. A narrow range can so add to a wide one (an early kernel stack inside
+        the V0 engine's releases). A version that is not a release number is a ValueError
+        when the engine has generations to choose from."""
         parsed = parse_engine_version(version)
         if parsed is None:
             if self.generations:
@@ -324,20 +326,24 @@ class Engine(Strict):
                     f"{', '.join(g.versions for g in self.generations)})"
                 )
             return self.model_copy(update={"version": version})
-        for gen in self.generations:
-            if gen.covers(parsed):
-                update = {f: getattr(gen, f) for f in GENERATION_FIELDS}
-                update = {k: v for k, v in update.items() if v is not None}
-                classes = set(self.class_params) | set(gen.class_params)
-                update["params"] = {**self.params, **gen.params}
-                update["class_params"] = {
-                    c: {**self.class_params.get(c, {}), **gen.class_params.get(c, {})}
-                    for c in classes
-                }
-                update["version"] = version
-                update["generation"] = gen.label
-                return self.model_copy(update=update)
-        return self.model_copy(update={"version": version})
+        covering = [gen for gen in self.generations if gen.covers(parsed)]
+        if not covering:
+            return self.model_copy(update={"version": version})
+        update: dict = {}
+        params = dict(self.params)
+        class_params = {c: dict(v) for c, v in self.class_params.items()}
+        for gen in covering:
+            update.update(
+                {f: getattr(gen, f) for f in GENERATION_FIELDS if getattr(gen, f) is not None}
+            )
+            params.update(gen.params)
+            for c, v in gen.class_params.items():
+                class_params.setdefault(c, {}).update(v)
+        update["params"] = params
+        update["class_params"] = class_params
+        update["version"] = version
+        update["generation"] = " + ".join(gen.label for gen in covering)
+        return self.model_copy(update=update)
 
     def batch_limits(self, gpu_name: str, memory_gb: float) -> BatchDefaults:
         """The first ``batch_defaults`` row that applies to this GPU (the last row when

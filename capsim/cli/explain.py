@@ -227,7 +227,10 @@ def step_rows(
     tokens_out: float,
     ridge: float | None,
     int8_gemm_flops_per_s: float | None = None,
+    mla_floor: tuple[float, int] | None = None,
 ) -> list[tuple[str, str]]:
+    """The rows of one step's table. ``mla_floor``: (us a layer, layers) of the early MLA
+    kernel stacks' floor (mla_layer_overhead_us), shown as part of the overhead."""
     from capsim.physics.memory import GB
 
     ms = 1e3
@@ -330,6 +333,14 @@ def step_rows(
         ),
         ("overhead (step, sequences, layers)", f"{step.t_overhead * ms:.3f} ms"),
     ]
+    if mla_floor:
+        per_layer_us, layers = mla_floor
+        rows.append(
+            (
+                "of it: early MLA kernel stack",
+                f"{per_layer_us * layers / 1e3:.3f} ms ({per_layer_us:g} us x {layers} layers)",
+            )
+        )
     if step.t_offload:
         how = {
             "cpu": "the CPU reads them from system RAM",
@@ -535,7 +546,9 @@ def explain_cmd(
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
-        for row in step_rows(step, out, ridge, sm.int8_gemm_rate):
+        mla_us = sm.params.mla_layer_overhead_us if m.mla is not None else 0.0
+        mla_floor = (mla_us, sm.layers) if mla_us else None
+        for row in step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor):
             table.add_row(*row)
         console.print(table)
     frontend = sm.frontend_seconds(chunk)

@@ -220,6 +220,16 @@ class EfficiencyParams(BaseModel):
         "are asynchronous and run ahead (GPUs; a step takes the longer of the two), 0 = "
         "the dispatching thread runs each operator itself (the CPU backend; they add up)",
     )
+    mla_layer_overhead_us: float = Field(
+        0.0,
+        ge=0,
+        description="Extra GPU time per MLA decoder layer per step (us) in the first "
+        "DeepSeek-V3/R1 kernel stacks (early 2025: Triton MLA decode with absorbed-weight "
+        "bmms, unfused grouped top-k routing, an activation-quantisation kernel before "
+        "each block-FP8 GEMM, Triton block-FP8 fused MoE), on top of the layer floor; set "
+        "by the engine generations that ran them (hardware_db/engines/), 0 for current "
+        "releases",
+    )
     moe_layer_overhead_us: float = Field(
         15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
     )

@@ -59,12 +59,14 @@ class HostTerms:
         moe_layer_overhead_us) in place of a dense FFN's kernels (moe_replaced_ffn_floor_us
         off the layer floor), unless it has shared experts: those are a dense FFN beside
         the routed ones (vLLM's SharedFusedMoE runs their gate/up GEMM, activation and down
-        GEMM as a dense layer does), so their kernels stay in the floor."""
+        GEMM as a dense layer does), so their kernels stay in the floor. An MLA model's
+        layers add mla_layer_overhead_us each (the early DeepSeek kernel stacks; 0 now)."""
         p = self.params
         moe_spec = self.model.moe
         replaced = 0.0 if moe_spec and moe_spec.num_shared_experts else p.moe_replaced_ffn_floor_us
         moe = p.moe_layer_overhead_us - replaced
-        return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe)
+        mla = self.layers * p.mla_layer_overhead_us if self.model.mla is not None else 0.0
+        return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe) + mla
 
     def host_seconds(self, sequences: int) -> float:
         """CPU work of one step that nothing overlaps (scheduling, input preparation,
