@@ -38,7 +38,7 @@ def test_every_prior_in_view_names_real_sources_and_is_in_effect_there(prior):
         sc.name
         for name in prior.in_view
         for sc in PUBLISHED[name].scenarios
-        if prior.in_effect(resolved(sc)[1], resolved(sc)[0].hardware_class)
+        if prior.in_effect(resolved(sc)[1], resolved(sc)[0].hardware_class, sc.engine)
     ]
     assert reached, prior.prior
     assert prior.chosen != prior.without
@@ -59,6 +59,20 @@ def test_a_prior_is_put_back_only_for_its_sources_and_its_classes():
     # Hopper carries the same kernel-level values for reasons of its own (its kernel fits)
     assert blackwell.in_effect(hopper_params, "datacenter-blackwell")
     assert not blackwell.in_effect(hopper_params, hopper.hardware_class)
+
+
+def test_an_engine_bound_prior_is_put_back_for_that_engines_scenarios_only():
+    """The early-DeepSeek floor was taken for vLLM with dstack in view; SGLang's value came
+    from SGLang's own figures, so its scenarios of the same source keep theirs."""
+    name = "corpus-dstack-dsr1-h200-mi300x-3200in-800out"
+    by_engine = {sc.engine: sc for sc in PUBLISHED[name].scenarios}
+    for engine, put_back in (("vllm", True), ("sglang", False)):
+        sc = by_engine[engine]
+        gpu, params = resolved(sc)
+        assert params.mla_layer_overhead_us == 440.0
+        left_out = left_out_overrides(PRIORS, name, params, gpu.hardware_class, sc.engine)
+        assert ("mla_layer_overhead_us" in left_out) is put_back, engine
+        assert left_out.get("mla_layer_overhead_us", 0.0) == 0.0
 
 
 def test_left_out_predictions_are_the_sources_simulated_with_the_values_put_back():

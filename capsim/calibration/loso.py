@@ -54,6 +54,11 @@ class PriorInView(BaseModel):
         description="Only GPUs of these classes (where other classes carry the same values "
         "for reasons of their own); None: wherever the values are in effect",
     )
+    engines: list[str] | None = Field(
+        None,
+        description="Only scenarios run on these engines (where another engine carries the "
+        "same values for reasons of its own); None: every engine",
+    )
     how: str = Field(description="What was looked at, and how it swayed the choice")
 
     @model_validator(mode="after")
@@ -66,9 +71,14 @@ class PriorInView(BaseModel):
             raise ValueError("chosen and without must name the same parameters")
         return self
 
-    def in_effect(self, params: EfficiencyParams, hardware_class: str) -> bool:
-        """Whether a GPU of ``hardware_class`` resolved to ``params`` carries this prior."""
+    def in_effect(
+        self, params: EfficiencyParams, hardware_class: str, engine: str | None = None
+    ) -> bool:
+        """Whether a GPU of ``hardware_class`` resolved to ``params`` carries this prior
+        (``engine``: the scenario's engine, as its dataset names it)."""
         if self.hardware_classes is not None and hardware_class not in self.hardware_classes:
+            return False
+        if self.engines is not None and engine not in self.engines:
             return False
         return all(
             math.isclose(getattr(params, name), value, rel_tol=1e-9)
@@ -96,14 +106,18 @@ def load_priors_in_view(path: Path | None = None) -> list[PriorInView]:
 
 
 def left_out_overrides(
-    priors: list[PriorInView], dataset: str, params: EfficiencyParams, hardware_class: str
+    priors: list[PriorInView],
+    dataset: str,
+    params: EfficiencyParams,
+    hardware_class: str,
+    engine: str | None = None,
 ) -> dict[str, float]:
     """The parameter values a scenario of ``dataset`` (on a GPU of ``hardware_class``,
-    resolved to ``params``) is predicted with when its source is left out: every prior
-    with it in view and in effect there, put back."""
+    resolved to ``params``, run on ``engine``) is predicted with when its source is left
+    out: every prior with it in view and in effect there, put back."""
     overrides: dict[str, float] = {}
     for prior in priors:
-        if dataset in prior.in_view and prior.in_effect(params, hardware_class):
+        if dataset in prior.in_view and prior.in_effect(params, hardware_class, engine):
             overrides.update(prior.without)
     return overrides
 
@@ -131,7 +145,7 @@ def leave_one_source_out(
             except CapsimUserError:
                 continue  # a scenario validate skipped: it has no in-sample points either
             params = params.with_overrides(overrides) if overrides else params
-            put_back = left_out_overrides(priors, ds.name, params, gpu.hardware_class)
+            put_back = left_out_overrides(priors, ds.name, params, gpu.hardware_class, sc.engine)
             if put_back:
                 jobs.append((ds, sc, catalog_dirs(catalog), None, {**put_back, **overrides}))
     workers = min(len(jobs), os.cpu_count() or 1)
