@@ -18,10 +18,17 @@ CAT = load_catalog()
 SGLANG_EARLY_BATCH1_TOK_S = (30.29, 32.5, 30.56, 29.02)
 
 
-def step_model(engine: str, model: str = "deepseek-r1", quant: str = "fp8", tp: int = 8):
+def step_model(
+    engine: str,
+    model: str = "deepseek-r1",
+    quant: str = "fp8",
+    tp: int = 8,
+    **overrides: float,
+):
     eng, gpu, m = CAT.engine(engine), CAT.gpu("h200"), CAT.model(model)
     dep = engine_deployment(eng, gpu, tp=tp, quant=quant, max_num_seqs=256)
-    return build_step_model(CAT, gpu, m, dep, default_efficiency(gpu, CAT, eng))
+    params = default_efficiency(gpu, CAT, eng).with_overrides(overrides)
+    return build_step_model(CAT, gpu, m, dep, params)
 
 
 def decode_s(sm, batch: int, context: int = 300) -> float:
@@ -41,8 +48,9 @@ def test_the_floor_is_the_releases_batch_one_figures():
 
 def test_the_floor_is_61_layers_times_440_us_on_deepseek_and_nothing_elsewhere():
     for batch in (1, 8, 64):
-        added = decode_s(step_model("sglang@0.4.3"), batch) - decode_s(step_model("sglang"), batch)
-        assert added == pytest.approx(61 * 440e-6, rel=1e-6)
+        floor = step_model("sglang", mla_layer_overhead_us=440.0)
+        added = decode_s(floor, batch) - decode_s(step_model("sglang"), batch)
+        assert added == pytest.approx(61 * 440e-6, rel=1e-9)
     # a model without MLA attention is untouched by the same releases
     dense_old = step_model("sglang@0.4.3", model="llama-3.1-8b", quant="bf16", tp=1)
     dense_new = step_model("sglang", model="llama-3.1-8b", quant="bf16", tp=1)
@@ -93,8 +101,8 @@ def test_why_dstacks_early_runs_stay_reference_only():
     """The named cause (corpus-dstack-*'s reference_only): at C=4 a 3,200-token prompt's
     first token came at 800-3,300 prompt tokens/s on every stack, and at C=128 prompts went
     in at 2,900-3,700 tokens/s (output tokens/s x 3,200 / 800), where the step model, early
-    floor included, prefills the same prompt at 20,000-26,000 tokens/s. Decode is modelled;
-    this is not, and closed-loop throughput at high C follows the prompts' wait."""
+    floor and MoE rate included, prefills the same prompt at 11,000-26,000 tokens/s. Decode
+    is modelled; this is not, and closed-loop throughput at high C follows the prompts' wait."""
     from capsim.calibration.compare import simulated_engine
     from capsim.calibration.published import load_published
 
@@ -110,5 +118,50 @@ def test_why_dstacks_early_runs_stay_reference_only():
         first_token = 3200 / at[(4, "ttft_s", "mean")]
         out_128 = [p.value for p in sc.points if (p.concurrency, p.metric) == (128, "output_tok_s")]
         intake = 4 * out_128[0]  # prompt tokens/s: 3,200 in for every 800 out
-        assert modelled > 18_000, sc.name
-        assert first_token < modelled / 5 and intake < modelled / 5, sc.name
+        assert modelled > 10_000, sc.name
+        assert first_token < modelled / 3 and intake < modelled / 3, sc.name
+
+
+def test_early_fp8_experts_grow_at_the_rate_their_kernel_was_timed():
+    """vLLM PR 13932 (February 2025, H100) timed the Triton fused-MoE call at DeepSeek-V3's
+    TP8 shapes at 1,892.75 us for 1,024 tokens and 2,818.65 us for 2,048: the early
+    generations' moe_compute_efficiency_8bit (0.049) reproduces that growth within 10%."""
+    from capsim.physics.deployment import Deployment
+    from capsim.physics.step import StepModel
+
+    gpu = CAT.gpu("h100-sxm")
+    grown = {}
+    for release in ("vllm@0.7.3", "sglang@0.4.3", "vllm"):
+        params = default_efficiency(gpu, CAT, CAT.engine(release))
+        sm = StepModel(gpu, CAT.model("deepseek-r1"), CAT.quant("fp8"), Deployment(tp=8), params)
+        grown[release] = (sm.fused_moe_seconds(2048) - sm.fused_moe_seconds(1024)) * 1e6
+    measured = 2818.65 - 1892.75
+    assert grown["vllm@0.7.3"] == pytest.approx(measured, rel=0.10)
+    assert grown["sglang@0.4.3"] == grown["vllm@0.7.3"]
+    assert grown["vllm"] < measured / 4  # the current kernels' rate (0.33 of the FP8 peak)
+
+
+def test_the_8bit_moe_rate_applies_to_w8a8_experts_only():
+    from capsim.physics.deployment import Deployment
+    from capsim.physics.step import StepModel
+
+    gpu = CAT.gpu("h100-sxm")
+    params = default_efficiency(gpu, CAT).with_overrides({"moe_compute_efficiency_8bit": 0.05})
+    rates = {}
+    for model, quant in (
+        ("deepseek-r1", "fp8"),
+        ("qwen3-30b-a3b", "bf16"),
+        ("qwen3-30b-a3b", "awq-int4"),
+    ):
+        sm = StepModel(
+            gpu,
+            CAT.model(model),
+            CAT.quant(quant),
+            Deployment(tp=8 if model == "deepseek-r1" else 1),
+            params,
+        )
+        rates[quant] = sm.moe_gemm_rate
+    assert rates["fp8"] == pytest.approx(gpu.tensor_tflops.fp8 * 1e12 * 0.05)
+    sixteen = gpu.tensor_tflops.bf16 * 1e12 * params.moe_compute_efficiency
+    assert rates["bf16"] == pytest.approx(sixteen)
+    assert rates["awq-int4"] == pytest.approx(sixteen * params.weight_only_compute_factor)

@@ -51,6 +51,8 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "bandwidth_power_exponent": (0.0, 4.0),
     "async_host_overlap": (0.0, 1.0),
     "prefill_compute_efficiency": (0.02, 1.0),
+    "moe_compute_efficiency": (0.02, 1.0),
+    "moe_compute_efficiency_8bit": (0.01, 1.0),
     "weight_only_int8_gemm_efficiency": (0.02, 1.0),
     "custom_allreduce_latency_us": (0.0, 100.0),
     "frontend_request_ms": (0.0, 500.0),

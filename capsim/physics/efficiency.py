@@ -100,6 +100,16 @@ class EfficiencyParams(BaseModel):
         "None: expert GEMMs run like dense ones (gemm_efficiency). Set per class from "
         "grouped-GEMM kernel benchmarks",
     )
+    moe_compute_efficiency_8bit: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of the 8-bit (FP8/INT8) tensor peak that W8A8 experts' grouped "
+        "GEMMs reach once compute-bound (the Triton fused-MoE kernel quantises each token "
+        "group's activations and rescales per block in its inner loop, and gets far less of "
+        "the doubled peak than a 16-bit kernel of the 16-bit one). None: "
+        "moe_compute_efficiency. Set per class from fused-MoE timings at prefill batches",
+    )
     weight_only_int8_gemm_efficiency: float | None = Field(
         None,
         gt=0,
@@ -388,6 +398,7 @@ class EfficiencyParams(BaseModel):
                 "compute_efficiency",
                 "prefill_compute_efficiency",
                 "moe_compute_efficiency",
+                "moe_compute_efficiency_8bit",
                 "roofline_sharpness",
                 "attention_compute_efficiency",
                 "linear_attention_compute_efficiency",

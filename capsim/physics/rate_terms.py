@@ -55,9 +55,12 @@ class RateTerms:
         # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
         self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
         # fused-MoE grouped GEMMs: the format's GEMM peak x moe_compute_efficiency when set
-        self.moe_gemm_rate = (
-            self.gemm_peak * p.moe_compute_efficiency if p.moe_compute_efficiency else None
-        )
+        # (W8A8 experts on 8-bit tensor cores: moe_compute_efficiency_8bit where the class
+        # sets it)
+        moe_efficiency = p.moe_compute_efficiency
+        if self.compute_dtype in ("fp8", "int8") and not weight_only:
+            moe_efficiency = p.moe_compute_efficiency_8bit or moe_efficiency
+        self.moe_gemm_rate = self.gemm_peak * moe_efficiency if moe_efficiency else None
         # weight-only dense GEMMs on int8 tensor cores (activations quantised to 8 bits, as
         # llama.cpp's MMQ does) where the engine and class say so and the GPU has the rate
         int8_peak = gpu.tensor_tflops.int8 if "int8" in gpu.native_formats else None
