@@ -165,3 +165,19 @@ def test_the_8bit_moe_rate_applies_to_w8a8_experts_only():
     sixteen = gpu.tensor_tflops.bf16 * 1e12 * params.moe_compute_efficiency
     assert rates["bf16"] == pytest.approx(sixteen)
     assert rates["awq-int4"] == pytest.approx(sixteen * params.weight_only_compute_factor)
+
+
+def test_capsim_engines_says_what_each_older_release_changes():
+    from typer.testing import CliRunner
+
+    from capsim.cli.main import app
+
+    r = CliRunner().invoke(app, ["engines"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert (
+        "vllm >=0.7.1,<0.8: first DeepSeek-V3/R1 MLA kernels (mla_layer_overhead_us 440; "
+        "datacenter-hopper: moe_compute_efficiency_8bit 0.049)" in text
+    )
+    assert "vllm <0.8: V0 engine (batch_defaults 2048/256;" in text
+    assert "a release takes every range that holds it" in text

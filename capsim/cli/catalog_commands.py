@@ -469,6 +469,36 @@ def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
     console.print(table)
     older = [(e.name, g) for e in cat.engines for g in e.generations]
     if older:
-        console.print("Older releases (--engine NAME@VERSION, e.g. vllm@0.7.3):")
+        console.print(
+            "Older releases (--engine NAME@VERSION, e.g. vllm@0.7.3; a release takes every "
+            "range that holds it, in this order):",
+            soft_wrap=True,
+        )
         for name, g in older:
-            console.print(f"  {name} {g.versions}: {g.label}", soft_wrap=True, highlight=False)
+            changes = generation_changes(g)
+            console.print(
+                f"  {name} {g.versions}: {g.label}" + (f" ({changes})" if changes else ""),
+                soft_wrap=True,
+                highlight=False,
+            )
+
+
+def generation_changes(gen) -> str:
+    """What an engine generation sets, in a few words: its fields, then its parameters
+    (those for one hardware class after the class name)."""
+    from capsim.catalog.engine_schema import GENERATION_FIELDS
+
+    parts = []
+    for field in GENERATION_FIELDS:
+        value = getattr(gen, field)
+        if value is None:
+            continue
+        if field == "batch_defaults":
+            rows = ", ".join(f"{r.max_num_batched_tokens}/{r.max_num_seqs}" for r in value)
+            parts.append(f"batch_defaults {rows}")
+        else:
+            parts.append(f"{field} {value}")
+    parts += [f"{k} {v:g}" for k, v in gen.params.items()]
+    for hw_class, params in gen.class_params.items():
+        parts += [f"{hw_class}: {k} {v:g}" for k, v in params.items()]
+    return "; ".join(parts)
