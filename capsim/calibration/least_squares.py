@@ -135,14 +135,20 @@ AT_BOUND = 0.002
 """A fitted value within this share of its range from a bound counts as at the bound."""
 
 
-INHERITED_PRIORS = {"prefill_compute_efficiency": "compute_efficiency"}
-"""Parameters whose unset value (None) means another's: their prior is that one's."""
+INHERITED_PRIORS = {
+    "prefill_compute_efficiency": "compute_efficiency",
+    "moe_compute_efficiency": "compute_efficiency",
+    "moe_compute_efficiency_8bit": "moe_compute_efficiency",
+}
+"""Parameters whose unset value (None) means another's: their prior is that one's (an
+expert GEMM without its own figure runs like a dense one)."""
 
 
 def prior_value(base: EfficiencyParams, name: str) -> float:
-    """A parameter's prior in ``base``, following INHERITED_PRIORS where it is unset."""
+    """A parameter's prior in ``base``, following INHERITED_PRIORS (as far as it goes)
+    where it is unset."""
     value = getattr(base, name)
-    return getattr(base, INHERITED_PRIORS[name]) if value is None else value
+    return prior_value(base, INHERITED_PRIORS[name]) if value is None else value
 
 
 def start_point(
