@@ -36,7 +36,7 @@ def decode_s(sm, batch: int, context: int = 300) -> float:
 
 
 def test_the_floor_is_the_releases_batch_one_figures():
-    """415 us a layer is the median published batch-1 token time less the step without
+    """440 us a layer is the median published batch-1 token time less the current
     kernels' step: sglang@0.4.3 lands on it within 2%."""
     middle_two = sorted(SGLANG_EARLY_BATCH1_TOK_S)[1:3]
     median_s = 1.0 / (sum(middle_two) / 2)  # 30.4 tokens/s: 32.9 ms a token
@@ -48,9 +48,9 @@ def test_the_floor_is_the_releases_batch_one_figures():
 
 def test_the_floor_is_61_layers_times_440_us_on_deepseek_and_nothing_elsewhere():
     for batch in (1, 8, 64):
-        floor = step_model("sglang", mla_layer_overhead_us=415.0)
+        floor = step_model("sglang", mla_layer_overhead_us=440.0)
         added = decode_s(floor, batch) - decode_s(step_model("sglang"), batch)
-        assert added == pytest.approx(61 * 415e-6, rel=1e-9)
+        assert added == pytest.approx(61 * 440e-6, rel=1e-9)
     # a model without MLA attention is untouched by the same releases
     dense_old = step_model("sglang@0.4.3", model="llama-3.1-8b", quant="bf16", tp=1)
     dense_new = step_model("sglang", model="llama-3.1-8b", quant="bf16", tp=1)
@@ -61,13 +61,13 @@ def test_the_floor_is_61_layers_times_440_us_on_deepseek_and_nothing_elsewhere()
     ("release", "floor_us"),
     [
         ("vllm@0.7.0", 0.0),  # before MLA: DeepSeek ran as multi-head attention
-        ("vllm@0.7.3", 415.0),
-        ("vllm@0.7.4.dev181+gf35f8e22", 415.0),
+        ("vllm@0.7.3", 440.0),
+        ("vllm@0.7.4.dev181+gf35f8e22", 440.0),
         ("vllm@0.8.0", 0.0),
         ("vllm", 0.0),
         ("sglang@0.4.0", 0.0),
-        ("sglang@0.4.1.post2", 415.0),
-        ("sglang@0.4.4.post1", 415.0),
+        ("sglang@0.4.1.post2", 440.0),
+        ("sglang@0.4.4.post1", 440.0),
         ("sglang@0.4.5", 0.0),
         ("sglang", 0.0),
     ],
@@ -92,7 +92,7 @@ def test_explain_shows_the_floor_with_its_units():
     args = ["explain", "--gpu", "h200", "--model", "deepseek-r1", "--quant", "fp8"]
     r = CliRunner().invoke(app, [*args, "--tp", "8", "--engine", "sglang@0.4.3", "--batch", "4"])
     assert r.exit_code == 0, r.output
-    assert "early MLA kernel stack" in r.output and "415 us x 61 layers" in r.output
+    assert "early MLA kernel stack" in r.output and "440 us x 61 layers" in r.output
     r = CliRunner().invoke(app, [*args, "--tp", "8", "--engine", "sglang", "--batch", "4"])
     assert r.exit_code == 0 and "early MLA kernel stack" not in r.output
 
@@ -123,10 +123,10 @@ def test_why_dstacks_early_runs_stay_reference_only():
 
 
 def test_early_fused_moe_calls_take_their_kernels_time():
-    """vLLM PR 13932 (February 2025, H100) timed the Triton fused-MoE call at DeepSeek-V3's
-    TP8 shapes at 1,732-1,989 us from 128 to 1,536 tokens: the early generations' read
+    """vLLM PR 13932 (February 2025, H100) timed vLLM's Triton fused-MoE call at
+    DeepSeek-V3's TP8 shapes at 1,732-1,989 us from 128 to 1,536 tokens: vLLM 0.7's read
     rate on Hopper (moe_bandwidth_efficiency 0.24) gives each within 12%; the current
-    kernels' (0.94) take a third of that."""
+    kernels' (0.94), which SGLang 0.4.x keeps, take under half of that."""
     from capsim.physics.deployment import Deployment
     from capsim.physics.step import StepModel
 
@@ -139,8 +139,7 @@ def test_early_fused_moe_calls_take_their_kernels_time():
         predicted[release] = {b: sm.fused_moe_seconds(b) * 1e6 for b in measured}
     for b, us in measured.items():
         assert predicted["vllm@0.7.3"][b] == pytest.approx(us, rel=0.12), b
-        assert predicted["sglang@0.4.3"][b] == predicted["vllm@0.7.3"][b]
-        assert predicted["vllm"][b] < us / 2.5
+        assert predicted["sglang@0.4.3"][b] == predicted["vllm"][b] < us / 2
 
 
 def test_the_8bit_moe_rate_applies_to_w8a8_experts_only():
@@ -178,9 +177,10 @@ def test_capsim_engines_says_what_each_older_release_changes():
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert (
-        "vllm >=0.7.1,<0.8: first DeepSeek-V3/R1 MLA kernels (mla_layer_overhead_us 415; "
+        "vllm >=0.7.1,<0.8: first DeepSeek-V3/R1 MLA kernels (mla_layer_overhead_us 440; "
         "datacenter-hopper: moe_bandwidth_efficiency 0.24)" in text
     )
+    assert "sglang >=0.4.1,<0.4.5: first DeepSeek-V3/R1 kernels (mla_layer_overhead_us 440)" in text
     assert "vllm <0.8: V0 engine (batch_defaults 2048/256;" in text
     assert "a release takes every range that holds it" in text
 

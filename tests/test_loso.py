@@ -69,7 +69,7 @@ def test_an_engine_bound_prior_is_put_back_for_that_engines_scenarios_only():
     for engine, put_back in (("vllm", True), ("sglang", False)):
         sc = by_engine[engine]
         gpu, params = resolved(sc)
-        assert params.mla_layer_overhead_us == 415.0
+        assert params.mla_layer_overhead_us == 440.0
         left_out = left_out_overrides(PRIORS, name, params, gpu.hardware_class, sc.engine)
         assert ("mla_layer_overhead_us" in left_out) is put_back, engine
         assert left_out.get("mla_layer_overhead_us", 0.0) == 0.0
