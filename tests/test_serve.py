@@ -37,29 +37,46 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def serving(speedup: float):
     """``capsim serve`` of DEPLOYMENT in a subprocess; yields its URL once /health says
-    it is ready (after it has timed its own HTTP round trip)."""
-    port = _free_port()
-    command = [sys.executable, "-m", "capsim", "serve", *DEPLOYMENT, "--port", str(port)]
-    proc = subprocess.Popen(
-        [*command, "--speedup", str(speedup)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            proc.kill()
-            pytest.fail("capsim serve did not start: " + proc.stderr.read().decode()[-2000:])
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    it is ready (after it has timed its own HTTP round trip) and /capsim/info names this
+    process. A port taken between choosing and binding it (another test, another xdist
+    worker) makes the server exit at once; then another port is tried."""
+    for _ in range(3):
+        port = _free_port()
+        command = [sys.executable, "-m", "capsim", "serve", *DEPLOYMENT, "--port", str(port)]
+        proc = subprocess.Popen(
+            [*command, "--speedup", str(speedup)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            if _ready(proc, url):
+                yield url
+                return
+            stderr = proc.stderr.read().decode()[-2000:]
+            if "cannot listen" not in stderr:
+                pytest.fail("capsim serve did not start: " + stderr)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
+    pytest.fail("capsim serve found no free port in three tries")
+
+
+def _ready(proc: subprocess.Popen, url: str, wait_s: float = 60.0) -> bool:
+    """Whether the server ``proc`` answers at ``url`` (its own pid in /capsim/info, not
+    another server that holds the port) before it exits or ``wait_s`` passes."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            healthy = httpx.get(url + "/health", timeout=1).status_code == 200
+            if healthy and httpx.get(url + "/capsim/info", timeout=5).json().get("pid") == proc.pid:
+                return True
+        except (httpx.HTTPError, ValueError, AttributeError):  # not up, or not ours
+            pass
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+        pytest.fail("capsim serve did not answer within a minute")
+    return False
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -334,6 +335,7 @@ def create_app(
                 "http_round_trip_ms": deployment.transport_s * 1e3,
                 "steps": deployment.steps,
                 "limits": LIMITS,
+                "pid": os.getpid(),
             }
         )
 
