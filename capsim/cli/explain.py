@@ -534,6 +534,7 @@ def explain_cmd(
     title = f"{sm.model.name} ({sm.fmt.name}) on {tp}x {g.name}"
     title += f", profile {fitted.name}" if fitted else ", uncalibrated"
     note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
+    mla_floor = (sm.mla_layer_floor_us, sm.layers) if sm.mla_layer_floor_us else None
     for label, step, out in (
         (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
         (
@@ -546,8 +547,6 @@ def explain_cmd(
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
-        mla_us = sm.params.mla_layer_overhead_us if m.mla is not None else 0.0
-        mla_floor = (mla_us, sm.layers) if mla_us else None
         for row in step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor):
             table.add_row(*row)
         console.print(table)

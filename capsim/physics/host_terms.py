@@ -65,8 +65,14 @@ class HostTerms:
         moe_spec = self.model.moe
         replaced = 0.0 if moe_spec and moe_spec.num_shared_experts else p.moe_replaced_ffn_floor_us
         moe = p.moe_layer_overhead_us - replaced
-        mla = self.layers * p.mla_layer_overhead_us if self.model.mla is not None else 0.0
+        mla = self.layers * self.mla_layer_floor_us
         return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe) + mla
+
+    @property
+    def mla_layer_floor_us(self) -> float:
+        """The early MLA kernel stacks' floor one layer of this model pays a step, us:
+        mla_layer_overhead_us for a model with MLA attention, else 0."""
+        return self.params.mla_layer_overhead_us if self.model.mla is not None else 0.0
 
     def host_seconds(self, sequences: int) -> float:
         """CPU work of one step that nothing overlaps (scheduling, input preparation,
