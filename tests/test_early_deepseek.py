@@ -97,40 +97,64 @@ def test_explain_shows_the_floor_with_its_units():
     assert r.exit_code == 0 and "early MLA kernel stack" not in r.output
 
 
-def test_why_dstacks_early_runs_stay_reference_only():
-    """The named cause (corpus-dstack-*'s reference_only): at C=4 a 3,200-token prompt's
-    first token came at 800-3,300 prompt tokens/s on every stack, and at C=128 prompts went
-    in at 2,900-3,700 tokens/s (output tokens/s x 3,200 / 800), where the step model, early
-    floor and MoE rate included, prefills the same prompt at 16,000-26,000 tokens/s. Decode
-    is modelled; this is not, and closed-loop throughput at high C follows the prompts' wait."""
-    from capsim.calibration.compare import simulated_engine
+def dstack_level(scenario: str, level: int):
+    """One level of dstack's 3,200-in / 800-out runs, simulated as validate does."""
+    from capsim.calibration.compare import scenario_config
     from capsim.calibration.published import load_published
+    from capsim.engine.simulate import predict
 
     datasets = {d.name: d for d in load_published()}
     ds = datasets["corpus-dstack-dsr1-h200-mi300x-3200in-800out"]
-    assert ds.reference_only and "prefill" in ds.reference_only
-    for sc in ds.scenarios:
-        eng, gpu, m = CAT.engine(simulated_engine(sc)), CAT.gpu(sc.gpu), CAT.model(sc.model)
-        dep = engine_deployment(eng, gpu, tp=sc.tp, quant=sc.quant, max_num_seqs=256)
-        sm = build_step_model(CAT, gpu, m, dep, default_efficiency(gpu, CAT, eng))
-        modelled = 3200 / sm.step_time([3200], [0])
-        at = {(p.concurrency, p.metric, p.statistic): p.value for p in sc.points}
-        first_token = 3200 / at[(4, "ttft_s", "mean")]
-        out_128 = [p.value for p in sc.points if (p.concurrency, p.metric) == (128, "output_tok_s")]
-        intake = 4 * out_128[0]  # prompt tokens/s: 3,200 in for every 800 out
-        assert modelled > 15_000, sc.name
-        assert first_token < modelled / 4 and intake < modelled / 4, sc.name
+    sc = next(s for s in ds.scenarios if s.name == scenario)
+    measured = {(p.concurrency, p.metric, p.statistic): p.value for p in sc.points}
+    result = predict(scenario_config(ds, sc, [level]), CAT)
+    return result.levels[0].metrics, measured
+
+
+@pytest.mark.parametrize("level", [4, 16])
+def test_dstacks_vllm_waves_are_prefilled_whole(level):
+    """Equal prompts and outputs make a closed loop run in waves. vLLM V0 prefills a
+    DeepSeek wave whole (no chunked prefill for MLA) and its clients see a step's tokens
+    when the next step ends, so every request of a wave gets its first token together,
+    as dstack's H200 run shows (C=4: mean 976 ms, median 975, standard deviation 11 ms):
+    the simulated median is the mean within 5%, and both within 35% of the measured mean
+    (-34..-41% when the wave was chunked and the first prompt seen alone)."""
+    m, measured = dstack_level("h200-deepseek-r1-vllm-tp8", level)
+    mean, p50 = m.ttft_ms.mean / 1e3, m.ttft_ms.p50 / 1e3
+    assert p50 == pytest.approx(mean, rel=0.05)
+    assert mean == pytest.approx(measured[(level, "ttft_s", "mean")], rel=0.35)
+
+
+def test_why_dstacks_mi300x_prefill_stays_reference_only():
+    """The named cause (corpus-dstack-*'s reference_only): the early ROCm stacks prefilled
+    DeepSeek about 3x slower than the step model gives. SGLang PR 3237 (2025-02-24, ROCm,
+    `sglang.bench_one_batch --batch-size 4 --input 2048 --output 256 --model
+    deepseek-ai/DeepSeek-V3 --tp 8`): "Decode.  median latency: 0.03850 s" and "Total.
+    latency: 10.656 s", so 4 x 2,048 prompt tokens took about 10.656 - 255 x 0.0385 = 0.83 s.
+    The step model decodes that batch within 5% of the median but prefills it in under
+    0.3 s; dstack's MI300X waves went in as slowly (TTFT -56..-80% simulated)."""
+    gpu, m = CAT.gpu("mi300x"), CAT.model("deepseek-v3")
+    eng = CAT.engine("sglang@0.4.3")
+    dep = engine_deployment(eng, gpu, tp=8, quant="fp8", max_num_seqs=256)
+    sm = build_step_model(CAT, gpu, m, dep, default_efficiency(gpu, CAT, eng))
+    prefill_measured = 10.656 - 255 * 0.0385
+    assert sm.step_time([1] * 4, [2048] * 4) == pytest.approx(0.0385, rel=0.05)
+    assert sm.step_time([2048] * 4, [0] * 4) < prefill_measured / 2.5
+    level, measured = dstack_level("mi300x-deepseek-r1-sglang-tp8", 16)
+    assert level.ttft_ms.mean / 1e3 < measured[(16, "ttft_s", "mean")] / 2.5
 
 
 def test_early_fused_moe_calls_take_their_kernels_time():
     """vLLM PR 13932 (February 2025, H100) timed vLLM's Triton fused-MoE call at
     DeepSeek-V3's TP8 shapes at 1,732-1,989 us from 128 to 1,536 tokens: vLLM 0.7's read
-    rate on Hopper (moe_bandwidth_efficiency 0.24) gives each within 12%; the current
-    kernels' (0.94), which SGLang 0.4.x keeps, take under half of that."""
+    rates on Hopper (moe_bandwidth_efficiency 0.27, moe_compute_efficiency_8bit 0.045) give
+    each within 12%, and the 2,048-token call (2,818.65 us), compute-bound, within 12%; the
+    current kernels' (0.94), which SGLang 0.4.x keeps, take under half of that."""
     from capsim.physics.deployment import Deployment
     from capsim.physics.step import StepModel
 
     measured = {128: 1732.33, 256: 1728.73, 512: 1810.36, 1024: 1892.75, 1536: 1988.70}
+    measured[2048] = 2818.65
     gpu = CAT.gpu("h100-sxm")
     predicted = {}
     for release in ("vllm@0.7.3", "sglang@0.4.3", "vllm"):
@@ -178,7 +202,8 @@ def test_capsim_engines_says_what_each_older_release_changes():
     text = " ".join(r.output.split())
     assert (
         "vllm >=0.7.1,<0.8: first DeepSeek-V3/R1 MLA kernels (mla_layer_overhead_us 440; "
-        "datacenter-hopper: moe_bandwidth_efficiency 0.24)" in text
+        "datacenter-hopper: moe_bandwidth_efficiency 0.27, moe_compute_efficiency_8bit 0.045)"
+        in text
     )
     assert "sglang >=0.4.1,<0.4.5: first DeepSeek-V3/R1 kernels (mla_layer_overhead_us 440)" in text
     assert "vllm <0.8: V0 engine (batch_defaults 2048/256;" in text

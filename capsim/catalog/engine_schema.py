@@ -162,6 +162,8 @@ class EngineGeneration(Strict):
     graph_capture: GraphCapture | None = None
     mixes_prefill_and_decode: bool | None = None
     chunked_prefill_above_model_len: int | None = Field(None, ge=1)
+    chunks_mla_prefill: bool | None = None
+    outputs_a_step_late: bool | None = None
     async_scheduling: bool | None = None
     custom_allreduce: bool | None = None
     params: dict[str, float] = Field(default_factory=dict)
@@ -190,6 +192,8 @@ GENERATION_FIELDS = (
     "graph_capture",
     "mixes_prefill_and_decode",
     "chunked_prefill_above_model_len",
+    "chunks_mla_prefill",
+    "outputs_a_step_late",
     "async_scheduling",
     "custom_allreduce",
 )
@@ -238,6 +242,18 @@ class Engine(Strict):
         "(vLLM V0: 32768); at or below it prompts are prefilled whole in steps of their own, "
         "prefill first, under a budget of max(max_model_len, 2048) tokens. None: the "
         "engine's batch defaults and mixes_prefill_and_decode hold at every length",
+    )
+    chunks_mla_prefill: bool = Field(
+        True,
+        description="Whether chunked prefill applies to models with multi-head latent "
+        "attention (DeepSeek-V2/V3/R1) as to others; False: MLA models are prefilled whole "
+        "at every max_model_len, as chunked_prefill_above_model_len describes (vLLM V0)",
+    )
+    outputs_a_step_late: bool = Field(
+        False,
+        description="Whether a step's tokens reach the client only when the next step "
+        "ends (vLLM V0's async output processing, on unless --enforce-eager or speculative "
+        "decoding turns it off); False: when the step that made them ends",
     )
     async_scheduling: bool = Field(
         description="Whether the engine prepares step n+1 on the CPU while the GPU runs step "
@@ -291,18 +307,22 @@ class Engine(Strict):
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None
 
-    def chunks_prefill(self, max_model_len: int) -> bool:
-        """Whether this engine chunks prompts by default at ``max_model_len`` (tokens)."""
+    def chunks_prefill(self, max_model_len: int, mla: bool = False) -> bool:
+        """Whether this engine chunks prompts by default at ``max_model_len`` (tokens) for a
+        model with (``mla``) or without multi-head latent attention."""
+        if mla and not self.chunks_mla_prefill:
+            return False
         limit = self.chunked_prefill_above_model_len
         return limit is None or max_model_len > limit
 
-    def for_model_len(self, max_model_len: int | None) -> Engine:
+    def for_model_len(self, max_model_len: int | None, mla: bool = False) -> Engine:
         """This engine's defaults at ``max_model_len`` (tokens; None or 0 where neither the
-        flag nor the model tells it: the engine as it is): where chunked prefill is off at
-        that length, steps do not mix prefills with decodes and the default budget is
-        max(max_model_len, 2048) tokens (vLLM V0's SchedulerConfig), the sequence limit
-        and CUDA graphs as the batch_defaults row gives them."""
-        if not max_model_len or self.chunks_prefill(max_model_len):
+        flag nor the model tells it: the engine as it is) for a model with (``mla``) or
+        without multi-head latent attention: where chunked prefill is off, steps do not mix
+        prefills with decodes and the default budget is max(max_model_len, 2048) tokens
+        (vLLM V0's SchedulerConfig), the sequence limit and CUDA graphs as the
+        batch_defaults row gives them."""
+        if not max_model_len or self.chunks_prefill(max_model_len, mla):
             return self
         rows = [
             row.model_copy(update={"max_num_batched_tokens": max(max_model_len, 2048)})

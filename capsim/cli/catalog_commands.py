@@ -500,5 +500,5 @@ def generation_changes(gen) -> str:
             parts.append(f"{field} {value}")
     parts += [f"{k} {v:g}" for k, v in gen.params.items()]
     for hw_class, params in gen.class_params.items():
-        parts += [f"{hw_class}: {k} {v:g}" for k, v in params.items()]
+        parts.append(f"{hw_class}: " + ", ".join(f"{k} {v:g}" for k, v in params.items()))
     return "; ".join(parts)

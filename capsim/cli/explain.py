@@ -121,7 +121,9 @@ def fit_cmd(
         include_mtp=mtp,
         cpu_moe_layers=n_cpu_moe,
     )
-    eng = cat.engine(engine).for_model_len(max_model_len or m.max_position_embeddings)
+    eng = cat.engine(engine).for_model_len(
+        max_model_len or m.max_position_embeddings, mla=m.mla is not None
+    )
     fit_options = engine_fit_options(eng, g, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
     offload = None

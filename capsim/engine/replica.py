@@ -295,7 +295,7 @@ class Replica:
         if run_steps <= 0:
             return
         self._record_itl(times[:run_steps], len(running))
-        finished = sched.advance_decode(run_steps, env.now)
+        finished = sched.advance_decode(run_steps, env.now, start + float(ends[lead]))
         if self.step_listener is not None:
             self.step_listener(self)
         if finished:

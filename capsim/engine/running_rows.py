@@ -21,7 +21,7 @@ class RunningRows:
     def _load_row(self, i: int, req: SimRequest) -> None:
         self._kv[i] = req.kv_tokens
         self._gen[i] = req.generated
-        self._out[i] = req.output_len
+        self._out[i] = req.output_len + self._extra_steps
         self._blocks[i] = req.total_blocks
         self._dec[i] = req.phase == DECODE
         self._computed[i] = req.computed

@@ -62,6 +62,10 @@ class SchedulerConfig:
     # the waiting requests it can admit) on its own whenever it has one, and decode
     # batches otherwise, so decodes wait while prompts are prefilled
     mixes_prefill_and_decode: bool = True
+    # vLLM V0's async output processing: a step's tokens are turned into request outputs
+    # while the next step runs and reach the client when it ends, so a first token is seen
+    # at the end of the step after the one that made it (at once when no step follows)
+    outputs_a_step_late: bool = False
     # SGLang's admission reserve (engine/admission.py); None: vLLM's, none
     reserve: AdmissionReserve | None = None
 
@@ -104,6 +108,14 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         self._decode_widths = np.full(cap, float(config.decode_width))
         self._row_numbers.flags.writeable = self._decode_widths.flags.writeable = False
         self._prefilling = 0  # running rows not decoding
+        # requests whose first token the last step made and the client has not yet seen
+        # (outputs_a_step_late): their first_token moves to the end of the next step
+        self._undelivered: list[SimRequest] = []
+        # steps a request runs past its last token: with outputs_a_step_late the engine
+        # learns that a request is done while the next step runs, which it is scheduled in
+        # (vLLM V0's stop checks run in the output processing), and the client sees the
+        # last token when that step ends
+        self._extra_steps = 1.0 if config.outputs_a_step_late else 0.0
         # a lower bound on the output tokens any decoding row still has to generate:
         # while it exceeds FINISH_TOLERANCE nobody can finish, so the check is skipped
         self._least_left = math.inf
@@ -380,6 +392,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
 
     def complete(self, step: ScheduledStep, now: float) -> list[SimRequest]:
         """Apply a finished step; return the requests that finished."""
+        self._deliver(now)
         adv = self.config.decode_advance
         rows = step.decode_rows
         k = rows.size
@@ -404,11 +417,15 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
             req.generated += 1.0
             if req.first_token is None:
                 req.first_token = now
+                if self.config.outputs_a_step_late:
+                    self._undelivered.append(req)
             self._store_row(row, req)
             self.kv.register(req, req.prefill_target)
             self._load_row(row, req)
             self._prefilling -= 1
-            self._least_left = min(self._least_left, req.output_len - req.generated)
+            self._least_left = min(
+                self._least_left, req.output_len + self._extra_steps - req.generated
+            )
         return self._finish_done(now)
 
     def may_finish(self, step: ScheduledStep) -> bool:
@@ -419,7 +436,8 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
             return True
         for req, n, _ in step.prefills:
             done_prefill = req.computed + n >= req.prefill_target
-            if done_prefill and req.output_len - (req.generated + 1.0) <= margin:
+            left = req.output_len + self._extra_steps - (req.generated + 1.0)
+            if done_prefill and left <= margin:
                 return True
         return False
 
@@ -442,8 +460,22 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
             self._finish(row, now)
         return finished
 
-    def advance_decode(self, steps: int, now: float) -> list[SimRequest]:
-        """Apply ``steps`` identical decode steps to every running request at once."""
+    def _deliver(self, now: float) -> None:
+        """The first tokens held back a step (outputs_a_step_late) reach their clients at
+        ``now``, the end of the step after the one that made them (a request that finished
+        in that step keeps the time it was made)."""
+        if self._undelivered:
+            for req in self._undelivered:
+                if req.finish is None:
+                    req.first_token = now
+            self._undelivered.clear()
+
+    def advance_decode(
+        self, steps: int, now: float, first_end: float | None = None
+    ) -> list[SimRequest]:
+        """Apply ``steps`` identical decode steps to every running request at once (the
+        first of them ends at ``first_end``, by default ``now``)."""
+        self._deliver(now if first_end is None else first_end)
         cfg = self.config
         n = len(self.running)
         gain = steps * cfg.decode_advance

@@ -225,7 +225,7 @@ def build_setup(
     spec = config.spec
     # the server's max_model_len: the flag's, else the model's context (vLLM's default)
     engine = cat.engine(config.engine).for_model_len(
-        config.max_model_len or model.max_position_embeddings
+        config.max_model_len or model.max_position_embeddings, mla=model.mla is not None
     )
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":
         raise sglang_flag_error(
@@ -307,6 +307,10 @@ def build_setup(
         state_blocks=fit.state_blocks_per_sequence,
         recv_interval_steps=config.scheduler_recv_interval,
         mixes_prefill_and_decode=engine.mixes_prefill_and_decode or config.mixed_chunk,
+        # vLLM V0 turns async output processing off with --enforce-eager and speculation
+        outputs_a_step_late=engine.outputs_a_step_late
+        and not config.enforce_eager
+        and spec is None,
         reserve=reserve,
     )
     max_len = config.max_model_len or fit.max_model_len
