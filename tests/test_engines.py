@@ -389,9 +389,8 @@ def _setup(engine: str, **config):
     from capsim.engine.config import PredictConfig
     from capsim.engine.setup import build_setup
 
-    cfg = PredictConfig(
-        gpu="h100-sxm", model="llama-3.1-8b", engine=engine, concurrency=[1], **config
-    )
+    config = {"gpu": "h100-sxm", "model": "llama-3.1-8b", **config}
+    cfg = PredictConfig(engine=engine, concurrency=[1], **config)
     return build_setup(cfg, CAT)
 
 
@@ -412,6 +411,72 @@ def test_vllm_v0_prefills_whole_prompts_apart_at_a_short_context():
     newest = _setup("vllm", max_model_len=4096)
     assert newest.scheduler.mixes_prefill_and_decode
     assert newest.scheduler.max_num_batched_tokens == 8192
+
+
+def test_vllm_v0_never_chunks_an_mla_models_prompts():
+    # 0.8.0's _set_default_args_v0: "Chunked prefill not supported for Multimodal or MLA in
+    # V0"; PR 13620 set the budget to max_model_len (DeepSeek-R1's 163,840 tokens)
+    v0 = _setup("vllm@0.7.4.dev181", gpu="h200", model="deepseek-r1", quant="fp8", tp=8)
+    assert not v0.scheduler.mixes_prefill_and_decode
+    assert v0.scheduler.max_num_batched_tokens == 163_840
+    assert v0.scheduler.outputs_a_step_late
+    # a dense model of the same release still chunks its long context
+    assert _setup("vllm@0.7.3").scheduler.mixes_prefill_and_decode
+    newest = _setup("vllm", gpu="h200", model="deepseek-r1", quant="fp8", tp=8)
+    assert newest.scheduler.mixes_prefill_and_decode
+    assert not newest.scheduler.outputs_a_step_late
+
+
+def test_v0_hands_out_each_steps_tokens_when_the_next_step_ends():
+    """One client, 10 output tokens: with async output processing (V0) the first token is
+    seen when the first decode step ends and the last when the step after the tenth token's
+    ends, so TTFT grows by one decode step and TPOT (the steps between) does not change;
+    --enforce-eager turns the processing off."""
+    from capsim.engine.levels import make_workload, simulate_level
+
+    def one(engine, **flags):
+        setup = _setup(engine, input_tokens="1024", output_tokens="10", requests=3, **flags)
+        level = simulate_level(setup, make_workload(setup.config, 1), keep_records=True)
+        first = level.records[1]  # a steady request: sent when the one before finished
+        sm = setup.step_model
+        prefill = sm.step_time([1024], [0])
+        decode = sm.step_time([1], [1030])
+        return first.first_token - first.send, first.finish - first.first_token, prefill, decode
+
+    late_ttft, late_rest, prefill, decode = one("vllm@0.7.3")
+    assert late_ttft - _frontend(prefill) == pytest.approx(prefill + decode, rel=0.02)
+    assert late_rest == pytest.approx(9 * decode, rel=0.02)
+    eager_ttft, eager_rest, eager_prefill, eager_decode = one("vllm@0.7.3", enforce_eager=True)
+    assert eager_ttft - _frontend(eager_prefill) == pytest.approx(eager_prefill, rel=0.02)
+    assert eager_rest == pytest.approx(9 * eager_decode, rel=0.02)
+
+
+def _frontend(_prefill):
+    """The front end's latency of a 1,024-token request (vLLM's defaults, s)."""
+    sm = _setup("vllm@0.7.3").step_model
+    return float(sm.frontend_seconds(1024))
+
+
+@pytest.mark.parametrize(
+    ("engine", "model", "per_layer"),
+    [
+        ("sglang", "llama-3.1-8b", "layer_overhead_eager_us"),
+        ("sglang", "deepseek-r1", "layer_overhead_eager_mla_us"),
+        ("vllm@0.7.3", "llama-3.1-8b", "layer_overhead_eager_us"),
+        ("vllm", "llama-3.1-8b", "layer_overhead_compiled_us"),
+        ("vllm", "deepseek-r1", "layer_overhead_compiled_us"),
+    ],
+)
+def test_a_step_no_graph_holds_launches_as_its_engine_runs_it(engine, model, per_layer):
+    # SGLang and vLLM V0 run a prefill op by op (no torch.compile by default); vLLM V1 runs
+    # compiled code; an MLA layer launches far more kernels than a dense one
+    big = dict(gpu="h200", model=model, tp=8) if model == "deepseek-r1" else {}
+    sm = _setup(engine, **big).step_model
+    p = sm.params
+    launches = sm.allreduces_per_step * p.allreduce_eager_launch_us if sm.link else 0.0
+    expected = sm.layers * getattr(p, per_layer) + launches
+    assert sm.dispatch_seconds(4096) == pytest.approx(expected * 1e-6)
+    assert sm.dispatch_seconds(1) == 0.0  # a decode step in a CUDA graph
 
 
 def test_v0_graph_sizes_follow_max_num_seqs():

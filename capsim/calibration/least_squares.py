@@ -42,6 +42,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "per_sequence_overhead_us": (0.0, 2_000.0),
     "layer_overhead_graph_us": (0.0, 200.0),
     "layer_overhead_eager_us": (0.0, 2000.0),
+    "layer_overhead_eager_mla_us": (0.0, 5000.0),
     "layer_overhead_compiled_us": (0.0, 2000.0),
     "allreduce_latency_us": (0.0, 300.0),
     "allreduce_eager_launch_us": (0.0, 500.0),

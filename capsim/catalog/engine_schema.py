@@ -139,6 +139,7 @@ class BatchDefaults(Strict):
 
 
 GraphCapture = Literal["vllm", "vllm-v0", "sglang", "single-token", "none"]
+OutsideGraphs = Literal["compiled", "eager"]
 """How an engine captures CUDA graphs: vLLM's capture sizes (up to 512 tokens, 1,024 on
 datacenter Blackwell), vLLM V0's decode batches (1, 2, 4, then multiples of 8 up to
 cuda_graph_max_batch sequences), SGLang's batch sizes (up to cuda_graph_max_bs sequences),
@@ -160,6 +161,7 @@ class EngineGeneration(Strict):
     label: str = Field(description="A few words naming the generation, e.g. 'V0 engine'")
     batch_defaults: list[BatchDefaults] | None = None
     graph_capture: GraphCapture | None = None
+    outside_graphs: OutsideGraphs | None = None
     mixes_prefill_and_decode: bool | None = None
     chunked_prefill_above_model_len: int | None = Field(None, ge=1)
     chunks_mla_prefill: bool | None = None
@@ -190,6 +192,7 @@ class EngineGeneration(Strict):
 GENERATION_FIELDS = (
     "batch_defaults",
     "graph_capture",
+    "outside_graphs",
     "mixes_prefill_and_decode",
     "chunked_prefill_above_model_len",
     "chunks_mla_prefill",
@@ -224,6 +227,14 @@ class Engine(Strict):
         min_length=1, description="Default token budget and sequence limit, by GPU memory"
     )
     graph_capture: GraphCapture = Field(description="Which steps run in a CUDA graph")
+    outside_graphs: OutsideGraphs = Field(
+        "compiled",
+        description="How a step no CUDA graph holds (a prefill chunk, a batch above the "
+        "largest graph) launches its kernels: 'compiled', fused code launched from compiled "
+        "or native code (vLLM V1's torch.compile'd pieces, llama.cpp's ggml graph; "
+        "layer_overhead_compiled_us a layer), or 'eager', PyTorch operator by operator "
+        "(layer_overhead_eager_us a layer)",
+    )
     ubatch_tokens: int | None = Field(
         None,
         ge=1,

@@ -230,9 +230,12 @@ def step_rows(
     ridge: float | None,
     int8_gemm_flops_per_s: float | None = None,
     mla_floor: tuple[float, int] | None = None,
+    launch: tuple[float, int, str] | None = None,
 ) -> list[tuple[str, str]]:
     """The rows of one step's table. ``mla_floor``: (us a layer, layers) of the early MLA
-    kernel stacks' floor (mla_layer_overhead_us), shown as part of the overhead."""
+    kernel stacks' floor (mla_layer_overhead_us), shown as part of the overhead;
+    ``launch``: (us a layer, layers, 'eager' or 'compiled') of a step's launches outside
+    CUDA graphs, shown beside them."""
     from capsim.physics.memory import GB
 
     ms = 1e3
@@ -357,7 +360,13 @@ def step_rows(
             )
         )
     if step.t_dispatch:
-        rows.append(("eager launches (CPU, overlap the GPU)", f"{step.t_dispatch * ms:.3f} ms"))
+        how = ""
+        if launch:
+            per_layer_us, layers, kind = launch
+            how = f" ({kind}, {per_layer_us:g} us x {layers} layers + all-reduces)"
+        rows.append(
+            ("eager launches (CPU, overlap the GPU)", f"{step.t_dispatch * ms:.3f} ms{how}")
+        )
     if step.t_draft:
         rows.append(("speculative drafter", f"{step.t_draft * ms:.3f} ms"))
     rows += [
@@ -549,7 +558,9 @@ def explain_cmd(
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
-        for row in step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor):
+        per_layer_us, kind = sm.dispatch_layer
+        launch = (per_layer_us, sm.layers, kind)
+        for row in step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor, launch):
             table.add_row(*row)
         console.print(table)
     frontend = sm.frontend_seconds(chunk)

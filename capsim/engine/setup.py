@@ -136,6 +136,7 @@ def engine_deployment(
         engine=engine.name,
         graph_capture=engine.graph_capture,
         cuda_graph_max_batch=graph_batch,
+        eager_outside_graphs=engine.outside_graphs == "eager",
         ubatch_tokens=ubatch_tokens or engine.ubatch_tokens,
         cpu_moe_layers=cpu_moe_layers,
         host_memory_bandwidth_gbs=host_memory_bandwidth_gbs,

@@ -47,6 +47,11 @@ class Deployment(BaseModel):
     cuda_graph_max_batch: int | None = Field(
         None, ge=0, description="Largest batch the engine captures a graph for (SGLang)"
     )
+    eager_outside_graphs: bool = Field(
+        False,
+        description="Steps no CUDA graph holds run PyTorch operator by operator (SGLang, "
+        "vLLM V0); False: compiled code (vLLM V1's torch.compile, llama.cpp)",
+    )
     cpu_moe_layers: int = Field(
         0,
         ge=0,

@@ -69,6 +69,27 @@ class HostTerms:
         return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe) + mla
 
     @property
+    def dispatch_layer(self) -> tuple[float, str]:
+        """How a step no CUDA graph holds launches each layer: (CPU us a layer, 'eager' or
+        'compiled'), as dispatch_seconds charges it."""
+        dep = self.deployment
+        if not dep.cuda_graphs or not self.graph_sizes or dep.eager_outside_graphs:
+            return self.eager_layer_us, "eager"
+        return self.params.layer_overhead_compiled_us, "compiled"
+
+    @property
+    def eager_layer_us(self) -> float:
+        """CPU time to launch one of this model's layers op by op, us: an MLA layer's
+        (layer_overhead_eager_mla_us, many more kernels) or another's
+        (layer_overhead_eager_us)."""
+        p = self.params
+        return (
+            p.layer_overhead_eager_mla_us
+            if self.model.mla is not None
+            else (p.layer_overhead_eager_us)
+        )
+
+    @property
     def mla_layer_floor_us(self) -> float:
         """The early MLA kernel stacks' floor one layer of this model pays a step, us:
         mla_layer_overhead_us for a model with MLA attention, else 0."""
@@ -83,15 +104,15 @@ class HostTerms:
     def dispatch_seconds(self, tokens: float) -> float:
         """CPU time to launch one step's kernels layer by layer, and its all-reduces,
         seconds: 0 when the step replays a CUDA graph; ``layer_overhead_eager_us`` a layer
-        in eager mode (``--enforce-eager``, or a platform without graphs);
-        ``layer_overhead_compiled_us`` for a step above the largest captured size, which
-        runs vLLM's compiled (fused) code without a graph. The GPU works while the CPU
-        launches, so a step takes the longer of this and its GPU time."""
+        in eager mode (``--enforce-eager``, a platform without graphs, or a step above the
+        largest captured size on an engine that runs those op by op: SGLang, vLLM V0);
+        ``layer_overhead_compiled_us`` for such a step on an engine that runs compiled
+        (fused) code without a graph (vLLM V1). The GPU works while the CPU launches, so a
+        step takes the longer of this and its GPU time."""
         if tokens <= self.graph_max_tokens:
             return 0.0
         p = self.params
-        eager = not self.deployment.cuda_graphs or not self.graph_sizes
-        per_layer = p.layer_overhead_eager_us if eager else p.layer_overhead_compiled_us
+        per_layer, _ = self.dispatch_layer
         allreduces = self.allreduces_per_step if self.link is not None else 0
         return (self.layers * per_layer + allreduces * p.allreduce_eager_launch_us) * 1e-6
 
