@@ -16,7 +16,7 @@ from capsim.probe.runfile import load_run, summarize_log
 from capsim.probe.runner import ProbeConfig, run_probe
 from tests.live.conftest import live_server
 from tests.request_order import in_flight_at_sends
-from tests.wall_clock import OthersCores, cpu_share, host_was_busy
+from tests.wall_clock import OTHERS_BUSY_CORES, OthersCores, cpu_share, host_was_busy
 
 pytestmark = pytest.mark.live
 
@@ -293,10 +293,26 @@ def test_calibration_loop_predicts_unseen_levels(kind, tmp_path):
             "/proc/cpuinfo), unlike the host the cpu-host priors describe: the loop measures "
             "the host there, not capsim"
         )
-    hard, failures, figures = loop_attempt(kind, tmp_path / "loop.json")
+    shares, others = [cpu_share()], []
+    with OthersCores() as meter:
+        hard, failures, figures = loop_attempt(kind, tmp_path / "loop.json")
+    others.append(meter.cores)
+    shares.append(cpu_share())
     if hard:
         print(f"{kind}: beyond the regression limits on the first pass: {hard}; measuring again")
-        hard, failures, figures = loop_attempt(kind, tmp_path / "again.json")
+        with OthersCores() as meter:
+            hard, failures, figures = loop_attempt(kind, tmp_path / "again.json")
+        others.append(meter.cores)
+        shares.append(cpu_share())
+    if hard and (host_was_busy(shares) or max(others) > OTHERS_BUSY_CORES):
+        # A clean-clone CI run beside a CPU hog on 2026-11-30 measured the dense server's
+        # C=8 output at 1,001, 848 and 1,972 tok/s in its three runs and missed on both
+        # passes (-47% / -25%); a busy host measures the host, not capsim (the stored
+        # loops replay the mechanism deterministically: benchmarks/bench_live_loop.py)
+        pytest.xfail(
+            f"the host was busy (shares of a core {shares}; other processes took "
+            f"{[round(c, 2) for c in others]} cores): {hard + failures}"
+        )
     assert not hard, hard + failures
     if failures:
         pytest.xfail(
