@@ -347,6 +347,50 @@ def test_leave_one_point_out_predicts_each_point_without_it():
     assert odd_inside > odd + 0.02
 
 
+def test_the_linearised_leave_one_out_is_refitting_for_a_linear_model():
+    """The PRESS identity: for residuals linear in the parameters, each point left out of a
+    least-squares fit is predicted with residual r_i / (1 - h_ii), what an explicit refit
+    without it gives (residuals tiny next to ROBUST_SCALE, so the soft-L1 weights are 1)."""
+    from capsim.calibration.compare import ComparedPoint
+    from capsim.calibration.crossval import _left_out
+
+    rng = np.random.default_rng(3)
+    jac = rng.normal(size=(9, 2))
+    y = jac @ np.array([0.4, -0.2]) + rng.normal(scale=1e-5, size=9)
+    x = np.linalg.lstsq(jac, y, rcond=None)[0]
+    r = jac @ x - y  # residuals at the optimum, as log(predicted / measured)
+    points = [
+        ComparedPoint("d", "s", k + 1, "output_tok_s", 100.0, 100.0 * np.exp(r[k]))
+        for k in range(9)
+    ]
+    left = _left_out(points, r, jac, np.ones(2), 0.0, {k: [k] for k in range(9)})
+    for k in range(9):
+        keep = np.arange(9) != k
+        x_k = np.linalg.lstsq(jac[keep], y[keep], rcond=None)[0]
+        refit = jac[k] @ x_k - y[k]
+        assert np.log(left[k].predicted / left[k].measured) == pytest.approx(refit, rel=1e-6)
+
+
+def test_linearised_leave_one_point_out_agrees_with_refitting():
+    # the synthetic odd point of the test above: one simulation a parameter instead of a fit
+    # a point, and the same predictions within half a percent
+    from capsim.calibration.crossval import linearised_cross_validation
+
+    ds = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.1)
+    fit = ("step_overhead_us",)
+    full = fit_profile([ds], CAT, "in-sample", fit, max_evaluations=20)
+    refit = cross_validate([ds], CAT, fit, max_evaluations=8, scheme="point")
+    levels, points = linearised_cross_validation([ds], CAT, full.fitted_values)
+    assert [(p.scenario, p.concurrency) for p in points] == [
+        (p.scenario, p.concurrency) for p in refit
+    ]
+    for lin, ref in zip(points, refit, strict=True):
+        assert lin.error == pytest.approx(ref.error, abs=0.005), (lin, ref)
+    odd = next(p for p in points if (p.scenario, p.concurrency) == ("moe", 1))
+    assert odd.error == pytest.approx(1 / 1.1 - 1, abs=0.005)
+    assert {p.concurrency for p in levels} == {p.concurrency for p in points}
+
+
 def test_a_profile_applies_the_parameters_it_was_fitted_with_held():
     """consumer-ampere-vllm was fitted with host work in series: it holds
     async_host_overlap at 0, so applying it restores that physics under its fitted values."""

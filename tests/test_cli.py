@@ -576,6 +576,10 @@ def test_validate_calibrated_reports_both_cross_validations(tmp_path):
     r = invoke("validate", str(path), "--calibrated", "--fit", "step_overhed_us")
     assert r.exit_code == 2 and "cannot fit" in r.stderr
     assert "did you mean: step_overhead_us" in r.stderr
+    r = invoke("validate", str(path), "--point-cv", "refit")
+    assert r.exit_code == 2 and "--point-cv applies to fits" in r.stderr
+    r = invoke("validate", str(path), "--calibrated", "--point-cv", "exact")
+    assert r.exit_code == 2 and "linearised" in r.stderr
 
 
 def test_version_prints_the_installed_version():
