@@ -582,6 +582,24 @@ def test_validate_calibrated_reports_both_cross_validations(tmp_path):
     assert r.exit_code == 2 and "linearised" in r.stderr
 
 
+def test_validate_calibrated_leaves_out_what_it_cannot_simulate(tmp_path):
+    # a scenario capsim cannot simulate is reported and left out of the fits, as the
+    # uncalibrated comparison skips it (it used to end the whole run with exit 2)
+    import yaml
+
+    from tests.test_calibration import synthetic
+
+    ds = synthetic({"step_overhead_us": 1200.0})
+    long = ds.scenarios[0].model_copy(update={"name": "too-long", "input_tokens": "999999"})
+    ds = ds.model_copy(update={"scenarios": [*ds.scenarios, long]})
+    path = tmp_path / "synthetic.yaml"
+    path.write_text(yaml.safe_dump(ds.model_dump(mode="json")))
+    r = invoke("validate", str(path), "--calibrated", "--fit", "step_overhead_us", "--json")
+    assert r.exit_code == 0, r.output
+    assert "not simulated:" in r.stderr and "too-long" in r.stderr
+    assert len(json.loads(r.stdout)["points"]) == 8
+
+
 def test_version_prints_the_installed_version():
     from importlib.metadata import version
 

@@ -239,6 +239,25 @@ class SkippedScenario:
     reason: str
 
 
+def skip_reason(ds: PublishedDataset, sc: Scenario, catalog: Catalog) -> str | None:
+    """Why capsim cannot simulate a scenario (what compare_or_skip would skip it for: an
+    unknown name, a deployment that does not fit, prompts longer than the context), found
+    without simulating it; None when it can."""
+    from capsim.engine.levels import check_lengths, make_workload
+    from capsim.engine.setup import build_setup
+    from capsim.errors import CapsimUserError
+
+    levels = sorted({p.concurrency for p in sc.points})
+    try:
+        config = scenario_config(ds, sc, levels, output_mean_for(sc, levels[0]))
+        setup = build_setup(config, catalog)
+        for level in levels:
+            check_lengths(setup, make_workload(config, level))
+    except CapsimUserError as exc:
+        return exc.message
+    return None
+
+
 def compare_or_skip(
     datasets: list[PublishedDataset],
     catalog: Catalog,

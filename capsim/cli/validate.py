@@ -70,12 +70,25 @@ def markdown(points: list[ComparedPoint]) -> str:
     return "\n".join(lines)
 
 
-def calibration_parts(datasets, cat) -> list:
+def calibration_parts(datasets, cat, skipped: list | None = None) -> list:
     """The datasets as ``validate --calibrated`` fits them, by name: a dataset spanning
-    hardware classes is fitted per class, as a calibration would."""
+    hardware classes is fitted per class, as a calibration would; scenarios capsim cannot
+    simulate are left out, and appended to ``skipped`` (SkippedScenario) if given."""
+    from capsim.calibration.compare import SkippedScenario, skip_reason
     from capsim.calibration.crossval import group_by_class
 
-    parts = [part for group in group_by_class(datasets, cat).values() for part in group]
+    kept = []
+    for ds in datasets:
+        scenarios = []
+        for sc in ds.scenarios:
+            reason = skip_reason(ds, sc, cat)
+            if reason is None:
+                scenarios.append(sc)
+            elif skipped is not None:
+                skipped.append(SkippedScenario(ds.name, sc.name, len(sc.points), reason))
+        if scenarios:
+            kept.append(ds.model_copy(update={"scenarios": scenarios}))
+    parts = [part for group in group_by_class(kept, cat).values() for part in group]
     return sorted(parts, key=lambda d: d.name)
 
 
@@ -338,7 +351,13 @@ def validate_cmd(
             names = None if fit is None else tuple(split_list(fit))
             if names is not None:
                 check_fittable(names)
-            parts = calibration_parts(loaded, cat)
+            skipped_fits: list = []
+            parts = calibration_parts(loaded, cat, skipped_fits)
+            for s in skipped_fits:
+                err_console.print(
+                    f"not simulated: {s.dataset} / {s.scenario} ({s.points} points): {s.reason}",
+                    highlight=False,
+                )
             rows = []
             done = 0
             # the bar counts points: a dataset part's fits take time in proportion to them
