@@ -371,6 +371,21 @@ def test_the_linearised_leave_one_out_is_refitting_for_a_linear_model():
         assert np.log(left[k].predicted / left[k].measured) == pytest.approx(refit, rel=1e-6)
 
 
+def test_a_point_that_alone_decides_a_parameter_has_leverage_one():
+    # leverage is the hat matrix's diagonal; a parameter only one point moves is that
+    # point's alone (h = 1), where r / (1 - h) has no finite answer and the point is refitted
+    from capsim.calibration.crossval import LEVERAGE_CEILING, _leverage
+
+    rng = np.random.default_rng(5)
+    jac = np.column_stack([rng.normal(size=6), np.r_[1.0, np.zeros(5)]])
+    r = np.full(6, 1e-6)
+    h = _leverage(r, jac, np.ones(2), 0.0)
+    hat = jac @ np.linalg.pinv(jac.T @ jac) @ jac.T
+    assert h == pytest.approx(np.diag(hat), abs=1e-9)
+    assert h[0] == pytest.approx(1.0) and h[0] > LEVERAGE_CEILING
+    assert all(h[1:] < LEVERAGE_CEILING)
+
+
 def test_linearised_leave_one_point_out_agrees_with_refitting():
     # the synthetic odd point of the test above: one simulation a parameter instead of a fit
     # a point, and the same predictions within half a percent
@@ -380,7 +395,8 @@ def test_linearised_leave_one_point_out_agrees_with_refitting():
     fit = ("step_overhead_us",)
     full = fit_profile([ds], CAT, "in-sample", fit, max_evaluations=20)
     refit = cross_validate([ds], CAT, fit, max_evaluations=8, scheme="point")
-    levels, points = linearised_cross_validation([ds], CAT, full.fitted_values)
+    levels, points, high = linearised_cross_validation([ds], CAT, full.fitted_values)
+    assert high == []  # eight points, one parameter: none decides it alone
     assert [(p.scenario, p.concurrency) for p in points] == [
         (p.scenario, p.concurrency) for p in refit
     ]

@@ -104,11 +104,12 @@ def leave_one_point_out(
     max_evaluations: int = 60,
     start: dict[str, float] | None = None,
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    only: list[int] | None = None,
 ) -> list[ComparedPoint]:
-    """Leave one point out: for each point, refit on all the others (from ``start``, or
-    the optimum of a fit on every point, so each refit takes a few evaluations) and
-    predict it. The other points of its level stay in the fit, so this asks less of the
-    model than leaving a whole level out."""
+    """Leave one point out: for each point (or each of the indices ``only``, in that
+    order), refit on all the others (from ``start``, or the optimum of a fit on every
+    point, so each refit takes a few evaluations) and predict it. The other points of its
+    level stay in the fit, so this asks less of the model than leaving a whole level out."""
     _, names, base = fit_setup(datasets, catalog, fit)
     lower, upper, x0 = bounds_and_start(names, base)
     out: list[ComparedPoint] = []
@@ -121,7 +122,7 @@ def leave_one_point_out(
         else:
             x_start = start_point(names, x0, lower, upper, start)
         points = problem.residuals(x_start).size
-        for i in range(points):
+        for i in range(points) if only is None else only:
             fitted = np.ones(points, dtype=bool)
             fitted[i] = False
             solve(problem, x_start, lower, upper, max_evaluations, fitted, x0, prior_weight)
@@ -134,13 +135,19 @@ JACOBIAN_STEP = 0.02
 fits' own ``diff_step``)."""
 
 
+LEVERAGE_CEILING = 0.9
+"""A point whose leverage in the linearised fit is above this mostly decides a parameter on
+its own: left out, the linear picture cannot say where the fit goes (r / (1 - h) blows
+up), so it is refitted instead."""
+
+
 def linearised_cross_validation(
     datasets: list[PublishedDataset],
     catalog: Catalog,
     fitted: dict[str, float],
     held: dict[str, float] | None = None,
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-) -> tuple[list[ComparedPoint], list[ComparedPoint]]:
+) -> tuple[list[ComparedPoint], list[ComparedPoint], list[int]]:
     """Leave-one-level-out and leave-one-point-out predictions of every point of
     ``datasets`` (one hardware class) from the fit on all of them (``fitted``: parameter
     values; ``held``: values the fit held away from their priors), without refitting.
@@ -153,7 +160,9 @@ def linearised_cross_validation(
     that is exactly what refitting without the group gives (the PRESS identity); for
     capsim's it is one Gauss-Newton step from the full fit, which is also where the exact
     refits start. Parameters at a bound stay there. One Jacobian serves every group, so
-    both schemes cost p + 1 simulations of the datasets instead of a fit a group."""
+    both schemes cost p + 1 simulations of the datasets instead of a fit a group. The third
+    list holds the points (indices) of leverage above LEVERAGE_CEILING, whose linearised
+    prediction is not to be trusted (refit them)."""
     _, _, base = fit_setup(datasets, catalog, tuple(fitted) or None)
     base = base.with_overrides(held or {})
     names = list(fitted)
@@ -182,10 +191,21 @@ def linearised_cross_validation(
     by_level = _left_out(points, r, jac[:, free], span[free], prior_weight, groups_level)
     if len(groups_level) < 2:  # nothing is left to fit a level from
         by_level = []
-    by_point = _left_out(
-        points, r, jac[:, free], span[free], prior_weight, {k: [k] for k in range(r.size)}
-    )
-    return by_level, by_point
+    singles = {k: [k] for k in range(r.size)}
+    by_point = _left_out(points, r, jac[:, free], span[free], prior_weight, singles)
+    high = np.flatnonzero(_leverage(r, jac[:, free], span[free], prior_weight) > LEVERAGE_CEILING)
+    return by_level, by_point, high.tolist()
+
+
+def _leverage(r: np.ndarray, jac: np.ndarray, span: np.ndarray, prior_weight: float):
+    """Each point's leverage h_ii in the linearised, soft-L1-whitened fit."""
+    if not span.size:
+        return np.zeros(r.size)
+    jw = np.sqrt(1.0 / np.sqrt(1.0 + (r / ROBUST_SCALE) ** 2))[:, None] * jac
+    curvature = jw.T @ jw
+    if prior_weight > 0:
+        curvature = curvature + np.diag((prior_weight / span) ** 2)
+    return np.einsum("ij,jk,ik->i", jw, np.linalg.pinv(curvature), jw)
 
 
 def _left_out(
@@ -215,5 +235,8 @@ def _left_out(
     out = []
     for k, pt in enumerate(points):
         log_error = left[k] / weights[k] if weights[k] > 0 else np.log(pt.predicted / pt.measured)
+        # a point that decides a parameter alone (leverage ~1) has no finite linear answer;
+        # the caller refits it (LEVERAGE_CEILING)
+        log_error = float(np.clip(log_error, -50.0, 50.0))
         out.append(replace(pt, predicted=float(pt.measured * np.exp(log_error))))
     return out
