@@ -197,15 +197,24 @@ def linearised_cross_validation(
     return by_level, by_point, high.tolist()
 
 
-def _leverage(r: np.ndarray, jac: np.ndarray, span: np.ndarray, prior_weight: float):
-    """Each point's leverage h_ii in the linearised, soft-L1-whitened fit."""
+def _whitened(r: np.ndarray, jac: np.ndarray, span: np.ndarray, prior_weight: float):
+    """The linearised fit in the soft-L1 loss's whitened space: the square roots of the
+    loss's weights at ``r`` (1 / sqrt(1 + (r / ROBUST_SCALE)^2)), the whitened Jacobian,
+    and the inverse of its curvature (with the prior pull's, P)."""
+    root = np.sqrt(1.0 / np.sqrt(1.0 + (r / ROBUST_SCALE) ** 2))
+    jw = root[:, None] * jac
     if not span.size:
-        return np.zeros(r.size)
-    jw = np.sqrt(1.0 / np.sqrt(1.0 + (r / ROBUST_SCALE) ** 2))[:, None] * jac
+        return root, jw, np.zeros((0, 0))
     curvature = jw.T @ jw
     if prior_weight > 0:
         curvature = curvature + np.diag((prior_weight / span) ** 2)
-    return np.einsum("ij,jk,ik->i", jw, np.linalg.pinv(curvature), jw)
+    return root, jw, np.linalg.pinv(curvature)
+
+
+def _leverage(r: np.ndarray, jac: np.ndarray, span: np.ndarray, prior_weight: float):
+    """Each point's leverage h_ii in the linearised, soft-L1-whitened fit."""
+    _, jw, inverse = _whitened(r, jac, span, prior_weight)
+    return np.einsum("ij,jk,ik->i", jw, inverse, jw)
 
 
 def _left_out(
@@ -218,13 +227,7 @@ def _left_out(
 ) -> list[ComparedPoint]:
     """``points`` as predicted with each group of them left out of the linearised fit
     (see linearised_cross_validation), in their order."""
-    w = 1.0 / np.sqrt(1.0 + (r / ROBUST_SCALE) ** 2)
-    root = np.sqrt(w)
-    jw = root[:, None] * jac
-    curvature = jw.T @ jw
-    if prior_weight > 0 and span.size:
-        curvature = curvature + np.diag((prior_weight / span) ** 2)
-    inverse = np.linalg.pinv(curvature) if span.size else np.zeros((0, 0))
+    root, jw, inverse = _whitened(r, jac, span, prior_weight)
     weights = np.sqrt(point_weights(points))
     left = np.empty_like(r)
     for rows in groups.values():

@@ -139,11 +139,14 @@ class BatchDefaults(Strict):
 
 
 GraphCapture = Literal["vllm", "vllm-v0", "sglang", "single-token", "none"]
-OutsideGraphs = Literal["compiled", "eager"]
 """How an engine captures CUDA graphs: vLLM's capture sizes (up to 512 tokens, 1,024 on
 datacenter Blackwell), vLLM V0's decode batches (1, 2, 4, then multiples of 8 up to
 cuda_graph_max_batch sequences), SGLang's batch sizes (up to cuda_graph_max_bs sequences),
 a graph for single-token steps only (llama.cpp), or none."""
+
+OutsideGraphs = Literal["compiled", "eager"]
+"""How an engine launches a step no CUDA graph holds: compiled code, or PyTorch operator
+by operator (Engine.outside_graphs)."""
 
 
 class EngineGeneration(Strict):

@@ -546,6 +546,8 @@ def explain_cmd(
     title += f", profile {fitted.name}" if fitted else ", uncalibrated"
     note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
     mla_floor = (sm.mla_layer_floor_us, sm.layers) if sm.mla_layer_floor_us else None
+    per_layer_us, kind = sm.dispatch_layer
+    launch = (per_layer_us, sm.layers, kind)
     for label, step, out in (
         (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
         (
@@ -558,8 +560,6 @@ def explain_cmd(
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
-        per_layer_us, kind = sm.dispatch_layer
-        launch = (per_layer_us, sm.layers, kind)
         for row in step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor, launch):
             table.add_row(*row)
         console.print(table)

@@ -83,11 +83,8 @@ class HostTerms:
         (layer_overhead_eager_mla_us, many more kernels) or another's
         (layer_overhead_eager_us)."""
         p = self.params
-        return (
-            p.layer_overhead_eager_mla_us
-            if self.model.mla is not None
-            else (p.layer_overhead_eager_us)
-        )
+        mla = self.model.mla is not None
+        return p.layer_overhead_eager_mla_us if mla else p.layer_overhead_eager_us
 
     @property
     def mla_layer_floor_us(self) -> float:
