@@ -557,6 +557,19 @@ def test_parse_levels():
     for bad in ("", "0", "8..1", "1..8:x1", "a", "1..", "1..4:0", "-2"):
         with pytest.raises(CapsimUserError):
             parse_levels(bad)
+    assert len(parse_levels("1..4096")) == 4096
+    assert parse_levels("1..100000:x2")[-1] == 65536
+
+
+def test_parse_levels_refuses_huge_ranges_before_expanding_them():
+    """A range is checked before it is listed: 1..1000000000 once filled 24 GB of memory."""
+    with pytest.raises(CapsimUserError, match="above 100,000"):
+        parse_levels("1..1000000000")
+    with pytest.raises(CapsimUserError, match="lists 100,000 levels") as err:
+        parse_levels("1..100000")
+    assert "1..100000:x2" in err.value.hint
+    with pytest.raises(CapsimUserError, match="lists 4,097 levels"):
+        parse_levels("1..4000,5000..5096")
 
 
 runner = CliRunner()

@@ -61,6 +61,11 @@ if TYPE_CHECKING:
     from capsim.engine.simulate import PredictResult
 
 MAX_LEVEL = 100_000
+"""Highest concurrency a level may have."""
+
+MAX_LEVELS = 4096
+"""Most levels one flag may list: a range is checked before it is expanded, so
+``1..1000000000`` is refused at once rather than filling memory."""
 
 
 def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
@@ -75,6 +80,17 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
             step = int(m[4]) if m[4] else 1
             if lo < 1 or hi < lo or step < 1 or (m[3] and step < 2):
                 raise CapsimUserError(f"malformed {what} range '{part}'", hint=hint)
+            if hi > MAX_LEVEL:
+                raise CapsimUserError(
+                    f"{what} above {MAX_LEVEL:,} is not supported (range '{part}')"
+                )
+            if not m[3] and (hi - lo) // step + 1 > MAX_LEVELS:
+                raise CapsimUserError(
+                    f"{what} range '{part}' lists {(hi - lo) // step + 1:,} levels; at most "
+                    f"{MAX_LEVELS:,} are simulated in one run",
+                    hint=f"thin it out with a step, e.g. {lo}..{hi}:x2 or {lo}..{hi}:"
+                    f"{max(2, (hi - lo) // 64)}",
+                )
             if m[3]:
                 value = lo
                 while value <= hi:
@@ -88,7 +104,13 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
             raise CapsimUserError(f"malformed {what} '{text}' (at '{part}')", hint=hint)
     if max(levels) > MAX_LEVEL:
         raise CapsimUserError(f"{what} above {MAX_LEVEL:,} is not supported")
-    return sorted(set(levels))
+    levels = sorted(set(levels))
+    if len(levels) > MAX_LEVELS:
+        raise CapsimUserError(
+            f"{what} lists {len(levels):,} levels; at most {MAX_LEVELS:,} are simulated in one run",
+            hint=hint,
+        )
+    return levels
 
 
 def parse_rates(text: str) -> list[float]:
