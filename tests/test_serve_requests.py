@@ -46,6 +46,17 @@ def test_counting_stops_just_past_the_limit():
     assert prompt_tokens_of({"prompt": text}, False, 1000, limit=50) == 51
 
 
+def test_a_long_word_is_many_tokens():
+    """A 5 MB prompt without a space was one 'word', one token, and was served (issue 47's
+    battery): a word of up to eight characters is one token, each four past them one more."""
+    assert count_tokens("the cat sat on lanterns") == 5
+    assert count_tokens("meadowlarks") == 2
+    assert count_tokens("hello, internationalization!") == 1 + 1 + (1 + 3) + 1
+    assert count_tokens("x" * 5_000_000) == 1 + 1_249_998  # 4,999,992 past the whole word
+    assert count_tokens("x" * 5_000_000, limit=1000) == 1_249_999  # one word past the limit
+    assert prompt_tokens_of({"prompt": "x" * 1008}, False, 1000, limit=100) == 251
+
+
 def test_budgets_and_stream_options_as_vllm_reads_them():
     assert max_tokens_of({"max_tokens": 5, "max_completion_tokens": None}, chat=True) == 5
     assert max_tokens_of({"max_tokens": 5, "max_completion_tokens": 3}, chat=True) == 3
@@ -58,3 +69,35 @@ def test_budgets_and_stream_options_as_vllm_reads_them():
     assert check_stream({"stream_options": {}}) == (False, False, False)  # empty passes
     with pytest.raises(ApiError, match="stream=True"):
         check_stream({"stream_options": {"include_usage": True}})
+
+
+def test_fields_vllm_refuses_are_refused():
+    """vLLM's request models refuse these (pydantic types, check_logprobs,
+    check_tool_usage, the engine's max_logprobs); capsim serve answered 200."""
+    from capsim.serve.requests import check_sampling, check_tools, message_tokens
+
+    with pytest.raises(ApiError, match="greater than max allowed: 20"):
+        check_sampling({"logprobs": True, "top_logprobs": 1000}, chat=True)
+    with pytest.raises(ApiError, match="`logprobs` must be set to true"):
+        check_sampling({"top_logprobs": 3}, chat=True)
+    check_sampling({"logprobs": True, "top_logprobs": 20}, chat=True)
+    with pytest.raises(ApiError, match="greater than max allowed"):
+        check_sampling({"logprobs": 21}, chat=False)
+    with pytest.raises(ApiError, match="token ids to numbers"):
+        check_sampling({"logit_bias": {"x": 1}}, chat=True)
+    check_sampling({"logit_bias": {"50256": -100}}, chat=True)
+    with pytest.raises(ApiError, match="user must be a string"):
+        check_sampling({"user": 5}, chat=True)
+    with pytest.raises(ApiError, match="`tools` must be set"):
+        check_tools({"tool_choice": "required"})
+    check_tools({"tool_choice": "none"})
+    with pytest.raises(ApiError, match="must not be an empty array"):
+        check_tools({"tools": []})
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    check_tools({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    with pytest.raises(ApiError, match="has not been passed"):
+        check_tools(
+            {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}
+        )
+    with pytest.raises(ApiError, match="name must be a string"):
+        message_tokens({"role": "user", "content": "hi", "name": {}}, None)

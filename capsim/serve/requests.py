@@ -18,6 +18,16 @@ from starlette.responses import JSONResponse
 
 WORD_OR_MARK = re.compile(r"\w+|[^\w\s]")
 
+CHARS_PER_TOKEN = 4
+"""Characters of English text per BPE token, OpenAI's rule of thumb ("What are tokens and
+how to count them?", help.openai.com: "1 token ~= 4 chars in English"), for the part of a
+word past WHOLE_WORD_CHARS: a 5 MB run of letters with no space (a base64 blob, minified
+code) is about 1.25 million tokens, not one."""
+
+WHOLE_WORD_CHARS = 8
+"""A word up to this long is one token (an estimate: BPE vocabularies of 32K-256K entries
+hold common English words whole); each CHARS_PER_TOKEN past it, or part of them, adds one."""
+
 CHAT_TOKENS_PER_MESSAGE = 4
 """Estimated chat-template tokens around each message (role header and separators), as in
 OpenAI's published token-counting recipe for chat models (3-4 per message)."""
@@ -158,6 +168,20 @@ def check_range(body: dict, key: str, low: float, high: float, open_low: bool = 
         raise bad(key, f"{key} must be in {side}{low:g}, {high:g}], got {value:g}.")
 
 
+MAX_LOGPROBS = 20
+"""vLLM's default ``--max-logprobs``: a request asking for more is refused ("Requested
+sample logprobs of N, which is greater than max allowed: 20")."""
+
+
+def check_max_logprobs(key: str, asked: int | None) -> None:
+    if asked is not None and asked > MAX_LOGPROBS:
+        raise bad(
+            key,
+            f"Requested sample logprobs of {asked}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}",
+        )
+
+
 def check_sampling(body: dict, chat: bool) -> None:
     """The sampling and output fields vLLM validates (SamplingParams._verify_args and the
     request models' types)."""
@@ -181,14 +205,18 @@ def check_sampling(body: dict, chat: bool) -> None:
     if not (stop is None or isinstance(stop, str) or string_list(stop)):
         raise bad("stop", "stop must be a string or a list of strings.")
     if chat:
-        lax_bool(body, "logprobs")
+        wanted = lax_bool(body, "logprobs")
         top = lax_int(body, "top_logprobs")
         if top is not None and top < 0:
             raise bad("top_logprobs", f"top_logprobs must be non-negative, got {top}.")
+        if top and not wanted:
+            raise bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")
+        check_max_logprobs("top_logprobs", top)
     else:
         logprobs = lax_int(body, "logprobs")
         if logprobs is not None and logprobs < 0:
             raise bad("logprobs", f"logprobs must be non-negative, got {logprobs}.")
+        check_max_logprobs("logprobs", logprobs)
         best_of = lax_int(body, "best_of")
         if best_of is not None and best_of != 1:
             raise bad("best_of", "capsim serve supports best_of = 1 only.")
@@ -201,8 +229,12 @@ def check_sampling(body: dict, chat: bool) -> None:
     if bias is not None and (
         not isinstance(bias, dict)
         or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bias.values())
+        or not all(re.fullmatch(r"\s*[+-]?\d+\s*", k) for k in bias)
     ):
         raise bad("logit_bias", "logit_bias must be an object of token ids to numbers.")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("user", f"user must be a string, got {short(user)}.")
     n = lax_int(body, "n")
     if n is not None and n != 1:
         raise bad("n", "capsim serve supports n = 1 only.")
@@ -221,11 +253,28 @@ def check_tools(body: dict) -> None:
         )
     ):
         raise bad("tools", "tools must be a list of {type: function, function: {name}}.")
+    if tools == []:
+        raise bad(
+            "tools",
+            "`tools` must not be an empty array. Either provide at least one tool or omit "
+            "the field entirely.",
+        )
     choice = body.get("tool_choice")
     if choice is not None and not (
         choice in ("none", "auto", "required") or isinstance(choice, dict)
     ):
         raise bad("tool_choice", "tool_choice must be none, auto, required or an object.")
+    if choice is not None and choice != "none" and tools is None:
+        raise bad("tool_choice", "When using `tool_choice`, `tools` must be set.")
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:
+            raise bad(
+                "tool_choice",
+                f"Tool {short(name)} has not been passed in `tools` (tool_choice names a "
+                "function: {type: function, function: {name}}).",
+            )
     fmt = body.get("response_format")
     if fmt is not None and not (
         isinstance(fmt, dict)
@@ -251,16 +300,19 @@ def check_stream(body: dict) -> tuple[bool, bool, bool]:
 
 
 def count_tokens(text: str, limit: int | None = None) -> int:
-    """Estimated tokens of ``text``: one per word and one per punctuation mark (a
+    """Estimated tokens of ``text``: one per punctuation mark and per word, and one more
+    per CHARS_PER_TOKEN characters, or part of them, of a word past WHOLE_WORD_CHARS (a
     whitespace-and-punctuation split; real BPE tokenizers give about 1.0-1.5 tokens per
-    English word). At least 1. With ``limit``, counting stops once past it (a prompt that
-    long is refused whatever its exact count, and a 30 MB one would take seconds)."""
-    words = 0
-    for _ in WORD_OR_MARK.finditer(text):
-        words += 1
-        if limit is not None and words > limit:
+    English word, and split a long word into pieces). At least 1. With ``limit``,
+    counting stops once past it (a prompt that long is refused whatever its exact count,
+    and a 30 MB one would take seconds)."""
+    tokens = 0
+    for match in WORD_OR_MARK.finditer(text):
+        past = match.end() - match.start() - WHOLE_WORD_CHARS
+        tokens += 1 if past <= 0 else 1 + -(-past // CHARS_PER_TOKEN)
+        if limit is not None and tokens > limit:
             break
-    return max(1, words)
+    return max(1, tokens)
 
 
 def message_tokens(message: Any, limit: int | None) -> int:
@@ -290,6 +342,9 @@ def message_tokens(message: Any, limit: int | None) -> int:
         content = " ".join(texts)
     if content is not None and not isinstance(content, str):
         raise bad("messages", "a message's content must be a string or a list of content parts.")
+    name = message.get("name")
+    if name is not None and not isinstance(name, str):
+        raise bad("messages", f"a message's name must be a string, got {short(name)}.")
     calls = message.get("tool_calls")
     if calls is not None and not isinstance(calls, list):
         raise bad("messages", "a message's tool_calls must be a list.")
