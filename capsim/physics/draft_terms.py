@@ -67,9 +67,9 @@ class DrafterTerms:
         its KV for ``context_sum`` tokens, and computing its tokens."""
         p = self.params
         kv_pass = np.asarray(context_sum, dtype=float) * self.kv_bytes_per_layer_token
-        launch = (
-            p.layer_overhead_graph_us if self.deployment.cuda_graphs else p.layer_overhead_eager_us
-        )
+        # the drafter is one of the model's own layers (an MTP layer; an MLA one for
+        # DeepSeek), launched op by op at that layer's eager cost without graphs
+        launch = p.layer_overhead_graph_us if self.deployment.cuda_graphs else self.eager_layer_us
         total = 0.0
         for tokens in self.deployment.spec.draft_pass_tokens(sequences):
             touched = float(self.experts_touched(tokens)) if self.draft_routed_slice else 0.0
