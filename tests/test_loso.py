@@ -46,11 +46,9 @@ def test_every_prior_in_view_names_real_sources_and_is_in_effect_there(prior):
 
 def test_a_prior_is_put_back_only_for_its_sources_and_its_classes():
     v0 = next(p for p in PRIORS if "V0" in p.prior)
-    accelmark = PUBLISHED["corpus-accelmark-llama31-8b-sharegpt-c8"].scenarios[0]
-    gpu, params = resolved(accelmark)
-    assert left_out_overrides(PRIORS, "corpus-accelmark-llama31-8b-sharegpt-c8", params, "x") == (
-        v0.without
-    )
+    source = "corpus-accelmark-llama31-8b-sharegpt-c8-a100"
+    gpu, params = resolved(PUBLISHED[source].scenarios[0])
+    assert left_out_overrides(PRIORS, source, params, "x") == v0.without
     # the same engine generation in a source nobody looked at keeps its prediction
     assert left_out_overrides(PRIORS, "some-other-source", params, gpu.hardware_class) == {}
     blackwell = next(p for p in PRIORS if "Blackwell" in p.prior)
