@@ -151,19 +151,43 @@ def test_the_early_rocm_stacks_prefill_as_sglang_measured_them():
 
 def test_why_dstacks_dp_attention_and_trtllm_runs_stay_reference_only():
     """The named causes (corpus-dstack-dsr1-h200-sglang-dpattn-trtllm-*'s reference_only):
-    SGLang 0.4.3.post2's --enable-dp-attention set dp_size = tp_size, data-parallel
-    attention capsim does not model (issue 49); TensorRT-LLM has no engine entry, and its
-    client's concurrency column reads far above the level it was run at."""
+    SGLang 0.4.3.post2's --enable-dp-attention set dp_size = tp_size; capsim simulates that
+    deployment (8 attention ranks), but the release's first tokens came 5-10x later than
+    any prefill the step model gives, even with all of a prompt's attention on one rank;
+    TensorRT-LLM has no engine entry, and its client's concurrency column reads far above
+    the level it was run at."""
+    import numpy as np
+
+    from capsim.calibration.compare import compare_dataset
     from capsim.calibration.published import load_published
+    from capsim.physics.deployment import Deployment
+    from capsim.physics.parameters import parameter_breakdown
+    from capsim.physics.step import StepModel
 
     datasets = {d.name: d for d in load_published()}
     ds = datasets["corpus-dstack-dsr1-h200-sglang-dpattn-trtllm-3200in-800out"]
-    assert ds.reference_only and "issue 49" in ds.reference_only
+    assert ds.reference_only and "5-10x later" in ds.reference_only
     assert {sc.engine for sc in ds.scenarios} == {"sglang", "trt-llm"}
     assert "trt-llm" not in {e.name for e in CAT.engines}
     sglang = next(sc for sc in ds.scenarios if sc.engine == "sglang")
-    assert sglang.dp == 1 and sglang.tp == 8  # simulated as TP8, as the text says
+    assert sglang.dp == 8 and sglang.tp == 8 and sglang.flags["enable_dp_attention"]
     assert "dp_size = tp_size" in ds.workload.unknowns["sglang_dp_attention"].replace("self.", "")
+    # one 3,200-token prefill step, ranks balanced, and its attention all on one rank
+    gpu, eng = CAT.gpu("h200"), CAT.engine("sglang@0.4.3")
+    dep = Deployment(tp=8, dp_attention=8, engine="sglang", eager_outside_graphs=True)
+    sm = StepModel(
+        gpu, CAT.model("deepseek-r1"), CAT.quant("fp8"), dep, default_efficiency(gpu, CAT, eng)
+    )
+    balanced = sm.step_time([3200], [0])
+    terms = sm._terms(*sm._aggregate(np.array([3200.0]), np.array([0.0])), 1, 0.0, pad=False)
+    projections = 2 * parameter_breakdown(sm.model).attention * 3200 / 8
+    one_rank = balanced + 7 * (terms["t_att_cmp"] + projections / sm.dense_gemm_rate(3200))
+    assert 0.1 < balanced < one_rank < 0.5
+    compared = [p for p in compare_dataset(ds, CAT) if p.scenario == sglang.name]
+    ttft = {p.concurrency: p.measured for p in compared if p.metric == "ttft_s"}
+    assert min(ttft[4], ttft[8]) > 5 * one_rank
+    tpot = [p.predicted / p.measured - 1 for p in compared if p.metric == "tpot_s"]
+    assert all(-0.36 < e < -0.06 for e in tpot)  # decode steps within -7..-35%
     trt = next(sc for sc in ds.scenarios if sc.engine == "trt-llm")
     column = [float(p.quote.split(",")[-1]) for p in trt.points if p.metric == "output_tok_s"]
     levels = [p.concurrency for p in trt.points if p.metric == "output_tok_s"]

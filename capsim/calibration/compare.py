@@ -90,12 +90,16 @@ def scenario_config(
         median = mean / math.exp(OUTPUT_SPREAD_SIGMA**2 / 2)
         output = f"lognormal:{median:.0f},{OUTPUT_SPREAD_SIGMA}"
     flags = sc.flags
+    # SGLang's --enable-dp-attention: the scenario's dp counts attention ranks inside its
+    # TP group (as --dp-size does with the flag), not replicas
+    dp_attention = sc.dp if flags.get("enable_dp_attention") else 1
     return PredictConfig(
         gpu=sc.gpu,
         model=sc.model,
         quant=sc.quant,
         tp=sc.tp,
-        dp=sc.dp,
+        dp=1 if dp_attention > 1 else sc.dp,
+        dp_attention=dp_attention,
         interconnect=sc.interconnect,
         kv_dtype=sc.kv_dtype,
         workload=w.kind,

@@ -226,6 +226,33 @@ ExpertParallelOption = Annotated[
         "GPU",
     ),
 ]
+DpAttentionOption = Annotated[
+    bool,
+    typer.Option(
+        "--enable-dp-attention",
+        help="SGLang: attention data-parallel inside the TP group, --dp ranks of tp / dp "
+        "GPUs, each with its own sequences and KV cache; the MLP and MoE layers stay split "
+        "over all tp GPUs. With it --dp counts attention ranks on the same GPUs, as SGLang's "
+        "--dp-size does, not replicas",
+    ),
+]
+
+
+def attention_ranks(enable_dp_attention: bool, dp: int | None, tp: int | None = None) -> int:
+    """The data-parallel attention ranks ``--enable-dp-attention`` with ``--dp`` asks for
+    (1 without the flag). SGLang turns DP attention off at dp 1 (its server_args), so the
+    flag needs --dp above 1."""
+    if not enable_dp_attention:
+        return 1
+    if dp is None or dp < 2:
+        raise CapsimUserError(
+            "--enable-dp-attention needs --dp N above 1 (attention ranks inside the TP group)",
+            hint="e.g. --tp 8 --dp 8 --enable-dp-attention: attention on every GPU alone; "
+            "SGLang disables DP attention at dp 1",
+        )
+    return dp
+
+
 NCpuMoeOption = Annotated[
     int,
     typer.Option(

@@ -10,11 +10,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from capsim.cli.common import (
+    DP_FLAGS,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
     AsyncSchedulingOption,
     DbOption,
     DisableCustomAllReduceOption,
+    DpAttentionOption,
     EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
@@ -32,6 +34,7 @@ from capsim.cli.common import (
     SpecOption,
     TpOption,
     UbatchOption,
+    attention_ranks,
     catalog,
     console,
     fmt_num,
@@ -79,6 +82,11 @@ def fit_cmd(
     engine: EngineOption = "vllm",
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
+    dp: Annotated[
+        int | None,
+        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
+    ] = None,
+    enable_dp_attention: DpAttentionOption = False,
     json_out: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -120,6 +128,7 @@ def fit_cmd(
         enforce_eager=enforce_eager,
         include_mtp=mtp,
         cpu_moe_layers=n_cpu_moe,
+        dp_attention=attention_ranks(enable_dp_attention, dp),
     )
     eng = cat.engine(engine).for_model_len(
         max_model_len or m.max_position_embeddings, mla=m.mla is not None
@@ -166,6 +175,7 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
     table = Table(
         title=f"{m.name} ({r.quant}) on {r.tp}x {g.name}"
         + (f", {replicas} replicas" if replicas > 1 else "")
+        + (f", data-parallel attention x{r.dp_attention}" if r.dp_attention > 1 else "")
         + f": {'FITS' if r.fits else 'DOES NOT FIT'}",
         show_header=False,
     )
@@ -212,7 +222,14 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
             f"{r.sliding_pool_ratio:g} x the full pool's tokens (SGLang's hybrid SWA "
             "memory; every layer allocated)",
         )
-    table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens")
+    if r.dp_attention > 1:
+        table.add_row(
+            "KV capacity",
+            f"{r.kv_capacity_tokens:,} tokens ({r.dp_attention} attention ranks of "
+            f"{r.tp // r.dp_attention} GPU(s), each with a pool of its own)",
+        )
+    else:
+        table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens")
     table.add_row("max_model_len", f"{r.max_model_len:,} (limit {r.max_model_len_limit:,})")
     table.add_row(
         f"sequences of {r.context_tokens:,} tokens that fit",
@@ -419,6 +436,11 @@ def explain_cmd(
     engine: EngineOption = "vllm",
     ubatch_size: UbatchOption = None,
     enable_expert_parallel: ExpertParallelOption = False,
+    dp: Annotated[
+        int | None,
+        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
+    ] = None,
+    enable_dp_attention: DpAttentionOption = False,
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
     host_link_bandwidth: HostLinkOption = None,
@@ -472,6 +494,7 @@ def explain_cmd(
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
         context_tokens=context + width,
         cpu_moe_layers=n_cpu_moe,
+        dp_attention=attention_ranks(enable_dp_attention, dp),
     )
     fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
@@ -492,6 +515,7 @@ def explain_cmd(
         host_memory_bandwidth_gbs=host_memory_bandwidth,
         host_link_gbs=host_link_bandwidth,
         expert_parallel=enable_expert_parallel,
+        dp_attention=fit.dp_attention,
     )
     from capsim.calibration.profiles import find_profile
 
@@ -562,6 +586,8 @@ def explain_cmd(
         table.add_column("value", justify="right", overflow="fold")
         for row in step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor, launch):
             table.add_row(*row)
+        if dep.dp_attention > 1:
+            table.add_row(*dp_attention_row(sm))
         console.print(table)
     frontend = sm.frontend_seconds(chunk)
     serial = sm.api_server_seconds(chunk)
@@ -591,6 +617,21 @@ def explain_cmd(
             console.print(
                 f"[bold yellow]warning:[/] {escape(warning)}", markup=True, highlight=False
             )
+
+
+def dp_attention_row(sm) -> tuple[str, str]:
+    """The explain row of data-parallel attention: the ranks, the attention weights each
+    GPU reads for its rank (GB), and the share of the step's KV it reads."""
+    from capsim.physics.memory import GB, weight_bytes
+
+    dep = sm.deployment
+    attention = weight_bytes(sm.model, sm.fmt, dep.attention_tp)["attention"]
+    return (
+        "data-parallel attention",
+        f"{dep.dp_attention} ranks of {dep.attention_tp} GPU(s): a GPU reads its rank's "
+        f"attention weights ({attention / GB:.3f} GB) and 1/{dep.dp_attention} of the "
+        "sequences' KV (ranks balanced); MLP and MoE over all GPUs",
+    )
 
 
 def batch_kv_note(fit, batch: int, where: str) -> str | None:

@@ -22,6 +22,7 @@ from capsim.cli.common import (
     ConservativenessOption,
     DbOption,
     DisableCustomAllReduceOption,
+    DpAttentionOption,
     EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
@@ -39,6 +40,7 @@ from capsim.cli.common import (
     RecvIntervalOption,
     SetOption,
     UbatchOption,
+    attention_ranks,
     catalog,
     check_plot_target,
     console,
@@ -240,6 +242,7 @@ def predict_cmd(
     engine: EngineOption = "vllm",
     ubatch_size: UbatchOption = None,
     enable_expert_parallel: ExpertParallelOption = False,
+    enable_dp_attention: DpAttentionOption = False,
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
     host_link_bandwidth: HostLinkOption = None,
@@ -319,6 +322,9 @@ def predict_cmd(
     rates = parse_rates(rate) if rate else []
     spec_cfg = spec_config(spec, spec_acceptance)
     overrides = parse_overrides(set_values)
+    dp_attention = attention_ranks(enable_dp_attention, dp)
+    if dp_attention > 1:
+        dp = None  # --dp counts attention ranks on the TP group's GPUs, not replicas
     try:
         tps = [int(v) for v in split_list(tp, "--tp")]
     except ValueError:
@@ -371,6 +377,7 @@ def predict_cmd(
             ubatch_tokens=ubatch_size,
             cpu_moe_layers=n_cpu_moe,
             expert_parallel=enable_expert_parallel,
+            dp_attention=dp_attention,
             host_memory_bandwidth_gbs=host_memory_bandwidth,
             host_link_gbs=host_link_bandwidth,
             scheduler_recv_interval=scheduler_recv_interval,

@@ -82,6 +82,10 @@ def label(result: PredictResult) -> str:
         text += f" over {c.interconnect}"
     if c.spec:
         text += f" {c.spec.method}:{c.spec.num_tokens}"
+    if c.dp_attention > 1:
+        text += f" dp-attention {c.dp_attention}"
+    if c.expert_parallel:
+        text += " EP"
     if c.engine != "vllm":
         text += f" ({c.engine})"
     return text

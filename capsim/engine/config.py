@@ -89,6 +89,13 @@ class PredictConfig(BaseModel):
         description="Routed experts split whole over the TP group (vLLM's "
         "--enable-expert-parallel; SGLang's --ep-size equal to --tp)",
     )
+    dp_attention: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        description="Data-parallel attention ranks inside each TP group (SGLang's "
+        "--enable-dp-attention --dp-size N); 1: plain tensor parallelism",
+    )
     cpu_moe_layers: int = Field(
         0,
         ge=0,

@@ -113,6 +113,7 @@ def engine_deployment(
     host_memory_bandwidth_gbs: float | None = None,
     host_link_gbs: float | None = None,
     expert_parallel: bool = False,
+    dp_attention: int = 1,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -142,6 +143,7 @@ def engine_deployment(
         host_memory_bandwidth_gbs=host_memory_bandwidth_gbs,
         host_link_gbs=host_link_gbs,
         expert_parallel=expert_parallel,
+        dp_attention=dp_attention,
     )
 
 
@@ -162,6 +164,13 @@ def engine_fit_options(
             f"--n-cpu-moe is llama.cpp's (experts of the first N MoE layers in system RAM), "
             f"not {engine.name}'s",
             hint="add --engine llama.cpp (vLLM's --cpu-offload-gb is not modelled yet)",
+        )
+    if options.get("dp_attention", 1) > 1 and engine.name != "sglang":
+        raise CapsimUserError(
+            f"--enable-dp-attention is SGLang's (attention data-parallel inside the TP "
+            f"group), not {engine.name}'s",
+            hint="add --engine sglang (vLLM's --data-parallel-size with "
+            "--enable-expert-parallel is not modelled yet)",
         )
     row = engine.batch_limits(gpu.name, gpu.memory_gb)
     utilization = options.pop("gpu_memory_utilization", None)
@@ -266,6 +275,7 @@ def build_setup(
         enforce_eager=config.enforce_eager,
         include_mtp=spec is not None and spec.method == "mtp",
         cpu_moe_layers=config.cpu_moe_layers,
+        dp_attention=config.dp_attention,
     )
     fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
     if not fit.fits:
@@ -297,6 +307,7 @@ def build_setup(
         host_memory_bandwidth_gbs=config.host_memory_bandwidth_gbs,
         host_link_gbs=config.host_link_gbs,
         expert_parallel=config.expert_parallel,
+        dp_attention=config.dp_attention,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

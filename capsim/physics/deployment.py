@@ -78,6 +78,20 @@ class Deployment(BaseModel):
         description="Physical batch, tokens: a larger step runs as several passes, each "
         "reading the weights (llama.cpp's n_ubatch); None = one pass",
     )
+    dp_attention: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel attention ranks inside the TP group (SGLang's "
+        "--enable-dp-attention with --dp-size N): each rank of tp / N GPUs runs attention "
+        "for its own share of the sequences, with its own KV cache and the attention "
+        "weights split over its tp / N GPUs only; the MLP and MoE layers stay split over "
+        "all tp GPUs. 1: plain tensor parallelism",
+    )
+
+    @property
+    def attention_tp(self) -> int:
+        """GPUs one attention rank splits its heads over: tp / dp_attention."""
+        return self.tp // self.dp_attention
 
 
 def default_efficiency(

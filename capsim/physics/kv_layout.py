@@ -72,6 +72,21 @@ class KVLayout:
         )
 
 
+def per_rank_share(layout: KVLayout, ranks: int) -> KVLayout:
+    """``layout`` as one GPU reads it for a whole step's sequences when ``ranks``
+    data-parallel attention ranks split them evenly (SGLang's --enable-dp-attention): every
+    byte per token or sequence over ``ranks``. 1: ``layout`` itself."""
+    if ranks == 1:
+        return layout
+    return KVLayout(
+        layout.full_bytes_per_token / ranks,
+        layout.sliding_bytes_per_token / ranks,
+        layout.sliding_window,
+        layout.state_bytes_per_sequence / ranks,
+        {kind: value / ranks for kind, value in layout.per_layer_type.items()},
+    )
+
+
 def window_held_tokens(window: int) -> int:
     """Tokens of a sliding-window layer a long sequence holds: its window in whole
     16-token blocks, plus the partial block being written."""

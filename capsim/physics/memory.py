@@ -102,6 +102,20 @@ def check_tensor_parallel(model: Model, tp: int) -> None:
         )
 
 
+def check_dp_attention(model: Model, tp: int, dp_attention: int) -> None:
+    """Reject data-parallel attention SGLang would reject (its DP size must divide the TP
+    size: ``assert self.tp_size % self.dp_size == 0``) or capsim does not model."""
+    if dp_attention == 1:
+        return
+    if dp_attention < 1 or tp % dp_attention:
+        raise CapsimUserError(
+            f"--dp {dp_attention} with --enable-dp-attention does not divide --tp {tp}",
+            hint="SGLang needs tp % dp == 0; the usual choice is --dp equal to --tp "
+            "(attention on every GPU alone)",
+        )
+    check_tensor_parallel(model, tp // dp_attention)
+
+
 def check_expert_parallel(model: Model, deployment) -> None:
     """Reject expert parallelism where vLLM and SGLang would, or where capsim does not
     model it: a model without routed experts, an expert count the TP group does not
@@ -246,6 +260,10 @@ class MemoryFit:
     # the sliding-window pages a running sequence holds where the engine keeps only the
     # window (vLLM), counted with its state pages (state_blocks_per_sequence)
     window_bytes_per_sequence: float = 0.0
+    # data-parallel attention ranks in the TP group (SGLang's --enable-dp-attention): the
+    # KV capacity and sequences are theirs together, each rank's pool laid out for
+    # tp / dp_attention GPUs (kv_bytes_per_token is one rank's GPU's)
+    dp_attention: int = 1
 
     @property
     def weight_gib(self) -> float:
@@ -285,6 +303,7 @@ def memory_fit(
     cpu_moe_layers: int = 0,
     sliding_window_pool: SlidingWindowPool | None = None,
     sliding_window_pages: bool = False,
+    dp_attention: int = 1,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -318,6 +337,11 @@ def memory_fit(
         sliding_window_pages: the engine keeps a sliding-window layer's window only (vLLM's
             hybrid KV cache manager): the window's pages are a fixed part of each running
             sequence (kv_layout.window_pages_layout).
+        dp_attention: data-parallel attention ranks inside the TP group (SGLang's
+            --enable-dp-attention): each GPU holds the attention weights of its rank's
+            tp / dp_attention GPUs and a KV cache of its own rank's sequences, so the
+            capacity (tokens, sequences) is dp_attention ranks' worth, each laid out for
+            tp / dp_attention GPUs.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -329,6 +353,8 @@ def memory_fit(
     if max_num_seqs < 1:
         raise CapsimUserError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
     check_tensor_parallel(model, tp)
+    check_dp_attention(model, tp, dp_attention)
+    attention_tp = tp // dp_attention
     limit = model.max_position_embeddings
     if max_model_len is not None and limit and max_model_len > limit:
         raise CapsimUserError(
@@ -345,6 +371,8 @@ def memory_fit(
     memory = gpu.memory_bytes
     budget = memory * gpu_memory_utilization
     parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp)
+    if dp_attention > 1:  # each rank's GPUs hold its whole attention, split over attention_tp
+        parts["attention"] = weight_bytes(model, fmt, attention_tp)["attention"]
     if cpu_moe_layers:
         if gpu.unified_memory:
             raise CapsimUserError(
@@ -378,11 +406,11 @@ def memory_fit(
         window_pool = None
     if window_pool is not None:
         layout = window_pool_layout(
-            kv_layout(model, kv_dtype, tp, window_pool.shared_kv_layers_allocated),
+            kv_layout(model, kv_dtype, attention_tp, window_pool.shared_kv_layers_allocated),
             window_pool.full_tokens_ratio,
         )
     else:
-        layout = kv_layout(model, kv_dtype, tp)
+        layout = kv_layout(model, kv_dtype, attention_tp)
     shown = layout  # the layers' own figures, for the report
     if window_pool is None and sliding_window_pages:
         layout = window_pages_layout(layout)
@@ -397,7 +425,7 @@ def memory_fit(
         if state_share is None or not 0 < state_share < 1:
             raise ValueError(f"a split state pool needs 0 < state_share < 1, got {state_share}")
         state_pool = max(kv_budget, 0) * state_share
-        state_cap = int(state_pool // (state * max(state_slots_per_sequence, 1)))
+        state_cap = int(state_pool // (state * max(state_slots_per_sequence, 1))) * dp_attention
         kv_pool = max(kv_budget, 0) - state_pool
         # the attention pool alone holds a sequence's tokens; its state has a slot apart
         token_layout = KVLayout(
@@ -416,6 +444,7 @@ def memory_fit(
             state_blocks = math.ceil(state / (BLOCK_SIZE_TOKENS * per_token))
     capacity_tokens = int(max(kv_pool, 0) // per_token) if per_token else 10**12
     capacity_tokens -= capacity_tokens % BLOCK_SIZE_TOKENS
+    capacity_tokens *= dp_attention  # each attention rank has a pool of its own
 
     # The longest single sequence the KV pool can hold.
     longest = _longest_sequence(token_layout, kv_pool, model_limit)
@@ -458,7 +487,7 @@ def memory_fit(
     else:
         ctx = max(min(resolved_len, DEFAULT_CONTEXT_TOKENS), 1)
     seq_bytes = token_layout.sequence_bytes(ctx)
-    max_sequences = int(max(kv_pool, 0) // seq_bytes) if seq_bytes else 10**9
+    max_sequences = int(max(kv_pool, 0) // seq_bytes) * dp_attention if seq_bytes else 10**9
     if state_cap is not None:
         max_sequences = min(max_sequences, state_cap)
     return MemoryFit(
@@ -498,6 +527,7 @@ def memory_fit(
         reason=reason,
         experts_in_system_ram_bytes=offloaded,
         sliding_pool_ratio=window_pool.full_tokens_ratio if window_pool is not None else None,
+        dp_attention=dp_attention,
     )
 
 

@@ -69,8 +69,12 @@ from capsim.physics.draft_terms import DrafterTerms
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.expert_terms import ExpertTerms
 from capsim.physics.host_terms import HostTerms
-from capsim.physics.kv_layout import kv_layout
-from capsim.physics.memory import check_expert_parallel, check_tensor_parallel
+from capsim.physics.kv_layout import kv_layout, per_rank_share
+from capsim.physics.memory import (
+    check_dp_attention,
+    check_expert_parallel,
+    check_tensor_parallel,
+)
 from capsim.physics.offload_terms import OffloadTerms
 from capsim.physics.rate_terms import RateTerms
 from capsim.physics.roofline import (
@@ -145,8 +149,11 @@ class StepModel(
         # --- routed experts in system RAM (OffloadTerms)
         self._init_offload()
 
-        # --- KV layout
-        self.kv = kv_layout(model, dep.kv_dtype, tp)
+        # --- KV layout: per GPU, for the step's sequences as a whole. With data-parallel
+        # attention a GPU holds only its rank's share of the sequences (1 / dp_attention,
+        # the ranks balanced), each laid out for the rank's attention_tp GPUs
+        check_dp_attention(model, tp, dep.dp_attention)
+        self.kv = per_rank_share(kv_layout(model, dep.kv_dtype, dep.attention_tp), dep.dp_attention)
         per_type = self.kv.per_layer_type
         self.kv_bytes_per_layer_token = per_type.get(
             "mla", per_type.get("full_attention", per_type.get("sliding_attention", 0.0))

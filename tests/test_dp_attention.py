@@ -1,0 +1,141 @@
+"""Data-parallel attention (SGLang's --enable-dp-attention, issue 49): attention ranks
+inside the TP group, each with its own sequences and KV cache, the attention weights split
+over a rank's GPUs only, the MLP and MoE layers over all of them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capsim.catalog.loader import load_catalog
+from capsim.cli.main import app
+from capsim.errors import CapsimUserError
+from capsim.physics.deployment import Deployment, default_efficiency
+from capsim.physics.kv_layout import kv_layout
+from capsim.physics.memory import memory_fit, weight_bytes
+from capsim.physics.step import StepModel
+
+CAT = load_catalog()
+H200 = CAT.gpu("h200")
+DSR1 = CAT.model("deepseek-r1")
+FP8 = CAT.quant("fp8")
+SGLANG = default_efficiency(H200, CAT, CAT.engine("sglang"))
+runner = CliRunner()
+
+
+def step_model(model=DSR1, fmt=FP8, tp: int = 8, ranks: int = 1) -> StepModel:
+    return StepModel(H200, model, fmt, Deployment(tp=tp, dp_attention=ranks), SGLANG)
+
+
+def test_mla_kv_is_not_replicated_per_rank():
+    """DeepSeek's MLA cache (576 values a token and layer, 61 layers, bf16: 70,272 bytes)
+    is the same on every GPU of a TP group, so TP8 keeps eight copies of every token; with
+    eight attention ranks a GPU holds and reads only its rank's sequences: an eighth."""
+    assert kv_layout(DSR1, "auto", 8).full_bytes_per_token == 576 * 2 * 61
+    tp8, dp8 = step_model(), step_model(ranks=8)
+    assert dp8.kv.full_bytes_per_token == pytest.approx(tp8.kv.full_bytes_per_token / 8)
+    # a GPU reads its rank's whole attention, not an eighth of it
+    attention = weight_bytes(DSR1, FP8, 1)["attention"]
+    extra = attention - weight_bytes(DSR1, FP8, 8)["attention"]
+    assert dp8.dense_weight_bytes - tp8.dense_weight_bytes == pytest.approx(extra)
+    assert extra == pytest.approx(attention * 7 / 8)
+    # FLOPs a GPU computes are the same: 1/8 of the tokens, all of the heads
+    assert dp8.dense_flops_per_token == tp8.dense_flops_per_token
+    assert dp8.full_pair_flops == tp8.full_pair_flops
+
+
+def test_kv_capacity_is_the_ranks_pools_together():
+    tp8 = memory_fit(H200, DSR1, FP8, tp=8, gpu_memory_utilization=0.88)
+    dp8 = memory_fit(H200, DSR1, FP8, tp=8, gpu_memory_utilization=0.88, dp_attention=8)
+    extra = weight_bytes(DSR1, FP8, 1)["attention"] - weight_bytes(DSR1, FP8, 8)["attention"]
+    assert dp8.weight_bytes - tp8.weight_bytes == pytest.approx(extra)
+    per_rank = int((tp8.kv_budget_bytes - extra) // dp8.kv_bytes_per_token)
+    per_rank -= per_rank % 16
+    assert dp8.kv_capacity_tokens == 8 * per_rank
+    assert dp8.kv_capacity_tokens > 6 * tp8.kv_capacity_tokens
+    assert dp8.max_model_len_limit <= tp8.max_model_len_limit  # one sequence, one rank
+
+
+def test_gqa_kv_split_over_heads_reads_the_same():
+    """Llama-3.1-70B's eight KV heads split over TP8 already: each GPU holds one head of
+    every sequence, or with eight ranks all heads of an eighth of them, the same bytes;
+    the decode step only reads more attention weights, so it is slower."""
+    llama = CAT.model("llama-3.1-70b")
+    fmt = CAT.quant("fp8")
+    tp8, dp8 = step_model(llama, fmt), step_model(llama, fmt, ranks=8)
+    assert dp8.kv.full_bytes_per_token == pytest.approx(tp8.kv.full_bytes_per_token)
+    assert dp8.step_time([1] * 64, [2000] * 64) > tp8.step_time([1] * 64, [2000] * 64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    model=st.sampled_from(["deepseek-r1", "qwen3-30b-a3b", "llama-3.1-70b", "glm-4.5-air"]),
+    tp=st.sampled_from([2, 4, 8]),
+    split=st.sampled_from([2, 4, 8]),
+)
+def test_ranks_never_read_more_kv_per_gpu(model, tp, split):
+    """For any model and rank count dividing the TP size: the KV bytes per token a GPU
+    reads never rise (replicated KV heads shrink, split ones stay), and the weights it
+    reads never fall."""
+    if split > tp:
+        return
+    m = CAT.model(model)
+    fmt = CAT.quant("fp8")
+    try:
+        tp_only, ranked = step_model(m, fmt, tp), step_model(m, fmt, tp, split)
+    except CapsimUserError:  # a TP size the model's heads do not allow
+        return
+    assert ranked.kv.bytes_per_token <= tp_only.kv.bytes_per_token * (1 + 1e-12)
+    assert ranked.dense_weight_bytes >= tp_only.dense_weight_bytes
+
+
+def predict_json(*flags: str) -> dict:
+    args = ["predict", "--gpu", "h200", "--model", "deepseek-r1", "--tp", "8", "--json"]
+    r = runner.invoke(app, [*args, "--engine", "sglang", *flags])
+    assert r.exit_code == 0, r.output
+    (result,) = json.loads(r.stdout)["results"]
+    return {p["concurrency"]: p for p in result["points"]} | {"config": result["config"]}
+
+
+def test_dp_attention_serves_a_full_kv_cache_faster_and_one_client_slower():
+    """SGLang's guidance: DP attention for throughput at high concurrency, where TP8's
+    replicated MLA cache runs out; at one client the extra attention weights cost time."""
+    common = ["--concurrency", "1,256", "--input-tokens", "3200", "--output-tokens", "400"]
+    common += ["--requests", "512"]
+    tp8 = predict_json(*common)
+    dp8 = predict_json(*common, "--dp", "8", "--enable-dp-attention")
+    assert dp8["config"]["dp_attention"] == 8 and dp8["config"]["dp"] in (None, 1)
+    assert dp8[256]["output_tok_s"] > 1.1 * tp8[256]["output_tok_s"]
+    assert dp8[1]["output_tok_s"] < tp8[1]["output_tok_s"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--dp", "8", "--enable-dp-attention"], "SGLang's"),
+        (["--engine", "sglang", "--enable-dp-attention"], "needs --dp N above 1"),
+        (["--engine", "sglang", "--dp", "3", "--enable-dp-attention"], "does not divide --tp 8"),
+    ],
+)
+def test_bad_dp_attention_deployments_exit_2(flags, message):
+    args = ["predict", "--gpu", "h200", "--model", "deepseek-r1", "--tp", "8", *flags]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+
+
+def test_fit_and_explain_show_the_ranks():
+    args = ["--gpu", "h200", "--model", "deepseek-r1", "--tp", "8", "--engine", "sglang"]
+    args += ["--dp", "8", "--enable-dp-attention"]
+    fit = runner.invoke(app, ["fit", *args, "--json"])
+    assert fit.exit_code == 0, fit.output
+    assert json.loads(fit.stdout)["dp_attention"] == 8
+    explain = runner.invoke(app, ["explain", *args, "--batch", "64", "--context", "3000"])
+    assert explain.exit_code == 0, explain.output
+    assert "data-parallel attention" in explain.output
+    assert "8 ranks of 1 GPU" in " ".join(explain.output.split())
