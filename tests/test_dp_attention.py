@@ -139,3 +139,17 @@ def test_fit_and_explain_show_the_ranks():
     assert explain.exit_code == 0, explain.output
     assert "data-parallel attention" in explain.output
     assert "8 ranks of 1 GPU" in " ".join(explain.output.split())
+
+
+def test_each_rank_schedules_samples_and_captures_its_own_batch():
+    """SGLang runs a scheduler per attention rank: the default ceiling on running requests
+    is one per rank, a GPU samples only its rank's sequences (the logits it holds), and a
+    rank pads its own decode batch to its CUDA graphs."""
+    tp8 = memory_fit(H200, DSR1, FP8, tp=8, default_limits=(16384, 1024))
+    dp8 = memory_fit(H200, DSR1, FP8, tp=8, default_limits=(16384, 1024), dp_attention=8)
+    assert (tp8.max_num_seqs, dp8.max_num_seqs) == (1024, 8192)
+    assert dp8.activation_bytes == pytest.approx(tp8.activation_bytes)
+    dep = dict(tp=8, graph_capture="sglang", max_num_seqs=8192, cuda_graph_max_batch=512)
+    one = StepModel(H200, DSR1, FP8, Deployment(**dep), SGLANG)
+    ranks = StepModel(H200, DSR1, FP8, Deployment(**dep, dp_attention=8), SGLANG)
+    assert ranks.graph_max_tokens == 8 * one.graph_max_tokens

@@ -349,7 +349,11 @@ def memory_fit(
             hint="vLLM's default is 0.9",
         )
     default_batched, default_seqs = default_limits or vllm_default_batch_limits(gpu)
-    max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
+    # each data-parallel attention rank runs a scheduler of its own: SGLang divides a set
+    # --max-running-requests among them (scheduler.py: "self.per_dp_max_running_requests =
+    # self.max_running_requests // self.dp_size"), and unset each takes what its own pool
+    # holds, so the default ceiling is one per rank
+    max_num_seqs = default_seqs * dp_attention if max_num_seqs is None else max_num_seqs
     if max_num_seqs < 1:
         raise CapsimUserError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
     check_tensor_parallel(model, tp)
@@ -394,7 +398,9 @@ def memory_fit(
     else:
         offloaded = 0.0
     weights = sum(parts.values())
-    activations = activation_peak_bytes(model, tp, batched, max_num_seqs, reserve)
+    # a rank samples its own sequences: the logits a GPU holds are one rank's
+    rank_seqs = max(1, max_num_seqs // dp_attention)
+    activations = activation_peak_bytes(model, tp, batched, rank_seqs, reserve)
     runtime = reserve.cuda_context_bytes + (reserve.nccl_bytes if tp > 1 else 0.0)
     runtime += 0.0 if enforce_eager else reserve.cuda_graph_bytes
     kv_budget = budget - weights - activations - runtime

@@ -189,6 +189,8 @@ class StepModel(
             if dep.cuda_graphs
             else ()
         )
+        if dep.dp_attention > 1:  # each attention rank pads its own batch to its graph
+            self.graph_sizes = tuple(size * dep.dp_attention for size in self.graph_sizes)
         # a step runs in a graph when its tokens fit the largest size (-1: never)
         self.graph_max_tokens = self.graph_sizes[-1] if self.graph_sizes else -1
 
