@@ -153,3 +153,20 @@ def test_each_rank_schedules_samples_and_captures_its_own_batch():
     one = StepModel(H200, DSR1, FP8, Deployment(**dep), SGLANG)
     ranks = StepModel(H200, DSR1, FP8, Deployment(**dep, dp_attention=8), SGLANG)
     assert ranks.graph_max_tokens == 8 * one.graph_max_tokens
+    assert ranks.graph_sizes == one.graph_sizes  # padding as one group: zero rows
+
+
+def test_a_prompt_runs_on_its_own_rank_in_the_ranks_chunks():
+    """SGLang divides the chunked prefill among the ranks (chunked_prefill_size //
+    dp_size) and a prompt runs on its own rank: one 3,200-token prompt on 8 H200s with 8
+    ranks goes in four chunks of 1,024 (8,192 / 8), each a step that reads every expert,
+    so its first token comes later than TP8's one step."""
+    from capsim.engine.scheduler import SchedulerConfig
+
+    assert SchedulerConfig(request_chunk_tokens=1024).chunk(3200, 8192) == 1024
+    assert SchedulerConfig().chunk(3200, 8192) == 3200
+    common = ["--concurrency", "1", "--input-tokens", "3200", "--output-tokens", "64"]
+    common += ["--requests", "8"]
+    tp8 = predict_json(*common)[1]["ttft_ms"]["p50"]
+    dp8 = predict_json(*common, "--dp", "8", "--enable-dp-attention")[1]["ttft_ms"]["p50"]
+    assert dp8 > 1.5 * tp8

@@ -58,6 +58,8 @@ class RunningPass:
             need = np.ceil((context + width) / cfg.block_size) - self._blocks[:n]
             return self._decode_widths[:n], context, need, True
         remaining = self._target[:n] - self._computed[:n]
+        if cfg.request_chunk_tokens is not None:
+            remaining = np.minimum(remaining, cfg.request_chunk_tokens)
         want = np.where(dec, width, remaining)
         before = np.add.accumulate(want) - want
         grant = np.clip(cfg.max_num_batched_tokens - before, 0, want)
@@ -105,7 +107,7 @@ class RunningPass:
                     break
                 context = float(kv_tokens[i])
             else:
-                n = min(req.prefill_target - req.computed, budget)
+                n = cfg.chunk(req.prefill_target - req.computed, budget)
                 context = float(req.computed)
             need = -(-(context + n) // bs) - blocks[i]
             if need > 0:
@@ -169,7 +171,7 @@ class RunningPass:
                 tokens, context = float(width), float(kv_tokens[i])
             else:
                 context = float(self._computed[i])
-                tokens = min(float(self._target[i]) - context, float(budget))
+                tokens = cfg.chunk(float(self._target[i]) - context, float(budget))
             more = math.ceil((context + tokens) / bs) - float(blocks[i])
             if more > 0:
                 total += more

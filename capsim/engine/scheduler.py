@@ -68,6 +68,18 @@ class SchedulerConfig:
     outputs_a_step_late: bool = False
     # SGLang's admission reserve (engine/admission.py); None: vLLM's, none
     reserve: AdmissionReserve | None = None
+    # most prompt tokens one request takes in a step, where that is less than the step's
+    # budget: with data-parallel attention a request's prompt runs on its own rank, whose
+    # chunked prefill is the server's divided by the ranks (SGLang's server_args:
+    # "self.chunked_prefill_size = self.chunked_prefill_size // self.dp_size"); None: the
+    # step's budget
+    request_chunk_tokens: int | None = None
+
+    def chunk(self, left: float, budget: float) -> float:
+        """Prompt tokens a request with ``left`` to go takes of a step's ``budget``."""
+        if self.request_chunk_tokens is None:
+            return min(left, budget)
+        return min(left, budget, self.request_chunk_tokens)
 
 
 class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
@@ -179,7 +191,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         if fresh:
             hits = self.kv.cached_prefix(req)
         computed = max(req.computed, hits * cfg.block_size)
-        n = min(req.prefill_target - computed, budget)
+        n = cfg.chunk(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
         return req, fresh, hits, computed, n, need
 
@@ -356,7 +368,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
                 if budget <= 0:
                     break
                 req = running[i]
-                n = min(req.prefill_target - req.computed, budget)
+                n = cfg.chunk(req.prefill_target - req.computed, budget)
                 need = math.ceil((req.computed + n) / bs) - int(blocks[i])
                 if need > 0:
                     if not kv.allocate(req, need):

@@ -324,6 +324,12 @@ def build_setup(
         and not config.enforce_eager
         and spec is None,
         reserve=reserve,
+        # data-parallel attention: a prompt runs on its own rank, in the rank's chunks
+        request_chunk_tokens=(
+            max(fit.max_num_batched_tokens // config.dp_attention, 1)
+            if config.dp_attention > 1
+            else None
+        ),
     )
     max_len = config.max_model_len or fit.max_model_len
     return Setup(

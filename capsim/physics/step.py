@@ -189,10 +189,13 @@ class StepModel(
             if dep.cuda_graphs
             else ()
         )
-        if dep.dp_attention > 1:  # each attention rank pads its own batch to its graph
-            self.graph_sizes = tuple(size * dep.dp_attention for size in self.graph_sizes)
-        # a step runs in a graph when its tokens fit the largest size (-1: never)
+        # a step runs in a graph when its tokens fit the largest size (-1: never); with
+        # data-parallel attention each rank replays its own graph for its share of the
+        # batch, so the step fits while each rank's does (the padding is not scaled: a
+        # rank's padded rows are zeros, which route to one set of experts, not like tokens)
         self.graph_max_tokens = self.graph_sizes[-1] if self.graph_sizes else -1
+        if dep.dp_attention > 1 and self.graph_max_tokens > 0:
+            self.graph_max_tokens *= dep.dp_attention
 
         # --- drafter (MTP / EAGLE: one decoder layer and the lm_head per drafted token)
         self._init_drafter(parts)
