@@ -170,3 +170,20 @@ def test_a_prompt_runs_on_its_own_rank_in_the_ranks_chunks():
     tp8 = predict_json(*common)[1]["ttft_ms"]["p50"]
     dp8 = predict_json(*common, "--dp", "8", "--enable-dp-attention")[1]["ttft_ms"]["p50"]
     assert dp8 > 1.5 * tp8
+
+
+def test_capacity_takes_the_ranks_and_dp_alone_is_refused_where_it_means_nothing():
+    """capacity and serve take --dp only as attention ranks (--gpus sets replicas), so
+    --dp without --enable-dp-attention is refused there, not ignored."""
+    args = ["--gpu", "h200", "--model", "deepseek-r1", "--tp", "8", "--engine", "sglang"]
+    r = runner.invoke(
+        app,
+        ["capacity", *args, "--dp", "8", "--enable-dp-attention", "--max-ttft-p90", "30"]
+        + ["--input-tokens", "3200", "--output-tokens", "400", "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["answers"][0]["max_concurrency"] > 0
+    for command in (["fit"], ["explain"], ["capacity", "--max-ttft-p90", "30"]):
+        r = runner.invoke(app, [*command, *args, "--dp", "8"])
+        assert r.exit_code == 2, r.output
+        assert "only with --enable-dp-attention" in r.output

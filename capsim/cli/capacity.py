@@ -12,9 +12,11 @@ import typer
 from rich.markup import escape
 
 from capsim.cli.common import (
+    DP_FLAGS,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
     DbOption,
+    DpAttentionOption,
     EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
@@ -29,6 +31,7 @@ from capsim.cli.common import (
     OutputTokensOption,
     ProfileOption,
     TpOption,
+    attention_ranks,
     catalog,
     console,
     fitted_table,
@@ -63,6 +66,11 @@ def capacity_cmd(
     max_model_len: MaxModelLenOption = None,
     enforce_eager: EnforceEagerOption = False,
     enable_expert_parallel: ExpertParallelOption = False,
+    dp: Annotated[
+        int | None,
+        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
+    ] = None,
+    enable_dp_attention: DpAttentionOption = False,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",
     pessimistic: Annotated[
@@ -107,6 +115,7 @@ def capacity_cmd(
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
             expert_parallel=enable_expert_parallel,
+            dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
             engine=engine,
             profile=profile,
         )

@@ -238,11 +238,19 @@ DpAttentionOption = Annotated[
 ]
 
 
-def attention_ranks(enable_dp_attention: bool, dp: int | None, tp: int | None = None) -> int:
+def attention_ranks(enable_dp_attention: bool, dp: int | None, replicas: bool = True) -> int:
     """The data-parallel attention ranks ``--enable-dp-attention`` with ``--dp`` asks for
     (1 without the flag). SGLang turns DP attention off at dp 1 (its server_args), so the
-    flag needs --dp above 1."""
+    flag needs --dp above 1. ``replicas``: whether the command reads --dp without the flag
+    as replicas (predict); where it does not (fit, explain, capacity, serve: --gpus sets
+    them), --dp without the flag is refused rather than ignored."""
     if not enable_dp_attention:
+        if dp is not None and not replicas:
+            raise CapsimUserError(
+                f"--dp {dp} applies here only with --enable-dp-attention (attention ranks "
+                "inside the TP group)",
+                hint="add --enable-dp-attention (SGLang), or give replicas as --gpus N",
+            )
         return 1
     if dp is None or dp < 2:
         raise CapsimUserError(

@@ -128,7 +128,7 @@ def fit_cmd(
         enforce_eager=enforce_eager,
         include_mtp=mtp,
         cpu_moe_layers=n_cpu_moe,
-        dp_attention=attention_ranks(enable_dp_attention, dp),
+        dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
     )
     eng = cat.engine(engine).for_model_len(
         max_model_len or m.max_position_embeddings, mla=m.mla is not None
@@ -494,7 +494,7 @@ def explain_cmd(
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
         context_tokens=context + width,
         cpu_moe_layers=n_cpu_moe,
-        dp_attention=attention_ranks(enable_dp_attention, dp),
+        dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
     )
     fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"

@@ -9,9 +9,11 @@ from typing import Annotated
 import typer
 
 from capsim.cli.common import (
+    DP_FLAGS,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
     DbOption,
+    DpAttentionOption,
     EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
@@ -23,6 +25,7 @@ from capsim.cli.common import (
     SpecAcceptanceOption,
     SpecOption,
     TpOption,
+    attention_ranks,
     catalog,
     err_console,
     predict_config,
@@ -51,6 +54,11 @@ def serve_cmd(
     power_limit: PowerLimitOption = None,
     enforce_eager: EnforceEagerOption = False,
     enable_expert_parallel: ExpertParallelOption = False,
+    dp: Annotated[
+        int | None,
+        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
+    ] = None,
+    enable_dp_attention: DpAttentionOption = False,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
@@ -114,6 +122,7 @@ def serve_cmd(
         power_limit_w=power_limit,
         enforce_eager=enforce_eager,
         expert_parallel=enable_expert_parallel,
+        dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
         engine=engine,
         profile=profile,
     )
@@ -127,7 +136,13 @@ def serve_cmd(
     print_notices()
     err_console.print(
         f"capsim serve: {setup.model.name} ({setup.fmt.name}) on {setup.dp * setup.config.tp}x "
-        f"{setup.gpu.name} (TP{setup.config.tp} x {setup.dp} replicas), "
+        f"{setup.gpu.name} (TP{setup.config.tp} x {setup.dp} replicas"
+        + (
+            f", data-parallel attention x{setup.config.dp_attention}"
+            if setup.config.dp_attention > 1
+            else ""
+        )
+        + "), "
         f"max_model_len {setup.max_model_len:,}, KV cache "
         f"{setup.num_blocks * setup.scheduler.block_size:,} tokens, speedup {speedup:g}x; "
         f"serving {', '.join(names)} at http://{host}:{port}/v1\n"
