@@ -176,11 +176,9 @@ def test_capacity_takes_the_ranks_and_dp_alone_is_refused_where_it_means_nothing
     """capacity and serve take --dp only as attention ranks (--gpus sets replicas), so
     --dp without --enable-dp-attention is refused there, not ignored."""
     args = ["--gpu", "h200", "--model", "deepseek-r1", "--tp", "8", "--engine", "sglang"]
-    r = runner.invoke(
-        app,
-        ["capacity", *args, "--dp", "8", "--enable-dp-attention", "--max-ttft-p90", "30"]
-        + ["--input-tokens", "3200", "--output-tokens", "400", "--json"],
-    )
+    ranks = ["--dp", "8", "--enable-dp-attention", "--max-ttft-p90", "30"]
+    load = ["--input-tokens", "3200", "--output-tokens", "400", "--json"]
+    r = runner.invoke(app, ["capacity", *args, *ranks, *load])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["answers"][0]["max_concurrency"] > 0
     for command in (["fit"], ["explain"], ["capacity", "--max-ttft-p90", "30"]):
