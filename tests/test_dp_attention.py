@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -185,3 +186,26 @@ def test_capacity_takes_the_ranks_and_dp_alone_is_refused_where_it_means_nothing
         r = runner.invoke(app, [*command, *args, "--dp", "8"])
         assert r.exit_code == 2, r.output
         assert "only with --enable-dp-attention" in r.output
+
+
+def test_the_busiest_rank_holds_the_longest_sequence():
+    """A sequence runs on one rank: alone, its KV and query-key pairs cost that rank
+    what the whole TP group shares without DP attention (ranks times the even split), and a
+    decode run, step by step or at once, sees the same."""
+    dp8 = step_model(ranks=8)
+    even = dp8._even_sums(np.array([1.0]), np.array([30000.0]))
+    busiest = dp8._sums(np.array([1.0]), np.array([30000.0]))
+    assert busiest[2] == pytest.approx(8 * even[2]) and busiest[4] == pytest.approx(8 * even[4])
+    # many equal sequences: the even split holds, nothing changes
+    many = (np.ones(64), np.full(64, 3000.0))
+    assert dp8._sums(*many) == dp8._even_sums(*many)
+    assert not dp8.takes_moments
+    for model in ("deepseek-r1", "gpt-oss-120b"):  # MLA; and sliding-window layers
+        m = CAT.model(model)
+        fmt = CAT.quant("fp8" if model == "deepseek-r1" else "mxfp4")
+        sm = step_model(m, fmt, ranks=8)
+        context = np.array([9000.0, 200.0, 50.0])
+        run = sm.decode_run_times(context, 5)
+        for j in range(5):
+            step = sm.step_time(np.ones(3), context + j * sm.decode_advance)
+            assert run[j] == pytest.approx(step, rel=1e-9)

@@ -33,18 +33,28 @@ class DecodeRuns:
         kv = self.kv
         total_sum = ctx_sum + seqs * width
         pairs = width * ctx_sum + seqs * width * (width + 1) / 2
+        ranks = self.deployment.dp_attention
+        if ranks > 1 and seqs:  # the busiest rank holds the longest sequence (_busiest_rank)
+            top = float(c0.max()) + self.decode_advance * j
+            total_sum = np.maximum(total_sum, ranks * (top + width))
+            pairs = np.maximum(pairs, ranks * (width * top + width * (width + 1) / 2))
         kv_read = total_sum * kv.full_bytes_per_token
         attn = self.full_pair_flops * pairs  # attention FLOPs
         ctx = None
         if kv.sliding_window is not None or self._draft_model_runs:
             ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
         if kv.sliding_window is not None:
-            kv_read += np.minimum(ctx + width, kv.sliding_window).sum(axis=1) * (
-                kv.sliding_bytes_per_token
-            )
+            held = np.minimum(ctx + width, kv.sliding_window)
+            window_sum = held.sum(axis=1)
+            if ranks > 1 and seqs:
+                window_sum = np.maximum(window_sum, ranks * held.max(axis=1))
+            kv_read += window_sum * kv.sliding_bytes_per_token
             if self.sliding_layers:
                 n = np.full_like(ctx, width)
-                windowed = causal_pairs(ctx, n, kv.sliding_window).sum(axis=1)
+                each = causal_pairs(ctx, n, kv.sliding_window)
+                windowed = each.sum(axis=1)
+                if ranks > 1 and seqs:
+                    windowed = np.maximum(windowed, ranks * each.max(axis=1))
                 attn = attn + self.sliding_pair_flops * windowed
         else:
             kv_read += total_sum * kv.sliding_bytes_per_token

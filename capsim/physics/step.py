@@ -218,6 +218,34 @@ class StepModel(
 
     def _sums(self, n: np.ndarray, c: np.ndarray) -> tuple[float, int, float, float, float, float]:
         """``_aggregate`` for float arrays of scheduled sequences (every ``n`` positive)."""
+        sums = self._even_sums(n, c)
+        if self.deployment.dp_attention > 1 and n.size:
+            return self._busiest_rank(sums, n, c)
+        return sums
+
+    def _busiest_rank(
+        self, sums: tuple[float, int, float, float, float, float], n: np.ndarray, c: np.ndarray
+    ) -> tuple[float, int, float, float, float, float]:
+        """``sums`` as the busiest data-parallel attention rank sees them, in the even
+        split's units (each GPU's KV bytes and pair FLOPs are the even share, 1 / ranks, of
+        these): a sequence runs on one rank, so that rank reads at least the largest
+        sequence's KV and computes its query-key pairs with all of the heads, ranks times
+        what the even split gives it. A lone request decodes and prefills at that cost."""
+        ranks = self.deployment.dp_attention
+        tokens, seqs, total, windowed, pairs, pairs_windowed = sums
+        total = max(total, ranks * float((c + n).max()))
+        pairs = max(pairs, ranks * float((n * c + 0.5 * (n * n + n)).max()))
+        window = self.kv.sliding_window
+        if window is None:
+            return tokens, seqs, total, total, pairs, pairs
+        windowed = max(windowed, ranks * float(np.minimum(c + n, window).max()))
+        pairs_windowed = max(pairs_windowed, ranks * float(causal_pairs(c, n, window).max()))
+        return tokens, seqs, total, windowed, pairs, pairs_windowed
+
+    def _even_sums(
+        self, n: np.ndarray, c: np.ndarray
+    ) -> tuple[float, int, float, float, float, float]:
+        """The sums over a step's sequences, as if they were spread evenly."""
         tokens = float(np.add.reduce(n))
         sum_total = float(np.add.reduce(c)) + tokens
         # sum of n*c + n*(n+1)/2: the causal query-key pairs of each sequence
@@ -392,10 +420,12 @@ class StepModel(
     @property
     def takes_moments(self) -> bool:
         """Whether a step depends on its sequences' contexts only through their sum: no
-        sliding-window attention (whose KV reads need each sequence's own context) and no
-        speculation (whose drafter does). Then ``moment_step_time`` applies and a decode run
-        is affine in its step (``_affine_decode_run_times``)."""
-        return self.kv.sliding_window is None and self.deployment.spec is None
+        sliding-window attention (whose KV reads need each sequence's own context), no
+        speculation (whose drafter does) and no data-parallel attention (whose busiest rank
+        holds at least the longest sequence). Then ``moment_step_time`` applies and a
+        decode run is affine in its step (``_affine_decode_run_times``)."""
+        dep = self.deployment
+        return self.kv.sliding_window is None and dep.spec is None and dep.dp_attention == 1
 
     def moment_step_time(
         self, tokens: float, seqs: int, context_sum: float, dot: float, square: float
