@@ -190,7 +190,7 @@ def test_why_dstacks_dp_attention_and_trtllm_runs_stay_reference_only():
     ttft = {p.concurrency: p.measured for p in compared if p.metric == "ttft_s"}
     assert min(ttft[4], ttft[8]) > 5 * one_rank
     tpot = [p.predicted / p.measured - 1 for p in compared if p.metric == "tpot_s"]
-    assert all(-0.37 < e < -0.07 for e in tpot)  # decode steps within -8..-36%
+    assert all(-0.37 < e < -0.07 for e in tpot)  # decode steps within -8..-35%
     trt = next(sc for sc in ds.scenarios if sc.engine == "trt-llm")
     column = [float(p.quote.split(",")[-1]) for p in trt.points if p.metric == "output_tok_s"]
     levels = [p.concurrency for p in trt.points if p.metric == "output_tok_s"]
