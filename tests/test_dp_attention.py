@@ -209,3 +209,10 @@ def test_the_busiest_rank_holds_the_longest_sequence():
         for j in range(5):
             step = sm.step_time(np.ones(3), context + j * sm.decode_advance)
             assert run[j] == pytest.approx(step, rel=1e-9)
+
+
+def test_a_rank_count_out_of_range_names_the_flag_the_user_typed():
+    args = ["predict", "--gpu", "h200", "--model", "deepseek-r1", "--tp", "8"]
+    r = runner.invoke(app, [*args, "--engine", "sglang", "--dp", "99999", "--enable-dp-attention"])
+    assert r.exit_code == 2, r.output
+    assert "--dp (with --enable-dp-attention)" in r.output

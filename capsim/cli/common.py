@@ -414,8 +414,14 @@ UNIT_SUFFIXES = ("_w", "_s", "_ms", "_usd")
 """Unit suffixes of config fields that their flags leave out (power_limit_w: --power-limit)."""
 
 
+FIELD_FLAGS = {"dp_attention": "--dp (with --enable-dp-attention)"}
+"""Config fields whose flag is not their name with dashes."""
+
+
 def flag_of(field: str) -> str:
     """The CLI flag of a config field, as the commands name them."""
+    if field in FIELD_FLAGS:
+        return FIELD_FLAGS[field]
     for suffix in UNIT_SUFFIXES:
         if field.endswith(suffix):
             field = field.removesuffix(suffix)
