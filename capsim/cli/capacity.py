@@ -12,9 +12,9 @@ import typer
 from rich.markup import escape
 
 from capsim.cli.common import (
-    DP_FLAGS,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
+    AttentionRanksOption,
     DbOption,
     DpAttentionOption,
     EnforceEagerOption,
@@ -66,10 +66,7 @@ def capacity_cmd(
     max_model_len: MaxModelLenOption = None,
     enforce_eager: EnforceEagerOption = False,
     enable_expert_parallel: ExpertParallelOption = False,
-    dp: Annotated[
-        int | None,
-        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
-    ] = None,
+    dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",

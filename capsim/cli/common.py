@@ -226,6 +226,12 @@ ExpertParallelOption = Annotated[
         "GPU",
     ),
 ]
+AttentionRanksOption = Annotated[
+    int | None,
+    typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
+]
+"""--dp where it counts only attention ranks (fit, explain, capacity, serve: --gpus sets
+the replicas there)."""
 DpAttentionOption = Annotated[
     bool,
     typer.Option(

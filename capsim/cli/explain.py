@@ -10,10 +10,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from capsim.cli.common import (
-    DP_FLAGS,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
     AsyncSchedulingOption,
+    AttentionRanksOption,
     DbOption,
     DisableCustomAllReduceOption,
     DpAttentionOption,
@@ -82,10 +82,7 @@ def fit_cmd(
     engine: EngineOption = "vllm",
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
-    dp: Annotated[
-        int | None,
-        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
-    ] = None,
+    dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
     json_out: JsonOption = False,
     db: DbOption = None,
@@ -222,14 +219,13 @@ def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
             f"{r.sliding_pool_ratio:g} x the full pool's tokens (SGLang's hybrid SWA "
             "memory; every layer allocated)",
         )
-    if r.dp_attention > 1:
-        table.add_row(
-            "KV capacity",
-            f"{r.kv_capacity_tokens:,} tokens ({r.dp_attention} attention ranks of "
-            f"{r.tp // r.dp_attention} GPU(s), each with a pool of its own)",
-        )
-    else:
-        table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens")
+    ranks = (
+        f" ({r.dp_attention} attention ranks of {r.tp // r.dp_attention} GPU(s), each with a "
+        "pool of its own)"
+        if r.dp_attention > 1
+        else ""
+    )
+    table.add_row("KV capacity", f"{r.kv_capacity_tokens:,} tokens{ranks}")
     table.add_row("max_model_len", f"{r.max_model_len:,} (limit {r.max_model_len_limit:,})")
     table.add_row(
         f"sequences of {r.context_tokens:,} tokens that fit",
@@ -436,10 +432,7 @@ def explain_cmd(
     engine: EngineOption = "vllm",
     ubatch_size: UbatchOption = None,
     enable_expert_parallel: ExpertParallelOption = False,
-    dp: Annotated[
-        int | None,
-        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
-    ] = None,
+    dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
@@ -625,7 +618,7 @@ def dp_attention_row(sm) -> tuple[str, str]:
     from capsim.physics.memory import GB, weight_bytes
 
     dep = sm.deployment
-    attention = weight_bytes(sm.model, sm.fmt, dep.attention_tp)["attention"]
+    attention = weight_bytes(sm.model, sm.fmt, dep.tp, attention_tp=dep.attention_tp)["attention"]
     return (
         "data-parallel attention",
         f"{dep.dp_attention} ranks of {dep.attention_tp} GPU(s): a GPU reads its rank's "

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 
 from capsim.cli.common import (
-    DP_FLAGS,
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
+    AttentionRanksOption,
     DbOption,
     DpAttentionOption,
     EnforceEagerOption,
@@ -54,10 +54,7 @@ def serve_cmd(
     power_limit: PowerLimitOption = None,
     enforce_eager: EnforceEagerOption = False,
     enable_expert_parallel: ExpertParallelOption = False,
-    dp: Annotated[
-        int | None,
-        typer.Option(*DP_FLAGS, help="With --enable-dp-attention: attention ranks in the TP group"),
-    ] = None,
+    dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",

@@ -147,12 +147,18 @@ def _format_bits(fmt: QuantFormat, group: str) -> float:
 
 
 def weight_bytes(
-    model: Model, fmt: QuantFormat, tp: int = 1, include_mtp: bool = False
+    model: Model,
+    fmt: QuantFormat,
+    tp: int = 1,
+    include_mtp: bool = False,
+    attention_tp: int | None = None,
 ) -> dict[str, float]:
     """Weight bytes per GPU by component.
 
     Linear layers, embeddings and the output head are split over the TP group (vLLM's
-    column/row-parallel and vocab-parallel layers); norms and routers are replicated.
+    column/row-parallel and vocab-parallel layers); norms and routers are replicated. The
+    attention layers are split over ``attention_tp`` GPUs where that is given (one
+    data-parallel attention rank's, SGLang's --enable-dp-attention), else over the group.
     Quantised groups cost ``fmt.bits_per_weight`` bits per weight, the rest
     ``fmt.unquantized_bits`` (embedding and head at their own bits where the format says).
     A tied embedding table is the output head too and is stored at the head's bits
@@ -170,7 +176,7 @@ def weight_bytes(
         / 8
         / tp,
         "lm_head": p.lm_head * lm_head_bits / 8 / tp,
-        "attention": p.attention * _format_bits(fmt, "attention") / 8 / tp,
+        "attention": p.attention * _format_bits(fmt, "attention") / 8 / (attention_tp or tp),
         "linear_attention": (
             p.linear_attention * _format_bits(fmt, "linear_attention") / 8 / tp
             + p.linear_attention_small * fmt.unquantized_bits / 8 / tp
@@ -374,9 +380,8 @@ def memory_fit(
 
     memory = gpu.memory_bytes
     budget = memory * gpu_memory_utilization
-    parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp)
-    if dp_attention > 1:  # each rank's GPUs hold its whole attention, split over attention_tp
-        parts["attention"] = weight_bytes(model, fmt, attention_tp)["attention"]
+    # each rank's GPUs hold its whole attention, split over attention_tp
+    parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp, attention_tp=attention_tp)
     if cpu_moe_layers:
         if gpu.unified_memory:
             raise CapsimUserError(

@@ -22,14 +22,11 @@ class WorkCounts:
         of the elementwise kernels, None for vLLM's fused layer); returns the weights'
         bytes by part (``memory.weight_bytes``), which the drafter's set-up reads too."""
         model, fmt, tp = self.model, self.fmt, self.deployment.tp
-        parts = weight_bytes(model, fmt, tp, include_mtp=False)
-        ranks = self.deployment.dp_attention
-        if ranks > 1:
-            # data-parallel attention: a GPU reads its rank's whole attention, split over
-            # the rank's tp / ranks GPUs, every step; its FLOPs per token are unchanged
-            # (a rank computes 1 / ranks of the tokens with ranks times the heads)
-            attention_tp = self.deployment.attention_tp
-            parts["attention"] = weight_bytes(model, fmt, attention_tp)["attention"]
+        # data-parallel attention: a GPU reads its rank's whole attention, split over the
+        # rank's attention_tp GPUs, every step; its FLOPs per token are unchanged (a rank
+        # computes 1 / ranks of the tokens with ranks times the heads)
+        attention_tp = self.deployment.attention_tp
+        parts = weight_bytes(model, fmt, tp, include_mtp=False, attention_tp=attention_tp)
         self.expert_bytes_all = parts["experts"]
         breakdown = parameter_breakdown(model)
         self.params_breakdown = breakdown
