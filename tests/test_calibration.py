@@ -435,3 +435,55 @@ def test_a_dataset_spanning_hardware_classes_is_split_per_class():
         assert part.name == mixed.name
         assert {CAT.gpu(sc.gpu).hardware_class for sc in part.scenarios} == {hw_class}
     assert sum(len(p.scenarios) for ps in groups.values() for p in ps) == len(mixed.scenarios)
+
+
+def test_a_level_fold_chooses_its_parameters_from_the_full_fits_simulations(monkeypatch):
+    """validate --calibrated: each leave-a-level-out fold chooses what to fit from the rows
+    of its own points in the simulations the fit on every point ran for its choice, which
+    are the fold's own simulations (a level does not depend on the others simulated): the
+    same choice, and none simulated again."""
+    from capsim.calibration import least_squares
+    from capsim.calibration.crossval import without_level
+    from capsim.calibration.fit import Sensitivities, choose_parameters, fit_setup
+
+    ds = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.3)
+    _, names, base = fit_setup([ds], CAT, None)
+    kept = Sensitivities({})
+    choose_parameters([ds], CAT, names, base, None, kept, record=True)
+    assert len(kept.runs) == len(names) + 1  # the priors, then each candidate moved
+    folds = {level: without_level(ds, level) for level in (1, 3)}
+    fresh = {level: choose_parameters([f], CAT, names, base, None) for level, f in folds.items()}
+    calls = []
+    original = least_squares.FitProblem.residuals
+
+    def counted(self, x):
+        calls.append(1)
+        return original(self, x)
+
+    monkeypatch.setattr(least_squares.FitProblem, "residuals", counted)
+    for level, fold in folds.items():
+        assert choose_parameters([fold], CAT, names, base, None, kept) == fresh[level]
+    assert calls == []
+    # points it never simulated are simulated
+    other = synthetic({"step_overhead_us": 600.0}).model_copy(update={"name": "another"})
+    choose_parameters([other], CAT, names, base, None, kept)
+    assert len(calls) == len(names) + 1
+
+
+def test_validate_calibrated_fits_its_parts_on_every_core_with_the_serial_answer(monkeypatch):
+    """validate --calibrated spreads dataset parts over worker processes (one a core, each
+    fitting in series); the rows are those of fitting them one after another."""
+    from capsim.cli.validate import calibrated_part_rows
+
+    one = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.2)
+    two = synthetic({"step_overhead_us": 500.0}).model_copy(update={"name": "another"})
+    parts, fit = [one, two], ("step_overhead_us",)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    pooled = dict(calibrated_part_rows(parts, CAT, fit, 0.0, "linearised"))
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    heard = []
+    serial = dict(calibrated_part_rows(parts, CAT, fit, 0.0, "linearised", heard.append))
+    assert sorted(pooled) == [0, 1] and heard  # in series, each step is told
+    for i in (0, 1):
+        assert [r["dataset"] for r in pooled[i]] == [parts[i].name] * 8
+        assert pooled[i] == serial[i]  # the same simulations, to the bit

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from capsim.calibration.compare import ComparedPoint, compare_dataset
-from capsim.calibration.fit import fit_profile, fit_setup
+from capsim.calibration.fit import Sensitivities, fit_profile, fit_setup
 from capsim.calibration.least_squares import (
     AT_BOUND,
     DEFAULT_PRIOR_WEIGHT,
@@ -68,6 +68,7 @@ def cross_validate(
     scheme: CrossValidation = "level",
     start: dict[str, float] | None = None,
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    sensitivities: Sensitivities | None = None,
 ) -> list[ComparedPoint]:
     """Out-of-sample predictions of every point of ``datasets`` (one hardware class).
 
@@ -75,7 +76,9 @@ def cross_validate(
     predict the left-out level. ``point``: leave one point out; refit on all other points
     and predict that point. Each refit starts from ``start`` (the fit on every point,
     computed here for ``point`` when not given) or else from the priors; where it starts
-    changes how fast it converges, not what it leaves out.
+    changes how fast it converges, not what it leaves out. ``sensitivities``: those of the
+    fit on every point (fit_profile's ``record``), from which each level's fold chooses
+    its parameters on its own points' rows without simulating them again.
     """
     if scheme == "point":
         return leave_one_point_out(datasets, catalog, fit, max_evaluations, start, prior_weight)
@@ -86,7 +89,7 @@ def cross_validate(
     for level in levels:
         train = [t for t in (without_level(ds, level) for ds in datasets) if t is not None]
         profile = fit_profile(
-            train, catalog, f"cv-{level}", fit, max_evaluations, start, prior_weight
+            train, catalog, f"cv-{level}", fit, max_evaluations, start, prior_weight, sensitivities
         )
         gpu = datasets[0].scenarios[0].gpu
         params = profile.params(catalog, gpu)

@@ -192,18 +192,24 @@ def fit_profile(
     max_evaluations: int = 120,
     start: dict[str, float] | None = None,
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    sensitivities: Sensitivities | None = None,
+    record: bool = False,
 ) -> Profile:
     """Fit ``fit`` parameters (None: the class's default set) to every point of
     ``datasets`` (one hardware class), from the class's defaults (the priors) or from
     ``start`` (e.g. a fit on more points, to converge in fewer evaluations), pulled
-    towards the priors by ``prior_weight`` (see DEFAULT_PRIOR_WEIGHT)."""
+    towards the priors by ``prior_weight`` (see DEFAULT_PRIOR_WEIGHT). ``sensitivities``
+    (with ``record``: to be filled) hold the simulations behind the choice of parameters
+    (``Sensitivities``)."""
     hw_class, names, base = fit_setup(datasets, catalog, fit)
     candidates = list(names)
     held_reasons: dict[str, str] = {}
     held: dict[str, float] = {}  # held away from their priors (nearest_allowed)
     with scenario_pool(datasets) as pool:
         if fit is None:
-            names, held_reasons = choose_parameters(datasets, catalog, names, base, pool)
+            names, held_reasons = choose_parameters(
+                datasets, catalog, names, base, pool, sensitivities, record
+            )
         lower, upper, x0 = bounds_and_start(names, base)
         x_start = start_point(names, x0, lower, upper, start)
         if fit is None and start is None and len(names) > 1:
@@ -366,6 +372,12 @@ def nearest_allowed(
     return float(math.exp(value) if logs else value)
 
 
+STAGE_TOLERANCE = 0.01
+"""Relative tolerance of stagewise_start's one-parameter fits: they only say where the joint
+fit starts, which converges to FIT_TOLERANCE from there (measured on the corpus, ``python
+benchmarks/bench_calibrated.py``: 15-19 simulations a stage at FIT_TOLERANCE)."""
+
+
 def stagewise_start(
     datasets: list[PublishedDataset],
     catalog: Catalog,
@@ -384,7 +396,8 @@ def stagewise_start(
         stage_base = base.with_overrides(found)
         lower, upper, x0 = bounds_and_start([name], stage_base)
         problem = FitProblem(datasets, catalog, [name], stage_base, pool=pool)
-        result = solve(problem, x0, lower, upper, max(10, max_evaluations // len(names)))
+        evaluations = max(10, max_evaluations // len(names))
+        result = solve(problem, x0, lower, upper, evaluations, tolerance=STAGE_TOLERANCE)
         found[name] = float(result.x[0])
     lower, upper, _ = bounds_and_start(names, base)
     return np.clip([found[n] for n in names], lower, upper)
@@ -420,20 +433,81 @@ def max_fitted(datasets: list[PublishedDataset]) -> int:
     return max(1, len(distinct) // 3)
 
 
+@dataclass
+class Sensitivities:
+    """The simulations behind a fit's choice of parameters (``choose_parameters``: every
+    point at the priors and with each candidate moved by its sensitivity step), kept so
+    that fits on fewer of the same points (validate's leave-a-level-out folds) choose from
+    their own points' rows instead of simulating them again. A level's simulation does not
+    depend on which other levels are simulated, so the rows are those the fold would get.
+    Keyed by the candidates and the parameter vector; the points in the order simulated."""
+
+    runs: dict[tuple, tuple[np.ndarray, list[ComparedPoint]]]
+
+    @staticmethod
+    def level_key(pt: ComparedPoint) -> tuple:
+        return pt.dataset, pt.scenario, pt.concurrency
+
+    @staticmethod
+    def key(candidates: list[str], base: EfficiencyParams, x: np.ndarray) -> tuple:
+        return tuple(candidates), repr(base), x.tobytes()
+
+    def rows(
+        self,
+        candidates: list[str],
+        base: EfficiencyParams,
+        x: np.ndarray,
+        datasets: list[PublishedDataset],
+    ):
+        """The residuals and points of ``datasets``' points at ``x`` (over ``base``), from
+        a kept simulation that covered them all; None if there is none."""
+        kept = self.runs.get(self.key(candidates, base, x))
+        if kept is None:
+            return None
+        r, points = kept
+        wanted = [
+            (ds.name, sc.name, p.concurrency, p.metric, p.statistic)
+            for ds in datasets
+            for sc in ds.scenarios
+            for p in sc.points
+        ]
+        levels = {w[:3] for w in wanted}
+        keep = [i for i, pt in enumerate(points) if self.level_key(pt) in levels]
+        got = [(*self.level_key(points[i]), points[i].metric, points[i].statistic) for i in keep]
+        if got != wanted:
+            return None
+        return r[keep], [points[i] for i in keep]
+
+
 def choose_parameters(
     datasets: list[PublishedDataset],
     catalog: Catalog,
     candidates: list[str],
     base: EfficiencyParams,
     pool: Executor | None,
+    sensitivities: Sensitivities | None = None,
+    record: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """select_parameters over ``candidates`` on these datasets: the names to fit, and why
     each other candidate is held at its prior. At most a third of the distinct measured
-    (level, metric) pairs are fitted (at least one)."""
+    (level, metric) pairs are fitted (at least one). With ``sensitivities``, simulations
+    it holds for these points are reused, or (``record``) those run are kept there."""
     lower, upper, x0 = bounds_and_start(candidates, base)
     problem = FitProblem(datasets, catalog, candidates, base, pool=pool)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        if sensitivities is not None and not record:
+            found = sensitivities.rows(candidates, base, x, datasets)
+            if found is not None:
+                problem.last = found[1]
+                return found[0]
+        r = problem.residuals(x)
+        if sensitivities is not None and record:
+            sensitivities.runs[sensitivities.key(candidates, base, x)] = (r, list(problem.last))
+        return r
+
     chosen = select_parameters(
-        problem.residuals,
+        residuals,
         candidates,
         x0,
         lower,

@@ -12,7 +12,6 @@ s^2 = sum(r^2) / (n - p).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ from capsim.calibration.compare import ComparedPoint, compare_datasets
 from capsim.calibration.published import PublishedDataset
 from capsim.calibration.selection import point_weights
 from capsim.catalog.loader import Catalog
-from capsim.engine.pool import worker_pool
+from capsim.engine.pool import cores_for, worker_pool
 from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.efficiency import EfficiencyParams
 
@@ -111,13 +110,12 @@ class FitProblem:
 @contextmanager
 def scenario_pool(datasets: list[PublishedDataset]) -> Iterator[Executor | None]:
     """Worker processes (one per core) to simulate a fit's scenarios in, or None on one
-    core or with a single scenario."""
-    scenarios = sum(len(ds.scenarios) for ds in datasets)
-    cores = os.cpu_count() or 1
-    if cores < 2 or scenarios < 2:
+    core, with a single scenario, or in a pool's worker (``cores_for``)."""
+    workers = cores_for(sum(len(ds.scenarios) for ds in datasets))
+    if workers < 2:
         yield None
         return
-    with worker_pool(min(cores, scenarios)) as pool:
+    with worker_pool(workers) as pool:
         yield pool
 
 
@@ -228,13 +226,14 @@ def solve(
     fitted: np.ndarray | None = None,
     prior: np.ndarray | None = None,
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    tolerance: float = FIT_TOLERANCE,
 ) -> LeastSquaresFit:
     """Minimise the soft-L1 loss of ``problem``'s log residuals from ``x0`` within bounds.
     ``fitted`` (a boolean mask over the points) leaves the others out of the loss; they
     are still simulated and come back in ``residuals``. With ``prior_weight`` > 0 each
     parameter is pulled towards ``prior`` (see DEFAULT_PRIOR_WEIGHT); the Jacobian that
     comes back holds the points' rows only, so standard errors and identifiability say
-    what the data pin down."""
+    what the data pin down. ``tolerance``: least_squares' ftol and xtol (relative)."""
     pull = prior_weight > 0 and prior is not None
     span = upper - lower
 
@@ -254,8 +253,8 @@ def solve(
         x_scale=span,
         diff_step=0.02,
         max_nfev=max_evaluations,
-        ftol=FIT_TOLERANCE,
-        xtol=FIT_TOLERANCE,
+        ftol=tolerance,
+        xtol=tolerance,
     )
     jac = result.jac[: -len(x0)] if pull else result.jac
     return LeastSquaresFit(result.x, jac, problem.residuals(result.x))

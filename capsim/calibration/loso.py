@@ -13,7 +13,6 @@ view whose resolved parameters carry the chosen values is simulated again with t
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +30,7 @@ from capsim.calibration.paths import calibration_dir
 from capsim.calibration.published import PublishedDataset
 from capsim.catalog.loader import Catalog, format_validation_error, load_yaml_text
 from capsim.engine.levels import catalog_dirs
-from capsim.engine.pool import worker_pool
+from capsim.engine.pool import cores_for, worker_pool
 from capsim.errors import CapsimUserError
 from capsim.files import read_input_text
 from capsim.physics.deployment import default_efficiency
@@ -148,7 +147,7 @@ def leave_one_source_out(
             put_back = left_out_overrides(priors, ds.name, params, gpu.hardware_class, sc.engine)
             if put_back:
                 jobs.append((ds, sc, catalog_dirs(catalog), None, {**put_back, **overrides}))
-    workers = min(len(jobs), os.cpu_count() or 1)
+    workers = cores_for(len(jobs))
     if workers > 1:
         with worker_pool(workers) as pool:
             results = list(pool.map(compare_in_worker, jobs))

@@ -118,18 +118,28 @@ def part_errors(
         leave_one_point_out,
         linearised_cross_validation,
     )
-    from capsim.calibration.fit import fit_profile
+    from capsim.calibration.fit import Sensitivities, fit_profile
 
     say = status or (lambda text: None)
     say(f"{ds.name}: simulating")
     raw = compare_dataset(ds, cat)
     say(f"{ds.name}: fitting")
-    fitted = fit_profile([ds], cat, f"{ds.name}-fit", fit, prior_weight=prior_weight)
+    sensitivities = Sensitivities({})
+    fitted = fit_profile(
+        [ds],
+        cat,
+        f"{ds.name}-fit",
+        fit,
+        prior_weight=prior_weight,
+        sensitivities=sensitivities,
+        record=True,
+    )
     inside = fitted.residuals  # every point at the fitted values, in dataset order
     start = fitted.fitted_values
     options = dict(start=start, prior_weight=prior_weight)
     say(f"{ds.name}: leaving levels out")
-    by_level = {point_key(p): p for p in cross_validate([ds], cat, fit, scheme="level", **options)}
+    levels = cross_validate([ds], cat, fit, scheme="level", sensitivities=sensitivities, **options)
+    by_level = {point_key(p): p for p in levels}
     # a few points a parameter are cheap to refit, and the linear picture of the fit is
     # poor there (seed 000: three points, 31.7% linearised against 73.7% refitted)
     if cv == "linearised" and points_of(ds) > LINEARISED_POINTS_PER_PARAMETER * max(len(start), 1):
@@ -163,6 +173,45 @@ def part_errors(
     return rows
 
 
+def part_errors_in_worker(args) -> list[dict]:
+    """``part_errors`` in a worker process (the catalog read there once, by directory)."""
+    from capsim.catalog.loader import process_catalog
+
+    ds, dirs, fit, prior_weight, cv = args
+    return part_errors(ds, process_catalog(dirs), fit, prior_weight, cv=cv)
+
+
+def calibrated_part_rows(parts, cat, fit, prior_weight: float, cv: str, status=None):
+    """Yield (index, rows) of each dataset part's ``part_errors`` as it finishes: one part
+    a core, each fitted in series within its process (a part's own scenarios are too few
+    to keep the cores busy; a pool's worker starts no pool), in series on one core or with
+    one part. ``status(text)``, if
+    given, hears which step runs where the parts run in series."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    from capsim.calibration.compare import catalog_dirs
+    from capsim.engine.pool import cores_for, worker_pool
+
+    workers = cores_for(len(parts))
+    if workers < 2:
+        for i, ds in enumerate(parts):
+            yield i, part_errors(ds, cat, fit, prior_weight, status, cv)
+        return
+    dirs = catalog_dirs(cat)
+    with worker_pool(workers) as pool:
+        # the largest parts first, so that the last to finish is a small one
+        order = sorted(range(len(parts)), key=lambda i: -points_of(parts[i]))
+        futures = {
+            pool.submit(part_errors_in_worker, (parts[i], dirs, fit, prior_weight, cv)): i
+            for i in order
+        }
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield futures[future], future.result()
+
+
 def calibrated_errors(
     datasets,
     cat,
@@ -171,11 +220,9 @@ def calibrated_errors(
     cv: str = "linearised",
 ) -> list[dict]:
     """``part_errors`` of every dataset part (``calibration_parts``), in order."""
-    return [
-        row
-        for ds in calibration_parts(datasets, cat)
-        for row in part_errors(ds, cat, fit, prior_weight, cv=cv)
-    ]
+    parts = calibration_parts(datasets, cat)
+    found = dict(calibrated_part_rows(parts, cat, fit, prior_weight, cv))
+    return [row for i in range(len(parts)) for row in found[i]]
 
 
 def points_of(ds) -> int:
@@ -294,7 +341,9 @@ def validate_cmd(
             "--point-cv",
             help="With --calibrated: how each point is left out (a level left out is always "
             "refitted). linearised: the fit on every point linearised at its optimum, one "
-            "simulation a parameter; refit: a fit for every point (hours on the corpus)",
+            "simulation a parameter, with the points that alone decide a parameter (and every "
+            "one of a dataset of at most 3 points a parameter) refitted; refit: a fit for "
+            "every point (hours on the corpus)",
         ),
     ] = CrossValidationMethod.linearised,
     md: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table")] = False,
@@ -367,26 +416,31 @@ def validate_cmd(
                     f"not simulated: {s.dataset} / {s.scenario} ({s.points} points): {s.reason}",
                     highlight=False,
                 )
-            rows = []
-            done = 0
+            found: dict[int, list[dict]] = {}
             # the bar counts points: a dataset part's fits take time in proportion to them
             with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
                 task = bar.add_task("fitting", total=sum(points_of(ds) for ds in parts))
+                status = lambda text: bar.update(task, description=text)  # noqa: E731
                 try:
-                    for ds in parts:
-                        status = lambda text: bar.update(task, description=text)  # noqa: E731
-                        rows += part_errors(ds, cat, names, prior_weight, status, cv.value)
-                        bar.advance(task, points_of(ds))
-                        done += 1
+                    for i, part_rows in calibrated_part_rows(
+                        parts, cat, names, prior_weight, cv.value, status
+                    ):
+                        found[i] = part_rows
+                        bar.advance(task, points_of(parts[i]))
+                        bar.update(
+                            task, description=f"fitted {len(found)} of {len(parts)} datasets"
+                        )
                 except BaseException as exc:
                     if not ctrl_c.stopped(exc):
                         raise
+                    done = len(found)
                     stopped = (
                         f"{done} of {len(parts)} datasets fitted and cross-validated; the "
                         f"results cover those{'' if plot_path is None else ' (no plot written)'}"
                         if done
                         else f"before the first of {len(parts)} datasets was fitted"
                     )
+            rows = [row for i in sorted(found) for row in found[i]]
             if stopped and not rows:
                 return
             summary = summarize_errors(rows)

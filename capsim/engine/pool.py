@@ -9,16 +9,31 @@ interrupted command exits within a fraction of a second.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 
+_IN_WORKER = False
+"""True in a worker process of a ``worker_pool``."""
+
 
 def _worker_start(initializer: Callable | None, initargs: tuple) -> None:
+    global _IN_WORKER
+    _IN_WORKER = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
+
+
+def cores_for(jobs: int) -> int:
+    """Processes to spread ``jobs`` independent jobs over: one a core, at most one a job;
+    1 in a pool's worker, which never starts a pool of its own (its workers would outlive
+    a Ctrl-C: the worker ignores SIGINT and is killed by its parent, theirs are not)."""
+    if _IN_WORKER:
+        return 1
+    return max(1, min(os.cpu_count() or 1, jobs))
 
 
 def quiet_cancelled_futures() -> None:

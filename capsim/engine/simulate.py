@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -32,7 +31,7 @@ from capsim.engine.levels import (
     measure_level,
     simulate_level,
 )
-from capsim.engine.pool import worker_pool
+from capsim.engine.pool import cores_for, worker_pool
 from capsim.engine.progress import Progress
 from capsim.engine.reruns import Reruns
 from capsim.engine.saturation import derive_run, is_saturated, shares_service
@@ -129,7 +128,7 @@ def resolve_workers(workers: int | None, levels: int, total_requests: int) -> in
         return max(1, min(workers, levels))
     if levels < 2 or total_requests < PARALLEL_MIN_REQUESTS:
         return 1
-    return max(1, min(os.cpu_count() or 1, levels))
+    return cores_for(levels)
 
 
 _lowest_saturated = None  # in a sweep's worker processes: a shared multiprocessing.Array

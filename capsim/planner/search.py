@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
 from capsim.engine.config import PredictConfig
 from capsim.engine.lengths import parse_length
-from capsim.engine.pool import worker_pool
+from capsim.engine.pool import cores_for, worker_pool
 from capsim.engine.router import RouterPolicy
 from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.communication import choose_interconnect
@@ -391,7 +390,7 @@ def simulate_each(
     with its result (or the engine's refusal, a string) in the candidates' order as they
     finish: a caller can count them, and keep those done when it stops early (the local
     processes are stopped with the generator)."""
-    jobs = workers or min(os.cpu_count() or 1, max(len(candidates), 1))
+    jobs = workers or cores_for(len(candidates))
     args = [(c, req, cat.directories[1:]) for c in candidates]
     if dask_scheduler is not None:
         yield from zip(candidates, _evaluate_on_dask(args, dask_scheduler), strict=True)
