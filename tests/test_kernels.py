@@ -307,6 +307,35 @@ def test_ampere_class_moe_terms_are_the_fit_to_published_a100_timings():
     assert min(p.error for p in slow) > 0.4
 
 
+def test_datacenter_ada_moe_terms_are_the_fit_to_published_l40s_timings():
+    # vLLM PR 53710's default-config column on an L40S (FP8 w8a8, E=128, N=768, 4-8,192
+    # tokens): the class carries the fit of the read rate and the GEMM rate, where the
+    # former 0.26 counted the whole call at 8,192 tokens as GEMM time and every row came
+    # out 29-53% slow
+    from capsim.calibration.moe_kernels import (
+        compare_moe_kernels,
+        fit_moe_kernel_params,
+        load_moe_dataset,
+    )
+
+    ds = load_moe_dataset(MOE.with_name("ada-fused-moe-public.json"))
+    (source,) = ds.sources
+    for r in ds.rows:
+        assert f"| {r.batch} | {r.us:.2f} |" in source["quote"], r
+    assert min(r.batch for r in ds.rows) == 4  # M = 2 sat in the L2 cache
+    names = ("moe_bandwidth_efficiency", "moe_compute_efficiency", "moe_expert_overhead_us")
+    fit = fit_moe_kernel_params(ds, CAT, names)
+    ada = CAT.efficiency.entries["datacenter-ada"].params
+    for name in names[:2]:
+        assert fit.values[name] == pytest.approx(ada[name], abs=max(fit.std[name], 0.01))
+    points = compare_moe_kernels(ds, CAT)
+    assert mape(points) < 4.0 and max(abs(p.error) for p in points) < 0.1
+    former = default_efficiency(CAT.gpu("l40s"), CAT).with_overrides(
+        {"moe_bandwidth_efficiency": 0.55, "moe_compute_efficiency": 0.26}
+    )
+    assert min(p.error for p in compare_moe_kernels(ds, CAT, former)) > 0.25
+
+
 def test_hopper_moe_set_predicts_a_b200_fused_moe_timing_out_of_sample():
     # datacenter-blackwell takes Hopper's fused-MoE terms whole; one published B200 timing
     # (vLLM PR 31448's default config, 1-4 tokens), never fitted, lands within 6%
