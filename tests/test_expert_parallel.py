@@ -120,6 +120,32 @@ def test_predict_and_explain_take_the_flag():
     assert '"expert_parallel": true' in r.output
 
 
+def test_fit_takes_the_flag_with_the_same_bytes_and_the_engines_refusals():
+    # whole experts a GPU hold what a slice of each did: the same fit, said in the title;
+    # a dense model or an expert count the TP group does not divide exits 2 as in predict
+    import json
+
+    runner = CliRunner()
+    args = ["fit", "--gpu", "h200", "--model", "qwen3-30b-a3b", "--tp", "2", "--json"]
+    plain = json.loads(runner.invoke(app, args).output)
+    r = runner.invoke(app, [*args, "--enable-expert-parallel"])
+    assert r.exit_code == 0, r.output
+    ep = json.loads(r.output)
+    assert ep["expert_parallel"] is True and plain["expert_parallel"] is False
+    assert ep["weight_bytes"] == plain["weight_bytes"]
+    assert ep["kv_capacity_tokens"] == plain["kv_capacity_tokens"]
+    r = runner.invoke(app, [*args[:-1], "--enable-expert-parallel"])
+    assert r.exit_code == 0 and "expert parallel: FITS" in r.output
+    for model, tp, said in (
+        ("qwen3-30b-a3b", "3", "does not divide"),
+        ("llama-3.1-8b", "2", "dense"),
+    ):
+        r = runner.invoke(
+            app, ["fit", "--gpu", "h200", "--model", model, "--tp", tp, "--enable-expert-parallel"]
+        )
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     batch=st.integers(1, 256),

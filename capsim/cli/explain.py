@@ -82,6 +82,7 @@ def fit_cmd(
     engine: EngineOption = "vllm",
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
+    enable_expert_parallel: ExpertParallelOption = False,
     dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
     json_out: JsonOption = False,
@@ -115,6 +116,13 @@ def fit_cmd(
             f"{m.name} has no MTP layers, so --mtp loads nothing",
             hint="leave --mtp out (speculate with eagle, draft or ngram in predict)",
         )
+    if enable_expert_parallel:
+        # whole experts a GPU take the bytes a slice of each did: the fit is the same, the
+        # combinations the engines refuse are refused here too
+        from capsim.physics.deployment import Deployment
+        from capsim.physics.memory import check_expert_parallel
+
+        check_expert_parallel(m, Deployment(tp=tp, expert_parallel=True, cpu_moe_layers=n_cpu_moe))
     options = dict(
         kv_dtype=kv_dtype,
         gpu_memory_utilization=gpu_memory_utilization,
@@ -150,11 +158,12 @@ def fit_cmd(
                 **result.to_dict(),
                 "gpus": total_gpus,
                 "dp_replicas": replicas,
+                "expert_parallel": enable_expert_parallel,
                 "offload_proposal": offload.to_dict() if offload else None,
             }
         )
     else:
-        print_fit(result, g, m, replicas)
+        print_fit(result, g, m, replicas, enable_expert_parallel)
     if result.fits:
         return
     hint = fit_hint(g, m, fmt, list(cat.quant_formats), tp, **fit_options)
@@ -166,12 +175,13 @@ def fit_cmd(
         print_offload(offload, result, g, m, hint)
 
 
-def print_fit(r, g: GPU, m: Model, replicas: int) -> None:
+def print_fit(r, g: GPU, m: Model, replicas: int, expert_parallel: bool = False) -> None:
     from capsim.physics.memory import GB, GIB
 
     table = Table(
         title=f"{m.name} ({r.quant}) on {r.tp}x {g.name}"
         + (f", {replicas} replicas" if replicas > 1 else "")
+        + (", expert parallel" if expert_parallel else "")
         + (f", data-parallel attention x{r.dp_attention}" if r.dp_attention > 1 else "")
         + f": {'FITS' if r.fits else 'DOES NOT FIT'}",
         show_header=False,
