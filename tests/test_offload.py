@@ -211,3 +211,20 @@ def test_without_quant_offload_uses_a_4_bit_gguf_and_only_where_no_format_fits()
     args = ["fit", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "--quant", "bf16"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0 and "llama.cpp (bf16)" in r.output, r.output
+
+
+def test_capacity_and_serve_take_the_offload_flags():
+    """Issue 49: every command takes the engines' flags. capacity answers an offloaded
+    deployment and names the experts in system RAM as what binds it; serve takes the
+    flags, with predict's refusals."""
+    args = ["--gpu", "rtx3090", "--model", "gpt-oss-120b", "--engine", "llamacpp"]
+    offload = ["--n-cpu-moe", "30", "--host-memory-bandwidth", "60"]
+    r = runner.invoke(
+        app, ["capacity", *args, *offload, "--min-agent-tok-s", "5", "--output-tokens", "64"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "system RAM" in r.output
+    r = runner.invoke(app, ["capacity", *args, "--n-cpu-moe", "30", "--min-agent-tok-s", "5"])
+    assert r.exit_code == 2 and "--host-memory-bandwidth" in r.output
+    r = runner.invoke(app, ["serve", *args, "--n-cpu-moe", "30"])
+    assert r.exit_code == 2 and "--host-memory-bandwidth" in r.output

@@ -17,9 +17,12 @@ from capsim.cli.common import (
     EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
+    HostLinkOption,
+    HostMemoryBandwidthOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    NCpuMoeOption,
     PowerLimitOption,
     ProfileOption,
     SpecAcceptanceOption,
@@ -56,6 +59,9 @@ def serve_cmd(
     enable_expert_parallel: ExpertParallelOption = False,
     dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
+    n_cpu_moe: NCpuMoeOption = 0,
+    host_memory_bandwidth: HostMemoryBandwidthOption = None,
+    host_link_bandwidth: HostLinkOption = None,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
@@ -120,6 +126,9 @@ def serve_cmd(
         enforce_eager=enforce_eager,
         expert_parallel=enable_expert_parallel,
         dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
+        cpu_moe_layers=n_cpu_moe,
+        host_memory_bandwidth_gbs=host_memory_bandwidth,
+        host_link_gbs=host_link_bandwidth,
         engine=engine,
         profile=profile,
     )
@@ -137,6 +146,11 @@ def serve_cmd(
         + (
             f", data-parallel attention x{setup.config.dp_attention}"
             if setup.config.dp_attention > 1
+            else ""
+        )
+        + (
+            f", experts of {setup.config.cpu_moe_layers} layers in system RAM"
+            if setup.config.cpu_moe_layers
             else ""
         )
         + "), "
