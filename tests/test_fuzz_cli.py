@@ -377,3 +377,33 @@ def test_integer_flags_take_whole_numbers_only(value):
         assert r.exit_code == 2 and "is not a whole number" in r.output, (args, r.output)
     r = CliRunner().invoke(app, ["explain", *base, "--batch", "+2", "--json"])
     assert r.exit_code == 0, r.output
+
+
+HOST = ("--host-memory-bandwidth",)
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e400"])
+def test_float_flags_refuse_what_is_not_a_finite_number_by_name(value):
+    """A float flag's range check read 'nan' as out of range and said only "input should
+    be less than or equal to 1"; it now says what the value is, and every float flag
+    refuses nan and the infinities with exit 2, naming itself."""
+    base = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
+    for args, flag in (
+        (["predict", *base, "-c", "1", "--power-limit", value], "--power-limit"),
+        (["predict", *base, "-c", "1", "--gpu-memory-utilization", value], "--gpu-memory-utiliz"),
+        (["capacity", *base, "--min-agent-tok-s", value], "--min-agent-tok-s"),
+        (["validate", str(RUN), "--calibrated", "--prior-weight", value], "--prior-weight"),
+        (
+            ["capacity", *base, "--min-agent-tok-s", "5", *("--n-cpu-moe", "2"), *HOST, value],
+            "--host-memory-bandwidth",
+        ),
+    ):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "Traceback" not in r.output, (args, r.output)
+        assert flag in r.output, (args, r.output)
+    for args in (
+        ["predict", *base, "-c", "1", "--gpu-memory-utilization", "nan"],
+        ["capacity", *base, "--min-agent-tok-s", "5", "--host-memory-bandwidth", "nan"],
+    ):
+        r = CliRunner().invoke(app, args)
+        assert "not a finite number" in r.output, (args, r.output)

@@ -442,10 +442,11 @@ def validation_user_error(exc, help_command: str = "--help") -> CapsimUserError:
     first = exc.errors()[0]
     field = next((str(part) for part in reversed(first["loc"]) if isinstance(part, str)), "")
     flag = flag_of(field) if field else "a value"
-    return CapsimUserError(
-        f"{flag} {first.get('input')!r}: {first['msg'].lower()}",
-        hint=f"see {help_command} for {flag}",
-    )
+    given, said = first.get("input"), first["msg"].lower()
+    if isinstance(given, float) and not math.isfinite(given):
+        # a range check reads nan as out of range: say what it is as well
+        said = f"not a finite number ({said})"
+    return CapsimUserError(f"{flag} {given!r}: {said}", hint=f"see {help_command} for {flag}")
 
 
 def user_errors(func):

@@ -36,7 +36,10 @@ APP_SETTINGS: dict[str, Any] = dict(
 def _whole_numbers_only() -> None:
     """Integer flags take whole numbers as written: typer reads them through pydantic's lax
     mode, which took '--requests 2.0' as 2 (issue 47). A value that is not digits (with a
-    sign, '_' between digits) is refused as click refuses any other bad value, exit 2."""
+    sign, '_' between digits) is refused as click refuses any other bad value, exit 2.
+    A float flag's range check that reads 'nan' as out of range says what it is as well
+    (flags without a range check the value where they are used, in their own words)."""
+    import math
     import re
     import types
     from typing import Union, get_args, get_origin
@@ -48,19 +51,34 @@ def _whole_numbers_only() -> None:
         return
     whole = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
 
-    def integral(annotation) -> bool:
-        if annotation is int:
+    def of_type(annotation, kind) -> bool:
+        if annotation is kind:
             return True
         if get_origin(annotation) in (Union, types.UnionType):
-            return any(a is int for a in get_args(annotation))
+            return any(a is kind for a in get_args(annotation))
         return False
+
+    def finite(value: str) -> bool:
+        try:
+            return math.isfinite(float(value))
+        except ValueError:
+            return True  # not a number at all: the float parsing says so
 
     original = AdapterRuntimeParam._coerce_value
 
     def coerce(self, value, param, ctx):
-        if isinstance(value, str) and integral(self.annotation) and not whole.fullmatch(value):
+        if isinstance(value, str) and of_type(self.annotation, int) and not whole.fullmatch(value):
             raise BadParameter(f"{value!r} is not a whole number", ctx=ctx, param=param)
-        return original(self, value, param, ctx)
+        try:
+            return original(self, value, param, ctx)
+        except BadParameter as exc:
+            # a range check that read 'nan' as out of range: say what it is, and the range
+            if isinstance(value, str) and of_type(self.annotation, float) and not finite(value):
+                said = exc.message[:1].lower() + exc.message[1:]
+                raise BadParameter(
+                    f"{value!r} is not a finite number ({said})", ctx=ctx, param=param
+                ) from None
+            raise
 
     AdapterRuntimeParam._coerce_value = coerce
 
