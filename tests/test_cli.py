@@ -658,3 +658,19 @@ def test_flags_that_apply_run():
     assert r.exit_code == 0, r.output
     r = invoke(*predict_with(*GAMMA, "--gamma-cv", "3"))
     assert r.exit_code == 0, r.output
+
+
+def test_a_token_budget_below_the_sequence_limit_is_refused_as_vllm_refuses_it():
+    """vLLM's SchedulerConfig refuses max_num_batched_tokens < max_num_seqs (every running
+    sequence takes a token a step); its default sequence limit counts when none is given.
+    SGLang and llama.cpp have no such rule."""
+    base = ["predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "-c", "2", "--requests", "4"]
+    r = invoke(*base, "--max-num-batched-tokens", "100")
+    assert r.exit_code == 2 and "below --max-num-seqs 256 (vLLM's default" in r.stderr
+    r = invoke(*base, "--max-num-batched-tokens", "100", "--max-num-seqs", "128")
+    assert r.exit_code == 2 and "lower --max-num-seqs to 100 or less" in r.stderr
+    for ok in (["--max-num-seqs", "100"], ["--engine", "sglang"]):
+        r = invoke(*base, "--output-tokens", "8", "--max-num-batched-tokens", "100", *ok)
+        assert r.exit_code == 0, r.stderr
+    r = invoke("fit", "--gpu", "h200", "--model", "qwen3-8b", "--max-num-batched-tokens", "512")
+    assert r.exit_code == 2 and "1,024 (vLLM's default" in r.stderr

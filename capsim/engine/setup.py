@@ -173,6 +173,12 @@ def engine_fit_options(
             "--enable-expert-parallel is not modelled yet)",
         )
     row = engine.batch_limits(gpu.name, gpu.memory_gb)
+    if engine.name == "vllm":
+        check_token_budget(
+            options.get("max_num_batched_tokens") or row.max_num_batched_tokens,
+            options.get("max_num_seqs") or row.max_num_seqs,
+            given_seqs=options.get("max_num_seqs") is not None,
+        )
     utilization = options.pop("gpu_memory_utilization", None)
     pool = engine.state_pool
     slots = pool.slots_per_sequence
@@ -188,6 +194,21 @@ def engine_fit_options(
         state_slots_per_sequence=slots if prefix_caching else 1,
         sliding_window_pool=engine.sliding_window_pool,
         sliding_window_pages=engine.sliding_window_pages,
+    )
+
+
+def check_token_budget(batched_tokens: int, seqs: int, given_seqs: bool) -> None:
+    """vLLM refuses a step's token budget below its sequence limit (every running sequence
+    takes at least one token a step; vllm/config/scheduler.py ``_verify_args``:
+    "max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({})")."""
+    if batched_tokens >= seqs:
+        return
+    where = "" if given_seqs else " (vLLM's default for this GPU)"
+    raise CapsimUserError(
+        f"--max-num-batched-tokens {batched_tokens:,} is below --max-num-seqs {seqs:,}{where}: "
+        "vLLM refuses a token budget smaller than its sequence limit",
+        hint=f"raise --max-num-batched-tokens to {seqs:,} or more, or lower --max-num-seqs to "
+        f"{batched_tokens:,} or less",
     )
 
 
