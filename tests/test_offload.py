@@ -158,7 +158,7 @@ def test_fit_json_carries_the_offload_options_and_a_dense_model_still_exits_2():
 
     r = runner.invoke(app, [*FIT, "--json"])
     assert r.exit_code == 0, r.output
-    proposal = json.loads(r.output)["offload_proposal"]
+    proposal = json.loads(r.stdout)["offload_proposal"]
     assert proposal["options"][0]["n_cpu_moe"] == 24
     assert set(proposal["options"][0]["decode_tok_s"]) == {h.name for h in CAT.hosts}
     r = runner.invoke(app, ["fit", "--gpu", "rtx3060-12g", "--model", "llama-3.3-70b"])

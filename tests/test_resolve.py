@@ -254,3 +254,17 @@ def test_gpt_oss_ggufs_are_mxfp4_experts_with_q8_0_elsewhere():
         resolved = resolve_model(text, CAT)
         assert (resolved.name, resolved.quant) == ("gpt-oss-20b", "gguf-mxfp4")
     take_notices()
+
+
+def test_a_command_prints_its_own_notices_only():
+    """A notice left from earlier in the process (library code that never printed, or a
+    command that ended before printing) is not said again by the next command: in one
+    test process it once landed in front of a --json answer."""
+    from capsim.notices import notice
+
+    notice("a stale remark from before this command")
+    out = CliRunner().invoke(app, ["fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--json"])
+    assert out.exit_code == 0, out.output
+    assert "stale remark" not in out.output
+    json.loads(out.stdout)
+    assert take_notices() == []

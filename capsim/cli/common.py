@@ -455,6 +455,9 @@ def user_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from capsim.notices import take_notices
+
+        take_notices()  # a command says what it inferred itself, nothing left from before
         try:
             result = func(*args, **kwargs)
             print_notices()
