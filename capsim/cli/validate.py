@@ -185,8 +185,8 @@ def calibrated_part_rows(parts, cat, fit, prior_weight: float, cv: str, status=N
     """Yield (index, rows) of each dataset part's ``part_errors`` as it finishes: one part
     a core, each fitted in series within its process (a part's own scenarios are too few
     to keep the cores busy; a pool's worker starts no pool), in series on one core or with
-    one part. ``status(text)``, if
-    given, hears which step runs where the parts run in series."""
+    one part. ``status(text)``, if given, hears which step runs where the parts run in
+    series."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     from capsim.calibration.compare import catalog_dirs
@@ -199,7 +199,9 @@ def calibrated_part_rows(parts, cat, fit, prior_weight: float, cv: str, status=N
         return
     dirs = catalog_dirs(cat)
     with worker_pool(workers) as pool:
-        # the largest parts first, so that the last to finish is a small one
+        # the parts with the most points first: points stand in for a part's cost, so
+        # that the last to finish is likely a small one (not always: the Gemma-4 cells
+        # are few points of slow simulations)
         order = sorted(range(len(parts)), key=lambda i: -points_of(parts[i]))
         futures = {
             pool.submit(part_errors_in_worker, (parts[i], dirs, fit, prior_weight, cv)): i
