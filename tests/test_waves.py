@@ -10,7 +10,7 @@ import pytest
 
 from capsim.calibration.step_table import MeasuredStepModel, measured_setup_from_run
 from capsim.probe.runfile import load_run
-from tests.wave_checks import compare_waves, measured_runs, simulated_waves, waves
+from tests.wave_checks import WaveMiss, compare_waves, measured_runs, simulated_waves, waves
 
 RUNS = Path(__file__).resolve().parent.parent / "calibration" / "runs" / "waves-2026-11-28"
 C, PROMPT, REQUESTS = 16, 512, 48
@@ -49,3 +49,20 @@ def test_without_the_api_servers_serial_work_the_second_wave_meets_no_queue():
         meas = waves(records, C)
         with pytest.raises(AssertionError):
             compare_waves("equal", 0, meas, sim)
+
+
+def test_a_miss_says_which_way_the_simulation_was_wrong():
+    """The live burst test tells host-speed drift (misses both ways) from a model error
+    (misses one way) by WaveMiss.direction: latencies scaled up read +1, down -1."""
+    sim = simulated_waves(_setup(serial=True), C, REQUESTS, PROMPT, "64")
+    records = next(
+        iter(measured_runs(load_run(RUNS / "cpu-vllm-tiny-qwen3-burst-equal.json")[1]).values())
+    )
+    meas = waves(records, C)
+    for scale, direction in ((1.6, 1), (0.5, -1)):
+        with pytest.raises(WaveMiss) as miss:
+            compare_waves("equal", 0, meas, [w * scale for w in sim])
+        assert miss.value.direction == direction
+    with pytest.raises(WaveMiss) as miss:  # the second wave dissolved: a structural miss
+        compare_waves("equal", 0, meas, [sim[0], 0.1 * sim[1], sim[2]], tolerance=10.0)
+    assert miss.value.direction == 0
