@@ -57,6 +57,9 @@ def test_speculative_config_json_is_the_spec_it_names():
         ('{"method": "mtp"', "not valid JSON"),
         ('["mtp", 2]', "JSON object"),
         ('{"method": "draft_model", "num_speculative_tokens": 2}', "needs a"),
+        # a method that is not a string (a list or an object cannot be looked up)
+        ('{"method": ["mtp"], "num_speculative_tokens": 2}', "not one capsim models"),
+        ('{"method": {}, "num_speculative_tokens": 2}', "not one capsim models"),
     ],
 )
 def test_a_bad_speculative_config_is_exit_2(config, words):

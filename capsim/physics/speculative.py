@@ -132,7 +132,7 @@ def spec_text_of_vllm_config(text: str) -> str:
         raise CapsimUserError("--speculative-config must be a JSON object")
     method = config.get("method")
     k = config.get("num_speculative_tokens")
-    if method not in VLLM_SPEC_METHODS:
+    if not isinstance(method, str) or method not in VLLM_SPEC_METHODS:
         raise CapsimUserError(
             f"--speculative-config method {method!r} is not one capsim models",
             hint="one of " + ", ".join(VLLM_SPEC_METHODS),
