@@ -18,9 +18,12 @@ MAX_INPUT_BYTES = 64 * 2**20
 64 MB JSON file takes a few hundred MB of Python objects; a larger file is refused before
 it is read, so no input can take the process past about 1 GB."""
 
-MAX_LOG_BYTES = 128 * 2**20
-"""Largest probe request log (.jsonl) capsim reads back, bytes (a run of ~100,000
-requests with their chunk times)."""
+MAX_LOG_BYTES = 64 * 2**20
+"""Largest probe request log (.jsonl) capsim reads back, bytes: a run of ~10,000 requests
+of 1,000 streamed tokens with their chunk times to the microsecond (probe/runfile.py
+CHUNK_TIME_DECIMALS). Its events are held parsed, up to about 8 bytes of memory per byte
+of log where the chunk times are short ('0.5,': a 120 MB log of them took probe
+summarize to 1.26 GB), so 64 MB keeps a log under about 600 MB (issue 47: under 1 GB)."""
 
 
 def file_stem(name: str, flag: str) -> str:
@@ -180,13 +183,40 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return path
 
 
+MAX_JSON_CONTAINERS = 200_000
+"""Most objects and arrays (counted as '{' and '[' characters, strings included: an upper
+bound) a JSON document capsim parses may hold. Each costs 60-250 bytes parsed and more
+where a schema then reports on every one, so a 60 MB file of '[{},{},...]' took
+validate to 3.2 GB and import vllm-bench to 1.5 GB under the size limit alone (issue 47:
+under 1 GB for any file). Real inputs hold far fewer: a vllm bench result keeps its
+per-request figures in a few flat arrays (one array a request where it keeps ITLs: 10,000
+requests, 10,000 arrays); a request body, a config.json or a probe log line, tens."""
+
+
+def json_containers_over_limit(text: str | bytes) -> str | None:
+    """Why ``text`` is refused before it is parsed as JSON (more than MAX_JSON_CONTAINERS
+    objects and arrays), or None when it is not."""
+    brace, bracket = ("{", "[") if isinstance(text, str) else (b"{", b"[")
+    containers = text.count(brace) + text.count(bracket)
+    if containers <= MAX_JSON_CONTAINERS:
+        return None
+    return (
+        f"holds {containers:,} objects and arrays, more than the "
+        f"{MAX_JSON_CONTAINERS:,} capsim parses"
+    )
+
+
 def loads_json(text: str | bytes) -> Any:
     """``json.loads`` whose every failure is a ``json.JSONDecodeError``: a document nested
     past Python's recursion limit (json.loads raises RecursionError), an integer of over
     4,300 digits or bytes that are not UTF-8 (ValueError) are malformed input like any
-    other, so every reader's JSONDecodeError handling covers them."""
+    other, so every reader's JSONDecodeError handling covers them; so is a document of
+    more than MAX_JSON_CONTAINERS objects and arrays, refused before it is parsed."""
     import json
 
+    too_many = json_containers_over_limit(text)
+    if too_many:
+        raise json.JSONDecodeError(too_many, "", 0)
     try:
         return json.loads(text)
     except json.JSONDecodeError:

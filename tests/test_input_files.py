@@ -216,7 +216,7 @@ def test_a_hostile_run_log_is_refused_line_by_line_with_exit_2(tmp_path):
     with open(big, "wb") as f:  # sparse: no disk is spent
         f.truncate(MAX_LOG_BYTES + 1)
     r = runner.invoke(app, ["probe", "summarize", str(big)])
-    assert r.exit_code == 2 and "more than the 128 MB" in r.output, r.output
+    assert r.exit_code == 2 and f"more than the {MAX_LOG_BYTES >> 20} MB" in r.output, r.output
 
 
 def test_errors_in_a_file_name_its_line(tmp_path):
@@ -244,3 +244,26 @@ def test_a_path_no_file_can_have_is_exit_2():
     traceback from Path.exists()."""
     r = runner.invoke(app, [*PREDICT, "--profile", "a" * 300])
     assert r.exit_code == 2 and "unknown profile" in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "{path}"],
+        ["import", "vllm-bench", "{path}", "--out", "{out}"],
+        ["calibrate-kernels", "{path}"],
+    ],
+)
+def test_a_json_document_of_too_many_objects_is_refused_before_it_is_parsed(tmp_path, command):
+    """Parsed, each object or array costs 60-250 bytes and a schema's report on it more: a
+    60 MB '[{},{},...]' under the size limit took validate to 3.2 GB. Over
+    MAX_JSON_CONTAINERS they are refused, by count, before any parse."""
+    from capsim.files import MAX_JSON_CONTAINERS
+
+    path = tmp_path / "many.json"
+    path.write_text("[" + ",".join(["{}"] * (MAX_JSON_CONTAINERS + 1)) + "]")
+    args = [a.format(path=path, out=tmp_path / "out.json") for a in command]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert "objects and arrays" in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out.json").exists()
