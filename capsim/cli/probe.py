@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -283,6 +284,14 @@ def probe_cmd(
     check_server_url(url)
     from capsim.engine.lengths import parse_length
 
+    # by name: typer carries its own copy of click's ParameterSource
+    source = getattr(ctx.get_parameter_source("api_key_env"), "name", None)
+    if source == "COMMANDLINE" and not os.environ.get(api_key_env):
+        raise CapsimUserError(
+            f"--api-key-env {api_key_env}: that environment variable is not set (or empty)",
+            hint=f"export {api_key_env}=... first, or leave the flag out to send no key "
+            "where OPENAI_API_KEY is unset",
+        )
     # a bad distribution fails before the run file exists, not after it was created
     parse_length(str(output_tokens), "--output-tokens", minimum=1)
     if workload not in ("closed", "batch"):

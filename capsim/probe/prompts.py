@@ -106,7 +106,20 @@ class PromptFactory:
             self.url + "/tokenize",
             json={"model": self.model, "prompt": text, "add_special_tokens": False},
         )
-        return r.json()["tokens"]
+        try:
+            tokens = r.json()["tokens"] if r.status_code == 200 else None
+        except (ValueError, KeyError, TypeError):
+            tokens = None
+        if not isinstance(tokens, list):
+            from capsim.errors import CapsimUserError
+            from capsim.probe.client import excerpt
+
+            raise CapsimUserError(
+                f"the server's /tokenize did not tokenise a prompt of {len(text.split()):,} "
+                f"words (HTTP {r.status_code}: {excerpt(r.text)!r})",
+                hint="a prompt beyond the served model's context is refused: lower --input-tokens",
+            )
+        return tokens
 
     async def prompt(self, client: httpx.AsyncClient, key: str, tokens: int) -> str | list[int]:
         if self.exact and self.endpoint == "completions":

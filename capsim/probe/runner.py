@@ -33,6 +33,23 @@ from capsim.probe.prometheus import ScrapeLog, counter_deltas, gauge_peaks, pars
 from capsim.probe.prompts import PromptFactory
 from capsim.probe.runfile import Deployment, RunHeader, RunSummary, RunWriter, summarize_level
 
+MAX_PROBE_REQUESTS = 1_000_000
+"""Most requests (or batch rounds) a level of a probe may send: days of a real server."""
+
+MAX_PROBE_RUNS = 1_000
+"""Most measurement runs a level of a probe may repeat."""
+
+MAX_PROBE_PROMPT_TOKENS = 10_000_000
+"""Longest prompt the probe makes, tokens: the longest context any served model takes
+(10M, Llama 4 Scout); the server refuses what its own limit does not take."""
+
+MAX_PROBE_LEVEL_TOKENS = 16_000_000
+"""Most prompt tokens a level may send: the probe makes every prompt of a level before
+its clock starts (tokenising inside the measured window would delay each next request),
+held as text or, where the server tokenises, as token ids (about 36 bytes each in
+Python), so this keeps them under about 600 MB (issue 47: --requests 99999999999 took the
+probe past 5 GB)."""
+
 
 class ProbeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -44,14 +61,18 @@ class ProbeConfig(BaseModel):
     concurrency: list[Annotated[int, Field(ge=1)]] = Field(
         min_length=1, description="Concurrency levels, each at least 1"
     )
-    requests: int | None = Field(None, ge=1, description="Requests per level")
-    rounds: int = Field(2, ge=1, description="Batch rounds per level without --requests")
-    input_tokens: int = Field(1024, ge=1)
+    requests: int | None = Field(
+        None, ge=1, le=MAX_PROBE_REQUESTS, description="Requests per level"
+    )
+    rounds: int = Field(
+        2, ge=1, le=MAX_PROBE_REQUESTS, description="Batch rounds per level without --requests"
+    )
+    input_tokens: int = Field(1024, ge=1, le=MAX_PROBE_PROMPT_TOKENS)
     output_tokens: int | str = Field(
         512, description="N, or a distribution as in capsim predict (uniform:A,B, ...)"
     )
     seed: int = Field(0, description="Draws output lengths as the simulator does")
-    runs: int = Field(1, ge=1)
+    runs: int = Field(1, ge=1, le=MAX_PROBE_RUNS)
     ignore_eos: bool = True
     warmup: bool = True
     api_key_env: str | None = "OPENAI_API_KEY"
@@ -80,6 +101,18 @@ class ProbeConfig(BaseModel):
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"'{v}' must be http://HOST[:PORT] or https://...")
         return v
+
+    @model_validator(mode="after")
+    def _prompts_within_memory(self) -> ProbeConfig:
+        level = max(self.requests_for(c) for c in self.concurrency)
+        if level * self.input_tokens > MAX_PROBE_LEVEL_TOKENS:
+            raise ValueError(
+                f"a level of {level:,} requests of {self.input_tokens:,} prompt tokens is "
+                f"{level * self.input_tokens:,} tokens, above the {MAX_PROBE_LEVEL_TOKENS:,} "
+                "the probe prepares before a level's clock starts: send fewer requests or "
+                "shorter prompts a level"
+            )
+        return self
 
     @model_validator(mode="after")
     def _limits_within_total(self) -> ProbeConfig:
