@@ -267,3 +267,37 @@ def test_a_json_document_of_too_many_objects_is_refused_before_it_is_parsed(tmp_
     assert r.exit_code == 2, r.output
     assert "objects and arrays" in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+@pytest.mark.parametrize("args", [["gpus", "--json"], ["gpus"], ["models", "--json"]])
+def test_output_that_cannot_be_written_is_one_line_and_exit_2(args):
+    """stdout on a full disk (/dev/full answers every write with ENOSPC): the command says
+    it could not write, exit 2; it was an OSError traceback, or an exception ignored at
+    the interpreter's exit."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [sys.executable, "-m", "capsim", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert r.returncode == 2, r.stderr
+    assert "cannot write the output: No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    """`capsim gpus --json | head -1`: the reader closing the pipe is what it wanted."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capsim", "gpus", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"cannot write" not in err, err

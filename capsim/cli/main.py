@@ -241,6 +241,30 @@ def _ignore_late_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+def _output_failed(exc: OSError) -> None:
+    """A write the command could not make (stdout on a full disk, /dev/full, a device that
+    failed): one line naming it and exit 2, never a traceback; nothing more is written to
+    stdout (its buffer is dropped, so the interpreter's exit does not fail on it again)."""
+    import os
+
+    where = f" '{exc.filename}'" if exc.filename else " the output"
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"error: cannot write{where}: {exc.strerror or exc}\n")
+        sys.stderr.flush()
+    os._exit(2)
+
+
+def _flush_stdout() -> None:
+    """Flush stdout now, so that a write that fails (ENOSPC) is reported by
+    ``_output_failed`` rather than as an exception ignored at interpreter shutdown."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass  # the reader left (| head): what it took was all it wanted
+    except OSError as exc:
+        _output_failed(exc)
+
+
 def run() -> None:
     """Console-script entry point."""
     _terminate_as_ctrl_c()
@@ -256,8 +280,14 @@ def run() -> None:
 
             _exit_interrupted(say=not common.said_interrupted)
         _ignore_late_signals()
+        _flush_stdout()
         raise
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a write no command expected to fail (stdout on a full disk)
+        _output_failed(exc)
     _ignore_late_signals()
+    _flush_stdout()
 
 
 if __name__ == "__main__":
