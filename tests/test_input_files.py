@@ -301,3 +301,13 @@ def test_a_reader_that_leaves_early_is_no_error():
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err and b"cannot write" not in err, err
+
+
+@pytest.mark.parametrize("speedup", ["1e-300", "0.0009", "1001", "0", "nan"])
+def test_serve_speedup_outside_its_range_is_refused(speedup):
+    """--speedup 1e-300 was accepted and every request then waited forever."""
+    r = runner.invoke(
+        app, ["serve", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--speedup", speedup]
+    )
+    assert r.exit_code == 2 and "--speedup" in r.output, r.output
+    assert "0.001" in r.output or "finite" in r.output, r.output

@@ -38,6 +38,28 @@ from capsim.cli.common import (
 )
 from capsim.errors import CapsimUserError
 
+SHUTDOWN_GRACE_S = 0.5
+"""Seconds the server waits on requests in flight once told to stop (it waited until each
+had streamed its last token: 8 s, or forever at --speedup 1, after SIGTERM)."""
+
+
+def quiet_shutdown(record) -> bool:
+    """A logging filter for uvicorn's error log: False (drop) for what stopping the server
+    on purpose logs, the requests cut off after the grace period (a CancelledError or
+    KeyboardInterrupt traceback each, and 'Cancel N running task(s)'); everything else
+    passes."""
+    import asyncio
+
+    kind = record.exc_info[0] if record.exc_info else None
+    if kind is not None and issubclass(kind, (asyncio.CancelledError, KeyboardInterrupt)):
+        return False
+    return not str(record.msg).startswith("Cancel ")
+
+
+MIN_SPEEDUP = 0.001
+"""Slowest time scale served: a 10 ms step takes 10 s (--speedup 1e-300 was accepted and
+every request then waited forever)."""
+
 MAX_SPEEDUP = 1000.0
 """Beyond this the host's timer (about a millisecond) is a large share of a step."""
 
@@ -98,9 +120,9 @@ def serve_cmd(
     text is filler; the timing is the simulation's."""
     import math
 
-    if not (math.isfinite(speedup) and 0 < speedup <= MAX_SPEEDUP):
+    if not (math.isfinite(speedup) and MIN_SPEEDUP <= speedup <= MAX_SPEEDUP):
         raise CapsimUserError(
-            f"--speedup must be above 0 and at most {MAX_SPEEDUP:g}, not {speedup:g}",
+            f"--speedup must be from {MIN_SPEEDUP:g} to {MAX_SPEEDUP:g}, not {speedup:g}",
             hint="1 runs in real time; 10 runs ten times faster",
         )
     if tp < 1 or (gpus is not None and gpus < 1):
@@ -248,9 +270,19 @@ def run_server(
     app = create_app(
         LiveDeployment(setup, speedup), names, __version__, self_url, default_max_tokens
     )
+    import logging
+
+    logging.getLogger("uvicorn.error").addFilter(quiet_shutdown)
     try:
         uvicorn.run(
-            app, host=host, port=port, log_level="warning", http=stamped_protocol() or "auto"
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            http=stamped_protocol() or "auto",
+            # Ctrl-C or SIGTERM stops the server within about a second: requests still
+            # streaming are cut off (a client sees its stream end), never waited for
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
     except SystemExit as exc:  # uvicorn exits 3 when its start-up fails (it printed why)
         if exc.code in (0, None):
