@@ -442,3 +442,14 @@ def test_plan_searches_expert_parallelism_for_moe_at_tp_above_1():
     assert twins <= plain  # every EP configuration has its TP twin
     assert "--enable-expert-parallel" in vllm_serve_command(ep[0], "Org/Model", 64)
     assert "EP" in ep[0].label() and ep[0].config(req).expert_parallel
+
+
+@pytest.mark.parametrize("agents", ["0", "100001", "1000000000"])
+def test_plan_agents_outside_the_simulated_range_is_refused(agents):
+    """--agents beyond --concurrency's ceiling ran for minutes (100,001: 800,000 requests a
+    configuration), or was refused with a message about --requests, a flag plan lacks."""
+    r = CliRunner().invoke(
+        app, ["plan", "--model", "llama-3.1-8b", "--gpus", "h100-sxm", "--agents", agents]
+    )
+    assert r.exit_code == 2 and "must be from 1 to 100,000" in r.output, r.output
+    assert "--requests" not in r.output

@@ -57,12 +57,13 @@ from capsim.cli.common import (
     spec_config,
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
+from capsim.engine.limits import MAX_CONCURRENCY
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
     from capsim.engine.simulate import PredictResult
 
-MAX_LEVEL = 100_000
+MAX_LEVEL = MAX_CONCURRENCY
 """Highest concurrency a level may have."""
 
 MAX_LEVELS = 4096

@@ -70,8 +70,13 @@ class PlanRequest:
     prediction."""
 
     def __post_init__(self) -> None:
-        if self.agents < 1:
-            raise CapsimUserError(f"--agents {self.agents}: must be at least 1")
+        from capsim.engine.limits import MAX_CONCURRENCY
+
+        if not 1 <= self.agents <= MAX_CONCURRENCY:
+            raise CapsimUserError(
+                f"--agents {self.agents}: must be from 1 to {MAX_CONCURRENCY:,}",
+                hint="the most concurrent clients capsim simulates, as predict's --concurrency",
+            )
         parse_length(self.input_tokens, "--input-tokens", minimum=1)
         parse_length(self.output_tokens, "--output-tokens", minimum=1)
         for flag, value in (
@@ -346,8 +351,10 @@ class PlanFigures:
     max_model_len: int
 
 
-DASK_CONNECT_TIMEOUT_S = 10.0
-"""How long to wait for a Dask scheduler before giving up, seconds."""
+DASK_CONNECT_TIMEOUT_S = 5.0
+"""How long to wait for a Dask scheduler before giving up, seconds: a scheduler answers
+within milliseconds on a network that reaches it; at 10 s a wrong address took 11 s to
+be reported (issue 47: no bad input may hang past 10 s)."""
 
 
 def _evaluate_on_dask(args: list, scheduler: str) -> list:
