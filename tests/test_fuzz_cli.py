@@ -250,7 +250,7 @@ def test_user_text_is_never_read_as_rich_markup(text):
 
 @pytest.mark.parametrize(
     ("target", "words"),
-    [("", "names no file"), ("/dev/full", "device"), ("a" * 300 + ".png", "longer than")],
+    [("", "is empty"), ("/dev/full", "device"), ("a" * 300 + ".png", "longer than")],
 )
 def test_plot_targets_that_cannot_be_files_are_refused_before_work(tmp_path, target, words):
     path = target if target.startswith("/") or not target else str(tmp_path / target)
@@ -407,3 +407,32 @@ def test_float_flags_refuse_what_is_not_a_finite_number_by_name(value):
     ):
         r = CliRunner().invoke(app, args)
         assert "not a finite number" in r.output, (args, r.output)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--quant", ""],
+        ["plan", "--model", "llama-3.1-8b", "--gpus", "", "--agents", "2"],
+        ["calibrate", "calibration/published/seed002-rtx3090-moe-vs-dense.yaml", "--out", ""],
+        ["serve", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--served-model-name", " "],
+        ["explain", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--quant", ""],
+    ],
+)
+def test_an_empty_value_is_refused_not_read_as_none(args, tmp_path, monkeypatch):
+    """Issue 47's battery: '--quant ""' ran as no --quant, '--gpus ""' searched every GPU,
+    'calibrate --out ""' wrote a profile into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    args = [str(root / a) if a.startswith("calibration/") else a for a in args]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "is empty" in r.stderr, r.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_integer_flag_takes_ascii_digits_only():
+    """'--requests ٣٢' (Arabic-Indic digits) is refused as -c ٣ is: digits as typed."""
+    r = CliRunner().invoke(
+        app, ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--requests", "٣٢"]
+    )
+    assert r.exit_code == 2 and "not a whole number" in r.stderr

@@ -42,6 +42,7 @@ def _whole_numbers_only() -> None:
     import math
     import re
     import types
+    from pathlib import Path
     from typing import Union, get_args, get_origin
 
     try:
@@ -49,13 +50,13 @@ def _whole_numbers_only() -> None:
         from typer._coercion import AdapterRuntimeParam
     except ImportError:  # another typer: its own integer parsing stands
         return
-    whole = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
+    whole = re.compile(r"\s*[+-]?\d+(_\d+)*\s*", re.ASCII)  # not '٣': digits as typed
 
     def of_type(annotation, kind) -> bool:
         if annotation is kind:
             return True
-        if get_origin(annotation) in (Union, types.UnionType):
-            return any(a is kind for a in get_args(annotation))
+        if get_origin(annotation) in (Union, types.UnionType, list):
+            return any(of_type(a, kind) for a in get_args(annotation))
         return False
 
     def finite(value: str) -> bool:
@@ -69,6 +70,10 @@ def _whole_numbers_only() -> None:
     def coerce(self, value, param, ctx):
         if isinstance(value, str) and of_type(self.annotation, int) and not whole.fullmatch(value):
             raise BadParameter(f"{value!r} is not a whole number", ctx=ctx, param=param)
+        textual = of_type(self.annotation, str) or of_type(self.annotation, Path)
+        if isinstance(value, str) and textual and not value.strip():
+            # '--quant ""' read as no value, '--out ""' as the current folder: never meant
+            raise BadParameter(f"{value!r} is empty", ctx=ctx, param=param)
         try:
             return original(self, value, param, ctx)
         except BadParameter as exc:

@@ -77,7 +77,7 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
     hint = "use forms like 1..8, 1,2,4,8, 1..64:x2 or 8..64:8"
     for part in text.split(","):
         part = part.strip()
-        m = re.fullmatch(r"(\d+)\.\.(\d+)(?::(x?)(\d+))?", part)
+        m = re.fullmatch(r"(\d+)\.\.(\d+)(?::(x?)(\d+))?", part, re.ASCII)
         if m:
             lo, hi = int(m[1]), int(m[2])
             step = int(m[4]) if m[4] else 1
@@ -101,7 +101,7 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
                     value *= step
             else:
                 levels.extend(range(lo, hi + 1, step))
-        elif re.fullmatch(r"\d+", part) and int(part) >= 1:
+        elif re.fullmatch(r"\d+", part, re.ASCII) and int(part) >= 1:
             levels.append(int(part))
         else:
             raise CapsimUserError(f"malformed {what} '{text}' (at '{part}')", hint=hint)
