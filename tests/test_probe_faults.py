@@ -375,3 +375,30 @@ def test_validate_and_calibrate_need_accept_failures(command, tmp_path):
     if command == "validate":
         r = CliRunner().invoke(app, [*args, "--accept-failures"])
         assert r.exit_code == 0, r.output
+
+
+def test_a_run_whose_every_request_failed_is_exit_2_and_kept(tmp_path):
+    """Every request answered HTTP 500: nothing was measured, so the probe says so and
+    exits 2 (it exited 0 over a table of failures); the failures stay in the run file."""
+    out = tmp_path / "all-failed.json"
+    with FaultServer(every={1: "http_500"}, tokenize=False) as server:
+        r = CliRunner().invoke(
+            app,
+            [
+                "probe",
+                "--url",
+                server.url,
+                "--model",
+                "fault-model",
+                "-c",
+                "1",
+                "--requests",
+                "4",
+                "--no-warmup",
+                "--out",
+                str(out),
+            ],
+        )
+    assert r.exit_code == 2, r.output
+    assert "every one of the 4 requests failed (most: http 500)" in r.stderr, r.stderr
+    assert len(records_of(out)) == 4

@@ -376,8 +376,33 @@ def probe_cmd(
         print_json(summary.model_dump(mode="json"))
     else:
         print_run(summary, path)
+    refuse_run_without_answers(summary, path)
     if not summary.complete:
         raise typer.Exit(1)
+
+
+def refuse_run_without_answers(summary, path: Path) -> None:
+    """A run whose every request failed measured nothing but the failures: say so, with
+    what failed most, and exit 2 (it was exit 0; the failures stay in the run file)."""
+    from capsim.probe.runfile import level_outcomes
+
+    outcomes: dict[str, int] = {}
+    for level in summary.levels:
+        for outcome, n in level_outcomes(level).items():
+            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    if not summary.levels or outcomes.get("ok") or not outcomes:
+        return
+    errors: dict[str, int] = {}
+    for level in summary.levels:
+        for reason, n in level.errors.items():
+            errors[reason] = errors.get(reason, 0) + n
+    worst = max(errors, key=errors.get) if errors else max(outcomes, key=outcomes.get)
+    raise CapsimUserError(
+        f"every one of the {sum(outcomes.values()):,} requests failed (most: {worst}); "
+        f"nothing was measured (the failures are in {path.with_suffix('.jsonl')})",
+        hint="check --model, --input-tokens and --output-tokens against what the server "
+        "takes, and its log",
+    )
 
 
 @probe_app.command("summarize")
