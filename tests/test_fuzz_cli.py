@@ -436,3 +436,30 @@ def test_an_integer_flag_takes_ascii_digits_only():
         app, ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--requests", "٣٢"]
     )
     assert r.exit_code == 2 and "not a whole number" in r.stderr
+
+
+def test_control_characters_in_an_error_are_shown_as_escapes():
+    """'--gpu $'\\e[2J'' cleared the user's terminal: the error quotes it as \\x1b[2J."""
+    r = CliRunner().invoke(app, ["predict", "--gpu", "\x1b[2J\x1b]0;t\x07x", "--model", "m"])
+    assert r.exit_code == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
+    assert "\\x1b[2J" in r.stderr, r.stderr
+
+
+def test_a_password_in_the_probe_url_is_never_printed(tmp_path):
+    r = CliRunner().invoke(
+        app,
+        [
+            "probe",
+            "--url",
+            "http://user:s3cret@127.0.0.1:9",
+            "--model",
+            "m",
+            "-c",
+            "1",
+            "--no-warmup",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+    )
+    assert r.exit_code == 2 and "s3cret" not in r.output, r.output
+    assert "http://user:***@127.0.0.1:9" in r.stderr

@@ -449,6 +449,17 @@ def validation_user_error(exc, help_command: str = "--help") -> CapsimUserError:
     return CapsimUserError(f"{flag} {given!r}: {said}", hint=f"see {help_command} for {flag}")
 
 
+CONTROL_CHARACTERS = {c: f"\\x{c:02x}" for c in [*range(32), 127] if chr(c) not in "\n\t"}
+"""Control characters as escapes (ESC as \\x1b): an error quotes what the user typed or
+a server answered, and a raw ESC sequence there would drive the user's terminal (issue
+47: '--gpu $'\\e[2J'' cleared it; a served model name retitled it)."""
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters (but newlines and tabs) written as escapes."""
+    return text.translate(CONTROL_CHARACTERS)
+
+
 def user_errors(func):
     """Turn CapsimUserError (and a config that refuses a flag's value) into a one-line
     message and exit code 2."""
@@ -477,19 +488,19 @@ def user_errors(func):
             print_notices()
             # the message quotes what the user typed: printed as text, not as rich markup
             # ('--gpu [/x]' was a MarkupError traceback, '[red]x' lost its brackets)
-            message = escape(exc.message)
+            message = escape(printable(exc.message))
             err_console.print(
                 f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True
             )
             if exc.suggestions:
                 err_console.print(
-                    f"did you mean: {', '.join(exc.suggestions)}?",
+                    printable(f"did you mean: {', '.join(exc.suggestions)}?"),
                     markup=False,
                     highlight=False,
                     soft_wrap=True,
                 )
             if exc.hint:
-                hint = f"hint: {exc.hint}"
+                hint = printable(f"hint: {exc.hint}")
                 err_console.print(hint, markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_USER_ERROR) from None
 

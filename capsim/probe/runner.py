@@ -144,6 +144,15 @@ class ProbeConfig(BaseModel):
         return c * self.rounds if self.workload == "batch" else max(4 * c, 16)
 
 
+def without_password(url: str) -> str:
+    """``url`` with the password of its user information masked (http://user:***@host):
+    messages and run files name the server, never its credentials."""
+    parsed = httpx.URL(url)
+    if not parsed.password:
+        return url
+    return str(parsed.copy_with(username=parsed.username, password="***"))
+
+
 class ServerGone(Exception):
     """The server stopped answering."""
 
@@ -152,6 +161,7 @@ class Prober:
     def __init__(self, config: ProbeConfig, writer_factory, progress=None):
         self.cfg = config
         self.url = config.url.rstrip("/")
+        self.shown_url = without_password(self.url)  # what messages and the run file say
         self.writer_factory = writer_factory
         self.clock = Clock()
         key = os.environ.get(config.api_key_env or "", "") if config.api_key_env else ""
@@ -184,7 +194,7 @@ class Prober:
                 if exposition.skipped:
                     self.warn_once(
                         "unparseable",
-                        f"{self.url}/metrics has lines that are not Prometheus text (first: "
+                        f"{self.shown_url}/metrics has lines that are not Prometheus text (first: "
                         f"{exposition.first_skipped!r}); they are skipped and counted in "
                         "each level's metrics_note",
                     )
@@ -193,7 +203,7 @@ class Prober:
         self.scrapes.fail(problem)
         self.warn_once(
             "scrape",
-            f"{self.url}/metrics failed ({problem}); the server's counters are not recorded "
+            f"{self.shown_url}/metrics failed ({problem}); the server's counters are not recorded "
             "where it fails",
         )
         return {}
@@ -205,11 +215,11 @@ class Prober:
             r = await client.get(self.url + "/v1/models", headers=self.headers, timeout=30)
         except httpx.HTTPError as exc:
             raise CapsimUserError(
-                f"cannot reach {self.url}: {exc.__class__.__name__}",
+                f"cannot reach {self.shown_url}: {exc.__class__.__name__}",
                 hint="check --url and that the server is running",
             ) from None
         if r.status_code != 200:
-            raise CapsimUserError(f"{self.url}/v1/models answered HTTP {r.status_code}")
+            raise CapsimUserError(f"{self.shown_url}/v1/models answered HTTP {r.status_code}")
         models = r.json().get("data", [])
         ids = [m.get("id") for m in models]
         if self.cfg.model not in ids:
@@ -355,7 +365,7 @@ class Prober:
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             server = await self.discover(client)
             header = RunHeader(
-                url=self.url,
+                url=self.shown_url,
                 model=cfg.model,
                 endpoint=cfg.endpoint,
                 workload=cfg.workload,
