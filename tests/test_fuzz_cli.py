@@ -440,7 +440,9 @@ def test_an_integer_flag_takes_ascii_digits_only():
 
 def test_control_characters_in_an_error_are_shown_as_escapes():
     """'--gpu $'\\e[2J'' cleared the user's terminal: the error quotes it as \\x1b[2J."""
-    r = CliRunner().invoke(app, ["predict", "--gpu", "\x1b[2J\x1b]0;t\x07x", "--model", "m"])
+    r = CliRunner().invoke(
+        app, ["predict", "--gpu", "\x1b[2J\x1b]0;t\x07x", "--model", "llama-3.1-8b"]
+    )
     assert r.exit_code == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
     assert "\\x1b[2J" in r.stderr, r.stderr
 
