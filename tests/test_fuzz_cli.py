@@ -465,3 +465,13 @@ def test_a_password_in_the_probe_url_is_never_printed(tmp_path):
     )
     assert r.exit_code == 2 and "s3cret" not in r.output, r.output
     assert "http://user:***@127.0.0.1:9" in r.stderr
+
+
+@pytest.mark.parametrize("target", ["/dev/capsim-test-plot", "/proc/capsim-test.png"])
+def test_a_plot_is_never_written_into_a_system_folder(target):
+    """'--plot /dev/stdout' with stdout on a file wrote /dev/stdout.png (the name has no
+    image suffix, so .png was added and the device check saw a new name)."""
+    args = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1"]
+    r = CliRunner().invoke(app, [*args, "--plot", target])
+    assert r.exit_code == 2 and "not of files" in r.stderr, r.output
+    assert not Path(target + ".png").exists() and not Path(target).exists()

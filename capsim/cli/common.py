@@ -67,6 +67,10 @@ PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", 
 """Image formats matplotlib's Agg backend writes, by suffix (plot_path_written)."""
 
 
+SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
+"""Folders whose entries are devices and kernel state, never files a plot is written to."""
+
+
 def check_plot_target(path: Path | None, force: bool) -> None:
     """Refuse, before any work, a --plot target that exists (without --force), names a
     folder, a device or nothing, or lies in a folder that does not exist."""
@@ -78,6 +82,12 @@ def check_plot_target(path: Path | None, force: bool) -> None:
         parent = path.parent
         if not parent.is_dir():
             raise CapsimUserError(f"--plot '{path}': the folder '{parent}' does not exist")
+        if str(parent.resolve()) in SYSTEM_FOLDERS:  # /dev/stdout became /dev/stdout.png
+            raise CapsimUserError(
+                f"--plot '{path}' is in {parent}, a folder of devices and system state, "
+                "not of files",
+                hint="name a file in a folder of your own, e.g. --plot plot.png",
+            )
 
 
 TP_FLAGS = ("--tp", "--tensor-parallel-size", "--tp-size")
