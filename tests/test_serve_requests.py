@@ -80,7 +80,8 @@ def test_fields_vllm_refuses_are_refused():
         check_sampling({"logprobs": True, "top_logprobs": 1000}, chat=True)
     with pytest.raises(ApiError, match="`logprobs` must be set to true"):
         check_sampling({"top_logprobs": 3}, chat=True)
-    check_sampling({"logprobs": True, "top_logprobs": 20}, chat=True)
+    with pytest.raises(ApiError, match="does not return logprobs"):  # valid, not served
+        check_sampling({"logprobs": True, "top_logprobs": 20}, chat=True)
     with pytest.raises(ApiError, match="greater than max allowed"):
         check_sampling({"logprobs": 21}, chat=False)
     with pytest.raises(ApiError, match="token ids to numbers"):
@@ -101,3 +102,25 @@ def test_fields_vllm_refuses_are_refused():
         )
     with pytest.raises(ApiError, match="name must be a string"):
         message_tokens({"role": "user", "content": "hi", "name": {}}, None)
+
+
+def test_fields_capsim_cannot_honour_and_vllm_limits_are_400():
+    """Issue 47's battery: min_tokens below 0 or above max_tokens (vLLM's
+    SamplingParams._verify_args refuses both), a completion's suffix (vLLM: not currently
+    supported), and what filler text cannot give (logprobs, echo) were answered 200."""
+    from capsim.serve.requests import check_sampling
+
+    cases = [
+        ({"min_tokens": -1}, False, "greater than or equal to 0, got -1"),
+        ({"min_tokens": 9, "max_tokens": 4}, False, "less than or equal to max_tokens=4, got 9"),
+        ({"min_tokens": 9, "max_completion_tokens": 4}, True, "max_tokens=4, got 9"),
+        ({"suffix": "x"}, False, "suffix is not currently supported"),
+        ({"logprobs": 0}, False, "does not return logprobs"),
+        ({"logprobs": True}, True, "does not return logprobs"),
+        ({"echo": True}, False, "does not echo the prompt"),
+    ]
+    for body, chat, words in cases:
+        with pytest.raises(ApiError, match=words):
+            check_sampling(body, chat=chat)
+    check_sampling({"min_tokens": 4, "max_tokens": 4, "logprobs": None, "echo": False}, False)
+    check_sampling({"logprobs": False}, chat=True)

@@ -182,6 +182,14 @@ def check_max_logprobs(key: str, asked: int | None) -> None:
         )
 
 
+NO_LOGPROBS = (
+    "capsim serve does not return logprobs: its text is filler, not a model's sampling "
+    "(leave logprobs out; the timing is the same)."
+)
+"""Why a request for logprobs is refused: an answer without them (it was 200, the field
+validated and dropped) would let a client believe it had them."""
+
+
 def check_sampling(body: dict, chat: bool) -> None:
     """The sampling and output fields vLLM validates (SamplingParams._verify_args and the
     request models' types)."""
@@ -200,7 +208,22 @@ def check_sampling(body: dict, chat: bool) -> None:
         raise bad("top_k", f"top_k must be -1 (disable), 0 or at least 1, got {top_k}.")
     lax_int(body, "seed")
     lax_bool(body, "ignore_eos")
-    lax_bool(body, "echo")
+    if lax_bool(body, "echo"):
+        raise bad("echo", "capsim serve does not echo the prompt (its text is filler).")
+    min_tokens = lax_int(body, "min_tokens")
+    if min_tokens is not None:
+        if min_tokens < 0:
+            raise bad(
+                "min_tokens", f"min_tokens must be greater than or equal to 0, got {min_tokens}."
+            )
+        most = lax_int(body, "max_completion_tokens" if chat else "max_tokens")
+        if chat and most is None:
+            most = lax_int(body, "max_tokens")
+        if most is not None and min_tokens > most:
+            raise bad(
+                "min_tokens",
+                f"min_tokens must be less than or equal to max_tokens={most}, got {min_tokens}.",
+            )
     stop = body.get("stop")
     if not (stop is None or isinstance(stop, str) or string_list(stop)):
         raise bad("stop", "stop must be a string or a list of strings.")
@@ -212,17 +235,23 @@ def check_sampling(body: dict, chat: bool) -> None:
         if top and not wanted:
             raise bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")
         check_max_logprobs("top_logprobs", top)
+        if wanted:
+            raise bad("logprobs", NO_LOGPROBS)
     else:
         logprobs = lax_int(body, "logprobs")
         if logprobs is not None and logprobs < 0:
             raise bad("logprobs", f"logprobs must be non-negative, got {logprobs}.")
         check_max_logprobs("logprobs", logprobs)
+        if logprobs is not None:
+            raise bad("logprobs", NO_LOGPROBS)
         best_of = lax_int(body, "best_of")
         if best_of is not None and best_of != 1:
             raise bad("best_of", "capsim serve supports best_of = 1 only.")
         suffix = body.get("suffix")
         if suffix is not None and not isinstance(suffix, str):
             raise bad("suffix", "suffix must be a string.")
+        if suffix is not None:  # vLLM's completion server refuses it as well
+            raise bad("suffix", "suffix is not currently supported")
         if body.get("prompt_embeds") is not None:
             raise bad("prompt_embeds", "capsim serve does not take prompt embeddings.")
     bias = body.get("logit_bias")
