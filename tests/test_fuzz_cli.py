@@ -475,3 +475,70 @@ def test_a_plot_is_never_written_into_a_system_folder(target):
     r = CliRunner().invoke(app, [*args, "--plot", target])
     assert r.exit_code == 2 and "not of files" in r.stderr, r.output
     assert not Path(target + ".png").exists() and not Path(target).exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            [
+                "predict",
+                "--gpu",
+                "h100-sxm",
+                "--model",
+                "llama-3.1-8b",
+                "--interconnect",
+                "ethernet",
+            ],
+            "not a kind of GPU link",
+        ),
+        (["validate", "--fit", "bogus"], "--fit applies to fits"),
+        (
+            ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--output-tokens", "1.5"],
+            "a number of tokens is a whole number",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-3.1-8b",
+                "--gpus",
+                "h100-sxm",
+                "--agents",
+                "2",
+                "--top",
+                "0",
+            ],
+            "greater than or equal to 1",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-3.1-8b",
+                "--gpus",
+                "h100-sxm",
+                "--agents",
+                "2",
+                "--kwh-price",
+                "1e308",
+            ],
+            "must be 0 to 100 USD",
+        ),
+    ],
+)
+def test_values_that_ran_silently_are_refused(args, words):
+    """Issue 47's battery: each of these exited 0 (an 'ethernet' TP=1 link in the title, a
+    --fit ignored without --calibrated, 1.5 tokens as 2, --top 0, infinite costs)."""
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and words in r.stderr, r.output
+
+
+def test_every_link_kind_of_the_catalog_may_be_named():
+    from typing import get_args
+
+    from capsim.catalog.gpu_schema import Interconnect
+    from capsim.physics.communication import INTERCONNECT_CHOICES
+
+    kinds = set(get_args(Interconnect.model_fields["kind"].annotation)) - {"none"}
+    assert set(INTERCONNECT_CHOICES) == kinds | {"auto"}

@@ -232,7 +232,7 @@ def plan_cmd(
     cloud_hourly: Annotated[
         float | None, typer.Option("--cloud-hourly", help="USD per GPU-hour instead of buying")
     ] = None,
-    top: Annotated[int, typer.Option("--top", help="Rows to show")] = 10,
+    top: Annotated[int, typer.Option("--top", help="Rows to show", min=1)] = 10,
     rank: Annotated[
         str,
         typer.Option(

@@ -396,6 +396,8 @@ def validate_cmd(
         )
     if prior_weight and not calibrated:
         raise CapsimUserError("--prior-weight applies to fits: add --calibrated")
+    if fit is not None and not calibrated:  # it was ignored, its value unchecked
+        raise CapsimUserError("--fit applies to fits: add --calibrated")
     if cv is not CrossValidationMethod.linearised and not calibrated:
         raise CapsimUserError("--point-cv applies to fits: add --calibrated")
     for flag, given in (("--coverage", coverage), ("--write-bands", write_bands is not None)):

@@ -107,9 +107,13 @@ class LengthSpec:
         return np.maximum(self.sample(rng, n), 0.0)
 
 
-def parse_length(text: str | int | float, what: str = "length", minimum: float = 0.0) -> LengthSpec:
+def parse_length(
+    text: str | int | float, what: str = "length", minimum: float = 0.0, whole: bool = True
+) -> LengthSpec:
     """Parse a distribution string (see the module docstring); a fixed value, a uniform
-    range's low end and a normal or lognormal centre must be at least ``minimum``."""
+    range's low end and a normal or lognormal centre must be at least ``minimum``. With
+    ``whole`` (token counts; not a think time) a fixed value and a file's values must be
+    whole numbers ('--output-tokens 1.5' ran as 2); a distribution's draws are rounded."""
     if isinstance(text, int | float):
         text = str(text)
     raw = text.strip()
@@ -119,6 +123,8 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
             value = float(raw)
             if not math.isfinite(value) or value < minimum:
                 raise ValueError(f"must be a number >= {minimum:g}")
+            if whole and not value.is_integer():
+                raise ValueError("a number of tokens is a whole number")
             return LengthSpec("fixed", value, text=raw)
         kind, _, rest = raw.partition(":")
         kind = kind.lower()
@@ -141,6 +147,8 @@ def parse_length(text: str | int | float, what: str = "length", minimum: float =
                 raise ValueError("empty file")
             if not all(math.isfinite(v) and v >= minimum for v in values):
                 raise ValueError(f"every value must be a number >= {minimum:g}")
+            if whole and not all(v.is_integer() for v in values):
+                raise ValueError("numbers of tokens are whole numbers")
             return LengthSpec("file", values=tuple(values), text=raw)
         a_text, _, b_text = rest.partition(",")
         a, b = float(a_text), float(b_text)

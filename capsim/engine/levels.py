@@ -91,7 +91,7 @@ def make_workload(config: PredictConfig, level: float) -> Workload:
         arrival=config.arrival,
         gamma_cv=config.gamma_cv,
         turns=config.turns,
-        think_time=parse_length(config.think_time, "--think-time"),
+        think_time=parse_length(config.think_time, "--think-time", whole=False),
         tool_tokens=parse_length(config.tool_tokens, "--tool-tokens"),
         orchestrator=config.orchestrator,
         trace=trace,

@@ -151,7 +151,7 @@ class Workload:
     arrival: Literal["poisson", "gamma"] = "poisson"
     gamma_cv: float = 2.0
     turns: int = 4
-    think_time: LengthSpec = field(default_factory=lambda: parse_length("0"))
+    think_time: LengthSpec = field(default_factory=lambda: parse_length("0", whole=False))
     tool_tokens: LengthSpec = field(default_factory=lambda: parse_length("256"))
     orchestrator: bool = False
     trace: list[TraceEntry] | None = None

@@ -49,12 +49,24 @@ ALLREDUCES_PER_LAYER = 2
 """Attention output and FFN output (Megatron-style tensor parallelism)."""
 
 
+INTERCONNECT_CHOICES = ("auto", "nvlink", "pcie", "infinity-fabric", "xe-link", "nvlink-c2c")
+"""What --interconnect may name: auto, or a link kind of the catalog's GPU schema."""
+
+
 def choose_interconnect(gpu: GPU, tp: int, requested: str = "auto") -> Interconnect | None:
     """The link a TP group of ``tp`` GPUs all-reduces over.
 
     ``auto`` takes the fastest link that can join ``tp`` GPUs (a consumer NVLink bridge
     joins only two, so TP=4 on RTX 3090s runs its ring over PCIe). None when tp == 1.
     """
+    if requested not in INTERCONNECT_CHOICES:
+        import difflib
+
+        raise CapsimUserError(
+            f"--interconnect {requested!r} is not a kind of GPU link",
+            hint="one of " + ", ".join(INTERCONNECT_CHOICES),
+            suggestions=difflib.get_close_matches(requested, INTERCONNECT_CHOICES, n=2),
+        )
     if tp == 1:
         return None
     usable = [

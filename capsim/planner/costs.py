@@ -33,14 +33,28 @@ class CostModel:
     duty_cycle: float = 1.0
 
     def __post_init__(self) -> None:
+        # the ceilings are far beyond any real value (retail power tops out near 1 USD a
+        # kWh, an 8-GPU cloud node near 100 USD an hour): a larger one is a typo, and
+        # 1e308 made the cost columns infinite
+        hourly = self.cloud_usd_per_gpu_hour
         checks = (
-            ("--years", self.years, self.years > 0, "a positive number of years"),
-            ("--kwh-price", self.kwh_price_usd, self.kwh_price_usd >= 0, "0 or more USD"),
+            (
+                "--years",
+                self.years,
+                0 < self.years <= 100,
+                "a positive number of years, at most 100",
+            ),
+            (
+                "--kwh-price",
+                self.kwh_price_usd,
+                0 <= self.kwh_price_usd <= 100,
+                "0 to 100 USD",
+            ),
             (
                 "--cloud-hourly",
-                self.cloud_usd_per_gpu_hour,
-                self.cloud_usd_per_gpu_hour is None or self.cloud_usd_per_gpu_hour >= 0,
-                "0 or more USD per GPU-hour",
+                hourly,
+                hourly is None or 0 <= hourly <= 10_000,
+                "0 to 10,000 USD per GPU-hour",
             ),
         )
         checks += (
