@@ -311,3 +311,59 @@ def test_serve_speedup_outside_its_range_is_refused(speedup):
     )
     assert r.exit_code == 2 and "--speedup" in r.output, r.output
     assert "0.001" in r.output or "finite" in r.output, r.output
+
+
+def test_a_catalog_overlay_of_more_yaml_than_a_catalog_holds_is_refused(tmp_path):
+    """300 overlay files of 0.9 MB each (each under the per-file limit) took a start-up to
+    2.2 GB and wrote a 278 MB cache it would never read back."""
+    from capsim.catalog.loader import MAX_CATALOG_BYTES
+
+    (tmp_path / "gpus").mkdir()
+    with open(tmp_path / "gpus" / "big.yaml", "wb") as f:  # sparse: no disk is spent
+        f.truncate(MAX_CATALOG_BYTES + 1)
+    cache = tmp_path / "cache"
+    r = subprocess.run(
+        [sys.executable, "-m", "capsim", "--db", str(tmp_path), "gpus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "CAPSIM_CACHE_DIR": str(cache)},
+    )
+    assert r.returncode == 2 and "MB of YAML, more than the 16 MB" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (
+            ("memory_bandwidth_gb_s: 936", "memory_bandwidth_gb_s: 1e-300"),
+            "greater than or equal to 1",
+        ),
+    ],
+)
+def test_an_overlay_gpu_of_impossible_figures_is_refused(tmp_path, edit, words):
+    """A bandwidth of 1e-300 GB/s was simulated: 5e-302 tok/s in a broken table."""
+    src = (ROOT / "hardware_db" / "gpus" / "rtx3090.yaml").read_text()
+    assert edit[0] in src
+    (tmp_path / "gpus").mkdir()
+    text = src.replace(edit[0], edit[1]).replace("name: rtx3090", "name: odd3090")
+    text = text.replace('aliases: ["3090", rtx-3090, geforce-rtx-3090]', "aliases: []")
+    (tmp_path / "gpus" / "odd.yaml").write_text(text)
+    r = runner.invoke(app, ["--db", str(tmp_path), "gpus"], env={"CAPSIM_NO_CACHE": "1"})
+    assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_a_model_whose_query_heads_do_not_group_over_its_kv_heads_is_refused():
+    """num_attention_heads 7 with num_kv_heads 8 was accepted and simulated."""
+    import yaml
+    from pydantic import ValidationError
+
+    from capsim.catalog.model_schema import Model
+
+    data = yaml.safe_load((ROOT / "hardware_db" / "models" / "llama-3.1-8b.yaml").read_text())
+    Model.model_validate(data)
+    data |= {"num_attention_heads": 7, "num_kv_heads": 8}
+    with pytest.raises(ValidationError, match="must be a multiple of num_kv_heads"):
+        Model.model_validate(data)

@@ -117,6 +117,8 @@ def _cached(
     parsed = parse()
     try:
         data = dump(parsed)
+        if len(data) > MAX_CACHED_BYTES:  # never read back: not worth writing
+            return parsed
         folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_bytes(data)

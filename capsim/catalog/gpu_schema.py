@@ -26,6 +26,12 @@ largest of today's parts (288 GB and 8 TB/s of HBM, 15 PFLOPS of FP4, 900 GB/s o
 otherwise be simulated: a --db GPU with 1e30 GB/s ran and answered nonsense (issue 47)."""
 
 
+MIN_BANDWIDTH_GB_S = 1.0
+"""Lowest memory bandwidth a catalog device may give, GB/s: below the slowest memory any
+model is served from (a single DDR3 channel is 6-13 GB/s); 1e-300 was accepted and
+predicted 5e-302 tok/s in a table it broke (issue 47)."""
+
+
 class Price(Strict):
     """A purchase price of one GPU in US dollars on a date."""
 
@@ -142,7 +148,9 @@ class GPU(Strict):
         "(e.g. an APU's share of system RAM), GB",
     )
     memory_bandwidth_gb_s: float = Field(
-        gt=0, le=PLAUSIBLE["bandwidth_gb_s"], description="Peak DRAM bandwidth, GB/s"
+        ge=MIN_BANDWIDTH_GB_S,
+        le=PLAUSIBLE["bandwidth_gb_s"],
+        description="Peak DRAM bandwidth, GB/s",
     )
     l2_cache_mb: float | None = Field(
         default=None, gt=0, le=PLAUSIBLE["cache_mb"], description="L2 or last-level cache, MB"

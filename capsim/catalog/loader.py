@@ -16,6 +16,7 @@ built-in ones: an entry with the same ``name`` replaces the built-in entry.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,14 +362,42 @@ def share_with_workers(catalog: Catalog) -> None:
     _PROCESS_CATALOGS.setdefault(tuple(catalog.directories), catalog)
 
 
+MAX_CATALOG_FILES = 5_000
+"""Most entry files one catalog directory may hold (the built-in one has about 200)."""
+
+MAX_CATALOG_BYTES = 16 * 2**20
+"""Most YAML one catalog directory may hold, bytes (the built-in one has 0.7 MB; each file
+at most MAX_YAML_CHARS): 300 overlay files of 0.9 MB each took a start-up to 2.2 GB
+(issue 47: under 1 GB for any input)."""
+
+
 def _catalog_files(dirs: tuple[Path, ...]) -> list[tuple[str, Path]]:
-    """Every entry file of ``dirs``, as (section, path), in load order."""
+    """Every entry file of ``dirs``, as (section, path), in load order; a directory of
+    more files or bytes than a catalog holds is refused, naming it."""
     files = []
     for directory in dirs:
+        found = []
         for kind in SECTIONS:
             sub = directory / kind
             if sub.is_dir():
-                files += [(kind, p) for p in sorted(sub.glob("*.yaml")) + sorted(sub.glob("*.yml"))]
+                found += [(kind, p) for p in sorted(sub.glob("*.yaml")) + sorted(sub.glob("*.yml"))]
+        if len(found) > MAX_CATALOG_FILES:
+            raise CapsimUserError(
+                f"catalog directory '{directory}' holds {len(found):,} entry files, more than "
+                f"the {MAX_CATALOG_FILES:,} capsim reads",
+                hint="keep only the entries you add or change in an overlay (--db)",
+            )
+        total = 0
+        for _, path in found:
+            with contextlib.suppress(OSError):  # unreadable: its own read says so
+                total += path.stat().st_size
+        if total > MAX_CATALOG_BYTES:
+            raise CapsimUserError(
+                f"catalog directory '{directory}' holds {total / 2**20:.0f} MB of YAML, more "
+                f"than the {MAX_CATALOG_BYTES >> 20} MB capsim reads",
+                hint="keep only the entries you add or change in an overlay (--db)",
+            )
+        files += found
     return files
 
 

@@ -294,6 +294,12 @@ class Model(Strict):
             raise ValueError("moe.first_dense_layers needs intermediate_size")
         if self.kv_shared_layers >= self.num_layers:
             raise ValueError("kv_shared_layers must leave at least one layer with its own KV")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads}): each KV head serves a whole group of "
+                "query heads"
+            )
         return self
 
     @property
