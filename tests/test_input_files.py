@@ -367,3 +367,48 @@ def test_a_model_whose_query_heads_do_not_group_over_its_kv_heads_is_refused():
     data |= {"num_attention_heads": 7, "num_kv_heads": 8}
     with pytest.raises(ValidationError, match="must be a multiple of num_kv_heads"):
         Model.model_validate(data)
+
+
+def test_a_kernel_fit_of_no_more_rows_than_parameters_is_refused(tmp_path):
+    """One row fitted four parameters and reported standard errors of 1e-17 and 'MAPE 0.0%'."""
+    import json
+
+    data = json.loads((ROOT / "calibration/kernels/h100-sxm-decode-layers.json").read_text())
+    data["rows"] = data["rows"][:1]
+    path = tmp_path / "one-row.json"
+    path.write_text(json.dumps(data))
+    r = runner.invoke(app, ["calibrate-kernels", str(path)])
+    assert r.exit_code == 2 and "1 usable row cannot pin 4 parameters" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"max_concurrency": 0}, "max_concurrency must be null or a whole number of 1 or more"),
+        ({"input_lens": [5, 5]}, "per-request lists must be lists of one length"),
+        ({"model_id": 5}, "model_id must be a string"),
+    ],
+)
+def test_a_vllm_bench_result_of_nonsense_fields_is_refused(tmp_path, change, words):
+    """Each was imported: a level at C=0, records with input lengths of 0, a model '5'."""
+    import json
+
+    base = {
+        "duration": 10,
+        "completed": 4,
+        "total_output_tokens": 40,
+        "output_throughput": 4,
+        "max_concurrency": 2,
+        "ttfts": [0.1] * 4,
+        "output_lens": [10] * 4,
+        "input_lens": [5] * 4,
+        "model_id": "m",
+    }
+    path = tmp_path / "vb.json"
+    path.write_text(json.dumps(base | change))
+    out = tmp_path / "run.json"
+    r = runner.invoke(app, ["import", "vllm-bench", str(path), "--out", str(out)])
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert not out.exists()
+    path.write_text(json.dumps(base))
+    assert runner.invoke(app, ["import", "vllm-bench", str(path), "--out", str(out)]).exit_code == 0

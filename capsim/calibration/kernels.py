@@ -274,6 +274,14 @@ def fit_points(
     the Jacobian."""
     check_fittable(names)
     lower, upper, x0 = bounds_and_start(names, base)
+    rows = len(compare(base))
+    if rows <= len(names):
+        raise CapsimUserError(
+            f"{rows} usable row{'s' if rows != 1 else ''} cannot pin {len(names)} parameters "
+            f"({', '.join(names)}): a fit needs more rows than parameters (with as many it "
+            "passes through every row and reports a false precision)",
+            hint="measure more shapes, or fit fewer parameters with --fit",
+        )
 
     def params_for(x) -> EfficiencyParams:
         return base.with_overrides(dict(zip(names, map(float, x), strict=True)))

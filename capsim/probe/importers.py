@@ -56,6 +56,10 @@ def _dist(
     return Distribution(mean=s(mean), p50=s(p50), p90=s(p90), p99=s(p99), count=0)
 
 
+PER_REQUEST_KEYS = ("ttfts", "itls", "input_lens", "output_lens", "errors")
+"""The per-request lists of a detailed vllm bench result: one entry a request each."""
+
+
 def _measure(name: str, value: Any) -> float:
     """A measured count, time or rate from a result file: a finite number, 0 or more (a
     negative one would pass through to negative TTFTs and throughputs)."""
@@ -86,7 +90,24 @@ def import_vllm_bench(
         path,
         "vllm bench serve",
     )
-    concurrency = int(_measure("max_concurrency", d.get("max_concurrency") or 0))
+    given = d.get("max_concurrency")  # null: no limit (an open loop at a request rate)
+    if given is not None and (
+        isinstance(given, bool) or not isinstance(given, int | float) or not given >= 1
+    ):
+        raise ValueError(
+            f"max_concurrency must be null or a whole number of 1 or more, not {given!r}"
+        )
+    if given is not None and not float(given).is_integer():
+        raise ValueError(f"max_concurrency must be a whole number, not {given!r}")
+    concurrency = int(given or 0)
+    for key in ("model_id", "model", "base_url", "backend"):
+        if d.get(key) is not None and not isinstance(d[key], str):
+            raise ValueError(f"{key} must be a string, not {d[key]!r}")
+    per_request = [k for k in PER_REQUEST_KEYS if d.get(k)]
+    lengths = {k: len(d[k]) if isinstance(d[k], list) else None for k in per_request}
+    if any(n is None for n in lengths.values()) or len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{k} {n if n is not None else 'not a list'}" for k, n in lengths.items())
+        raise ValueError(f"the per-request lists must be lists of one length ({shown})")
     completed = int(_measure("completed", d["completed"]))
     failed = int(
         _measure("failed", d.get("failed", d.get("num_prompts", completed) - completed) or 0)
