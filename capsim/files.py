@@ -58,6 +58,12 @@ MAX_NAME_BYTES = 255
 """Longest file name (one path component, UTF-8 bytes) the common file systems take."""
 
 
+SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
+"""Folders whose entries are devices and kernel state: capsim writes no file there (as
+root every folder reads as writable; 'calibrate --out /proc/x.yaml' failed after its fit
+naming its temporary file, '--plot /dev/stdout' wrote /dev/stdout.png)."""
+
+
 def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
     """A CapsimUserError (exit 2) before any work when one of ``paths`` (what ``flag``
     writes) already exists and ``force`` is False, is a folder where a file goes, is a
@@ -83,6 +89,30 @@ def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
                 f"'{path}' exists: capsim does not overwrite it",
                 hint=f"pass --force to replace it, or another {flag}",
             )
+        folder = nearest_existing_folder(path)
+        if folder is not None and str(folder.resolve()) in SYSTEM_FOLDERS:
+            raise CapsimUserError(
+                f"{flag} '{path}' is in {folder}, a folder of devices and system state, "
+                "not of files",
+                hint="name a file in a folder of your own",
+            )
+        if folder is not None and not os.access(folder, os.W_OK | os.X_OK):
+            raise CapsimUserError(
+                f"{flag} '{path}': capsim may not create files in '{folder}'",
+                hint="name a file in a folder you can write to",
+            )
+
+
+def nearest_existing_folder(path: Path) -> Path | None:
+    """The folder ``path`` would be written into, or its nearest ancestor that exists (a
+    missing folder is created on writing); None when none can be found."""
+    for folder in [path.parent, *path.parent.parents]:
+        try:
+            if folder.is_dir():
+                return folder
+        except OSError:
+            return None
+    return None
 
 
 def read_input_text_checks(path: Path, what: str, max_bytes: int) -> None:

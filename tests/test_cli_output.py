@@ -426,7 +426,7 @@ def test_plot_objectives_without_a_plot_or_out_of_range_are_refused():
     r = invoke(*PREDICT, "-c", "1", "--max-ttft-p90-s", "1")
     assert r.exit_code == 2 and "--plot" in r.stderr and "capacity" in r.stderr
     r = invoke(*PREDICT, "-c", "1", "--min-agent-tok-s", "-3", "--plot", "x.png")
-    assert r.exit_code == 2 and "--min-agent-tok-s must be a positive number" in r.stderr
+    assert r.exit_code == 2 and "--min-agent-tok-s -3.0: input should be greater than 0" in r.stderr
 
 
 def test_plan_plot_labels_the_pareto_front_and_draws_the_objectives(monkeypatch):

@@ -542,3 +542,22 @@ def test_every_link_kind_of_the_catalog_may_be_named():
 
     kinds = set(get_args(Interconnect.model_fields["kind"].annotation)) - {"none"}
     assert set(INTERCONNECT_CHOICES) == kinds | {"auto"}
+
+
+@pytest.mark.parametrize(
+    ("names", "words"), [(",", "has an empty item"), ("a,a", "more than once")]
+)
+def test_serve_names_are_each_given_once(names, words):
+    """',' served the default names and 'a,a' served 'a, a'."""
+    args = ["serve", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--port", "0"]
+    r = CliRunner().invoke(app, [*args, "--served-model-name", names])
+    assert r.exit_code == 2 and words in r.stderr, r.output
+
+
+def test_an_objective_beyond_its_ceiling_names_the_ceiling():
+    """'--min-agent-tok-s 1e9' said 'must be a positive number' of a positive number."""
+    r = CliRunner().invoke(
+        app,
+        ["capacity", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--min-agent-tok-s", "1e9"],
+    )
+    assert r.exit_code == 2 and "less than or equal to 1000000" in r.stderr, r.output

@@ -412,3 +412,22 @@ def test_a_vllm_bench_result_of_nonsense_fields_is_refused(tmp_path, change, wor
     assert not out.exists()
     path.write_text(json.dumps(base))
     assert runner.invoke(app, ["import", "vllm-bench", str(path), "--out", str(out)]).exit_code == 0
+
+
+def test_an_output_in_a_system_folder_is_refused_before_any_work(tmp_path):
+    """'calibrate --out /proc/x.yaml' ran its fit (36 s) and then failed naming its
+    temporary file."""
+    dataset = ROOT / "calibration/published/seed002-rtx3090-moe-vs-dense.yaml"
+    r = runner.invoke(app, ["calibrate", str(dataset), "--out", "/proc/capsim-test.yaml"])
+    assert r.exit_code == 2 and "a folder of devices and system state" in r.output, r.output
+
+
+def test_links_and_catalog_paths_are_described_as_what_they_are(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    r = runner.invoke(app, ["validate", str(tmp_path / "a")])
+    assert r.exit_code == 2 and "loop of links" in r.output, r.output
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    r = runner.invoke(app, ["--db", str(plain), "gpus"])
+    assert r.exit_code == 2 and "is not a directory" in r.output, r.output

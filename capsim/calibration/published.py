@@ -367,6 +367,11 @@ def load_published(
             files += sorted(f for f in target.glob("*.json") if not f.name.endswith("config.json"))
         elif target.exists():
             files.append(target)
+        elif target.is_symlink():
+            raise CapsimUserError(
+                f"dataset '{target}' is a link to nothing readable (a missing target, or a "
+                "loop of links)"
+            )
         else:
             raise CapsimUserError(f"dataset '{target}' does not exist")
     if not files:

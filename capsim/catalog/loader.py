@@ -36,6 +36,7 @@ from capsim.errors import (
     close_matches,
     normalise_name,
 )
+from capsim.files import path_exists
 from capsim.notices import notice
 
 SECTIONS: dict[str, type[BaseModel]] = {
@@ -329,8 +330,9 @@ def user_db_dirs(explicit: list[Path] | None = None) -> list[Path]:
     dirs += list(explicit or [])
     for d in dirs:
         if not d.is_dir():
+            what = "is not a directory" if path_exists(d) or d.is_symlink() else "does not exist"
             raise CatalogError(
-                f"catalog directory '{d}' does not exist",
+                f"catalog directory '{d}' {what}",
                 hint=f"pass an existing directory to --db or fix {ENV_VAR}",
             )
     return dirs

@@ -67,10 +67,6 @@ PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", 
 """Image formats matplotlib's Agg backend writes, by suffix (plot_path_written)."""
 
 
-SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
-"""Folders whose entries are devices and kernel state, never files a plot is written to."""
-
-
 def check_plot_target(path: Path | None, force: bool) -> None:
     """Refuse, before any work, a --plot target that exists (without --force), names a
     folder, a device or nothing, or lies in a folder that does not exist."""
@@ -82,12 +78,6 @@ def check_plot_target(path: Path | None, force: bool) -> None:
         parent = path.parent
         if not parent.is_dir():
             raise CapsimUserError(f"--plot '{path}': the folder '{parent}' does not exist")
-        if str(parent.resolve()) in SYSTEM_FOLDERS:  # /dev/stdout became /dev/stdout.png
-            raise CapsimUserError(
-                f"--plot '{path}' is in {parent}, a folder of devices and system state, "
-                "not of files",
-                hint="name a file in a folder of your own, e.g. --plot plot.png",
-            )
 
 
 TP_FLAGS = ("--tp", "--tensor-parallel-size", "--tp-size")
@@ -191,7 +181,9 @@ def objectives_from_flags(**values: float | None):
     except ValidationError as exc:
         first = exc.errors()[0]
         flag = OBJECTIVE_FLAGS[first["loc"][0]]
-        raise CapsimUserError(f"{flag} must be a positive number, not {first['input']}") from None
+        # pydantic's own words carry the bound that failed (greater than 0, at most N)
+        said = first["msg"].lower().removeprefix("value error, ")
+        raise CapsimUserError(f"{flag} {first['input']!r}: {said}") from None
 
 
 AsyncSchedulingOption = Annotated[

@@ -36,6 +36,7 @@ from capsim.cli.common import (
     resolve_models,
     spec_config,
 )
+from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
 
 SHUTDOWN_GRACE_S = 0.5
@@ -158,7 +159,13 @@ def serve_cmd(
     from capsim.serve.live import LIMITS
 
     setup = calibrated_setup(config, cat)
-    names = [n.strip() for n in (served_model_name or "").split(",") if n.strip()]
+    names = split_list(served_model_name, "--served-model-name") if served_model_name else []
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise CapsimUserError(
+            f"--served-model-name names {', '.join(repeated)} more than once",
+            hint="each name once, comma-separated",
+        )
     if not names:
         names = list(dict.fromkeys([setup.model.hf_id, setup.model.name, model]))
     print_notices()

@@ -150,10 +150,12 @@ def parse_length(
             if whole and not all(v.is_integer() for v in values):
                 raise ValueError("numbers of tokens are whole numbers")
             return LengthSpec("file", values=tuple(values), text=raw)
-        a_text, _, b_text = rest.partition(",")
-        a, b = float(a_text), float(b_text)
         if kind not in KINDS or kind == "fixed":
             raise ValueError(f"unknown distribution '{kind}'")
+        a_text, comma, b_text = rest.partition(",")
+        if not comma:
+            raise ValueError(f"{kind} needs two numbers, {kind}:A,B")
+        a, b = float(a_text), float(b_text)
         if not (math.isfinite(a) and math.isfinite(b)):
             raise ValueError("needs finite numbers")
         if kind == "uniform" and not minimum <= a <= b:
