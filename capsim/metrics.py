@@ -145,7 +145,28 @@ class RequestRecord(BaseModel):
         for name in ("input_tokens", "output_tokens", "cached_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
+        if self.chunk_times:
+            self._chunks_in_order()
         return self
+
+    def _chunks_in_order(self) -> None:
+        """Chunks arrive after the request is sent, in order, each finite; one token count
+        a chunk (a log whose chunks came before their send, or backwards, was summarised
+        into negative inter-token gaps)."""
+        times = self.chunk_times
+        if not all(math.isfinite(t) for t in times):
+            raise ValueError("chunk_times must be finite times")
+        if times[0] < self.send - TIME_SLACK_S:
+            raise ValueError(
+                f"the first chunk ({times[0]:.6g}) comes before send ({self.send:.6g})"
+            )
+        for a, b in itertools.pairwise(times):
+            if b < a - TIME_SLACK_S:
+                raise ValueError(f"chunk_times run backwards ({b:.6g} after {a:.6g})")
+        if self.chunk_tokens is not None and len(self.chunk_tokens) != len(times):
+            raise ValueError(
+                f"{len(self.chunk_tokens)} chunk_tokens for {len(times)} chunk_times: one a chunk"
+            )
 
     @property
     def ok(self) -> bool:

@@ -431,3 +431,20 @@ def test_links_and_catalog_paths_are_described_as_what_they_are(tmp_path):
     plain.write_text("x")
     r = runner.invoke(app, ["--db", str(plain), "gpus"])
     assert r.exit_code == 2 and "is not a directory" in r.output, r.output
+
+
+def test_a_run_log_whose_chunks_come_before_their_send_is_refused(tmp_path):
+    """Chunk times of 0.5 s, before the sends, were summarised into nonsense gaps."""
+    import json
+
+    src = ROOT / "calibration/runs/kv-read-2026-11-27/cpu-vllm-tiny-llama-r1-c1-n128.jsonl"
+    lines = []
+    for line in src.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("type") == "request":
+            event["chunk_times"] = [0.0] * len(event["chunk_times"])
+        lines.append(json.dumps(event))
+    log = tmp_path / "bad.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    r = runner.invoke(app, ["probe", "summarize", str(log)])
+    assert r.exit_code == 2 and "comes before send" in r.output, r.output
