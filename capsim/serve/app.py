@@ -43,9 +43,12 @@ from capsim.serve.requests import (
 )
 from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip, received_at
 
-MAX_BODY_BYTES = 32 * 2**20
+MAX_BODY_BYTES = 16 * 2**20
 """Largest request body capsim serve reads, bytes (answered 413 above it, before reading
-the rest): a 128k-token prompt is well under 1 MB."""
+the rest): a 128k-token prompt is well under 1 MB, a 1M-token one as token ids about 8 MB.
+Parsed, a body of short numbers takes about 8 bytes a byte (of objects and arrays, far more:
+those are refused by count, capsim.files.MAX_JSON_CONTAINERS), so a few bodies at once stay
+well under 1 GB (three 32 MB bodies took the server to 1.8 GB)."""
 FILLER = " tok"
 """The text of every generated token: capsim serve simulates timing, not a model."""
 
