@@ -79,6 +79,7 @@ class FaultServer:
     slow_token_s: float = 0.1
     metrics: str = "ok"
     tokenize: bool = True
+    context: int | None = None  # /tokenize refuses a longer prompt with 400, as vLLM does
     served: list[Served] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -163,8 +164,13 @@ class FaultServer:
             models = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
             await _answer(writer, 200, json.dumps(models))
         elif method == "POST" and path == "/tokenize" and self.tokenize:
-            tokens = list(range(count_prompt_tokens(body.get("prompt", ""))))
-            await _answer(writer, 200, json.dumps({"count": len(tokens), "tokens": tokens}))
+            count = count_prompt_tokens(body.get("prompt", ""))
+            if self.context is not None and count > self.context:
+                message = f"This model's maximum context length is {self.context} tokens."
+                await _answer(writer, 400, json.dumps({"error": {"message": message}}))
+            else:
+                tokens = list(range(count))
+                await _answer(writer, 200, json.dumps({"count": count, "tokens": tokens}))
         elif method == "GET" and path == "/metrics" and self.metrics != "missing":
             await _answer(writer, 200, self._metrics_text(), "text/plain")
         elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
@@ -273,7 +279,13 @@ async def _answer(
     content_type: str = "application/json",
     retry_after: int | None = None,
 ) -> None:
-    reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Server Error"}
+    reason = {
+        200: "OK",
+        400: "Bad Request",
+        404: "Not Found",
+        429: "Too Many Requests",
+        500: "Server Error",
+    }
     extra = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     data = body.encode()
     writer.write(

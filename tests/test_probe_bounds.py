@@ -65,3 +65,34 @@ def test_a_tokenize_answer_without_tokens_is_an_error_naming_it():
         asyncio.run(main())
     assert "HTTP 400" in str(err.value) and "maximum context length" in str(err.value)
     assert "--input-tokens" in err.value.hint
+
+
+def test_a_probe_refused_before_it_measured_leaves_no_run_file(tmp_path):
+    """A server whose /tokenize refuses the prompts: the probe stops before sending a
+    measured request, and leaves no header-only run file that the next try would need
+    --force to replace."""
+    from tests.fault_server import FaultServer
+
+    out = tmp_path / "run.json"
+    with FaultServer(context=2048) as server:
+        r = runner.invoke(
+            app,
+            [
+                "probe",
+                "--url",
+                server.url,
+                "--model",
+                "fault-model",
+                "-c",
+                "1",
+                "--requests",
+                "2",
+                "--input-tokens",
+                "4096",
+                "--no-warmup",
+                "--out",
+                str(out),
+            ],
+        )
+    assert r.exit_code == 2 and "maximum context length is 2048" in r.output, r.output
+    assert not out.exists() and not out.with_suffix(".jsonl").exists()

@@ -102,16 +102,24 @@ class PromptFactory:
         return self.exact
 
     async def _token_ids(self, client: httpx.AsyncClient, text: str) -> list[int]:
-        r = await client.post(
-            self.url + "/tokenize",
-            json={"model": self.model, "prompt": text, "add_special_tokens": False},
-        )
+        from capsim.errors import CapsimUserError
+
+        try:
+            r = await client.post(
+                self.url + "/tokenize",
+                json={"model": self.model, "prompt": text, "add_special_tokens": False},
+            )
+        except httpx.HTTPError as exc:
+            raise CapsimUserError(
+                f"the server's /tokenize failed on a prompt of {len(text.split()):,} words "
+                f"({type(exc).__name__}: {exc})",
+                hint="check the server's log; a prompt beyond its context may be refused so",
+            ) from None
         try:
             tokens = r.json()["tokens"] if r.status_code == 200 else None
         except (ValueError, KeyError, TypeError):
             tokens = None
         if not isinstance(tokens, list):
-            from capsim.errors import CapsimUserError
             from capsim.probe.client import excerpt
 
             raise CapsimUserError(

@@ -161,6 +161,7 @@ class Prober:
     def __init__(self, config: ProbeConfig, writer_factory, progress=None):
         self.cfg = config
         self.url = config.url.rstrip("/")
+        self.sent = 0  # measured requests sent (warm-up ones are not)
         self.shown_url = without_password(self.url)  # what messages and the run file say
         self.writer_factory = writer_factory
         self.clock = Clock()
@@ -282,6 +283,7 @@ class Prober:
         spec = RequestSpec(key, prompt, max_tokens, self.cfg.ignore_eos)
         placeholder = RequestRecord(request_id=key, send=self.clock(), max_tokens=max_tokens)
         self.in_flight[key] = (placeholder, c, run)
+        self.sent += 1
         record = await self.stream(client, spec)
         self.in_flight.pop(key, None)
         if isinstance(prompt, str) and record.input_tokens:
@@ -380,7 +382,7 @@ class Prober:
                 capsim_version=_version(),
             )
             writer = self.writer_factory(header)
-            complete = False
+            complete = discarded = False
             try:
                 if cfg.warmup:
                     await self.warmup(client, min(max(cfg.concurrency), 4))
@@ -411,14 +413,22 @@ class Prober:
                 complete = True
             except (ServerGone, asyncio.CancelledError, KeyboardInterrupt):
                 pass
+            except CapsimUserError:
+                # refused before anything was measured (a prompt the server would not
+                # tokenise): no run file is left behind to be --force'd on the next try
+                if not writer.summary.levels and not self.in_flight and not self.sent:
+                    writer.discard()
+                    discarded = True
+                raise
             finally:
-                for placeholder, c, run in list(self.in_flight.values()):
-                    placeholder.outcome = "interrupted"
-                    placeholder.error = "interrupted: the run stopped before it finished"
-                    placeholder.finish = self.clock()
-                    writer.request(placeholder, c, run)
-                self.in_flight.clear()
-                writer.close(complete)
+                if not discarded:
+                    for placeholder, c, run in list(self.in_flight.values()):
+                        placeholder.outcome = "interrupted"
+                        placeholder.error = "interrupted: the run stopped before it finished"
+                        placeholder.finish = self.clock()
+                        writer.request(placeholder, c, run)
+                    self.in_flight.clear()
+                    writer.close(complete)
             return writer.summary
 
 
