@@ -57,3 +57,29 @@ def test_empirical_draws_resample_the_list(tmp_path):
     spec = parse_length(f"file:{path}")
     draws = spec.tokens(np.random.default_rng(3), 8)
     assert sorted(draws.tolist()) == [10, 10, 20, 20, 30, 30, 40, 40]
+
+
+def test_a_large_lengths_file_is_kept_as_its_order_statistics(tmp_path):
+    """Four million values were copied to every configuration a plan built and re-read at
+    each check (300 s); they are kept as MAX_KEPT_VALUES order statistics, read once, and
+    draw as the whole file does."""
+    from capsim.engine.lengths import MAX_KEPT_VALUES
+
+    rng = np.random.default_rng(3)
+    values = rng.integers(1, 4000, size=300_000)
+    path = tmp_path / "many.txt"
+    path.write_text("\n".join(map(str, values)))
+    spec = parse_length(f"file:{path}", "--input-tokens", minimum=1)
+    assert len(spec.values) == MAX_KEPT_VALUES
+    assert spec.mean == pytest.approx(values.mean(), rel=1e-3)
+    assert spec.maximum <= values.max() and spec.values[0] >= values.min()
+    draws = spec.tokens(np.random.default_rng(0), 20_000)
+    for q in (0.1, 0.5, 0.9, 0.99):
+        assert np.quantile(draws, q) == pytest.approx(np.quantile(values, q), rel=0.02)
+    from capsim.engine.lengths import _file_values
+
+    hits = _file_values.cache_info().hits
+    again = parse_length(f"file:{path}", "--input-tokens", minimum=1)
+    assert again.values == spec.values and _file_values.cache_info().hits == hits + 1
+    path.write_text("7\n8")  # a new version of the file is read again
+    assert parse_length(f"file:{path}", "--input-tokens", minimum=1).values == (7.0, 8.0)
