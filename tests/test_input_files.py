@@ -448,3 +448,35 @@ def test_a_run_log_whose_chunks_come_before_their_send_is_refused(tmp_path):
     log.write_text("\n".join(lines) + "\n")
     r = runner.invoke(app, ["probe", "summarize", str(log)])
     assert r.exit_code == 2 and "comes before send" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        ({"engine_flags": {"max-model-len": "abc"}}, "the engine flag max-model-len is 'abc'"),
+        ({"engine_flags": {"max-num-seqs": "-1"}}, "the engine flag max-num-seqs is '-1'"),
+        ({"cache_config": {"num_gpu_blocks": "abc", "block_size": 16}}, "num_gpu_blocks is 'abc'"),
+        ({"cache_config": {"num_gpu_blocks": 10, "block_size": "16.5"}}, "block_size is '16.5'"),
+        ({"cache_config": "x"}, None),  # not vLLM's: no KV capacity, no error
+    ],
+)
+def test_a_run_file_of_nonsense_engine_figures_is_refused_by_name(tmp_path, edit, words):
+    """A hand-edited run summary with 'max-model-len: abc' or a cache_config that is not an
+    object was a ValueError or AttributeError traceback in validate and calibrate."""
+    import json
+
+    data = json.loads((ROOT / "calibration/runs/cpu-vllm-tiny-qwen3.json").read_text())
+    header = data["header"]
+    if "engine_flags" in edit:
+        header["deployment"]["engine_flags"] = edit["engine_flags"]
+    if "cache_config" in edit:
+        header["server"]["cache_config"] = edit["cache_config"]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.output
+    assert "Traceback" not in r.output
+    if words is None:
+        assert r.exit_code == 0, r.output
+    else:
+        assert r.exit_code == 2 and words in r.output, r.output

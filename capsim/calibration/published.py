@@ -290,17 +290,36 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
             f"run '{path}' does not say which hardware it measured",
             hint="probe with --gpu NAME (a catalog GPU) so the run can be simulated",
         )
+
+    def count(value, where: str) -> int:
+        """A whole number of 1 or more the run file records, or a user error naming it."""
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            number = 0
+        if not 1 <= number <= 2**31:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise CapsimUserError(
+                f"run '{path}': {where} is {shown}, not a whole number from 1 to 2**31",
+                hint="probe again with the engine's flags as the server was started",
+            )
+        return number
+
     flags: dict = {}
     for key, value in dep.engine_flags.items():
         name = key.replace("-", "_")
         if name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            flags[name] = int(value)
+            flags[name] = count(value, f"the engine flag {key}")
     cache = h.server.get("cache_config") or {}
+    if not isinstance(cache, dict):
+        cache = {}  # not vLLM's /metrics cache_config: no KV capacity reported
     capacity = None
     if cache.get("num_gpu_blocks") and cache.get("block_size"):
-        capacity = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+        capacity = count(cache["num_gpu_blocks"], "the server's num_gpu_blocks") * count(
+            cache["block_size"], "the server's block_size"
+        )
     if "max_model_len" not in flags and h.server.get("max_model_len"):
-        flags["max_model_len"] = int(h.server["max_model_len"])
+        flags["max_model_len"] = count(h.server["max_model_len"], "the server's max_model_len")
     points = [
         point
         for lv in summary.levels
