@@ -96,3 +96,12 @@ def test_a_probe_refused_before_it_measured_leaves_no_run_file(tmp_path):
         )
     assert r.exit_code == 2 and "maximum context length is 2048" in r.output, r.output
     assert not out.exists() and not out.with_suffix(".jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "flag", ["max-num-seqs=abc", "max_model_len=0", "max-num-batched-tokens=1e3"]
+)
+def test_an_engine_flag_calibration_reads_must_be_a_count(tmp_path, flag):
+    """The run recorded 'max-num-seqs: abc', and validate or calibrate then failed on it."""
+    r = runner.invoke(app, [*PROBE, "--out", str(tmp_path / "r.json"), "--engine-flag", flag])
+    assert r.exit_code == 2 and "takes a whole number of 1 or more" in r.output, r.output

@@ -167,6 +167,19 @@ def parse_flags(values: list[str] | None) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise CapsimUserError(f"malformed --engine-flag '{item}'", hint="use KEY=VALUE")
+        counted = key.replace("_", "-") in (
+            "max-num-seqs",
+            "max-num-batched-tokens",
+            "max-model-len",
+        )
+        if counted and not (
+            value.strip().isascii() and value.strip().isdigit() and int(value) >= 1
+        ):
+            # calibration simulates the server with these: a value it cannot read fails now,
+            # not when the run is calibrated
+            raise CapsimUserError(
+                f"--engine-flag {key}={value!r}: {key} takes a whole number of 1 or more"
+            )
         flags[key] = value
     return flags
 
