@@ -561,3 +561,24 @@ def test_an_objective_beyond_its_ceiling_names_the_ceiling():
         ["capacity", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--min-agent-tok-s", "1e9"],
     )
     assert r.exit_code == 2 and "less than or equal to 1000000" in r.stderr, r.output
+
+
+def test_an_agents_level_beyond_the_request_ceiling_is_refused():
+    """100,000 agents of 1,000 turns drew 10^8 requests up front: 3 GB and minutes."""
+    r = CliRunner().invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "llama-3.2-1b",
+            "--workload",
+            "agents",
+            "-c",
+            "100000",
+            "--turns",
+            "1000",
+        ],
+    )
+    assert r.exit_code == 2 and "100,000 x 1,000 = 100,000,000, above" in r.stderr, r.output

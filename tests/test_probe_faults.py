@@ -402,3 +402,53 @@ def test_a_run_whose_every_request_failed_is_exit_2_and_kept(tmp_path):
     assert r.exit_code == 2, r.output
     assert "every one of the 4 requests failed (most: http 500)" in r.stderr, r.stderr
     assert len(records_of(out)) == 4
+
+
+def test_ctrl_c_stops_a_probe_with_exit_130_keeping_what_it_measured(tmp_path):
+    """Ctrl-C (or SIGTERM) in a probe ended in exit 1, as a run the server cut short; it
+    says what it kept and exits 130, its log on disk."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "stopped.json"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with FaultServer(token_delay_s=0.05, tokenize=False) as server:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "capsim",
+                "probe",
+                "--url",
+                server.url,
+                "--model",
+                "fault-model",
+                "-c",
+                "1",
+                "--requests",
+                "20",
+                "--output-tokens",
+                "40",
+                "--no-warmup",
+                "--out",
+                str(out),
+            ],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+            out.with_suffix(".jsonl").exists()
+            and '"request"' in out.with_suffix(".jsonl").read_text()
+        ):
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"interrupted: what was measured is in" in err and b"Traceback" not in err
+    assert records_of(out)

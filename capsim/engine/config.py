@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capsim.engine.lengths import parse_length
 from capsim.engine.router import RouterPolicy
@@ -161,6 +161,23 @@ class PredictConfig(BaseModel):
     def _at_least_one_token(cls, value: str, info) -> str:
         parse_length(value, "--" + info.field_name.replace("_", "-"), minimum=1)
         return value
+
+    @model_validator(mode="after")
+    def _agents_within_bounds(self) -> PredictConfig:
+        """The agents workload sends C x turns requests a level, each drawn up front: a
+        level beyond MAX_REQUESTS is refused (100,000 agents of 1,000 turns took 3 GB)."""
+        if self.workload == "agents" and self.concurrency:
+            level = max(self.concurrency)
+            if level * self.turns > MAX_REQUESTS:
+                from capsim.errors import CapsimUserError  # not a ValueError: said as is
+
+                raise CapsimUserError(
+                    f"--workload agents sends concurrency x --turns requests a level: "
+                    f"{level:,} x {self.turns:,} = {level * self.turns:,}, above the "
+                    f"{MAX_REQUESTS:,} capsim simulates",
+                    hint="fewer agents or fewer --turns",
+                )
+        return self
 
     def default_requests(self, level: int) -> int:
         """Requests per level when --requests is not given."""

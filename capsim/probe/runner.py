@@ -382,7 +382,7 @@ class Prober:
                 capsim_version=_version(),
             )
             writer = self.writer_factory(header)
-            complete = discarded = False
+            complete = discarded = interrupted = False
             try:
                 if cfg.warmup:
                     await self.warmup(client, min(max(cfg.concurrency), 4))
@@ -411,8 +411,10 @@ class Prober:
                             )
                         )
                 complete = True
-            except (ServerGone, asyncio.CancelledError, KeyboardInterrupt):
+            except ServerGone:
                 pass
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                interrupted = True  # said once the run file is closed, below
             except CapsimUserError:
                 # refused before anything was measured (a prompt the server would not
                 # tokenise): no run file is left behind to be --force'd on the next try
@@ -429,6 +431,8 @@ class Prober:
                         writer.request(placeholder, c, run)
                     self.in_flight.clear()
                     writer.close(complete)
+            if interrupted:  # Ctrl-C or SIGTERM: the caller says what was kept, exit 130
+                raise KeyboardInterrupt
             return writer.summary
 
 
