@@ -16,9 +16,9 @@ quick.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from capsim.lazy import lazy_exports
+
+TYPE_CHECKING = False  # not typing's: importing typing here delays the command's signal handlers
 
 __version__ = "0.1.0"
 

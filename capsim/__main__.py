@@ -1,6 +1,6 @@
 """``python -m capsim``: the same command line as ``capsim``."""
 
-from capsim.cli.main import run
+from capsim.entry import run
 
 if __name__ == "__main__":
     run()

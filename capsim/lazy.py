@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # the command imports this first: typing waits until it is needed
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:

@@ -1,0 +1,36 @@
+"""The ``capsim`` command's entry point: stops quietly on Ctrl-C or SIGTERM even while it
+is still importing, then hands over to ``capsim.cli.main.run``.
+
+A Ctrl-C in the first tenth of a second (Python importing typer, rich, pydantic) printed
+a KeyboardInterrupt traceback from deep inside an import (issue 47); nothing has been
+done at that point, so the command just says it was interrupted and exits 130 (143 for
+SIGTERM). ``run`` installs the handlers that keep finished work once the command runs.
+"""
+
+from __future__ import annotations
+
+import _signal as signal  # the C module: 'signal' imports enum first, a window of its own
+import os
+import sys
+
+
+def _stopped_while_starting(signum, frame) -> None:
+    try:
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(143 if signum == signal.SIGTERM else 130)
+
+
+def run() -> None:
+    """Console-script entry point (``capsim`` and ``python -m capsim``)."""
+    interactive = signal.getsignal(signal.SIGINT)
+    if interactive is not signal.SIG_IGN:  # a shell that started us in the background
+        signal.signal(signal.SIGINT, _stopped_while_starting)
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, _stopped_while_starting)
+    from capsim.cli.main import run as run_command
+
+    if interactive is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, interactive)  # Python's own: KeyboardInterrupt
+    run_command()
