@@ -582,3 +582,65 @@ def test_an_agents_level_beyond_the_request_ceiling_is_refused():
         ],
     )
     assert r.exit_code == 2 and "100,000 x 1,000 = 100,000,000, above" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("columns", ["0", "-5", "abc", "10"])
+def test_a_nonsense_columns_setting_still_prints(columns):
+    """COLUMNS=0 printed nothing at all, the error included."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-m", "capsim", "fit", "--gpu", "nope", "--model", "llama-3.1-8b"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**__import__("os").environ, "COLUMNS": columns},
+        timeout=60,
+    )
+    assert r.returncode == 2 and "unknown gpu 'nope'" in r.stderr, r.stderr
+
+
+def test_user_text_is_never_read_as_an_emoji_code():
+    r = CliRunner().invoke(app, ["predict", "--gpu", ":thumbs_up:", "--model", "llama-3.1-8b"])
+    assert r.exit_code == 2 and "':thumbs_up:'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--workload", "batch", "-c", "100000", "--rounds", "10000"], "1,000,000,000, above"),
+        (
+            ["--input-tokens", "1000", "--output-tokens", "5000", "--max-model-len", "2048"],
+            "do not fit max_model_len 2,048: vLLM refuses them",
+        ),
+    ],
+)
+def test_levels_vllm_or_memory_would_refuse_are_refused(args, words):
+    base = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.2-1b"]
+    r = CliRunner().invoke(app, [*base, *args])
+    assert r.exit_code == 2 and words in r.stderr, r.output
+
+
+def test_a_trace_of_more_requests_than_capsim_holds_is_refused(tmp_path):
+    from capsim.engine.workloads import MAX_TRACE_RECORDS
+
+    trace = tmp_path / "t.jsonl"
+    line = '{"arrival_time": 0, "input_tokens": 1, "output_tokens": 1}\n'
+    trace.write_text(line * (MAX_TRACE_RECORDS + 1))
+    r = CliRunner().invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "llama-3.2-1b",
+            "--workload",
+            "trace",
+            "--trace",
+            str(trace),
+        ],
+    )
+    assert r.exit_code == 2 and "more than the 250,000 requests" in r.stderr, r.output

@@ -48,8 +48,24 @@ cuts long names such as --spec-acceptance to '--spec-acceptan…' at 80 columns)
 
 # markup off: what is printed quotes names, paths and values the user typed, which rich
 # would read as markup ('[/x]' a MarkupError traceback); styled lines ask for it and escape
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False)
+MIN_COLUMNS = 20
+"""Narrowest COLUMNS honoured: rich lays every line out within it, and COLUMNS=0 printed
+nothing at all, errors included (a value below this, or not a number, is ignored)."""
+
+
+def _sane_columns() -> None:
+    """Drop a COLUMNS that is not a whole number of at least MIN_COLUMNS (rich would lay
+    the output out in it, or fail); the terminal's own width is used instead."""
+    import os
+
+    value = os.environ.get("COLUMNS")
+    if value is not None and not (value.strip().isdigit() and int(value) >= MIN_COLUMNS):
+        del os.environ["COLUMNS"]
+
+
+_sane_columns()
+console = Console(markup=False, emoji=False)
+err_console = Console(stderr=True, markup=False, emoji=False)
 
 DbOption = Annotated[
     list[Path] | None,

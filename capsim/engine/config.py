@@ -164,8 +164,20 @@ class PredictConfig(BaseModel):
 
     @model_validator(mode="after")
     def _agents_within_bounds(self) -> PredictConfig:
-        """The agents workload sends C x turns requests a level, each drawn up front: a
-        level beyond MAX_REQUESTS is refused (100,000 agents of 1,000 turns took 3 GB)."""
+        """The agents workload sends C x turns requests a level, each drawn up front, and
+        the batch workload C x rounds: a level beyond MAX_REQUESTS is refused (100,000
+        agents of 1,000 turns took 3 GB; 100,000 x 10,000 rounds ran on and on)."""
+        if self.workload == "batch" and self.concurrency and self.requests is None:
+            level = max(self.concurrency)
+            if level * self.batch_rounds > MAX_REQUESTS:
+                from capsim.errors import CapsimUserError
+
+                raise CapsimUserError(
+                    f"--workload batch sends concurrency x --rounds requests a level: "
+                    f"{level:,} x {self.batch_rounds:,} = {level * self.batch_rounds:,}, above "
+                    f"the {MAX_REQUESTS:,} capsim simulates",
+                    hint="fewer rounds or a lower concurrency",
+                )
         if self.workload == "agents" and self.concurrency:
             level = max(self.concurrency)
             if level * self.turns > MAX_REQUESTS:

@@ -111,6 +111,16 @@ def check_lengths(setup: Setup, workload: Workload) -> None:
             hint="shorten --input-tokens (or --turns for agents), or raise --max-model-len "
             "if the KV cache allows",
         )
+    if longest > limit and setup.config.engine == "vllm":
+        # vLLM's OpenAI server answers 400 when prompt + max_tokens passes max_model_len
+        # ("This model's maximum context length is ..."); capsim serve does as well (SGLang
+        # clips max_new_tokens to the context left, llama.cpp stops at its slot's end)
+        raise CapsimUserError(
+            f"requests of up to {longest:,.0f} tokens (prompt and output) do not fit "
+            f"max_model_len {limit:,}: vLLM refuses them",
+            hint="shorten --input-tokens or --output-tokens, or raise --max-model-len if the "
+            "KV cache allows",
+        )
     if longest > setup.num_blocks * BLOCK_SIZE_TOKENS:
         raise CapsimUserError(
             f"one request of up to {longest:,.0f} tokens needs more KV cache than the "
