@@ -480,3 +480,41 @@ def test_a_run_file_of_nonsense_engine_figures_is_refused_by_name(tmp_path, edit
         assert r.exit_code == 0, r.output
     else:
         assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_validate_with_nothing_to_validate_is_exit_2(tmp_path):
+    """It printed 'MAPE over 0 points: nan%' and exited 0."""
+    import yaml
+
+    data = yaml.safe_load(
+        (ROOT / "calibration/published/seed002-rtx3090-moe-vs-dense.yaml").read_text()
+    )
+    for scenario in data["scenarios"]:
+        scenario["points"] = []
+    path = tmp_path / "empty.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 2 and "no point to validate" in r.output, r.output
+
+
+def test_import_out_naming_a_folder_is_refused(tmp_path):
+    """'--out impout/' wrote impout.json and impout.jsonl beside the folder."""
+    import json
+
+    result = tmp_path / "vb.json"
+    result.write_text(
+        json.dumps(
+            {"duration": 10, "completed": 4, "total_output_tokens": 40, "output_throughput": 4}
+        )
+    )
+    (tmp_path / "impout").mkdir()
+    r = runner.invoke(app, ["import", "vllm-bench", str(result), "--out", str(tmp_path / "impout")])
+    assert r.exit_code == 2 and "is a folder" in r.output, r.output
+    assert not (tmp_path / "impout.json").exists()
+
+
+def test_a_lengths_file_of_booleans_is_refused(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text("[true, true]")
+    r = runner.invoke(app, [*PREDICT, "--input-tokens", f"file:{path}"])
+    assert r.exit_code == 2 and "something other than numbers" in r.output, r.output

@@ -29,6 +29,7 @@ def _command(kind: str, tool: str):
         from capsim.probe.importers import import_results
 
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
+        refuse_overwrite([target], "--out", True)  # a folder, a device, no name: never
         refuse_overwrite(
             [target.with_suffix(".json"), target.with_suffix(".jsonl")], "--out", force
         )

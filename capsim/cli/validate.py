@@ -543,6 +543,13 @@ def validate_cmd(
                 )
         if stopped and not points:
             return
+        if not points:  # it printed 'MAPE over 0 points: nan%' and exited 0
+            why = "; ".join(f"{s.scenario}: {s.reason}" for s in skipped[:3])
+            raise CapsimUserError(
+                f"no point to validate in {len(loaded)} dataset(s)"
+                + (f" ({why})" if why else ": they hold no measured points"),
+                hint="give a dataset with measured points capsim can simulate",
+            )
         if stopped and (coverage or write_bands is not None):
             stopped = f"{done} of {scenarios} scenarios compared; no bands written or checked"
             return

@@ -198,6 +198,8 @@ def _file_values(
     if not isinstance(numbers, list):
         numbers = [numbers]
     try:
+        if any(isinstance(v, bool) for v in numbers):  # JSON true is not the number 1
+            raise TypeError
         values = [float(v) for v in numbers]
     except (TypeError, ValueError, OverflowError):
         bad = next(str(v) for v in numbers if not _is_number(v))
@@ -213,6 +215,8 @@ def _file_values(
 
 
 def _is_number(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
     try:
         float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
