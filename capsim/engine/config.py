@@ -163,32 +163,26 @@ class PredictConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _agents_within_bounds(self) -> PredictConfig:
+    def _levels_within_bounds(self) -> PredictConfig:
         """The agents workload sends C x turns requests a level, each drawn up front, and
-        the batch workload C x rounds: a level beyond MAX_REQUESTS is refused (100,000
-        agents of 1,000 turns took 3 GB; 100,000 x 10,000 rounds ran on and on)."""
-        if self.workload == "batch" and self.concurrency and self.requests is None:
-            level = max(self.concurrency)
-            if level * self.batch_rounds > MAX_REQUESTS:
-                from capsim.errors import CapsimUserError
+        the batch workload C x rounds (without --requests): a level beyond MAX_REQUESTS is
+        refused (100,000 agents of 1,000 turns took 3 GB; 100,000 x 10,000 rounds ran on)."""
+        per_client = {"agents": (self.turns, "--turns")}
+        if self.requests is None:
+            per_client["batch"] = (self.batch_rounds, "--rounds")
+        if self.workload not in per_client or not self.concurrency:
+            return self
+        each, flag = per_client[self.workload]
+        level = max(self.concurrency)
+        if level * each > MAX_REQUESTS:
+            from capsim.errors import CapsimUserError  # not a ValueError: said as is
 
-                raise CapsimUserError(
-                    f"--workload batch sends concurrency x --rounds requests a level: "
-                    f"{level:,} x {self.batch_rounds:,} = {level * self.batch_rounds:,}, above "
-                    f"the {MAX_REQUESTS:,} capsim simulates",
-                    hint="fewer rounds or a lower concurrency",
-                )
-        if self.workload == "agents" and self.concurrency:
-            level = max(self.concurrency)
-            if level * self.turns > MAX_REQUESTS:
-                from capsim.errors import CapsimUserError  # not a ValueError: said as is
-
-                raise CapsimUserError(
-                    f"--workload agents sends concurrency x --turns requests a level: "
-                    f"{level:,} x {self.turns:,} = {level * self.turns:,}, above the "
-                    f"{MAX_REQUESTS:,} capsim simulates",
-                    hint="fewer agents or fewer --turns",
-                )
+            raise CapsimUserError(
+                f"--workload {self.workload} sends concurrency x {flag} requests a level: "
+                f"{level:,} x {each:,} = {level * each:,}, above the {MAX_REQUESTS:,} capsim "
+                "simulates",
+                hint=f"a lower concurrency or fewer {flag}",
+            )
         return self
 
     def default_requests(self, level: int) -> int:
