@@ -644,3 +644,22 @@ def test_a_trace_of_more_requests_than_capsim_holds_is_refused(tmp_path):
         ],
     )
     assert r.exit_code == 2 and "more than the 250,000 requests" in r.stderr, r.output
+
+
+def test_the_batch_rounds_error_names_the_flag_the_user_typed():
+    """'--rounds 0' was reported as '--batch-rounds 0', a flag that does not exist."""
+    r = CliRunner().invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "llama-3.1-8b",
+            "--workload",
+            "batch",
+            "--rounds",
+            "0",
+        ],
+    )
+    assert r.exit_code == 2 and "--rounds 0:" in r.stderr and "--batch-rounds" not in r.stderr

@@ -438,7 +438,7 @@ UNIT_SUFFIXES = ("_w", "_s", "_ms", "_usd")
 """Unit suffixes of config fields that their flags leave out (power_limit_w: --power-limit)."""
 
 
-FIELD_FLAGS = {"dp_attention": "--dp (with --enable-dp-attention)"}
+FIELD_FLAGS = {"dp_attention": "--dp (with --enable-dp-attention)", "batch_rounds": "--rounds"}
 """Config fields whose flag is not their name with dashes."""
 
 
