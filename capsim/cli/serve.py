@@ -247,9 +247,14 @@ def check_listen(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as exc:
+            import errno
+
+            not_here = exc.errno == errno.EADDRNOTAVAIL  # an address of another machine
             raise CapsimUserError(
                 f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                hint="pick another --port, or stop what is listening there",
+                hint="--host must be an address of this machine: 127.0.0.1, 0.0.0.0 or ::"
+                if not_here
+                else "pick another --port, or stop what is listening there",
             ) from None
 
 
