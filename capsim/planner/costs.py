@@ -41,8 +41,8 @@ class CostModel:
             (
                 "--years",
                 self.years,
-                0 < self.years <= 100,
-                "a positive number of years, at most 100",
+                0.01 <= self.years <= 100,
+                "from 0.01 to 100 years",  # 1e-300 garbled the cost columns
             ),
             (
                 "--kwh-price",
@@ -61,8 +61,8 @@ class CostModel:
             (
                 "--duty-cycle",
                 self.duty_cycle,
-                0 < self.duty_cycle <= 1,
-                "a share above 0, at most 1",
+                0.001 <= self.duty_cycle <= 1,
+                "a share from 0.001 to 1",
             ),
         )
         for flag, value, ok, allowed in checks:
