@@ -636,7 +636,10 @@ GAMMA = ("--workload", "open", "--rate", "1", "--arrival", "gamma")
         (("--tp", "1,,2"), "--tp '1,,2' has an empty item"),
         (("--gpu", "rtx3090,"), "--gpu 'rtx3090,' has an empty item"),
         (("--set", "layer_overhead_eager_us=inf"), "needs a finite number"),
-        (("--workload", "open", "--rate", "nan"), "from 1e-06 to 1,000,000 requests per second"),
+        (
+            ("--workload", "open", "--rate", "nan"),
+            "positive, at most 1,000,000 requests per second",
+        ),
         ((*GAMMA, "--gamma-cv", "0"), "0.1 to 10"),
         ((*GAMMA, "--gamma-cv", "nan"), "0.1 to 10"),
         # ran for hours / a NaN reached the simulator's integer conversion
