@@ -279,7 +279,12 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
     level where too many requests failed is refused unless ``accept_failures``
     (capsim.probe.runfile.check_failure_share)."""
     from capsim.probe.prometheus import acceptance_per_position
-    from capsim.probe.runfile import check_failure_share, load_run
+    from capsim.probe.runfile import (
+        COUNTED_ENGINE_FLAGS,
+        check_failure_share,
+        engine_count,
+        load_run,
+    )
 
     summary, _ = load_run(path, events=False)
     check_failure_share(summary, path, accept_failures)
@@ -293,11 +298,8 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
 
     def count(value, where: str) -> int:
         """A whole number of 1 or more the run file records, or a user error naming it."""
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            number = 0
-        if not 1 <= number <= 2**31:
+        number = engine_count(value)
+        if number is None:
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise CapsimUserError(
                 f"run '{path}': {where} is {shown}, not a whole number from 1 to 2**31",
@@ -308,7 +310,7 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
     flags: dict = {}
     for key, value in dep.engine_flags.items():
         name = key.replace("-", "_")
-        if name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if name in COUNTED_ENGINE_FLAGS:
             flags[name] = count(value, f"the engine flag {key}")
     cache = h.server.get("cache_config") or {}
     if not isinstance(cache, dict):

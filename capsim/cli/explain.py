@@ -44,6 +44,7 @@ from capsim.cli.common import (
     resolve_models,
     spec_config,
 )
+from capsim.engine.limits import MAX_GPUS
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -99,8 +100,10 @@ def fit_cmd(
     if tp < 1:
         raise CapsimUserError(f"--tp must be at least 1, got {tp}")
     total_gpus = gpus if gpus is not None else tp
-    if total_gpus > 16_384:  # engine.config.MAX_GPUS, as predict and plan cap --gpus
-        raise CapsimUserError(f"--gpus {total_gpus}: input should be less than or equal to 16384")
+    if total_gpus > MAX_GPUS:  # as predict and plan cap --gpus
+        raise CapsimUserError(
+            f"--gpus {total_gpus}: input should be less than or equal to {MAX_GPUS}"
+        )
     if total_gpus < 1 or total_gpus % tp:
         raise CapsimUserError(
             f"--gpus {total_gpus} is not a multiple of --tp {tp}",

@@ -74,7 +74,7 @@ def print_run(summary: RunSummary, path: Path) -> None:
     """The run as a table: one row per level, counting only ok requests in the metrics;
     failures by outcome in their row; footnotes for what /metrics could not give."""
     from capsim.probe.prometheus import GENERATION_COUNTERS
-    from capsim.probe.runfile import failure_text, level_outcomes
+    from capsim.probe.runfile import failure_text, level_outcomes, run_outcomes
 
     columns = [
         ("C", "right", False),
@@ -88,15 +88,13 @@ def print_run(summary: RunSummary, path: Path) -> None:
         ("server gen\ntokens", "right", True),
     ]
     rows = []
-    totals: dict[str, int] = {}
+    totals = run_outcomes(summary)
     missing: dict[str, list[str]] = {}  # why the server's token count is missing: levels
     notes = []
     for lv in summary.levels:
         m = lv.metrics
         label = f"C={lv.concurrency} run {lv.run}"
         outcomes = level_outcomes(lv)
-        for k, n in outcomes.items():
-            totals[k] = totals.get(k, 0) + n
         tokens = server_tokens(lv)
         if tokens is None:
             why = lv.metrics_note or (
@@ -167,14 +165,10 @@ def parse_flags(values: list[str] | None) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise CapsimUserError(f"malformed --engine-flag '{item}'", hint="use KEY=VALUE")
-        counted = key.replace("_", "-") in (
-            "max-num-seqs",
-            "max-num-batched-tokens",
-            "max-model-len",
-        )
-        if counted and not (
-            value.strip().isascii() and value.strip().isdigit() and int(value) >= 1
-        ):
+        from capsim.probe.runfile import COUNTED_ENGINE_FLAGS, engine_count
+
+        counted = key.replace("-", "_") in COUNTED_ENGINE_FLAGS
+        if counted and engine_count(value) is None:
             # calibration simulates the server with these: a value it cannot read fails now,
             # not when the run is calibrated
             raise CapsimUserError(
@@ -397,12 +391,9 @@ def probe_cmd(
 def refuse_run_without_answers(summary, path: Path) -> None:
     """A run whose every request failed measured nothing but the failures: say so, with
     what failed most, and exit 2 (it was exit 0; the failures stay in the run file)."""
-    from capsim.probe.runfile import level_outcomes
+    from capsim.probe.runfile import run_outcomes
 
-    outcomes: dict[str, int] = {}
-    for level in summary.levels:
-        for outcome, n in level_outcomes(level).items():
-            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    outcomes = run_outcomes(summary)
     if not summary.levels or outcomes.get("ok") or not outcomes:
         return
     errors: dict[str, int] = {}

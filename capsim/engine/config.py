@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capsim.engine.lengths import parse_length
+from capsim.engine.limits import MAX_GPUS
 from capsim.engine.router import RouterPolicy
 from capsim.engine.workloads import WorkloadKind
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
@@ -16,8 +17,6 @@ from capsim.physics.speculative import SpecConfig
 MAX_TP = 72
 """The widest tensor-parallel group: the largest NVLink domain (GB200 NVL72)."""
 
-MAX_GPUS = 16_384
-"""The most GPUs one prediction simulates (every data-parallel replica is simulated)."""
 MAX_REQUESTS = 10_000_000
 """The most requests one level may simulate: about a minute on this 2-core host (capsim
 predict -c 64 --requests 200000 took 1.6 s, 2026-11-29), far past any converged figure;

@@ -3,3 +3,6 @@ at start-up)."""
 
 MAX_CONCURRENCY = 100_000
 """Highest concurrency (clients in a closed loop, agents of a plan) capsim simulates."""
+
+MAX_GPUS = 16_384
+"""The most GPUs one prediction simulates (every data-parallel replica is simulated)."""

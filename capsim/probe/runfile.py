@@ -133,6 +133,34 @@ def summarize_level(
     )
 
 
+COUNTED_ENGINE_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
+"""Engine flags a run records that calibration reads as counts to simulate the server
+(by their names with underscores; a run may spell them with dashes)."""
+
+MAX_ENGINE_COUNT = 2**31
+"""Largest such count taken (an engine's own limits are 32-bit)."""
+
+
+def engine_count(value: object) -> int | None:
+    """``value`` (a run file's or a flag's text or number) as a whole number from 1 to
+    MAX_ENGINE_COUNT, or None when it is not one ('abc', '1e3', '16.5', [1], 5,000
+    digits)."""
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    number = int(text)
+    return number if 1 <= number <= MAX_ENGINE_COUNT else None
+
+
+def run_outcomes(summary: RunSummary) -> dict[str, int]:
+    """Requests by outcome over every level of a run (level_outcomes, summed)."""
+    totals: dict[str, int] = {}
+    for level in summary.levels:
+        for outcome, n in level_outcomes(level).items():
+            totals[outcome] = totals.get(outcome, 0) + n
+    return totals
+
+
 def level_outcomes(level: LevelSummary) -> dict[str, int]:
     """Requests by outcome; for a level recorded before outcomes, from its completed count
     and failure reasons (read as legacy_outcome reads a record)."""

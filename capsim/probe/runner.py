@@ -418,7 +418,7 @@ class Prober:
             except CapsimUserError:
                 # refused before anything was measured (a prompt the server would not
                 # tokenise): no run file is left behind to be --force'd on the next try
-                if not writer.summary.levels and not self.in_flight and not self.sent:
+                if not self.sent:  # a level or a request in flight has sent one
                     writer.discard()
                     discarded = True
                 raise
