@@ -106,6 +106,11 @@ class FaultServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def probe_args(self, *extra: str) -> list[str]:
+        """``capsim probe`` at this server's model, one level of concurrency 1 without a
+        warm-up, followed by ``extra``."""
+        return ["probe", "--url", self.url, "--model", self.model, "-c", "1", "--no-warmup", *extra]
+
     def close(self) -> None:
         async def stop() -> None:
             self._server.close()

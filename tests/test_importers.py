@@ -12,6 +12,7 @@ from capsim.errors import CapsimUserError
 from capsim.probe.importers import import_results
 from capsim.probe.runfile import load_run
 
+runner = CliRunner()
 VLLM_BENCH = {
     "date": "20261120-101500",
     "backend": "vllm",
@@ -142,3 +143,33 @@ def test_a_result_with_too_many_requests_keeps_its_aggregates(tmp_path, monkeypa
     events = read_events(tmp_path / "run.jsonl")
     assert not [e for e in events if e.get("type") == "request"]
     assert any("4 requests, more than the 3" in n for n in take_notices())
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"max_concurrency": 0}, "max_concurrency must be null or a whole number of 1 or more"),
+        ({"input_lens": [5, 5]}, "per-request lists must be lists of one length"),
+        ({"model_id": 5}, "model_id must be a string"),
+    ],
+)
+def test_a_vllm_bench_result_of_nonsense_fields_is_refused(tmp_path, change, words):
+    """Each was imported: a level at C=0, records with input lengths of 0, a model '5'."""
+    path = tmp_path / "vb.json"
+    path.write_text(json.dumps(VLLM_BENCH | change))
+    out = tmp_path / "run.json"
+    r = runner.invoke(app, ["import", "vllm-bench", str(path), "--out", str(out)])
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert not out.exists()
+    path.write_text(json.dumps(VLLM_BENCH))
+    assert runner.invoke(app, ["import", "vllm-bench", str(path), "--out", str(out)]).exit_code == 0
+
+
+def test_import_out_naming_a_folder_is_refused(tmp_path):
+    """'--out impout/' wrote impout.json and impout.jsonl beside the folder."""
+    result = tmp_path / "vb.json"
+    result.write_text(json.dumps(VLLM_BENCH))
+    (tmp_path / "impout").mkdir()
+    r = runner.invoke(app, ["import", "vllm-bench", str(result), "--out", str(tmp_path / "impout")])
+    assert r.exit_code == 2 and "is a folder" in r.output, r.output
+    assert not (tmp_path / "impout.json").exists()

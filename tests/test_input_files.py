@@ -381,39 +381,6 @@ def test_a_kernel_fit_of_no_more_rows_than_parameters_is_refused(tmp_path):
     assert r.exit_code == 2 and "1 usable row cannot pin 4 parameters" in r.output, r.output
 
 
-@pytest.mark.parametrize(
-    ("change", "words"),
-    [
-        ({"max_concurrency": 0}, "max_concurrency must be null or a whole number of 1 or more"),
-        ({"input_lens": [5, 5]}, "per-request lists must be lists of one length"),
-        ({"model_id": 5}, "model_id must be a string"),
-    ],
-)
-def test_a_vllm_bench_result_of_nonsense_fields_is_refused(tmp_path, change, words):
-    """Each was imported: a level at C=0, records with input lengths of 0, a model '5'."""
-    import json
-
-    base = {
-        "duration": 10,
-        "completed": 4,
-        "total_output_tokens": 40,
-        "output_throughput": 4,
-        "max_concurrency": 2,
-        "ttfts": [0.1] * 4,
-        "output_lens": [10] * 4,
-        "input_lens": [5] * 4,
-        "model_id": "m",
-    }
-    path = tmp_path / "vb.json"
-    path.write_text(json.dumps(base | change))
-    out = tmp_path / "run.json"
-    r = runner.invoke(app, ["import", "vllm-bench", str(path), "--out", str(out)])
-    assert r.exit_code == 2 and words in r.output, r.output
-    assert not out.exists()
-    path.write_text(json.dumps(base))
-    assert runner.invoke(app, ["import", "vllm-bench", str(path), "--out", str(out)]).exit_code == 0
-
-
 def test_an_output_in_a_system_folder_is_refused_before_any_work(tmp_path):
     """'calibrate --out /proc/x.yaml' ran its fit (36 s) and then failed naming its
     temporary file."""
@@ -495,22 +462,6 @@ def test_validate_with_nothing_to_validate_is_exit_2(tmp_path):
     path.write_text(yaml.safe_dump(data))
     r = runner.invoke(app, ["validate", str(path)])
     assert r.exit_code == 2 and "no point to validate" in r.output, r.output
-
-
-def test_import_out_naming_a_folder_is_refused(tmp_path):
-    """'--out impout/' wrote impout.json and impout.jsonl beside the folder."""
-    import json
-
-    result = tmp_path / "vb.json"
-    result.write_text(
-        json.dumps(
-            {"duration": 10, "completed": 4, "total_output_tokens": 40, "output_throughput": 4}
-        )
-    )
-    (tmp_path / "impout").mkdir()
-    r = runner.invoke(app, ["import", "vllm-bench", str(result), "--out", str(tmp_path / "impout")])
-    assert r.exit_code == 2 and "is a folder" in r.output, r.output
-    assert not (tmp_path / "impout.json").exists()
 
 
 def test_a_lengths_file_of_booleans_is_refused(tmp_path):

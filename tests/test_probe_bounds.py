@@ -75,25 +75,8 @@ def test_a_probe_refused_before_it_measured_leaves_no_run_file(tmp_path):
 
     out = tmp_path / "run.json"
     with FaultServer(context=2048) as server:
-        r = runner.invoke(
-            app,
-            [
-                "probe",
-                "--url",
-                server.url,
-                "--model",
-                "fault-model",
-                "-c",
-                "1",
-                "--requests",
-                "2",
-                "--input-tokens",
-                "4096",
-                "--no-warmup",
-                "--out",
-                str(out),
-            ],
-        )
+        args = server.probe_args("--requests", "2", "--input-tokens", "4096", "--out", str(out))
+        r = runner.invoke(app, args)
     assert r.exit_code == 2 and "maximum context length is 2048" in r.output, r.output
     assert not out.exists() and not out.with_suffix(".jsonl").exists()
 

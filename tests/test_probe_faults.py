@@ -382,23 +382,7 @@ def test_a_run_whose_every_request_failed_is_exit_2_and_kept(tmp_path):
     exits 2 (it exited 0 over a table of failures); the failures stay in the run file."""
     out = tmp_path / "all-failed.json"
     with FaultServer(every={1: "http_500"}, tokenize=False) as server:
-        r = CliRunner().invoke(
-            app,
-            [
-                "probe",
-                "--url",
-                server.url,
-                "--model",
-                "fault-model",
-                "-c",
-                "1",
-                "--requests",
-                "4",
-                "--no-warmup",
-                "--out",
-                str(out),
-            ],
-        )
+        r = CliRunner().invoke(app, server.probe_args("--requests", "4", "--out", str(out)))
     assert r.exit_code == 2, r.output
     assert "every one of the 4 requests failed (most: http 500)" in r.stderr, r.stderr
     assert len(records_of(out)) == 4
@@ -421,20 +405,7 @@ def test_ctrl_c_stops_a_probe_with_exit_130_keeping_what_it_measured(tmp_path):
                 sys.executable,
                 "-m",
                 "capsim",
-                "probe",
-                "--url",
-                server.url,
-                "--model",
-                "fault-model",
-                "-c",
-                "1",
-                "--requests",
-                "20",
-                "--output-tokens",
-                "40",
-                "--no-warmup",
-                "--out",
-                str(out),
+                *server.probe_args("--requests", "20", "--output-tokens", "40", "--out", str(out)),
             ],
             cwd=root,
             stdout=subprocess.PIPE,
