@@ -248,13 +248,17 @@ def _ignore_late_signals() -> None:
 
 def _output_failed(exc: OSError) -> None:
     """A write the command could not make (stdout on a full disk, /dev/full, a device that
-    failed): one line naming it and exit 2, never a traceback; nothing more is written to
-    stdout (its buffer is dropped, so the interpreter's exit does not fail on it again)."""
+    failed), or another refusal of the system no command caught: one line saying which
+    and exit 2, never a traceback; nothing more is written to stdout (its buffer is
+    dropped, so the interpreter's exit does not fail on it again)."""
+    import errno
     import os
 
     where = f" '{exc.filename}'" if exc.filename else " the output"
+    writing = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS)
+    said = f"cannot write{where}" if writing or exc.filename else "the system refused"
     with contextlib.suppress(Exception):
-        sys.stderr.write(f"error: cannot write{where}: {exc.strerror or exc}\n")
+        sys.stderr.write(f"error: {said}: {exc.strerror or exc}\n")
         sys.stderr.flush()
     os._exit(2)
 
