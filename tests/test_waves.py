@@ -10,7 +10,14 @@ import pytest
 
 from capsim.calibration.step_table import MeasuredStepModel, measured_setup_from_run
 from capsim.probe.runfile import load_run
-from tests.wave_checks import WaveMiss, compare_waves, measured_runs, simulated_waves, waves
+from tests.wave_checks import (
+    WIDE_TOLERANCE,
+    WaveMiss,
+    compare_waves,
+    measured_runs,
+    simulated_waves,
+    waves,
+)
 
 RUNS = Path(__file__).resolve().parent.parent / "calibration" / "runs" / "waves-2026-11-28"
 C, PROMPT, REQUESTS = 16, 512, 48
@@ -42,13 +49,14 @@ def test_without_the_api_servers_serial_work_the_second_wave_meets_no_queue():
     """The cause: an idle engine starts its first step with the first request alone when
     requests reach it one tokenization apart. Without that spacing the burst is cut into
     full prefill steps and the second wave is admitted step by step as it arrives, at
-    about half the measured TTFT."""
+    about half the measured TTFT: a miss beyond WIDE_TOLERANCE, so the live test fails
+    on it however the host's speed drifted."""
     sim = simulated_waves(_setup(serial=False), C, REQUESTS, PROMPT, "64")
     runs = measured_runs(load_run(RUNS / "cpu-vllm-tiny-qwen3-burst-equal.json")[1])
     for records in runs.values():
         meas = waves(records, C)
         with pytest.raises(AssertionError):
-            compare_waves("equal", 0, meas, sim)
+            compare_waves("equal", 0, meas, sim, WIDE_TOLERANCE)
 
 
 def test_a_miss_says_which_way_the_simulation_was_wrong():

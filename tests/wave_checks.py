@@ -8,6 +8,12 @@ import numpy as np
 TOLERANCE = 0.20
 """How far a simulated TTFT statistic may be from the measured one (relative)."""
 
+WIDE_TOLERANCE = 0.5
+"""A miss that fails the live burst test (relative): the scale of the mechanism under test
+(without the API server's serial work the stored runs' second wave is simulated 52-59%
+short). Misses between TOLERANCE and this carry the host's drift between the sweep and
+the bursts as much as the model's error."""
+
 
 def quantile_band(values: np.ndarray, q: float) -> tuple[float, float]:
     """The order statistics that bound the ``q`` quantile of ``values``' population with
