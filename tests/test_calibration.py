@@ -437,6 +437,27 @@ def test_a_dataset_spanning_hardware_classes_is_split_per_class():
     assert sum(len(p.scenarios) for ps in groups.values() for p in ps) == len(mixed.scenarios)
 
 
+def test_profiles_are_fitted_per_hardware_class_and_engine():
+    """capsim calibrate fits one profile a (hardware class, engine): llama.cpp's points
+    on a class fit another profile than vLLM's, and a dataset spanning both is split."""
+    from capsim.calibration.crossval import group_by_class_and_engine, profile_engine
+    from capsim.calibration.published import load_published
+
+    corpus = load_published()
+    groups = group_by_class_and_engine(corpus, CAT)
+    for (hw_class, engine), parts in groups.items():
+        for part in parts:
+            assert {profile_engine(sc) for sc in part.scenarios} == {engine}
+            assert {CAT.gpu(sc.gpu).hardware_class for sc in part.scenarios} == {hw_class}
+    engines_of = {}
+    for hw_class, engine in groups:
+        engines_of.setdefault(hw_class, set()).add(engine)
+    assert any({"vllm", "llama.cpp"} <= e for e in engines_of.values())
+    assert "other" not in {engine for _, engine in groups}  # simulated as vLLM
+    scenarios = sum(len(p.scenarios) for ps in groups.values() for p in ps)
+    assert scenarios == sum(len(ds.scenarios) for ds in corpus)
+
+
 def test_a_level_fold_chooses_its_parameters_from_the_full_fits_simulations(monkeypatch):
     """validate --calibrated: each leave-a-level-out fold chooses what to fit from the rows
     of its own points in the simulations the fit on every point ran for its choice, which

@@ -444,6 +444,20 @@ def test_prior_weight_needs_a_fit():
     assert r.exit_code == 2 and "Traceback" not in r.stderr + r.stdout
 
 
+def test_one_name_for_several_profiles_is_refused(tmp_path):
+    """calibrate writes one profile a hardware class and engine: --name (or a .yaml
+    --out) for data spanning several would write them all to one file."""
+    data = [
+        "calibration/published/seed002-rtx3090-moe-vs-dense.yaml",
+        "calibration/published/corpus-client-rtx3090-llamacpp-vulkan.yaml",
+    ]
+    for extra in (["--name", "mine", "--out", str(tmp_path)], ["--out", str(tmp_path / "p.yaml")]):
+        r = invoke("calibrate", *data, *extra)
+        assert r.exit_code == 2, r.output
+        assert "consumer-ampere-vllm, consumer-ampere-llama.cpp" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_parity_plot_tick_labels():
     from capsim.cli.parity_plot import minor_tick_label, tick_label
 

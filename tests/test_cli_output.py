@@ -303,7 +303,7 @@ def test_predict_csv_has_each_figure_once_and_flat_cells():
     ("args", "kept"),
     [
         (["validate"], "scenarios compared; the results cover those"),
-        (["calibrate", "--out", "{tmp}"], "hardware classes"),
+        (["calibrate", "--out", "{tmp}"], "profiles fitted"),
         (
             [
                 *("plan", "--model", "qwen3-8b", "--agents", "64", "--counts", "1,2,4,8"),

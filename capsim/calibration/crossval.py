@@ -41,6 +41,32 @@ def group_by_class(datasets: list[PublishedDataset], catalog: Catalog) -> dict[s
     return groups
 
 
+def profile_engine(sc) -> str:
+    """The engine a profile fitted on scenario ``sc`` serves under ``--profile auto``: the
+    engine it is simulated as, without a release ('vllm@0.7.3' and 'other' are vllm)."""
+    from capsim.calibration.compare import simulated_engine
+
+    return simulated_engine(sc).partition("@")[0].strip()
+
+
+def group_by_class_and_engine(
+    datasets: list[PublishedDataset], catalog: Catalog
+) -> dict[tuple[str, str], list]:
+    """Datasets by (hardware class, engine): a profile serves one engine (capsim
+    calibrate), so llama.cpp's points on an RTX 4090 fit another profile than vLLM's; a
+    dataset spanning several is split into one part per pair, under its name."""
+    groups: dict[tuple[str, str], list[PublishedDataset]] = {}
+    for hw_class, parts in group_by_class(datasets, catalog).items():
+        for ds in parts:
+            by_engine: dict[str, list] = {}
+            for sc in ds.scenarios:
+                by_engine.setdefault(profile_engine(sc), []).append(sc)
+            for engine, scenarios in by_engine.items():
+                part = ds if len(by_engine) == 1 else ds.model_copy(update={"scenarios": scenarios})
+                groups.setdefault((hw_class, engine), []).append(part)
+    return groups
+
+
 def without_level(ds: PublishedDataset, concurrency: int) -> PublishedDataset | None:
     """The dataset with every point at one concurrency removed (None if nothing is left)."""
     scenarios = []

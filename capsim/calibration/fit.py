@@ -194,13 +194,15 @@ def fit_profile(
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     sensitivities: Sensitivities | None = None,
     record: bool = False,
+    engine: str = "vllm",
 ) -> Profile:
     """Fit ``fit`` parameters (None: the class's default set) to every point of
     ``datasets`` (one hardware class), from the class's defaults (the priors) or from
     ``start`` (e.g. a fit on more points, to converge in fewer evaluations), pulled
     towards the priors by ``prior_weight`` (see DEFAULT_PRIOR_WEIGHT). ``sensitivities``
     (with ``record``: to be filled) hold the simulations behind the choice of parameters
-    (``Sensitivities``)."""
+    (``Sensitivities``). ``engine`` is the engine the profile serves under ``--profile
+    auto`` (crossval.profile_engine of the datasets' scenarios)."""
     hw_class, names, base = fit_setup(datasets, catalog, fit)
     candidates = list(names)
     held_reasons: dict[str, str] = {}
@@ -278,6 +280,7 @@ def fit_profile(
     return Profile(
         name=name,
         hardware_class=hw_class,
+        engine=engine,
         fitted_from=[ds.name for ds in datasets],
         parameters=parameters,
         correlation=correlation,

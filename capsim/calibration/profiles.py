@@ -223,9 +223,12 @@ def profile_search_path() -> list[Path]:
 def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") -> Profile | None:
     """Resolve ``--profile``: a path, a name in the profile folders (the user's, then the
     shipped ones), ``auto`` (the profile fitted for the GPU's hardware class under this
-    serving engine, if one exists: the user's before the shipped one) or ``none``."""
+    serving engine, if one exists: the user's before the shipped one) or ``none``.
+    ``engine`` may name a release ('vllm@0.7.3'): a profile serves the engine's releases
+    alike, and one fitted under another engine is refused."""
     if spec in (None, "none"):
         return None
+    engine = engine.partition("@")[0].strip()
     if spec == "auto":
         for folder in profile_search_path():
             path = folder / f"{hardware_class}-{engine}.yaml"
@@ -253,5 +256,12 @@ def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") ->
             f"profile '{profile.name}' was fitted on {profile.hardware_class} hardware, not "
             f"{hardware_class}",
             hint="use a profile of the same hardware class, or --profile none",
+        )
+    if profile.engine != engine:
+        raise CapsimUserError(
+            f"profile '{profile.name}' was fitted under {profile.engine}, not {engine} "
+            "(--profile, --engine)",
+            hint=f"use a profile fitted under {engine} (capsim calibrate on its measurements), "
+            "or --profile none",
         )
     return profile

@@ -72,7 +72,7 @@ def calibrate_cmd(
     """Fit efficiency parameters per hardware class with scipy least_squares."""
     import numpy as np
 
-    from capsim.calibration.crossval import cross_validate, group_by_class
+    from capsim.calibration.crossval import cross_validate, group_by_class_and_engine
     from capsim.calibration.fit import fit_profile
     from capsim.calibration.published import load_published
 
@@ -88,35 +88,45 @@ def calibrate_cmd(
             hint=f"use --out {out.with_suffix('.yaml')}, or a folder name without a suffix",
         )
     names = None if fit is None else tuple(split_list(fit))
-    groups = group_by_class(load_published(datasets, accept_failures), cat)
-    if out.suffix == ".yaml" and len(groups) > 1:
+    # one profile a hardware class and engine, named after both unless --name says
+    groups = {
+        f"{hw_class}-{engine}": (hw_class, engine, group)
+        for (hw_class, engine), group in group_by_class_and_engine(
+            load_published(datasets, accept_failures), cat
+        ).items()
+    }
+    if len(groups) > 1 and (out.suffix == ".yaml" or name is not None):
+        said = f"--out {out}" if out.suffix == ".yaml" else f"--name {name}"
         raise CapsimUserError(
-            f"the datasets span {len(groups)} hardware classes ({', '.join(groups)})",
-            hint="pass a folder to --out, or datasets of one class",
+            f"the datasets span {len(groups)} hardware classes and engines "
+            f"({', '.join(groups)}), one profile each; {said} names one",
+            hint="pass a folder to --out and leave out --name, or datasets of one hardware "
+            "class and engine",
         )
     from capsim.files import file_stem, refuse_overwrite
 
     if name is not None:
         file_stem(name, "--name")
 
-    targets = [
-        out if out.suffix == ".yaml" else out / f"{name or c + '-vllm'}.yaml" for c in groups
-    ]
+    targets = [out if out.suffix == ".yaml" else out / f"{name or key}.yaml" for key in groups]
     refuse_overwrite(targets, "--out", force)
     profiles = []
     skipped = []
     stopped = None  # after Ctrl-C: the class that was being fitted
-    size = {c: sum(len(sc.points) for ds in g for sc in ds.scenarios) for c, g in groups.items()}
+    size = {
+        key: sum(len(sc.points) for ds in g for sc in ds.scenarios)
+        for key, (_, _, g) in groups.items()
+    }
     # the bar counts points: a class's fit takes time in proportion to them
     with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
-        task = bar.add_task("fitting hardware classes", total=sum(size.values()))
-        hw_class = ""
+        task = bar.add_task("fitting profiles", total=sum(size.values()))
+        key = ""
         try:
-            for hw_class, group in groups.items():
-                bar.update(task, description=f"fitting {hw_class}")
+            for key, (_, engine, group) in groups.items():
+                bar.update(task, description=f"fitting {key}")
                 try:
                     profile = fit_profile(
-                        group, cat, name or f"{hw_class}-vllm", names, prior_weight=prior_weight
+                        group, cat, name or key, names, prior_weight=prior_weight, engine=engine
                     )
                     cv = cross_validate(
                         group, cat, names, start=profile.fitted_values, prior_weight=prior_weight
@@ -126,8 +136,8 @@ def calibrate_cmd(
                         raise
                     # one class capsim cannot simulate (a GPU without a figure the step
                     # needs) does not stop the others
-                    skipped.append((hw_class, exc.message))
-                    bar.advance(task, size[hw_class])
+                    skipped.append((key, exc.message))
+                    bar.advance(task, size[key])
                     continue
                 if cv:
                     errors = np.log([p.predicted / p.measured for p in cv])
@@ -135,14 +145,14 @@ def calibrate_cmd(
                 path = out if out.suffix == ".yaml" else out / f"{profile.name}.yaml"
                 profile.save(path)
                 profiles.append((profile, path))
-                bar.advance(task, size[hw_class])
+                bar.advance(task, size[key])
         except BaseException as exc:
             if not ctrl_c.stopped(exc):
                 raise
-            stopped = hw_class
-    for hw_class, why in skipped:
+            stopped = key
+    for key, why in skipped:
         err_console.print(
-            f"[yellow]skipped {escape(hw_class)}:[/] {escape(why)}", markup=True, highlight=False
+            f"[yellow]skipped {escape(key)}:[/] {escape(why)}", markup=True, highlight=False
         )
     if json_out:
         print_json([{"path": str(p), **prof.model_dump(mode="json")} for prof, p in profiles])
@@ -153,9 +163,9 @@ def calibrate_cmd(
         interrupted(
             f"while fitting {stopped}; "
             + (
-                f"{len(profiles)} of {len(groups)} hardware classes fitted and written: {written}"
+                f"{len(profiles)} of {len(groups)} profiles fitted and written: {written}"
                 if profiles
-                else f"none of {len(groups)} hardware classes fitted, nothing written"
+                else f"none of {len(groups)} profiles fitted, nothing written"
             )
         )
         raise typer.Exit(EXIT_INTERRUPTED)
