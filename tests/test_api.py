@@ -131,7 +131,7 @@ def test_calibrate_writes_the_users_folder_and_predict_applies_it(tmp_path, monk
     assert (written["engine"], written["name"]) == ("vllm", f"{cls}-vllm")
     release = dict(concurrency=[1], requests=8, engine="vllm@0.7.3")
     assert capsim.predict(gpu=gpu, model="qwen3-0.6b", **release).profile == written["name"]
-    with pytest.raises(capsim.CapsimUserError, match="fitted under vllm, not llama.cpp"):
+    with pytest.raises(capsim.CapsimUserError, match=r"fitted under vllm, not llama\.cpp"):
         capsim.predict(
             gpu=gpu, model="qwen3-0.6b", concurrency=[1], engine="llama.cpp", profile=cls + "-vllm"
         )

@@ -310,3 +310,66 @@ def test_split_state_pool_ignores_models_without_state(cat):
     split = memory_fit(g, m, q, state_layout="split", state_share=0.5, state_slots_per_sequence=3)
     assert split.kv_capacity_tokens == plain.kv_capacity_tokens
     assert split.state_sequence_cap is None and split.state_layout == "shared"
+
+
+def test_the_speculative_drafter_shares_the_pool_by_hand(cat):
+    """vLLM gives the drafter's attention layers pages of the one KV pool and loads its
+    weights from the same budget (physics/drafter_memory.py)."""
+    from capsim.physics.drafter_memory import Drafter, draft_format, eagle_layer_weight_count
+
+    gpu, target = cat.gpu("rtx4090"), cat.model("llama-3.1-8b")
+    fmt = cat.quant("awq-int4")
+    alone = memory_fit(gpu, target, fmt)
+    # a Llama-3.2-1B draft: 16 layers x (K and V) x 8 KV heads x 64 dims x 2 bytes a token
+    small = cat.model("llama-3.2-1b")
+    draft = Drafter("draft", small, draft_format(cat, "awq-int4", small))
+    with_draft = memory_fit(gpu, target, fmt, drafter=draft)
+    assert with_draft.kv_bytes_per_token == 131072 + 16 * 2 * 8 * 64 * 2 == 163840
+    assert with_draft.weight_breakdown["drafter"] == pytest.approx(
+        sum(weight_bytes(small, fmt).values())
+    )
+    budget = alone.kv_budget_bytes - with_draft.weight_breakdown["drafter"]
+    assert with_draft.kv_budget_bytes == pytest.approx(budget)
+    assert with_draft.kv_capacity_tokens == pytest.approx(budget / 163840, abs=BLOCK_SIZE_TOKENS)
+    # EAGLE: one decoder layer (attention, the dense FFN, the 2 h^2 fc) at the target's
+    # format, and one layer's KV in the target's shape
+    eagle = memory_fit(gpu, target, fmt, drafter=Drafter("eagle"))
+    layer = (4096 * 128 * (32 + 2 * 8) + 32 * 128 * 4096) + 3 * 4096 * 14336 + 2 * 4096**2
+    assert eagle_layer_weight_count(target) == layer
+    assert eagle.weight_breakdown["drafter"] == pytest.approx(layer * fmt.bits_per_weight / 8)
+    assert eagle.kv_bytes_per_token == 131072 + 2 * 8 * 128 * 2
+    # MTP: DeepSeek-V3's one MTP layer keeps a latent like the other 61 (its weights come
+    # with include_mtp)
+    v3 = cat.model("deepseek-v3")
+    h200, fp8 = cat.gpu("h200"), cat.quant("fp8")
+    mtp = memory_fit(h200, v3, fp8, tp=8, include_mtp=True, drafter=Drafter("mtp"))
+    assert mtp.kv_bytes_per_token == (61 + 1) * (512 + 64) * 2
+    assert mtp.weight_breakdown["drafter"] == 0.0 and mtp.weight_breakdown["mtp"] > 0
+    # n-gram lookup runs on the CPU: no drafter
+    from capsim.physics.drafter_memory import drafter_for
+    from capsim.physics.speculative import SpecConfig
+
+    assert drafter_for(cat, SpecConfig(method="ngram", num_tokens=4), None) is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    model=st.sampled_from(["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "gemma-3-27b"]),
+    method=st.sampled_from(["eagle", "mtp", "draft"]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+)
+def test_a_drafter_never_adds_capacity(model, method, tp):
+    from capsim.physics.drafter_memory import Drafter
+
+    m = CAT.model(model)
+    small = CAT.model("qwen3-0.6b")
+    drafter = Drafter(method, small, CAT.quant("bf16")) if method == "draft" else Drafter(method)
+    gpu = CAT.gpu("h200")
+    try:
+        alone = memory_fit(gpu, m, CAT.quant("fp8"), tp=tp)
+        spec = memory_fit(gpu, m, CAT.quant("fp8"), tp=tp, drafter=drafter)
+    except CapsimUserError:  # TP does not divide the heads
+        return
+    assert spec.kv_capacity_tokens <= alone.kv_capacity_tokens
+    assert spec.max_sequences <= alone.max_sequences
+    assert spec.weight_bytes >= alone.weight_bytes

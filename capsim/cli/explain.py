@@ -80,6 +80,7 @@ def fit_cmd(
     mtp: Annotated[
         bool, typer.Option("--mtp", help="Load the MTP module (MTP speculation)")
     ] = False,
+    spec: SpecOption = None,
     engine: EngineOption = "vllm",
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
@@ -91,6 +92,7 @@ def fit_cmd(
 ) -> None:
     """Does MODEL fit on GPU? Weights, activations, KV cache capacity per GPU."""
     from capsim.engine.setup import engine_fit_options
+    from capsim.physics.drafter_memory import drafter_for
     from capsim.physics.memory import fit_hint, memory_fit, require_fit
 
     cat, (ref,) = resolve_models(catalog(db), [model])
@@ -116,10 +118,22 @@ def fit_cmd(
             f"--context {context:,} is not a sequence length {m.name} takes",
             hint=f"1 to {longest:,} tokens" if longest else "at least 1 token",
         )
+    # the drafter's weights and KV layers share the memory (--mtp: the MTP module alone)
+    spec_cfg = spec_config(spec, None)
+    mtp_flag = "--mtp"
+    if spec_cfg is not None and spec_cfg.method == "mtp":
+        mtp, mtp_flag = True, "--spec with method mtp"
+    elif mtp:
+        if spec_cfg is not None:
+            raise CapsimUserError(
+                f"--mtp loads the MTP module; --spec asks for {spec_cfg.method} instead",
+                hint="give one of them",
+            )
+        spec_cfg = spec_config('{"method": "mtp", "num_speculative_tokens": 1}', None)
     if mtp and not m.mtp_layers:
         raise CapsimUserError(
-            f"{m.name} has no MTP layers, so --mtp loads nothing",
-            hint="leave --mtp out (speculate with eagle, draft or ngram in predict)",
+            f"{m.name} has no MTP layers, so {mtp_flag} loads nothing",
+            hint="leave it out (speculate with eagle, a draft model or ngram)",
         )
     if enable_expert_parallel:
         # whole experts a GPU take the bytes a slice of each did: the fit is the same, the
@@ -137,6 +151,7 @@ def fit_cmd(
         context_tokens=context,
         enforce_eager=enforce_eager,
         include_mtp=mtp,
+        drafter=drafter_for(cat, spec_cfg, quant or ref.quant),
         cpu_moe_layers=n_cpu_moe,
         dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
     )
@@ -196,6 +211,9 @@ def print_fit(r, g: GPU, m: Model, replicas: int, expert_parallel: bool = False)
     table.add_row("GPU memory", f"{r.memory_bytes / GIB:.2f} GiB")
     table.add_row(f"usable (x {r.gpu_memory_utilization:g})", f"{r.budget_bytes / GIB:.2f} GiB")
     table.add_row("weights", f"{r.weight_bytes / GIB:.2f} GiB ({r.weight_bytes / GB:.2f} GB)")
+    drafter = r.weight_breakdown.get("drafter", 0.0)
+    if drafter:
+        table.add_row("  of which the speculative drafter's", f"{drafter / GIB:.2f} GiB")
     table.add_row("activation peak", f"{r.activation_bytes / GIB:.2f} GiB")
     table.add_row(
         "runtime reserve (context, NCCL, graphs)", f"{r.runtime_reserve_bytes / GIB:.2f} GiB"
@@ -205,6 +223,8 @@ def print_fit(r, g: GPU, m: Model, replicas: int, expert_parallel: bool = False)
         console.print(table)
         return
     table.add_row("KV bytes per token", f"{r.kv_bytes_per_token:,.0f}")
+    if r.kv_per_layer_type.get("drafter"):
+        table.add_row("  of which the drafter's layers", f"{r.kv_per_layer_type['drafter']:,.0f}")
     if r.state_bytes_per_sequence:
         table.add_row(
             "linear-attention state per sequence", f"{r.state_bytes_per_sequence / 2**20:.1f} MiB"
@@ -471,6 +491,7 @@ def explain_cmd(
         resolve_format,
         resolve_params,
     )
+    from capsim.physics.drafter_memory import drafter_for
     from capsim.physics.step import build_step_model
 
     if batch < 1 or context < 0:
@@ -500,6 +521,7 @@ def explain_cmd(
         kv_dtype=kv_dtype,
         enforce_eager=enforce_eager,
         include_mtp=spec_cfg is not None and spec_cfg.method == "mtp",
+        drafter=drafter_for(cat, spec_cfg, quant),
         context_tokens=context + width,
         cpu_moe_layers=n_cpu_moe,
         dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),

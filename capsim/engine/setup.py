@@ -14,6 +14,7 @@ from capsim.engine.config import PredictConfig
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.errors import CapsimUserError
 from capsim.physics.deployment import Deployment, default_efficiency
+from capsim.physics.drafter_memory import drafter_for
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
 from capsim.physics.memory import (
@@ -295,6 +296,7 @@ def build_setup(
         max_num_batched_tokens=config.max_num_batched_tokens,
         enforce_eager=config.enforce_eager,
         include_mtp=spec is not None and spec.method == "mtp",
+        drafter=drafter_for(cat, spec, config.quant),
         cpu_moe_layers=config.cpu_moe_layers,
         dp_attention=config.dp_attention,
     )

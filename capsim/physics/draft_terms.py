@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from capsim.physics.drafter_memory import eagle_layer_weight_count
 from capsim.physics.parameters import attention_params, layer_ffn_params
 from capsim.physics.roofline import roofline
 
@@ -34,9 +35,7 @@ class DrafterTerms:
         bits = fmt.bits_per_weight / 8
         dense_ffn = ffn.get("mlp", 0) + ffn.get("shared", 0)
         head = weight_parts["embeddings" if model.tie_word_embeddings else "lm_head"]
-        self.draft_layer_bytes = (
-            attention_params(model) + dense_ffn + 2 * model.hidden_size**2
-        ) * bits / tp + head
+        self.draft_layer_bytes = eagle_layer_weight_count(model) * bits / tp + head
         self.draft_routed_slice = (
             self.expert_slice_bytes if "routed" in ffn and self.moe_layers else 0.0
         )

@@ -22,6 +22,11 @@ from capsim.catalog.engine_schema import SlidingWindowPool
 from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CapsimUserError, DoesNotFitError
+from capsim.physics.drafter_memory import (
+    Drafter,
+    drafter_kv_bytes_per_token,
+    drafter_weight_bytes,
+)
 from capsim.physics.dtypes import ACTIVATION_BYTES
 from capsim.physics.kv_layout import (
     BLOCK_SIZE_TOKENS,
@@ -310,6 +315,7 @@ def memory_fit(
     sliding_window_pool: SlidingWindowPool | None = None,
     sliding_window_pages: bool = False,
     dp_attention: int = 1,
+    drafter: Drafter | None = None,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -348,6 +354,9 @@ def memory_fit(
             tp / dp_attention GPUs and a KV cache of its own rank's sequences, so the
             capacity (tokens, sequences) is dp_attention ranks' worth, each laid out for
             tp / dp_attention GPUs.
+        drafter: the speculative drafter loaded beside the model (drafter_memory.Drafter):
+            its weights leave the KV budget and its attention layers' KV joins every token
+            of the pool.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -382,6 +391,7 @@ def memory_fit(
     budget = memory * gpu_memory_utilization
     # each rank's GPUs hold its whole attention, split over attention_tp
     parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp, attention_tp=attention_tp)
+    parts["drafter"] = drafter_weight_bytes(drafter, model, fmt, tp)
     if cpu_moe_layers:
         if gpu.unified_memory:
             raise CapsimUserError(
@@ -422,6 +432,15 @@ def memory_fit(
         )
     else:
         layout = kv_layout(model, kv_dtype, attention_tp)
+    extra = drafter_kv_bytes_per_token(drafter, model, kv_dtype, attention_tp)
+    if extra:  # the drafter's layers take pages of the same pool for every token
+        layout = KVLayout(
+            layout.full_bytes_per_token + extra,
+            layout.sliding_bytes_per_token,
+            layout.sliding_window,
+            layout.state_bytes_per_sequence,
+            {**layout.per_layer_type, "drafter": extra},
+        )
     shown = layout  # the layers' own figures, for the report
     if window_pool is None and sliding_window_pages:
         layout = window_pages_layout(layout)

@@ -66,6 +66,7 @@ from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.decode_run import DecodeRuns
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.draft_terms import DrafterTerms
+from capsim.physics.drafter_memory import draft_format
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.expert_terms import ExpertTerms
 from capsim.physics.host_terms import HostTerms
@@ -528,7 +529,7 @@ def build_step_model(
         draft = StepModel(
             g,
             draft_model,
-            catalog.quant(dep.quant or draft_model.dtype),
+            draft_format(catalog, dep.quant, draft_model),
             Deployment(
                 tp=dep.tp,
                 kv_dtype=dep.kv_dtype,

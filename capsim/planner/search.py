@@ -30,6 +30,7 @@ from capsim.engine.pool import cores_for, worker_pool
 from capsim.engine.router import RouterPolicy
 from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.communication import choose_interconnect
+from capsim.physics.drafter_memory import drafter_for
 from capsim.physics.memory import memory_fit
 from capsim.physics.speculative import SpecConfig
 from capsim.planner.capacity import Objectives, measure_point
@@ -264,6 +265,7 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                             tp=tp,
                             kv_dtype=kv,
                             include_mtp=spec is not None,
+                            drafter=drafter_for(cat, spec, quant),
                         )
                         if not fit.fits:
                             pruned += 1
