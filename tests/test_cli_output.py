@@ -319,6 +319,13 @@ def test_predict_csv_has_each_figure_once_and_flat_cells():
             ],
             "configurations predicted",
         ),
+        (
+            [
+                *("capacity", "--model", "llama-3.1-8b,qwen3-30b-a3b", "--max-ttft-p90", "1"),
+                *("--gpu", "rtx3090,rtx4090,l40s,h100-sxm,a100-80g,h200"),
+            ],
+            "configurations answered; the answers above cover those",
+        ),
     ],
 )
 def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_path):
@@ -352,7 +359,12 @@ def test_ctrl_c_stops_within_a_second_and_keeps_what_finished(args, kept, tmp_pa
         kept in line or "before the first" in line or "none of" in line or line == ("interrupted")
     ), line
     if "cover those" in line:  # the finished part is printed
-        finished = {"validate": "MAPE over", "plan": "winner: ", "predict": "capsim predict"}
+        finished = {
+            "validate": "MAPE over",
+            "plan": "winner: ",
+            "predict": "capsim predict",
+            "capacity": "capsim capacity",
+        }
         assert finished[args[0]] in out or "nothing meets" in out, out
     # within 2 s on a quiet host; up to 30 s is the host's (a busy two-core VM under the
     # suite's other workers), and the bug this guards against (issue 47: calibrate took

@@ -37,6 +37,8 @@ from capsim.cli.common import (
     attention_ranks,
     catalog,
     console,
+    exit_after_interrupt,
+    finished_before_ctrl_c,
     fitted_table,
     fmt_sig,
     objectives_from_flags,
@@ -102,7 +104,7 @@ def capacity_cmd(
         raise CapsimUserError("--tp and --gpus must be at least 1")
     cat, refs = resolve_models(catalog(db), split_list(model))
     cat.engine(engine)
-    answers = []
+    configs = []
     for g, ref in itertools.product(split_list(gpu), refs):
         config = predict_config(
             gpu=g,
@@ -125,7 +127,20 @@ def capacity_cmd(
             engine=engine,
             profile=profile,
         )
-        answers.append(capacity(config, objectives, cat, pessimistic=pessimistic))
+        configs.append(config)
+    answers, stopped = finished_before_ctrl_c(
+        (capacity(c, objectives, cat, pessimistic=pessimistic) for c in configs),
+        len(configs),
+        "configurations answered",
+        "the answers above cover those",
+        bar_text="searching the concurrency" if len(configs) > 1 else None,
+    )
+    with exit_after_interrupt(stopped):
+        show_answers(answers, objectives, pessimistic, json_out)
+
+
+def show_answers(answers, objectives, pessimistic: bool, json_out: bool) -> None:
+    """Each configuration's capacity curve, answer and causes (or JSON)."""
     if json_out:
         print_json(
             {
