@@ -425,6 +425,13 @@ def test_a_run_log_whose_chunks_come_before_their_send_is_refused(tmp_path):
         ({"cache_config": {"num_gpu_blocks": "abc", "block_size": 16}}, "num_gpu_blocks is 'abc'"),
         ({"cache_config": {"num_gpu_blocks": 10, "block_size": "16.5"}}, "block_size is '16.5'"),
         ({"cache_config": "x"}, None),  # not vLLM's: no KV capacity, no error
+        # the header's own fields, named as the run file has them (they were named as the
+        # flags predict takes: '--tp -2', 'cannot read --spec')
+        ({"deployment": {"tp": -2}}, "header.deployment.tp: input should be greater than"),
+        ({"deployment": {"spec": "xx"}}, "header.deployment.spec: cannot read spec 'xx'"),
+        ({"header": {"input_tokens": -5}}, "header.input_tokens: cannot read the workload's"),
+        ({"header": {"output_tokens": "foo:1"}}, "header.output_tokens: cannot read"),
+        ({"header": {"workload": "zigzag"}}, "header.workload: unknown workload kind 'zigzag'"),
     ],
 )
 def test_a_run_file_of_nonsense_engine_figures_is_refused_by_name(tmp_path, edit, words):
@@ -438,6 +445,8 @@ def test_a_run_file_of_nonsense_engine_figures_is_refused_by_name(tmp_path, edit
         header["deployment"]["engine_flags"] = edit["engine_flags"]
     if "cache_config" in edit:
         header["server"]["cache_config"] = edit["cache_config"]
+    header["deployment"].update(edit.get("deployment", {}))
+    header.update(edit.get("header", {}))
     path = tmp_path / "run.json"
     path.write_text(json.dumps(data))
     r = runner.invoke(app, ["validate", str(path)])
@@ -469,3 +478,27 @@ def test_a_lengths_file_of_booleans_is_refused(tmp_path):
     path.write_text("[true, true]")
     r = runner.invoke(app, [*PREDICT, "--input-tokens", f"file:{path}"])
     assert r.exit_code == 2 and "something other than numbers" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("line", "mended", "words"),
+    [
+        ("  tp: 8", "  tp: -8", ":67: invalid entry: scenarios.0.tp: Input should be greater"),
+        (
+            "  kind: closed",
+            "  kind: zig",
+            ":14: invalid entry: workload.kind: Value error, unknown",
+        ),
+        ("  input_tokens: '3200'", "  input_tokens: '-1'", "cannot read the workload's input"),
+    ],
+)
+def test_a_dataset_field_predict_cannot_read_is_named_with_its_line(tmp_path, line, mended, words):
+    """A published dataset's TP, workload kind and lengths are checked where it is read,
+    named by file, line and field (they were refused at simulation as '--tp -8')."""
+    source = ROOT / "calibration/published"
+    text = (source / "corpus-dstack-dsr1-h200-sglang-dpattn-trtllm-3200in-800out.yaml").read_text()
+    assert line + "\n" in text
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace(line + "\n", mended + "\n", 1))
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 2 and words in r.output, r.output

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capsim.calibration.paths import calibration_dir
 from capsim.catalog.loader import format_validation_error, load_yaml_text
 from capsim.catalog.schemas import Source
+from capsim.engine.limits import MAX_GPUS
 from capsim.errors import CapsimUserError
 
 POINT_METRICS = (
@@ -73,6 +74,24 @@ class MeasuredPoint(Strict):
         return one_of(v, POINT_METRICS, "metric")
 
 
+def length_text(value: str | None, what: str) -> str | None:
+    """``value`` if it is a token count or distribution predict reads (parse_length), else
+    a validation error in the dataset's terms."""
+    if value is None:
+        return value
+    from capsim.engine.lengths import parse_length
+
+    try:
+        parse_length(value, what, minimum=1.0)
+    except CapsimUserError as exc:
+        raise ValueError(exc.message) from None
+    return value
+
+
+WORKLOAD_KINDS = ("batch", "closed", "agents", "open", "trace")
+"""What a dataset's workload.kind can be (engine.workloads.WorkloadKind)."""
+
+
 class Scenario(Strict):
     name: str
     engine: str = Field("vllm", description="Serving engine that was measured (see ENGINES)")
@@ -86,8 +105,8 @@ class Scenario(Strict):
     gpu: str
     model: str
     quant: str
-    tp: int = 1
-    dp: int = 1
+    tp: int = Field(1, ge=1, le=MAX_GPUS)
+    dp: int = Field(1, ge=1, le=MAX_GPUS)
     interconnect: str = "auto"
     kv_dtype: str = "auto"
     spec: str | None = None
@@ -113,6 +132,23 @@ class Scenario(Strict):
     def _known_engine(cls, v: str) -> str:
         return one_of(v, ENGINES, "engine")
 
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _length(cls, v: str | None, info) -> str | None:
+        return length_text(v, f"the scenario's {info.field_name}")
+
+    @field_validator("spec")
+    @classmethod
+    def _spec(cls, v: str | None) -> str | None:
+        if v is not None:
+            from capsim.physics.speculative import parse_spec
+
+            try:
+                parse_spec(v, what="spec")
+            except CapsimUserError as exc:
+                raise ValueError(exc.message) from None
+        return v
+
 
 class WorkloadDescription(Strict):
     kind: str
@@ -122,6 +158,16 @@ class WorkloadDescription(Strict):
     output_tokens: str | None = None
     quotes: list[str] = Field(default_factory=list)
     unknowns: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return one_of(v, WORKLOAD_KINDS, "workload kind")
+
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _length(cls, v: str | None, info) -> str | None:
+        return length_text(v, f"the workload's {info.field_name}")
 
 
 class PublishedDataset(Strict):
@@ -340,6 +386,14 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
         acceptance = acceptance_per_position(totals)
     model = run_model_reference(h.model, h.server, path.parent)
     served_by = h.server.get("owned_by") if h.server.get("owned_by") in ENGINES else "vllm"
+    try:
+        return _run_dataset(path, h, dep, served_by, model, flags, capacity, points, acceptance)
+    except ValidationError as exc:
+        raise run_field_error(path, exc) from None
+
+
+def _run_dataset(path, h, dep, served_by, model, flags, capacity, points, acceptance):
+    """dataset_from_run's dataset, from what it read of the run."""
     return PublishedDataset(
         name=path.stem,
         source=Source(
@@ -370,6 +424,35 @@ def dataset_from_run(path: Path, accept_failures: bool = False) -> PublishedData
                 points=points,
             )
         ],
+    )
+
+
+RUN_FIELDS = {
+    "kind": "workload",
+    "requests_per_level": "requests_per_level",
+    "input_tokens": "input_tokens",
+    "output_tokens": "output_tokens",
+    "gpu": "deployment.gpu",
+    "model": "model",
+    "quant": "deployment.quant",
+    "tp": "deployment.tp",
+    "kv_dtype": "deployment.kv_dtype",
+    "spec": "deployment.spec",
+}
+"""A dataset's field -> the run header's field it comes from (dataset_from_run)."""
+
+
+def run_field_error(path: Path, exc: ValidationError) -> CapsimUserError:
+    """A run whose header does not make a dataset: the header field and the problem, in
+    the run file's terms (not the flags predict takes)."""
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    field = next((RUN_FIELDS[part] for part in reversed(loc) if part in RUN_FIELDS), None)
+    where = f"header.{field}" if field else ".".join(loc)
+    problem = first["msg"].removeprefix("Value error, ")
+    return CapsimUserError(
+        f"run '{path}': {where}: {problem[:1].lower() + problem[1:]}",
+        hint="a run file is what capsim probe writes; probe again, or mend the field",
     )
 
 

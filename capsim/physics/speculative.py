@@ -150,10 +150,13 @@ def spec_text_of_vllm_config(text: str) -> str:
     return f"{ours}:{k}"
 
 
-def parse_spec(text: str, acceptance: float | list[float] | None = None) -> SpecConfig:
+def parse_spec(
+    text: str, acceptance: float | list[float] | None = None, what: str = "--spec"
+) -> SpecConfig:
     """Parse ``--spec`` values like 'mtp:2', 'eagle:3', 'ngram:4', 'draft:qwen3-8b:4', and
     EAGLE trees as 'eagle:3:topk=4:verify=8' (SGLang's num-steps, eagle-topk and
-    num-draft-tokens), or vLLM's ``--speculative-config`` JSON."""
+    num-draft-tokens), or vLLM's ``--speculative-config`` JSON. ``what`` names the value
+    in errors (a dataset's field rather than the flag)."""
     if text.lstrip()[:1] in ("{", "["):  # JSON: vLLM's --speculative-config
         text = spec_text_of_vllm_config(text)
     parts = text.split(":")
@@ -193,7 +196,7 @@ def parse_spec(text: str, acceptance: float | list[float] | None = None) -> Spec
         else:
             detail = str(exc).splitlines()[-1] if str(exc) else "malformed"
         raise CapsimUserError(
-            f"cannot read --spec '{text}' ({detail})",
+            f"cannot read {what} '{text}' ({detail})",
             hint="use METHOD:K such as mtp:2, eagle:3, ngram:4, or draft:MODEL:K; an EAGLE "
             "tree as eagle:3:topk=4:verify=8",
         ) from None
