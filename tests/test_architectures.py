@@ -95,6 +95,28 @@ def test_gemma4_kv_shared_layers_keep_no_cache_and_no_kv_projections():
     assert parameter_breakdown(m).attention == expected
 
 
+def test_gemma4_kv_shared_layers_still_read_the_cache_they_share():
+    """E2B's last 20 layers keep no cache but attend over an earlier layer's: a decode
+    step reads K and V in all 35 layers (28 sliding, 7 full) and writes them in 15."""
+    import numpy as np
+
+    from capsim.catalog.loader import load_catalog
+    from capsim.physics.deployment import Deployment
+    from capsim.physics.step import StepModel
+
+    m = _import("gemma-4-e2b-it")
+    cat = load_catalog()
+    step = StepModel(cat.gpu("h200"), m, cat.quant("bf16"), Deployment(tp=1))
+    assert step.kv_read.sliding_bytes_per_token == 28 * 2 * 1 * 256 * 2
+    assert step.kv_read.full_bytes_per_token == 7 * 2 * 1 * 512 * 2
+    seqs, context = 64, 8192  # past the 512-token window: sliding layers read 512 tokens
+    agg = step._aggregate(np.ones(seqs, dtype=int), np.full(seqs, context))
+    t = step._terms(*agg, seqs, 0.0)
+    read = seqs * ((context + 1) * 7 * 2048 + 512 * 28 * 1024)
+    assert t["kv_read"] == pytest.approx(read)
+    assert t["kv_write"] == seqs * (3 * 2048 + 12 * 1024)
+
+
 def test_gemma4_per_layer_embeddings_are_looked_up_not_read():
     """E2B's per-layer table (262,144 x 35 x 256) counts in the total but, unlike the tied
     token table (which is the output head too), is not read by a decode step: in bf16 a

@@ -38,7 +38,8 @@ class DecodeRuns:
             top = float(c0.max()) + self.decode_advance * j
             total_sum = np.maximum(total_sum, ranks * (top + width))
             pairs = np.maximum(pairs, ranks * (width * top + width * (width + 1) / 2))
-        kv_read = total_sum * kv.full_bytes_per_token
+        read = self.kv_read  # every attending layer's K and V (KV-shared ones too)
+        kv_read = total_sum * read.full_bytes_per_token
         attn = self.full_pair_flops * pairs  # attention FLOPs
         ctx = None
         if kv.sliding_window is not None or self._draft_model_runs:
@@ -48,7 +49,7 @@ class DecodeRuns:
             window_sum = held.sum(axis=1)
             if ranks > 1 and seqs:
                 window_sum = np.maximum(window_sum, ranks * held.max(axis=1))
-            kv_read += window_sum * kv.sliding_bytes_per_token
+            kv_read += window_sum * read.sliding_bytes_per_token
             if self.sliding_layers:
                 n = np.full_like(ctx, width)
                 each = causal_pairs(ctx, n, kv.sliding_window)
@@ -57,7 +58,7 @@ class DecodeRuns:
                     windowed = np.maximum(windowed, ranks * each.max(axis=1))
                 attn = attn + self.sliding_pair_flops * windowed
         else:
-            kv_read += total_sum * kv.sliding_bytes_per_token
+            kv_read += total_sum * read.sliding_bytes_per_token
             attn = attn + self.sliding_pair_flops * pairs
         logits = seqs * width if self.deployment.spec is not None else seqs
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(
@@ -78,10 +79,9 @@ class DecodeRuns:
         that changes from step to step (the KV read, the attention FLOPs) is then affine in
         the step index, so the run costs a handful of vector operations however long it
         is. ``context_sum``: the batch's summed context (tokens) before the run."""
-        kv = self.kv
         adv = self.decode_advance
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(float(seqs), seqs, seqs)
-        kv_bytes = kv.full_bytes_per_token + kv.sliding_bytes_per_token
+        kv_bytes = self.kv_read.bytes_per_token  # what every attending layer reads a token
         # at step j: summed context S0 + seqs adv j; KV read of (S + seqs) tokens and
         # S + seqs query-key pairs a layer (one new token each)
         pair_time = (self.full_pair_flops + self.sliding_pair_flops) / self.attention_flops_rate

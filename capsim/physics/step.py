@@ -155,6 +155,13 @@ class StepModel(
         # the ranks balanced), each laid out for the rank's attention_tp GPUs
         check_dp_attention(model, tp, dep.dp_attention)
         self.kv = per_rank_share(kv_layout(model, dep.kv_dtype, dep.attention_tp), dep.dp_attention)
+        # what attention reads a token: every layer's K and V, KV-shared layers (Gemma 3n/4)
+        # reading an earlier layer's cache that they do not write (self.kv: what is stored
+        # and written)
+        self.kv_read = per_rank_share(
+            kv_layout(model, dep.kv_dtype, dep.attention_tp, shared_layers_allocated=True),
+            dep.dp_attention,
+        )
         per_type = self.kv.per_layer_type
         self.kv_bytes_per_layer_token = per_type.get(
             "mla", per_type.get("full_attention", per_type.get("sliding_attention", 0.0))
@@ -299,7 +306,8 @@ class StepModel(
         dense_bytes = passes * self.dense_weight_bytes if tokens else 0.0
         # the sampler's passes over float32 logits (the driver rank holds the whole vocab)
         sampler_bytes = logits * self.model.vocab_size * 4.0 * self.params.sampler_logit_passes
-        kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
+        r = self.kv_read
+        kv_read = sum_total * r.full_bytes_per_token + sum_windowed * r.sliding_bytes_per_token
         kv_write = tokens * kv.bytes_per_token
         state = self.state_traffic_bytes(seqs)
         t_state = state / self.state_bw
@@ -447,8 +455,8 @@ class StepModel(
         to ``_total`` of the step's terms (tested), without building them."""
         tokens, seqs, sum_total, sum_windowed, pairs, pairs_windowed = sums
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
-        kv = self.kv
-        kv_read = sum_total * kv.full_bytes_per_token + sum_windowed * kv.sliding_bytes_per_token
+        r = self.kv_read
+        kv_read = sum_total * r.full_bytes_per_token + sum_windowed * r.sliding_bytes_per_token
         attention_flops = self.full_pair_flops * pairs + self.sliding_pair_flops * pairs_windowed
         attention = roofline_scalar(
             att_mem + kv_read / self.kv_bw,
