@@ -691,3 +691,20 @@ def test_a_token_budget_below_the_sequence_limit_is_refused_as_vllm_refuses_it()
         assert r.exit_code == 0, r.stderr
     r = invoke("fit", "--gpu", "h200", "--model", "qwen3-8b", "--max-num-batched-tokens", "512")
     assert r.exit_code == 2 and "1,024 (vLLM's default" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--max-num-seqs", "0", "greater than or equal to 1"),
+        ("--max-num-seqs", "99999999999999999999", "less than or equal to 2147483648"),
+        ("--max-num-batched-tokens", "4294967296", "less than or equal to 2147483648"),
+        ("--max-model-len", "0", "greater than or equal to 1"),
+        ("--tp", "99999", "--tp 99999: input should be less than or equal to 16384"),
+    ],
+)
+def test_engine_counts_are_refused_out_of_range_by_their_flag(flag, value, words):
+    """An engine count beyond 32 bits was taken and reported as a hint to raise another
+    flag to a 20-digit number; fit's --tp past the GPU ceiling was named --gpus."""
+    r = invoke("fit", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", flag, value)
+    assert r.exit_code == 2 and words in r.stderr, r.stderr

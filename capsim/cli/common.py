@@ -17,6 +17,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
+from capsim.engine.limits import MAX_ENGINE_COUNT
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -108,13 +109,28 @@ TpOption = Annotated[int, typer.Option(*TP_FLAGS, help="Tensor-parallel size")]
 
 MaxNumSeqsOption = Annotated[
     int | None,
-    typer.Option("--max-num-seqs", "--max-running-requests", help="Default: vLLM's for the GPU"),
+    typer.Option(
+        "--max-num-seqs",
+        "--max-running-requests",
+        help="Default: vLLM's for the GPU",
+        min=1,
+        max=MAX_ENGINE_COUNT,
+    ),
 ]
 MaxNumBatchedTokensOption = Annotated[
-    int | None, typer.Option("--max-num-batched-tokens", help="Default: vLLM's for the GPU")
+    int | None,
+    typer.Option(
+        "--max-num-batched-tokens", help="Default: vLLM's for the GPU", min=1, max=MAX_ENGINE_COUNT
+    ),
 ]
 MaxModelLenOption = Annotated[
-    int | None, typer.Option("--max-model-len", help="Longest sequence (default: auto)")
+    int | None,
+    typer.Option(
+        "--max-model-len",
+        help="Longest sequence in tokens (default: auto)",
+        min=1,
+        max=MAX_ENGINE_COUNT,
+    ),
 ]
 GpuMemoryUtilizationOption = Annotated[
     float | None,

@@ -103,8 +103,9 @@ def fit_cmd(
         raise CapsimUserError(f"--tp must be at least 1, got {tp}")
     total_gpus = gpus if gpus is not None else tp
     if total_gpus > MAX_GPUS:  # as predict and plan cap --gpus
+        flag = "--gpus" if gpus is not None else "--tp"
         raise CapsimUserError(
-            f"--gpus {total_gpus}: input should be less than or equal to {MAX_GPUS}"
+            f"{flag} {total_gpus}: input should be less than or equal to {MAX_GPUS}"
         )
     if total_gpus < 1 or total_gpus % tp:
         raise CapsimUserError(

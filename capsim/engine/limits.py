@@ -6,3 +6,7 @@ MAX_CONCURRENCY = 100_000
 
 MAX_GPUS = 16_384
 """The most GPUs one prediction simulates (every data-parallel replica is simulated)."""
+
+MAX_ENGINE_COUNT = 2**31
+"""Largest count an engine flag takes (--max-num-seqs, --max-num-batched-tokens,
+--max-model-len; an engine's own limits are 32-bit), on the command line and in run files."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from capsim.engine.limits import MAX_ENGINE_COUNT
 from capsim.errors import CapsimUserError
 from capsim.files import loads_json
 from capsim.metrics import OUTCOMES, LevelMetrics, RequestRecord, legacy_outcome, level_metrics
@@ -136,9 +137,6 @@ def summarize_level(
 COUNTED_ENGINE_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
 """Engine flags a run records that calibration reads as counts to simulate the server
 (by their names with underscores; a run may spell them with dashes)."""
-
-MAX_ENGINE_COUNT = 2**31
-"""Largest such count taken (an engine's own limits are 32-bit)."""
 
 
 def engine_count(value: object) -> int | None:
