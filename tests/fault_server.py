@@ -20,10 +20,17 @@ a usage chunk, ``[DONE]``). The faults (``FAULTS``):
 * ``error_event``: an ``{"error": ...}`` object after 3 tokens, then ``[DONE]``.
 * ``usage_mismatch``: every token, but the final usage claims 5 more than were streamed.
 * ``not_sse``: a 200 answer with a JSON body instead of an event stream.
+* ``huge_line``: after 3 tokens, 300 kB of a ``data:`` line that never ends, then a close.
+* ``endless``: 50 tokens more than ``max_tokens``.
+* ``usage_huge``: the 4th token's usage claims 10**30 completion tokens.
 
 ``metrics`` picks what ``/metrics`` answers: ``ok`` (vLLM counters), ``garbage`` (only
 unparseable lines), ``mixed`` (the counters among unparseable lines) or ``missing`` (404);
-``tokenize=False`` leaves out ``/tokenize``. The server binds 127.0.0.1 only, runs in a
+``tokenize=False`` leaves out ``/tokenize``, ``tokenize_constant`` answers three tokens for
+any prompt; ``models`` picks what ``/v1/models`` answers: ``ok``, ``garbage`` (not JSON),
+``list`` (a bare list), ``ids_not_str`` (an id that is a number), ``data_null``, ``huge``
+(17 MB of one model list) or ``drip`` (a byte a second, never finishing); ``metrics``
+``huge`` answers 9 MB of counters. The server binds 127.0.0.1 only, runs in a
 thread of the test process, never sleeps longer than ``MAX_SLEEP_S`` at a time, and its
 ``close()`` cancels whatever is still running.
 """
@@ -54,6 +61,9 @@ FAULTS = (
     "error_event",
     "usage_mismatch",
     "not_sse",
+    "huge_line",
+    "endless",
+    "usage_huge",
 )
 MAX_SLEEP_S = 30.0
 BROKEN_AFTER = 3
@@ -79,6 +89,8 @@ class FaultServer:
     slow_token_s: float = 0.1
     metrics: str = "ok"
     tokenize: bool = True
+    tokenize_constant: bool = False
+    models: str = "ok"
     context: int | None = None  # /tokenize refuses a longer prompt with 400, as vLLM does
     served: list[Served] = field(default_factory=list)
 
@@ -166,10 +178,9 @@ class FaultServer:
                 length = int(value.strip())
         body = json.loads(await reader.readexactly(length)) if length else {}
         if method == "GET" and path == "/v1/models":
-            models = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
-            await _answer(writer, 200, json.dumps(models))
+            await self._models(writer)
         elif method == "POST" and path == "/tokenize" and self.tokenize:
-            count = count_prompt_tokens(body.get("prompt", ""))
+            count = 3 if self.tokenize_constant else count_prompt_tokens(body.get("prompt", ""))
             if self.context is not None and count > self.context:
                 message = f"This model's maximum context length is {self.context} tokens."
                 await _answer(writer, 400, json.dumps({"error": {"message": message}}))
@@ -188,6 +199,26 @@ class FaultServer:
             await _answer(writer, 404, '{"error": "not found"}')
         return True
 
+    async def _models(self, writer) -> None:
+        entry = {"id": self.model, "object": "model"}
+        bodies = {
+            "ok": json.dumps({"object": "list", "data": [entry]}),
+            "garbage": "<html>not json</html>",
+            "list": json.dumps([entry]),
+            "ids_not_str": json.dumps({"data": [{"id": 7}]}),
+            "data_null": json.dumps({"data": None}),
+            "huge": json.dumps({"data": [entry], "padding": "x" * (17 * 2**20)}),
+        }
+        if self.models == "drip":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+            writer.write(b"Content-Length: 1000000\r\n\r\n")
+            for _ in range(int(MAX_SLEEP_S)):
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(1.0)
+            return
+        await _answer(writer, 200, bodies[self.models])
+
     def _metrics_text(self) -> str:
         good = [
             f'vllm:generation_tokens_total{{model_name="{self.model}"}} {self.generated}',
@@ -195,6 +226,8 @@ class FaultServer:
         ]
         garbage = ["<html>oops</html>", "vllm:broken{model_name= 12", "just some words here"]
         lines = {"ok": good, "garbage": garbage, "mixed": garbage[:1] + good + garbage[1:]}
+        if self.metrics == "huge":  # 9 MB of well-formed counters
+            return "".join(f'padding_total{{n="{i}"}} {i}\n' for i in range(400_000))
         return "\n".join(lines[self.metrics]) + "\n"
 
     async def _complete(self, writer, req: dict, fault: str | None) -> bool:
@@ -243,6 +276,8 @@ class FaultServer:
             return True
 
         delay = self.slow_token_s if fault == "slow" else self.token_delay_s
+        if fault == "endless":
+            n += 50
         for i in range(n):
             await _sleep(delay)
             if i == BROKEN_AFTER:
@@ -258,6 +293,14 @@ class FaultServer:
                     return await end()
                 elif fault == "error_event":
                     await event(json.dumps({"error": {"message": "engine died", "code": 500}}))
+                    return await end()
+                elif fault == "huge_line":
+                    data = b"data: " + b"x" * 300_000
+                    writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    await writer.drain()
+                    return await end(done=False)
+                elif fault == "usage_huge":
+                    await event(chunk(i, None, 10**30))
                     return await end()
                 elif fault == "reset":
                     sock = writer.get_extra_info("socket")

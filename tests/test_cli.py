@@ -708,3 +708,35 @@ def test_engine_counts_are_refused_out_of_range_by_their_flag(flag, value, words
     flag to a 20-digit number; fit's --tp past the GPU ceiling was named --gpus."""
     r = invoke("fit", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", flag, value)
     assert r.exit_code == 2 and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--input-tokens", "٣"], "'٣' has a digit that is not 0-9"),
+        (["--spec", "ngram:٣"], "'ngram:٣' has a digit that is not 0-9"),
+        (["--set", "bandwidth_efficiency=٠.5"], "has a digit that is not 0-9 ('٠')"),
+        (["--output-tokens", "normal:1e300,1"], "draws reach past 1e30; at most 10,000,000"),
+        (["--input-tokens", "20000000"], "draws reach 20,000,000; at most 10,000,000 tokens"),
+    ],
+)
+def test_numbers_in_text_flags_are_ascii_and_lengths_have_a_ceiling(args, words):
+    """Text flags that hold numbers read any script's digits (whole-number flags refused
+    them), and a length distribution reaching 1e300 tokens ran, or became max_tokens
+    -2**63 in the probe (issue 47)."""
+    r = invoke("predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1", *args)
+    assert r.exit_code == 2 and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--output-tokens", "normal:1e300,1"], "draws reach past 1e30"),
+        (["--seed", "-1"], "greater than or equal to 0"),
+        (["--engine-flag", "tensor-parallel-size=-4"], "takes a whole number of 1 or more"),
+        (["-c", "1000000"], "--concurrency above 100,000"),
+    ],
+)
+def test_the_probe_checks_what_predict_checks(args, words):
+    r = invoke("probe", "--url", "http://127.0.0.1:9", "--model", "m", "--requests", "2", *args)
+    assert r.exit_code == 2 and words in r.stderr, r.stderr

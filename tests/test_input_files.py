@@ -502,3 +502,50 @@ def test_a_dataset_field_predict_cannot_read_is_named_with_its_line(tmp_path, li
     path.write_text(text.replace(line + "\n", mended + "\n", 1))
     r = runner.invoke(app, ["validate", str(path)])
     assert r.exit_code == 2 and words in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("section", "source", "edit", "words"),
+    [
+        ("models", "llama-3.1-8b", ("dtype: bf16", "dtype: int3"), "dtype 'int3' is not a"),
+        (
+            "efficiency",
+            "datacenter-hopper",
+            ("bandwidth_efficiency: 0.83", "bandwidth_efficiency: .nan"),
+            "params: bandwidth_efficiency is nan",
+        ),
+        (
+            "efficiency",
+            "datacenter-hopper",
+            ("layer_overhead_graph_us: 36", "layer_overhead_graph_us: 1.0e+12"),
+            "is 1000000000000.0; an efficiency parameter is a finite number",
+        ),
+        (
+            "efficiency",
+            "datacenter-hopper",
+            ("bandwidth_efficiency: 0.83", "bandwith_efficiency: 0.83"),
+            "unknown efficiency parameter(s): ['bandwith_efficiency']",
+        ),
+        (
+            "efficiency",
+            "datacenter-hopper",
+            ("bandwidth_efficiency: 0.83", "bandwidth_efficiency: -1"),
+            "params: bandwidth_efficiency: input should be greater than 0",
+        ),
+    ],
+)
+def test_an_overlay_entry_naming_what_does_not_exist_is_refused_by_file(
+    tmp_path, section, source, edit, words
+):
+    """A model whose dtype is no weight format, and an efficiency file with an unknown,
+    NaN, negative or absurd parameter, ended in a KeyError or ValueError traceback at
+    predict (issue 47): now exit 2 naming the file."""
+    text = (ROOT / "hardware_db" / section / f"{source}.yaml").read_text()
+    old, new = edit
+    assert old in text
+    folder = tmp_path / "db" / section
+    folder.mkdir(parents=True)
+    (folder / f"{source}.yaml").write_text(text.replace(old, new, 1))
+    r = runner.invoke(app, ["--db", str(tmp_path / "db"), *PREDICT, "--requests", "8"])
+    assert r.exit_code == 2, r.output
+    assert words in r.output and f"{source}.yaml" in r.output, r.output

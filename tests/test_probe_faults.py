@@ -36,6 +36,11 @@ EXPECTED = {
     "error_event": ("server_error_event", "server error: engine died", BROKEN_AFTER, {}),
     "usage_mismatch": ("malformed_stream", "usage says 13", OUT, {}),
     "not_sse": ("malformed_stream", "text/event-stream", 0, {}),
+    # issue 47: a line that never ends and a stream that never stops are bounded by the
+    # request's share of characters and by max_tokens; a usage past 32 bits is malformed
+    "huge_line": ("malformed_stream", "the stream passed 81,920 characters", BROKEN_AFTER, {}),
+    "endless": ("malformed_stream", "more tokens than max_tokens 8", OUT + 1, {}),
+    "usage_huge": ("malformed_stream", "token count 1000000000000000000000000000000 is not", 3, {}),
 }
 
 
@@ -375,6 +380,63 @@ def test_validate_and_calibrate_need_accept_failures(command, tmp_path):
     if command == "validate":
         r = CliRunner().invoke(app, [*args, "--accept-failures"])
         assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    ("models", "words"),
+    [
+        ("garbage", "did not answer an OpenAI model list"),
+        ("list", "did not answer an OpenAI model list"),
+        ("ids_not_str", "did not answer an OpenAI model list"),
+        ("data_null", "did not answer an OpenAI model list"),
+        ("huge", "/v1/models answered more than 16,777,216 bytes"),
+        ("drip", "no whole answer from /v1/models within 1 s"),
+    ],
+)
+def test_a_model_list_the_probe_cannot_read_is_exit_2(models, words, tmp_path, monkeypatch):
+    """/v1/models answering garbage, a bare list or entries without string ids was a
+    traceback (issue 47); one that drips a byte at a time held the probe forever, and one
+    of hundreds of MB was read whole. Nothing is left on disk."""
+    from capsim.probe import runner
+
+    monkeypatch.setattr(runner, "INFO_SECONDS", 1.0)
+    out = tmp_path / "run.json"
+    with FaultServer(models=models) as server:
+        r = CliRunner().invoke(app, server.probe_args("--requests", "2", "--out", str(out)))
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and "Traceback" not in r.output, r.stderr
+    assert not out.exists() and not out.with_suffix(".jsonl").exists()
+
+
+def test_a_tokenize_that_does_not_count_the_prompt_is_exit_2(tmp_path):
+    """A /tokenize that answers the same three tokens for any prompt kept the probe
+    doubling its prompt until memory ran out (1.3 GB at 20 s, issue 47)."""
+    out = tmp_path / "run.json"
+    with FaultServer(tokenize_constant=True) as server:
+        args = server.probe_args("--requests", "2", "--input-tokens", "64", "--out", str(out))
+        r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert "it does not tokenise the prompt it is sent" in r.stderr, r.stderr
+
+
+def test_a_huge_metrics_page_is_not_read(tmp_path):
+    """/metrics past 8 MB is a failed scrape, warned about, not 442 MB and 20 s a scrape."""
+    out = tmp_path / "run.json"
+    with FaultServer(metrics="huge") as server:
+        r = CliRunner().invoke(app, server.probe_args("--requests", "2", "--out", str(out)))
+    assert r.exit_code == 0, r.output
+    assert "the page has more than 8,388,608 bytes" in " ".join(r.stderr.split()), r.stderr
+
+
+def test_a_server_that_stops_answering_is_exit_2_keeping_what_it_measured(tmp_path):
+    """Every stream reset: the probe stops the run and says why, exit 2 (it was exit 1
+    with no reason); the requests it sent are in the log."""
+    out = tmp_path / "run.json"
+    with FaultServer(every={1: "reset"}) as server:
+        r = CliRunner().invoke(app, server.probe_args("--requests", "8", "--out", str(out)))
+    assert r.exit_code == 2, r.output
+    assert "the server stopped answering (connection: " in r.stderr, r.stderr
+    assert records_of(out)
 
 
 def test_a_run_whose_every_request_failed_is_exit_2_and_kept(tmp_path):

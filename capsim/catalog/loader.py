@@ -414,6 +414,25 @@ def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
     )
 
 
+def check_references(sections: dict[str, Section]) -> None:
+    """What one entry names in another, checked where the catalog is read: a model's dtype
+    is a weight format (it ended in a KeyError at the first prediction, issue 47). The
+    efficiency parameters a file sets are checked where they are applied
+    (physics.deployment.default_efficiency), naming the file."""
+    from capsim.errors import close_matches
+
+    formats = sections["quant_formats"].entries
+    models = sections["models"]
+    for name, model in models.entries.items():
+        if model.dtype not in formats:
+            raise CatalogError(
+                f"{models.origin[name]}: dtype '{model.dtype}' is not a weight format capsim "
+                "knows (the release's weights are read in it)",
+                hint="capsim quants lists them",
+                suggestions=close_matches(model.dtype, list(formats)),
+            )
+
+
 class _CachedCatalog(BaseModel):
     """A catalog as capsim's cache keeps it (JSON, validated back by the entry schemas)."""
 
@@ -450,6 +469,7 @@ def _parse(dirs: tuple[Path, ...], files: list[tuple[str, Path]]) -> Catalog:
     sections: dict[str, Section] = {k: Section(kind=k) for k in SECTIONS}
     for kind, path in files:
         sections[kind].add(load_entry(path, SECTIONS[kind]), path)
+    check_references(sections)
     return Catalog(
         gpus=sections["gpus"],
         models=sections["models"],

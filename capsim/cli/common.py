@@ -401,18 +401,13 @@ SetOption = Annotated[
 ]
 
 
-MAX_SET_VALUE = 1e7
-"""Largest magnitude --set takes: no efficiency parameter comes near ten million in its unit
-(microseconds, nanoseconds, tokens or a share), and 1e308 made every figure NaN or 80
-digits long (bare NaN in --json, which is not JSON)."""
-
-
 def parse_overrides(values: list[str] | None) -> dict[str, float]:
     """``--set NAME=VALUE`` items as efficiency overrides, checked against
     EfficiencyParams: unknown names get did-you-mean, values their field's limits."""
     from pydantic import ValidationError
 
     from capsim.errors import close_matches
+    from capsim.physics.efficiency import MAX_EFFICIENCY_MAGNITUDE as MAX_SET_VALUE
     from capsim.physics.efficiency import EfficiencyParams
 
     fields = [n for n in EfficiencyParams.model_fields if n != "groups"]

@@ -59,6 +59,12 @@ def _whole_numbers_only() -> None:
             return any(of_type(a, kind) for a in get_args(annotation))
         return False
 
+    def foreign_digit(value: str) -> str | None:
+        """A digit of another script in ``value`` (not in a file:PATH), or None."""
+        if value.startswith("file:"):
+            return None
+        return next((ch for ch in value if ch.isdecimal() and not ch.isascii()), None)
+
     def finite(value: str) -> bool:
         try:
             return math.isfinite(float(value))
@@ -74,6 +80,16 @@ def _whole_numbers_only() -> None:
         if isinstance(value, str) and textual and not value.strip():
             # '--quant ""' read as no value, '--out ""' as the current folder: never meant
             raise BadParameter(f"{value!r} is empty", ctx=ctx, param=param)
+        texts = value if isinstance(value, list | tuple) else [value]
+        for text in texts if of_type(self.annotation, str) else ():
+            # text flags that hold numbers ('--input-tokens ٣', '--spec ngram:٣') read
+            # them as Python does, any script's digits; whole-number flags refuse them
+            if isinstance(text, str) and foreign_digit(text):
+                raise BadParameter(
+                    f"{text!r} has a digit that is not 0-9 ({foreign_digit(text)!r})",
+                    ctx=ctx,
+                    param=param,
+                )
         try:
             return original(self, value, param, ctx)
         except BadParameter as exc:

@@ -159,6 +159,18 @@ def probe_config(**fields):
         raise CapsimUserError(f"{flag}{message[0].lower()}{message[1:]}") from None
 
 
+PARALLEL_SIZE_FLAGS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "tp_size",
+    "dp_size",
+    "tp",
+    "dp",
+)
+"""Engine flags (vLLM's and SGLang's spellings) that count GPUs: whole numbers of 1 or more."""
+
+
 def parse_flags(values: list[str] | None) -> dict[str, str]:
     flags = {}
     for item in values or []:
@@ -167,7 +179,8 @@ def parse_flags(values: list[str] | None) -> dict[str, str]:
             raise CapsimUserError(f"malformed --engine-flag '{item}'", hint="use KEY=VALUE")
         from capsim.probe.runfile import COUNTED_ENGINE_FLAGS, engine_count
 
-        counted = key.replace("-", "_") in COUNTED_ENGINE_FLAGS
+        name = key.replace("-", "_")
+        counted = name in COUNTED_ENGINE_FLAGS or name in PARALLEL_SIZE_FLAGS
         if counted and engine_count(value) is None:
             # calibration simulates the server with these: a value it cannot read fails now,
             # not when the run is calibrated
@@ -197,7 +210,7 @@ def probe_cmd(
     output_tokens: Annotated[
         str, typer.Option("--output-tokens", help="N or a distribution (uniform:A,B, ...)")
     ] = "512",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the output-length draws")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the output-length draws", min=0)] = 0,
     runs: Annotated[int, typer.Option("--runs", help="Measurement runs per level")] = 1,
     workload: Annotated[str, typer.Option("--workload", help="closed or batch")] = "closed",
     requests: Annotated[int | None, typer.Option("--requests", help="Requests per level")] = None,
@@ -377,15 +390,22 @@ def probe_cmd(
         with progress:
             summary = run_probe(config, path, on_event)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted: what was measured is in {path.with_suffix('.jsonl')}")
+        log = path.with_suffix(".jsonl")
+        kept = f"what was measured is in {log}" if log.exists() else "nothing was measured yet"
+        err_console.print(f"interrupted: {kept}")
         raise typer.Exit(130) from None
     if json_out:
         print_json(summary.model_dump(mode="json"))
     else:
         print_run(summary, path)
     refuse_run_without_answers(summary, path)
-    if not summary.complete:
-        raise typer.Exit(1)
+    if not summary.complete:  # the server went away: what was measured is kept
+        raise CapsimUserError(
+            f"{summary.stopped or 'the run did not complete'}; the {len(summary.levels)} "
+            f"level(s) measured before it are in {path} (the requests in "
+            f"{path.with_suffix('.jsonl')})",
+            hint="check the server's log; probe again once it answers",
+        )
 
 
 def refuse_run_without_answers(summary, path: Path) -> None:

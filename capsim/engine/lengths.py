@@ -40,6 +40,12 @@ Z_999 = 3.090232306167813
 """Standard normal quantile of 0.999: where normal and lognormal draws are truncated."""
 
 
+MAX_LENGTH_VALUE = 10_000_000
+"""The largest draw a token length may take (the longest context any served model takes,
+10M, Llama 4 Scout); a distribution that reaches past it is refused where it is read
+('normal:1e300,1' became a request of max_tokens -2**63 in the probe, and a 300-digit
+token count in predict's messages)."""
+
 MAX_KEPT_VALUES = 65_536
 """Most values of a lengths file kept to draw from: a larger file is kept as this many of
 its order statistics, evenly spaced in rank (each the middle of its stratum), which the
@@ -150,7 +156,7 @@ def parse_length(
                 raise ValueError(f"must be a number >= {minimum:g}")
             if whole and not value.is_integer():
                 raise ValueError("a number of tokens is a whole number")
-            return LengthSpec("fixed", value, text=raw)
+            return within_range(LengthSpec("fixed", value, text=raw), whole)
         kind, _, rest = raw.partition(":")
         kind = kind.lower()
         if kind == "file":
@@ -161,7 +167,7 @@ def parse_length(
             except OSError:
                 version = None  # the reader says what is wrong with it
             values = _file_values(str(path), version, what, minimum, whole)
-            return LengthSpec("file", values=values, text=raw)
+            return within_range(LengthSpec("file", values=values, text=raw), whole)
         if kind not in KINDS or kind == "fixed":
             raise ValueError(f"unknown distribution '{kind}'")
         a_text, comma, b_text = rest.partition(",")
@@ -176,11 +182,24 @@ def parse_length(
             raise ValueError(
                 f"needs a centre of at least {max(minimum, 0):g} and a non-negative spread"
             )
-        return LengthSpec(kind, a, b, text=raw)
+        return within_range(LengthSpec(kind, a, b, text=raw), whole)
     except FileNotFoundError:
         raise CapsimUserError(f"{what} file '{raw[5:]}' does not exist", hint=hint) from None
     except ValueError as exc:
         raise CapsimUserError(f"cannot read {what} '{raw}' ({exc})", hint=hint) from None
+
+
+def within_range(spec: LengthSpec, whole: bool = True) -> LengthSpec:
+    """``spec`` if its largest draw is at most MAX_LENGTH_VALUE tokens, else a ValueError
+    (``whole``: token counts; a think time's ceiling is the workload's own, in seconds)."""
+    largest = spec.maximum
+    if whole and (not math.isfinite(largest) or largest > MAX_LENGTH_VALUE):
+        shown = f"{largest:,.0f}" if math.isfinite(largest) and largest < 1e30 else "past 1e30"
+        raise ValueError(
+            f"draws reach {shown}; at most {MAX_LENGTH_VALUE:,} tokens, the longest context "
+            "a model takes"
+        )
+    return spec
 
 
 @functools.lru_cache(maxsize=16)

@@ -102,14 +102,43 @@ def default_efficiency(
     priors for that class (hardware_db/engines/)."""
     params = EfficiencyParams()
     if catalog is not None and gpu.hardware_class in catalog.efficiency.entries:
-        params = params.with_overrides(catalog.efficiency.entries[gpu.hardware_class].params)
+        where = catalog.efficiency.origin.get(gpu.hardware_class), "params"
+        params = _laid_over(params, catalog.efficiency.entries[gpu.hardware_class].params, where)
     if gpu.efficiency:
-        params = params.with_overrides(gpu.efficiency)
+        where = (catalog.gpus.origin.get(gpu.name) if catalog else None), "efficiency"
+        params = _laid_over(params, gpu.efficiency, where)
     if engine is not None:
         extra = engine.efficiency_overrides(gpu.hardware_class)
         if extra:
-            params = params.with_overrides(extra)
+            where = (catalog.engines.origin.get(engine.name) if catalog else None), "params"
+            params = _laid_over(params, extra, where)
     return params
+
+
+def _laid_over(params: EfficiencyParams, overrides: dict, where: tuple) -> EfficiencyParams:
+    """``params.with_overrides(overrides)``; a value it refuses is a catalog error naming
+    the file that set it (``where``: its path, or None, and the field) and the problem (an
+    unknown name or a value out of range was a ValueError traceback, issue 47)."""
+    try:
+        return params.with_overrides(overrides)
+    except ValueError as exc:
+        from capsim.errors import CatalogError, close_matches
+
+        path, field = where
+        errors = getattr(exc, "errors", None)
+        if errors:
+            first = errors()[0]
+            name = ".".join(str(p) for p in first["loc"])
+            problem = f"{name}: {first['msg'][:1].lower() + first['msg'][1:]}"
+        else:
+            problem = str(exc)
+        known = [n for n in EfficiencyParams.model_fields if n != "groups"]
+        unknown = [k for k in overrides if k not in known]
+        raise CatalogError(
+            f"{path or 'the catalog'}: {field}: {problem}",
+            hint='the parameters and their units: capsim explain --json ("efficiency")',
+            suggestions=close_matches(unknown[0], known) if unknown else (),
+        ) from None
 
 
 def compute_dtype_for(gpu: GPU, fmt: QuantFormat) -> tuple[str, bool]:

@@ -27,6 +27,12 @@ EAGER_LAUNCH_SOURCES = (
 is 400-650 us, and the prior is its middle (525 us)."""
 
 
+MAX_EFFICIENCY_MAGNITUDE = 1e7
+"""Largest magnitude an efficiency parameter takes, from --set or a catalog file: none comes
+near ten million in its unit (microseconds, nanoseconds, tokens or a share), and 1e308 made
+every figure NaN or 80 digits long (bare NaN in --json, which is not JSON)."""
+
+
 class EfficiencyParams(BaseModel):
     """Named efficiency factors and overheads; units in each description."""
 
@@ -457,4 +463,10 @@ class EfficiencyParams(BaseModel):
         unknown = sorted(set(overrides) - set(type(self).model_fields) - {"groups"})
         if unknown:
             raise ValueError(f"unknown efficiency parameter(s): {unknown}")
+        for name, value in overrides.items():
+            if isinstance(value, int | float) and not abs(value) <= MAX_EFFICIENCY_MAGNITUDE:
+                raise ValueError(
+                    f"{name} is {value!r}; an efficiency parameter is a finite number of at "
+                    f"most {MAX_EFFICIENCY_MAGNITUDE:,.0f} in its unit"
+                )
         return type(self).model_validate({**self.model_dump(), **overrides})

@@ -76,6 +76,41 @@ class Timeouts:
 EXCERPT = 200
 """Characters of a server's text kept in a failure's reason."""
 
+STREAM_BASE_BYTES = 64 * 1024
+STREAM_BYTES_PER_TOKEN = 2048
+"""A request's event stream may carry STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN x
+max_tokens characters: a vLLM or SGLang chunk of one token with its usage is 300-700
+bytes; a stream past that (one line without an end, a stream that never ends) is a
+malformed stream, not memory the probe gives it."""
+
+ERROR_BODY_BYTES = 64 * 1024
+"""What the probe reads of an answer that is not 200 (its excerpt is the reason)."""
+
+MAX_TOKEN_COUNT = 2**31
+"""The largest token count a usage may report (an engine's counts are 32-bit)."""
+
+
+class StreamTooLarge(Exception):
+    """A stream carried more than its share of characters (StreamBudget)."""
+
+
+class StreamBudget:
+    """The response as httpx-sse reads it (its headers and text), ending with
+    StreamTooLarge once the text passes ``limit`` characters."""
+
+    def __init__(self, response: httpx.Response, limit: int):
+        self.headers = response.headers
+        self.response = response
+        self.limit = limit
+
+    async def aiter_text(self):
+        read = 0
+        async for text in self.response.aiter_text():
+            read += len(text)
+            if read > self.limit:
+                raise StreamTooLarge(f"the stream passed {self.limit:,} characters")
+            yield text
+
 
 def excerpt(text: str, limit: int = EXCERPT) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
@@ -99,8 +134,9 @@ def _typed(obj: dict, key: str, kind: type):
 
 
 def _count(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"token count {value!r} is not a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ValueError(f"token count {shown} is not a whole number from 0 to 2**31")
     return value
 
 
@@ -182,6 +218,8 @@ class StreamReader:
                 self.exact = False
             record.chunk_times.append(now)
             record.chunk_tokens.append(1 if tokens is None else tokens)
+            if self.streamed > self.spec.max_tokens:  # a server that does not stop
+                raise ValueError(f"more tokens than max_tokens {self.spec.max_tokens}")
             if record.first_token is None:
                 record.first_token = now
             if answer and record.first_answer_token is None:
@@ -272,7 +310,9 @@ async def stream_one(
                 if response.status_code != 200:
                     outcome, reason = "http_error", await _http_error(response)
                 else:
-                    async for event in EventSource(response).aiter_sse():
+                    budget = STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * spec.max_tokens
+                    events = EventSource(StreamBudget(response, budget))  # type: ignore[arg-type]
+                    async for event in events.aiter_sse():
                         now = clock()
                         arm(deadline, "between chunks", limits.chunk)
                         if reader.feed(event, now):
@@ -283,7 +323,7 @@ async def stream_one(
     except httpx.TimeoutException as exc:
         limit = "connect" if isinstance(exc, httpx.ConnectTimeout) else exc.__class__.__name__
         outcome, reason = "timeout", f"timeout ({limit}): {exc.__class__.__name__}"
-    except (SSEError, httpx.DecodingError) as exc:
+    except (SSEError, httpx.DecodingError, StreamTooLarge) as exc:
         outcome, reason = "malformed_stream", f"malformed stream: {excerpt(str(exc))}"
     except httpx.HTTPError as exc:
         outcome, reason = (
@@ -311,10 +351,51 @@ def _timeout_reason(limit: str, limits: Timeouts, streamed: int) -> str:
 
 async def _http_error(response: httpx.Response) -> str:
     """``http STATUS: [Retry-After VALUE: ]body excerpt`` of an answer that is not 200."""
-    body = (await response.aread()).decode(errors="replace").strip()
+    read = bytearray()
+    async for chunk in response.aiter_bytes():
+        read += chunk[: ERROR_BODY_BYTES - len(read)]
+        if len(read) >= ERROR_BODY_BYTES:
+            break
+    body = bytes(read).decode(errors="replace").strip()
     retry = response.headers.get("retry-after")
     wait = f"Retry-After {retry}: " if retry else ""
     return f"http {response.status_code}: {wait}{excerpt(body, 300)}"
+
+
+@dataclass(frozen=True)
+class SmallAnswer:
+    """An answer read whole within its limits (fetch_small)."""
+
+    status_code: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
+
+    def json(self):
+        """The body as JSON (ValueError when it is not)."""
+        return loads_json(self.body)
+
+
+class AnswerTooLarge(Exception):
+    """An answer past its byte limit (fetch_small)."""
+
+
+async def fetch_small(
+    client: httpx.AsyncClient, method: str, url: str, limit: int, seconds: float, **kwargs
+) -> SmallAnswer:
+    """``method url`` read whole, within ``seconds`` in all (a server that sends a byte
+    every few seconds never trips a read timeout) and ``limit`` bytes; raises
+    httpx.HTTPError, TimeoutError or AnswerTooLarge."""
+    body = bytearray()
+    async with asyncio.timeout(seconds):
+        async with client.stream(method, url, **kwargs) as response:
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    raise AnswerTooLarge(f"more than {limit:,} bytes")
+            return SmallAnswer(response.status_code, bytes(body))
 
 
 class Clock:

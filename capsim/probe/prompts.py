@@ -78,6 +78,20 @@ def unique_text(key: str, words: int, nonce: str = "") -> str:
     return f"[{nonce} {key}] {body}" if nonce else f"[{key}] {body}"
 
 
+TOKENIZE_BASE_BYTES = 2**20
+TOKENIZE_BYTES_PER_WORD = 64
+"""What the probe reads of a /tokenize answer: 1 MiB and 64 bytes a word of the prompt
+(a token id is a few digits and a comma, a word one to three tokens)."""
+
+TOKENIZE_SECONDS = 120.0
+"""The longest a /tokenize answer may take, whole."""
+
+
+def _token_list(tokens: object) -> bool:
+    """Whether ``tokens`` is a list of token ids (whole numbers from 0)."""
+    return isinstance(tokens, list) and all(type(t) is int and 0 <= t < 2**31 for t in tokens)
+
+
 class PromptFactory:
     """Builds prompts of a target token length for one server."""
 
@@ -92,34 +106,50 @@ class PromptFactory:
 
     async def setup(self, client: httpx.AsyncClient) -> bool:
         """Check whether the server tokenises for us (vLLM's /tokenize)."""
+        from capsim.probe.client import AnswerTooLarge, fetch_small
+
         try:
-            r = await client.post(
-                self.url + "/tokenize", json={"model": self.model, "prompt": "hello world"}
+            r = await fetch_small(
+                client,
+                "POST",
+                self.url + "/tokenize",
+                TOKENIZE_BASE_BYTES,
+                TOKENIZE_SECONDS,
+                json={"model": self.model, "prompt": "hello world"},
             )
-            self.exact = r.status_code == 200 and "tokens" in r.json()
-        except (httpx.HTTPError, ValueError):
+            answer = r.json() if r.status_code == 200 else None
+            self.exact = isinstance(answer, dict) and _token_list(answer.get("tokens"))
+        except (httpx.HTTPError, ValueError, TimeoutError, AnswerTooLarge):
             self.exact = False
         return self.exact
 
     async def _token_ids(self, client: httpx.AsyncClient, text: str) -> list[int]:
         from capsim.errors import CapsimUserError
+        from capsim.probe.client import AnswerTooLarge, fetch_small
 
+        words = len(text.split())
         try:
-            r = await client.post(
+            r = await fetch_small(
+                client,
+                "POST",
                 self.url + "/tokenize",
+                TOKENIZE_BASE_BYTES + TOKENIZE_BYTES_PER_WORD * words,
+                TOKENIZE_SECONDS,
                 json={"model": self.model, "prompt": text, "add_special_tokens": False},
             )
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
+            said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                said = f"no whole answer within {TOKENIZE_SECONDS:g} s"
             raise CapsimUserError(
-                f"the server's /tokenize failed on a prompt of {len(text.split()):,} words "
-                f"({type(exc).__name__}: {exc})",
+                f"the server's /tokenize failed on a prompt of {words:,} words ({said})",
                 hint="check the server's log; a prompt beyond its context may be refused so",
             ) from None
         try:
             tokens = r.json()["tokens"] if r.status_code == 200 else None
         except (ValueError, KeyError, TypeError):
             tokens = None
-        if not isinstance(tokens, list):
+        if not _token_list(tokens):
             from capsim.probe.client import excerpt
 
             raise CapsimUserError(
@@ -134,8 +164,18 @@ class PromptFactory:
             words = int(tokens / 0.7) + 8  # generous: cut below
             ids = await self._token_ids(client, unique_text(key, words, self.nonce))
             while len(ids) < tokens:
+                before = len(ids)
                 words *= 2
                 ids = await self._token_ids(client, unique_text(key, words, self.nonce))
+                if len(ids) <= before:  # a /tokenize that does not count the prompt
+                    from capsim.errors import CapsimUserError
+
+                    raise CapsimUserError(
+                        f"the server's /tokenize gave {len(ids):,} tokens for {words:,} "
+                        f"words, and {before:,} for half as many: it does not tokenise the "
+                        "prompt it is sent",
+                        hint="probe with --endpoint chat, or a server whose /tokenize works",
+                    )
             return ids[:tokens]
         return unique_text(key, round(tokens / self.tokens_per_word), self.nonce)
 

@@ -208,6 +208,9 @@ class RunSummary(BaseModel):
     header: RunHeader
     levels: list[LevelSummary] = Field(default_factory=list)
     complete: bool = False
+    stopped: str | None = Field(
+        None, max_length=2000, description="Why the run stopped before it finished"
+    )
 
 
 class RunWriter:
@@ -258,8 +261,9 @@ class RunWriter:
         self.log_path.unlink(missing_ok=True)
         self.summary_path.unlink(missing_ok=True)
 
-    def close(self, complete: bool) -> None:
+    def close(self, complete: bool, stopped: str | None = None) -> None:
         self.summary.complete = complete
+        self.summary.stopped = stopped
         self._log.flush()
         os.fsync(self._log.fileno())
         self._log.close()

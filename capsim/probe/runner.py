@@ -26,9 +26,19 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capsim.engine.lengths import parse_length
+from capsim.engine.limits import MAX_CONCURRENCY
 from capsim.errors import CapsimUserError
 from capsim.metrics import RequestRecord
-from capsim.probe.client import Clock, RequestSpec, Timeouts, stream_one
+from capsim.probe.client import (
+    AnswerTooLarge,
+    Clock,
+    RequestSpec,
+    SmallAnswer,
+    Timeouts,
+    excerpt,
+    fetch_small,
+    stream_one,
+)
 from capsim.probe.prometheus import ScrapeLog, counter_deltas, gauge_peaks, parse_exposition
 from capsim.probe.prompts import PromptFactory
 from capsim.probe.runfile import Deployment, RunHeader, RunSummary, RunWriter, summarize_level
@@ -51,6 +61,32 @@ Python), so this keeps them under about 600 MB (issue 47: --requests 99999999999
 probe past 5 GB)."""
 
 
+INFO_BYTES = 16 * 2**20
+"""What the probe reads of /v1/models, /props, /get_server_info and /version."""
+
+METRICS_BYTES = 8 * 2**20
+"""What it reads of /metrics (vLLM's page is tens to hundreds of kB)."""
+
+INFO_SECONDS = 30.0
+"""The longest /v1/models may take to answer whole (a server that sends a byte every
+few seconds never trips a read timeout)."""
+
+
+def served_models(answer: SmallAnswer) -> list[dict] | None:
+    """The model entries of a /v1/models answer (each a dict with a string id), or None
+    when it is not an OpenAI model list."""
+    try:
+        listed = answer.json()
+    except ValueError:
+        return None
+    models = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(models, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("id"), str) for m in models
+    ):
+        return None
+    return models
+
+
 class ProbeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,7 +94,7 @@ class ProbeConfig(BaseModel):
     model: str
     endpoint: Literal["completions", "chat"] = "completions"
     workload: Literal["closed", "batch"] = "closed"
-    concurrency: list[Annotated[int, Field(ge=1)]] = Field(
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] = Field(
         min_length=1, description="Concurrency levels, each at least 1"
     )
     requests: int | None = Field(
@@ -71,7 +107,7 @@ class ProbeConfig(BaseModel):
     output_tokens: int | str = Field(
         512, description="N, or a distribution as in capsim predict (uniform:A,B, ...)"
     )
-    seed: int = Field(0, description="Draws output lengths as the simulator does")
+    seed: int = Field(0, ge=0, description="Draws output lengths as the simulator does")
     runs: int = Field(1, ge=1, le=MAX_PROBE_RUNS)
     ignore_eos: bool = True
     warmup: bool = True
@@ -100,6 +136,15 @@ class ProbeConfig(BaseModel):
             raise ValueError(f"'{v}' is not a URL ({exc})") from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"'{v}' must be http://HOST[:PORT] or https://...")
+        return v
+
+    @field_validator("output_tokens")
+    @classmethod
+    def _output_length(cls, v: int | str) -> int | str:
+        try:
+            parse_length(str(v), "--output-tokens", minimum=1.0)
+        except CapsimUserError as exc:
+            raise ValueError(exc.message) from None
         return v
 
     @model_validator(mode="after")
@@ -186,9 +231,13 @@ class Prober:
         """The server's known /metrics series ({} when the scrape fails); failures and
         unparseable lines go to ``self.scrapes`` and are warned about once."""
         try:
-            r = await client.get(self.url + "/metrics", headers=self.headers, timeout=10)
-        except httpx.HTTPError as exc:
+            r = await fetch_small(
+                client, "GET", self.url + "/metrics", METRICS_BYTES, 10, headers=self.headers
+            )
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
             problem = exc.__class__.__name__
+            if isinstance(exc, AnswerTooLarge):
+                problem = f"the page has {exc}"
         else:
             if r.status_code == 200:
                 exposition = self.scrapes.add(parse_exposition(r.text))
@@ -213,32 +262,53 @@ class Prober:
         """What the server says about itself."""
         info: dict = {}
         try:
-            r = await client.get(self.url + "/v1/models", headers=self.headers, timeout=30)
-        except httpx.HTTPError as exc:
+            r = await fetch_small(
+                client,
+                "GET",
+                self.url + "/v1/models",
+                INFO_BYTES,
+                INFO_SECONDS,
+                headers=self.headers,
+            )
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
+            what = {
+                TimeoutError: f"no whole answer from /v1/models within {INFO_SECONDS:g} s",
+                AnswerTooLarge: f"/v1/models answered {exc}",
+            }.get(type(exc))
             raise CapsimUserError(
-                f"cannot reach {self.shown_url}: {exc.__class__.__name__}",
+                f"cannot read {self.shown_url}: {what}"
+                if what
+                else f"cannot reach {self.shown_url}: {exc.__class__.__name__}",
                 hint="check --url and that the server is running",
             ) from None
         if r.status_code != 200:
             raise CapsimUserError(f"{self.shown_url}/v1/models answered HTTP {r.status_code}")
-        models = r.json().get("data", [])
-        ids = [m.get("id") for m in models]
+        models = served_models(r)
+        if models is None:
+            raise CapsimUserError(
+                f"{self.shown_url}/v1/models did not answer an OpenAI model list "
+                f'({{"data": [{{"id": ...}}, ...]}}): {excerpt(r.text)!r}',
+                hint="check --url: it is the server's root, without /v1",
+            )
+        ids = [m["id"] for m in models]
         if self.cfg.model not in ids:
             raise CapsimUserError(
                 f"the server does not serve model '{self.cfg.model}'",
                 suggestions=ids[:5],
                 hint="pass --model with one of the served ids",
             )
-        entry = next(m for m in models if m.get("id") == self.cfg.model)
+        entry = next(m for m in models if m["id"] == self.cfg.model)
         info["models"] = models
         info["owned_by"] = entry.get("owned_by")
         info["max_model_len"] = entry.get("max_model_len")
         for path in ("/props", "/get_server_info", "/version"):
             try:
-                rr = await client.get(self.url + path, headers=self.headers, timeout=10)
+                rr = await fetch_small(
+                    client, "GET", self.url + path, INFO_BYTES, 10, headers=self.headers
+                )
                 if rr.status_code == 200:
                     info[path.strip("/")] = rr.json()
-            except (httpx.HTTPError, ValueError):
+            except (httpx.HTTPError, ValueError, TimeoutError, AnswerTooLarge):
                 continue
         metrics = await self.scrape(client)
         if "cache_config" in metrics:
@@ -383,6 +453,7 @@ class Prober:
             )
             writer = self.writer_factory(header)
             complete = discarded = interrupted = False
+            stopped = None
             try:
                 if cfg.warmup:
                     await self.warmup(client, min(max(cfg.concurrency), 4))
@@ -411,8 +482,8 @@ class Prober:
                             )
                         )
                 complete = True
-            except ServerGone:
-                pass
+            except ServerGone as exc:
+                stopped = f"the server stopped answering ({exc})"
             except (asyncio.CancelledError, KeyboardInterrupt):
                 interrupted = True  # said once the run file is closed, below
             except CapsimUserError:
@@ -430,7 +501,7 @@ class Prober:
                         placeholder.finish = self.clock()
                         writer.request(placeholder, c, run)
                     self.in_flight.clear()
-                    writer.close(complete)
+                    writer.close(complete, stopped)
             if interrupted:  # Ctrl-C or SIGTERM: the caller says what was kept, exit 130
                 raise KeyboardInterrupt
             return writer.summary
