@@ -49,8 +49,39 @@ the rest): a 128k-token prompt is well under 1 MB, a 1M-token one as token ids a
 Parsed, a body of short numbers takes about 8 bytes a byte (of objects and arrays, far more:
 those are refused by count, capsim.files.MAX_JSON_CONTAINERS), so a few bodies at once stay
 well under 1 GB (three 32 MB bodies took the server to 1.8 GB)."""
+BODY_BUDGET_BYTES = 64 * 2**20
+"""Request bodies read, parsed and counted at once, bytes in all (BodyBudget): 128 bodies of
+15 MB arriving together took the server to 3.4 GB (issue 47); past the budget a body waits
+for the ones ahead of it."""
+
+BODY_SECONDS = 60.0
+"""The longest a request's body may take to arrive, whole (answered 408 after it): a client
+that sends half a body and stalls held its connection open for good."""
+
 FILLER = " tok"
 """The text of every generated token: capsim serve simulates timing, not a model."""
+
+
+class BodyBudget:
+    """Bytes of request bodies held at once (BODY_BUDGET_BYTES): ``take`` waits until the
+    bytes fit (a lone body always does), ``give`` hands them back. A body takes all its
+    bytes before it is read, so no two bodies each wait for the other's."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self.changed = asyncio.Condition()
+
+    async def take(self, n: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def give(self, n: int) -> None:
+        if n:
+            async with self.changed:
+                self.used -= n
+                self.changed.notify_all()
 
 
 def sse_chunk(rid: str, kind: str, model: str, choices: list, usage: dict | None = None) -> str:
@@ -110,7 +141,11 @@ def create_app(
         the streams in flight keep going meanwhile) and at most just past max_model_len."""
         return await asyncio.to_thread(prompt_tokens_of, body, chat, vocab_size, max_model_len)
 
-    async def read_body(request: Request, json_only: bool = True) -> dict:
+    budget = BodyBudget(BODY_BUDGET_BYTES)
+
+    async def read_body(request: Request, held: list[int], json_only: bool = True) -> dict:
+        """The request's JSON object; the bytes it holds of the BodyBudget are added to
+        ``held`` (the caller gives them back once the body is done with)."""
         if json_only:
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
@@ -118,14 +153,25 @@ def create_app(
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
+        # the whole body's bytes are taken before it is read (a body without a length may
+        # be as long as any): bodies each holding part of the budget would wait on each
+        # other for good
+        need = int(declared) if declared.isdigit() else MAX_BODY_BYTES
+        await budget.take(need)
+        held[0] = need
         raw = bytearray()
         try:
-            async for part in request.stream():
-                raw += part
-                if len(raw) > MAX_BODY_BYTES:
-                    raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
+            async with asyncio.timeout(BODY_SECONDS):
+                async for part in request.stream():
+                    raw += part
+                    if len(raw) > MAX_BODY_BYTES:
+                        raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
         except ClientDisconnect:  # gone before the body was whole: nobody reads the answer
             raise ApiError(400, "There was an error parsing the body.") from None
+        except TimeoutError:
+            raise ApiError(
+                408, f"The request body did not arrive within {BODY_SECONDS:g} s."
+            ) from None
         try:
             body = await asyncio.to_thread(loads_json, bytes(raw) or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -149,8 +195,9 @@ def create_app(
 
     async def generate(request: Request, chat: bool) -> Response:
         arrived = received_at(request.scope, asyncio.get_running_loop())
+        held = [0]  # bytes of the body budget this request holds until its body is read
         try:
-            body = await read_body(request)
+            body = await read_body(request, held)
             model = model_name(body, served_names)
             check_sampling(body, chat)
             if chat:
@@ -161,6 +208,9 @@ def create_app(
             max_tokens = check_length(prompt_tokens, asked)
         except ApiError as exc:
             return exc.response()
+        finally:
+            body = None  # the prompt is counted: what it held goes back to the budget
+            await budget.give(held[0])
         live = deployment.submit(prompt_tokens, max_tokens, arrived)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         kind = "chat.completion" if chat else "text_completion"
@@ -270,14 +320,18 @@ def create_app(
         )
 
     async def tokenize(request: Request) -> Response:
+        held = [0]
         try:
-            body = await read_body(request)
+            body = await read_body(request, held)
             model_name(body, served_names)
             chat = "messages" in body
             count = await count_prompt(body, chat)
             check_length(count, None)
         except ApiError as exc:
             return exc.response()
+        finally:
+            body = None
+            await budget.give(held[0])
         return JSONResponse(
             {"count": count, "max_model_len": max_model_len, "tokens": list(range(count))}
         )
@@ -294,10 +348,13 @@ def create_app(
         measurement takes off)."""
         loop = asyncio.get_running_loop()
         arrived = received_at(request.scope, loop)
+        held = [0]
         try:
-            await read_body(request, json_only=False)
+            await read_body(request, held, json_only=False)
         except ApiError as exc:
             return exc.response()
+        finally:
+            await budget.give(held[0])
         handed: asyncio.Queue[str] = asyncio.Queue()
         choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
         first = sse_chunk("cmpl-" + uuid.uuid4().hex, "text_completion", served_names[0], [choice])

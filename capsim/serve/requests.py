@@ -65,6 +65,7 @@ class ApiError(Exception):
         400: "BadRequestError",
         404: "NotFoundError",
         405: "MethodNotAllowedError",
+        408: "RequestTimeoutError",
         413: "RequestTooLargeError",
         415: "UnsupportedMediaTypeError",
     }
