@@ -218,6 +218,17 @@ class Distribution(BaseModel):
     p99: float | None
     count: int = 0
 
+    def check(self, name: str) -> None:
+        """ValueError unless every figure is a finite number of 0 or more and the
+        percentiles are in order (p50 <= p90 <= p99, to a part in a million)."""
+        figures = {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+        for key, value in figures.items():
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} {key} is {value!r}, not a finite number of 0 or more")
+        ordered = [v for v in (self.p50, self.p90, self.p99) if v is not None]
+        if any(b < a * (1 - 1e-6) for a, b in itertools.pairwise(ordered)):
+            raise ValueError(f"{name}'s percentiles are out of order (p50, p90, p99: {ordered})")
+
     @classmethod
     def of(cls, values: Iterable[float | None], weights: Sequence[float] | None = None):
         """Summarise values (None dropped). With weights, percentiles are weighted."""
@@ -294,6 +305,11 @@ def weighted_percentiles(
     return [float(v) for v in values[order[idx]]]
 
 
+MAX_MEASURED = 1e9
+"""Largest rate (tokens or requests a second) or time (seconds) a level measures: a
+billion tokens a second is past any cluster's, a billion seconds 32 years."""
+
+
 class LevelMetrics(BaseModel):
     """Aggregates of one load level, the same fields for simulated and probed runs."""
 
@@ -315,6 +331,33 @@ class LevelMetrics(BaseModel):
     itl_ms: Distribution
     e2e_s: Distribution
     queueing_ms: Distribution
+
+    @model_validator(mode="after")
+    def _measured(self) -> LevelMetrics:
+        """What a level can have measured: counts of 0 or more (completed and failed
+        within the requests), a concurrency of 1 or more, finite times and rates of 0 or
+        more, each distribution's percentiles in order. Issue 47: an imported result with
+        -40 requests, a negative duration or a p99 below its p50 was written as a run."""
+        from capsim.engine.limits import MAX_CONCURRENCY
+
+        counts = ("requests", "completed", "failed", "input_tokens", "output_tokens")
+        for name in counts:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} is {getattr(self, name)}, below 0")
+        if self.completed > self.requests or self.failed > self.requests:
+            raise ValueError(
+                f"{self.completed} completed and {self.failed} failed of {self.requests} requests"
+            )
+        if self.concurrency is not None and not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency {self.concurrency} is not 1 to {MAX_CONCURRENCY:,}")
+        rates = ("wall_s", "output_tok_s", "total_tok_s", "prefill_tok_s", "request_throughput")
+        for name in rates:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value <= MAX_MEASURED):
+                raise ValueError(f"{name} is {value!r}, not a number from 0 to {MAX_MEASURED:,.0f}")
+        for name in ("per_request_output_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_s"):
+            getattr(self, name).check(name)
+        return self
 
 
 def level_metrics(

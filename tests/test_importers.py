@@ -173,3 +173,69 @@ def test_import_out_naming_a_folder_is_refused(tmp_path):
     r = runner.invoke(app, ["import", "vllm-bench", str(result), "--out", str(tmp_path / "impout")])
     assert r.exit_code == 2 and "is a folder" in r.output, r.output
     assert not (tmp_path / "impout.json").exists()
+
+
+def _changed(base: dict, path: tuple, value) -> dict:
+    """``base`` (deep-copied) with the field at ``path`` set to ``value``."""
+    import copy
+
+    data = copy.deepcopy(base)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("kind", "base", "path", "value", "words"),
+    [
+        ("aiperf", AIPERF, ("records", "request_count", "avg"), -64, "request_count must be"),
+        ("aiperf", AIPERF, ("input_config", "loadgen", "concurrency"), 8.9, "a whole number"),
+        ("aiperf", AIPERF, ("records", "benchmark_duration", "avg"), -1, "benchmark_duration"),
+        ("aiperf", AIPERF, ("records", "request_count", "avg"), 0, "holds no completed request"),
+        ("guidellm", GUIDELLM, ("benchmarks", 0, "end_time"), 50.0, "wall_s is -50.0"),
+        (
+            "guidellm",
+            GUIDELLM,
+            ("benchmarks", 0, "args", "strategy", "streams"),
+            -4,
+            "streams must be",
+        ),
+        (
+            "guidellm",
+            GUIDELLM,
+            ("benchmarks", 0, "metrics", "request_totals", "successful"),
+            -40,
+            "successful must be",
+        ),
+        (
+            "guidellm",
+            GUIDELLM,
+            ("benchmarks", 0, "metrics", "output_tokens_per_second", "successful", "mean"),
+            1e300,
+            "output_tok_s is 1e+300, not a number from 0 to 1,000,000,000",
+        ),
+        ("vllm-bench", VLLM_BENCH, ("duration",), 0, "duration is 0 for 4 completed requests"),
+        ("vllm-bench", VLLM_BENCH, ("completed",), True, "completed must be a number"),
+        ("vllm-bench", VLLM_BENCH, ("p99_ttft_ms",), 1.0, "ttft_ms's percentiles are out of"),
+    ],
+)
+def test_a_result_of_nonsense_is_not_imported(tmp_path, kind, base, path, value, words):
+    """Issue 47: negative counts and durations, an end before the start, a fractional
+    concurrency, a p99 below its p50 or zero requests were written as runs, exit 0."""
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(_changed(base, path, value)))
+    out = tmp_path / "run.json"
+    r = runner.invoke(app, ["import", kind, str(src), "--out", str(out)])
+    assert r.exit_code == 2 and words in " ".join(r.output.split()), r.output
+    assert not out.exists() and not out.with_suffix(".jsonl").exists()
+
+
+def test_a_name_with_control_characters_is_shown_escaped(tmp_path):
+    """A result's model named with terminal escapes recoloured the terminal."""
+    src = tmp_path / "vb.json"
+    src.write_text(json.dumps(VLLM_BENCH | {"model_id": "\x1b[31mred\x1b[0m"}))
+    r = runner.invoke(app, ["import", "vllm-bench", str(src), "--out", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\\x1b[31mred" in r.output

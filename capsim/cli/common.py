@@ -899,7 +899,10 @@ def fitted_table(
     notes = [caption] if caption else []
     if dropped:
         notes.append(f"not shown for width: {', '.join(dropped)} (see --json)")
-    table = Table(title=title, caption="; ".join(notes) or None, **table_options)
+    # a name a server or a file gave may hold control characters: escaped, never sent raw
+    # to the terminal (issue 47: a model named ESC[31m recoloured it)
+    caption_text = printable("; ".join(notes)) if notes else None
+    table = Table(title=printable(title), caption=caption_text, **table_options)
     text = [i for i in keep if columns[i][1] == "left"]
     wraps = max(text, key=column_width) if text else None
     for i in keep:
@@ -909,7 +912,7 @@ def fitted_table(
         else:
             table.add_column(name, justify=justify, no_wrap=True, min_width=column_width(i))
     for r in rows:
-        table.add_row(*(r[i] for i in keep))
+        table.add_row(*(printable(r[i]) for i in keep))
     return table
 
 

@@ -63,10 +63,22 @@ PER_REQUEST_KEYS = ("ttfts", "itls", "input_lens", "output_lens", "errors")
 def _measure(name: str, value: Any) -> float:
     """A measured count, time or rate from a result file: a finite number, 0 or more (a
     negative one would pass through to negative TTFTs and throughputs)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, not {value!r}")
     number = float(value)
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"{name} must be a finite number, 0 or more, not {value!r}")
     return number
+
+
+def _whole(name: str, value: Any) -> int:
+    """A measured count or concurrency: a whole number, 0 or more (null reads as 0)."""
+    if value is None:
+        return 0
+    number = _measure(name, value)
+    if not number.is_integer():
+        raise ValueError(f"{name} must be a whole number, not {value!r}")
+    return int(number)
 
 
 def _require(data: dict, keys: tuple[str, ...], path: Path, tool: str) -> None:
@@ -115,6 +127,8 @@ def import_vllm_bench(
     for key in ("duration", "total_output_tokens", "output_throughput", "total_input_tokens"):
         if key in d:
             _measure(key, d[key])
+    if completed and not _measure("duration", d["duration"]) > 0:
+        raise ValueError(f"duration is {d['duration']!r} for {completed} completed requests")
 
     def metric(name: str, scale: float = 1.0) -> Distribution:
         return _dist(
@@ -235,10 +249,14 @@ def import_guidellm(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Req
             )
 
         strategy = (b.get("args") or b.get("config") or {}).get("strategy") or {}
-        concurrency = int(strategy.get("streams") or strategy.get("max_concurrency") or 0)
+        concurrency = _whole(
+            "the strategy's streams", strategy.get("streams") or strategy.get("max_concurrency")
+        )
         totals = m.get("request_totals") or {}
-        completed = int(totals.get("successful", 0))
-        failed = int(totals.get("errored", 0)) + int(totals.get("incomplete", 0))
+        completed = _whole("request_totals.successful", totals.get("successful"))
+        failed = _whole("request_totals.errored", totals.get("errored")) + _whole(
+            "request_totals.incomplete", totals.get("incomplete")
+        )
         out = stat("output_tokens_per_second")
         total = stat("tokens_per_second")
         start, end = b.get("start_time"), b.get("end_time")
@@ -293,11 +311,11 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
 
     def scalar(name: str) -> float:
         s = records.get(name) or {}
-        return float(s.get("avg", 0.0) or 0.0)
+        return _measure(name, s.get("avg", 0.0) or 0.0)
 
     config = d.get("input_config") or {}
-    concurrency = int(((config.get("loadgen") or {}).get("concurrency")) or 0)
-    count = int(scalar("request_count") or 0)
+    concurrency = _whole("loadgen.concurrency", (config.get("loadgen") or {}).get("concurrency"))
+    count = _whole("request_count", (records.get("request_count") or {}).get("avg"))
     duration = scalar("benchmark_duration")
     latency_unit = (records.get("request_latency") or {}).get("unit", "ms")
     metrics = LevelMetrics(
@@ -305,7 +323,7 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
         workload="closed" if concurrency else "open",
         requests=count,
         completed=count,
-        failed=int(scalar("error_request_count")),
+        failed=_whole("error_request_count", (records.get("error_request_count") or {}).get("avg")),
         wall_s=duration,
         input_tokens=0,
         output_tokens=0,
@@ -368,8 +386,17 @@ def import_results(kind: str, path: Path, out: Path) -> RunSummary:
         for record in records:
             writer.request(record, concurrency, 0)
         # an importer that streams its records gives its levels once they are read
-        for level in levels() if callable(levels) else levels:
+        read = levels() if callable(levels) else levels
+        if not any(level.metrics.completed for level in read):
+            raise CapsimUserError(
+                f"'{path}' holds no completed request: it measured nothing to import",
+                hint="pass the result of a run whose requests completed",
+            )
+        for level in read:
             writer.add_level(level)
+    except CapsimUserError:
+        writer.discard()
+        raise
     except FIELD_ERRORS as exc:
         # a bad request deep in the file: what was written of it goes, the run is not half
         # an import
