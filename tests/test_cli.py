@@ -740,3 +740,20 @@ def test_numbers_in_text_flags_are_ascii_and_lengths_have_a_ceiling(args, words)
 def test_the_probe_checks_what_predict_checks(args, words):
     r = invoke("probe", "--url", "http://127.0.0.1:9", "--model", "m", "--requests", "2", *args)
     assert r.exit_code == 2 and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--engine", "llama.cpp", "--gpu-memory-utilization", "0.5"], "not llama.cpp's"),
+        (["--engine", "llama.cpp", "--kv-dtype", "fp8"], "has no FP8 KV cache"),
+        (["--engine", "llama.cpp", "--async-scheduling"], "not llama.cpp's"),
+        (["--engine", "llama.cpp", "--disable-custom-all-reduce"], "not llama.cpp's"),
+        (["--ubatch-size", "64"], "--ubatch-size is llama.cpp's"),
+    ],
+)
+def test_another_engines_flag_is_refused(args, words):
+    """Issue 47: these ran and changed the result (--ubatch-size 64 with vLLM took a
+    prefill step from 108 to 447 ms; --gpu-memory-utilization 0.5 halved llama.cpp's KV)."""
+    r = invoke("predict", "--gpu", "rtx4090", "--model", "llama-3.1-8b", "-c", "1", *args)
+    assert r.exit_code == 2 and words in r.stderr, r.stderr

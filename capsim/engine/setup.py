@@ -222,6 +222,43 @@ def sglang_flag_error(flag: str, engine: str, behaviour: str, leave: str = "out"
     )
 
 
+def refuse_flags_the_engine_lacks(config: PredictConfig, engine: str) -> None:
+    """A flag of another engine is an error, not a term quietly applied (issue 47:
+    --ubatch-size with vLLM quadrupled a prefill step; --gpu-memory-utilization and
+    --kv-dtype fp8 with llama.cpp resized a KV cache llama.cpp sizes by its context)."""
+    if engine == "llama.cpp":
+        lacks = {
+            "--gpu-memory-utilization": (
+                config.gpu_memory_utilization is not None,
+                "sizes its KV cache by its context (-c), not by a share of memory",
+            ),
+            "--async-scheduling / --no-async-scheduling": (
+                config.async_scheduling is not None,
+                "runs its host work between steps",
+            ),
+            "--disable-custom-all-reduce": (
+                config.custom_allreduce is not None,
+                "has no custom all-reduce kernel to turn off",
+            ),
+            f"--kv-dtype {config.kv_dtype}": (
+                config.kv_dtype.lower().startswith("fp8"),
+                "has no FP8 KV cache (its -ctk/-ctv types are f16, bf16, q8_0, q4_0, ...)",
+            ),
+        }
+        for flag, (given, instead) in lacks.items():
+            if given:
+                raise CapsimUserError(
+                    f"{flag} is not llama.cpp's; llama.cpp {instead}",
+                    hint=f"leave {flag.split(' /')[0].split(' ')[0]} out with --engine llama.cpp",
+                )
+    elif config.ubatch_tokens is not None:
+        raise CapsimUserError(
+            f"--ubatch-size is llama.cpp's (-ub, its physical batch); {engine} runs a step's "
+            "tokens in one pass",
+            hint="add --engine llama.cpp, or leave --ubatch-size out",
+        )
+
+
 def build_setup(
     config: PredictConfig,
     catalog: Catalog | None = None,
@@ -259,6 +296,7 @@ def build_setup(
     engine = cat.engine(config.engine).for_model_len(
         config.max_model_len or model.max_position_embeddings, mla=model.mla is not None
     )
+    refuse_flags_the_engine_lacks(config, engine.name)
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
