@@ -254,4 +254,7 @@ def loads_json(text: str | bytes) -> Any:
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
     except ValueError as exc:
-        raise json.JSONDecodeError(str(exc).split("\n")[0], "", 0) from None
+        said = str(exc).split("\n")[0]
+        if "integer string conversion" in said:  # not Python's advice to raise its limit
+            said = "a number of more than 4,300 digits"
+        raise json.JSONDecodeError(said, "", 0) from None

@@ -305,11 +305,6 @@ def weighted_percentiles(
     return [float(v) for v in values[order[idx]]]
 
 
-MAX_MEASURED = 1e9
-"""Largest rate (tokens or requests a second) or time (seconds) a level measures: a
-billion tokens a second is past any cluster's, a billion seconds 32 years."""
-
-
 class LevelMetrics(BaseModel):
     """Aggregates of one load level, the same fields for simulated and probed runs."""
 
@@ -353,8 +348,8 @@ class LevelMetrics(BaseModel):
         rates = ("wall_s", "output_tok_s", "total_tok_s", "prefill_tok_s", "request_throughput")
         for name in rates:
             value = getattr(self, name)
-            if not (math.isfinite(value) and 0 <= value <= MAX_MEASURED):
-                raise ValueError(f"{name} is {value!r}, not a number from 0 to {MAX_MEASURED:,.0f}")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} is {value!r}, not a finite number of 0 or more")
         for name in ("per_request_output_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_s"):
             getattr(self, name).check(name)
         return self

@@ -757,3 +757,47 @@ def test_another_engines_flag_is_refused(args, words):
     prefill step from 108 to 447 ms; --gpu-memory-utilization 0.5 halved llama.cpp's KV)."""
     r = invoke("predict", "--gpu", "rtx4090", "--model", "llama-3.1-8b", "-c", "1", *args)
     assert r.exit_code == 2 and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            [
+                *("explain", "--gpu", "h100-sxm", "--model", "llama-3.1-8b"),
+                *("--prefill-chunk", "2147483648"),
+            ],
+            "--prefill-chunk 2,147,483,648 is longer than llama-3.1-8b's 131,072-token",
+        ),
+        (
+            [
+                *("plan", "--model", "qwen3-8b", "--agents", "8", "--gpus", "rtx4090"),
+                *("--min-agent-tok-s", "1e308"),
+            ],
+            "--min-agent-tok-s 1e+308",
+        ),
+        (
+            [
+                *("predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1"),
+                *("--gpu-memory-utilization", "0_9"),
+            ],
+            "'0_9' is not a number (an '_' in it)",
+        ),
+    ],
+)
+def test_messages_name_the_flag_the_user_typed(args, words):
+    """Issue 47's third audit: the chunk's limit was said of --prefill-context ('0 to 0'),
+    --min-agent-tok-s was called --min-agent-tok, and '0_9' was read as 9.0."""
+    r = invoke(*args)
+    assert r.exit_code == 2 and words in r.stderr, r.stderr
+
+
+def test_calibrate_refuses_an_out_that_is_no_folder_before_fitting(tmp_path):
+    """--out naming a FIFO (or any file without .yaml) ran the whole fit, then failed."""
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    seed = "calibration/published/seed002-rtx3090-moe-vs-dense.yaml"
+    r = invoke("calibrate", seed, "--out", str(fifo))
+    assert r.exit_code == 2 and "exists and is not a folder" in r.stderr, r.stderr

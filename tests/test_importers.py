@@ -214,7 +214,7 @@ def _changed(base: dict, path: tuple, value) -> dict:
             GUIDELLM,
             ("benchmarks", 0, "metrics", "output_tokens_per_second", "successful", "mean"),
             1e300,
-            "output_tok_s is 1e+300, not a number from 0 to 1,000,000,000",
+            "must be a finite number from 0 to 1,000,000,000, not 1e+300",
         ),
         ("vllm-bench", VLLM_BENCH, ("duration",), 0, "duration is 0 for 4 completed requests"),
         ("vllm-bench", VLLM_BENCH, ("completed",), True, "completed must be a number"),

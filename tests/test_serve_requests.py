@@ -102,6 +102,9 @@ def test_fields_vllm_refuses_are_refused():
         )
     with pytest.raises(ApiError, match="name must be a string"):
         message_tokens({"role": "user", "content": "hi", "name": {}}, None)
+    with pytest.raises(ApiError, match="seed must be a 64-bit integer"):
+        check_sampling({"seed": 2**70}, chat=False)
+    check_sampling({"seed": 2**63 - 1}, chat=False)
 
 
 def test_fields_capsim_cannot_honour_and_vllm_limits_are_400():

@@ -61,6 +61,15 @@ SHORT_CONTEXT = 16
 """Contexts up to this many tokens leave attention negligible (tokens)."""
 
 
+MAX_KERNEL_US = 1e9
+"""Longest kernel time a row may give, microseconds (about 17 minutes): 1e300 was
+fitted, and the fit reported a 100% error."""
+
+MAX_KERNEL_ROWS = 5_000
+"""Most rows a kernel file may hold: a fit simulates every row at every evaluation (the
+largest measured files hold 432; 7,480 rows took minutes)."""
+
+
 class KernelRow(BaseModel):
     """One measured configuration; times in microseconds, sizes in bytes."""
 
@@ -73,8 +82,8 @@ class KernelRow(BaseModel):
     new_tokens: int = Field(1, ge=1, le=10_000_000)
     context: int = Field(ge=0, le=10_000_000)
     layers_built: int = Field(ge=1, le=10_000)
-    us_per_layer: float = Field(gt=0, allow_inf_nan=False)
-    lm_head_us: float = Field(ge=0, allow_inf_nan=False)
+    us_per_layer: float = Field(gt=0, le=MAX_KERNEL_US, allow_inf_nan=False)
+    lm_head_us: float = Field(ge=0, le=MAX_KERNEL_US, allow_inf_nan=False)
     weight_bytes_per_layer: float = Field(ge=0, allow_inf_nan=False)
     kv_bytes_per_layer: float = Field(0.0, ge=0, allow_inf_nan=False)
     achieved_gb_s: float | None = Field(None, ge=0, allow_inf_nan=False)
@@ -95,7 +104,7 @@ class KernelDataset(BaseModel):
     elementwise: Literal["eager", "fused"] = "eager"
     eager_elementwise_shares: dict[str, float] | None = None
     eager_extra_floor_us: dict[str, float] | None = None
-    rows: list[KernelRow] = Field(min_length=1)
+    rows: list[KernelRow] = Field(min_length=1, max_length=MAX_KERNEL_ROWS)
     gemms: list[dict] = []
     attention: list[dict] = []
     profiles: list[dict] = []

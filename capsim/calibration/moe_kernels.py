@@ -18,7 +18,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from capsim.calibration.kernels import KernelFit, KernelPoint, fit_points, load_json_dataset
+from capsim.calibration.kernels import (
+    MAX_KERNEL_ROWS,
+    MAX_KERNEL_US,
+    KernelFit,
+    KernelPoint,
+    fit_points,
+    load_json_dataset,
+)
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
 from capsim.files import loads_json, read_input_text
@@ -40,7 +47,7 @@ class MoeKernelRow(BaseModel):
     weights: str
     tp_shard: int = Field(ge=1, le=1024)
     batch: int = Field(ge=1, le=1_000_000)
-    us: float = Field(gt=0, allow_inf_nan=False)
+    us: float = Field(gt=0, le=MAX_KERNEL_US, allow_inf_nan=False)
     source: int = Field(ge=0)  # index into the dataset's sources
 
 
@@ -53,7 +60,7 @@ class MoeKernelDataset(BaseModel):
     kind: Literal["fused_moe"]
     sources: list[dict[str, str]]
     caveats: list[str]
-    rows: list[MoeKernelRow] = Field(min_length=1)
+    rows: list[MoeKernelRow] = Field(min_length=1, max_length=MAX_KERNEL_ROWS)
 
 
 def is_moe_dataset(path: Path) -> bool:

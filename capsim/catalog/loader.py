@@ -96,8 +96,12 @@ def load_yaml_text(text: str):
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (ValueError, OverflowError, RecursionError) as exc:
         # the constructor's own limits (an integer of 5,000 digits, a date out of range):
-        # not a YAML document capsim can read, reported as its syntax errors are
-        raise yaml.YAMLError(str(exc).splitlines()[0]) from None
+        # not a YAML document capsim can read, reported as its syntax errors are (in the
+        # document's terms, not Python's advice to raise its limit)
+        said = str(exc).splitlines()[0]
+        if "integer string conversion" in said:
+            said = "a number of more than 4,300 digits"
+        raise yaml.YAMLError(said) from None
     except yaml.YAMLError as exc:  # one line with the line and column, not libyaml's five
         raise yaml.YAMLError(one_line_yaml_error(exc)) from None
     check_expansion(data)

@@ -87,6 +87,14 @@ def calibrate_cmd(
             f"class; '{out.suffix}' is neither",
             hint=f"use --out {out.with_suffix('.yaml')}, or a folder name without a suffix",
         )
+    from capsim.files import path_exists
+
+    if out.suffix != ".yaml" and path_exists(out) and not out.is_dir():
+        raise CapsimUserError(
+            f"--out {out} exists and is not a folder: profiles are written into a folder, or "
+            "to a .yaml file",
+            hint=f"use --out {out.with_suffix('.yaml')}, or a folder's name",
+        )
     names = None if fit is None else tuple(split_list(fit))
     # one profile a hardware class and engine, named after both unless --name says
     groups = {

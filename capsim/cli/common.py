@@ -457,6 +457,8 @@ def flag_of(field: str) -> str:
     """The CLI flag of a config field, as the commands name them."""
     if field in FIELD_FLAGS:
         return FIELD_FLAGS[field]
+    if field in OBJECTIVE_FLAGS:  # their names keep the unit: --min-agent-tok-s
+        return OBJECTIVE_FLAGS[field]
     for suffix in UNIT_SUFFIXES:
         if field.endswith(suffix):
             field = field.removesuffix(suffix)

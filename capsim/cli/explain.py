@@ -556,6 +556,11 @@ def explain_cmd(
     decode, per_seq = sm.decode_step(np.full(batch, context))
     chunk = prefill_chunk or max(min(context, 8192), 1)
     kv_note = batch_kv_note(fit, batch, f"{tp}x {g.name}")
+    if longest and chunk > longest:
+        raise CapsimUserError(
+            f"--prefill-chunk {chunk:,} is longer than {m.name}'s {longest:,}-token context",
+            hint=f"--prefill-chunk is 1 to {longest:,}",
+        )
     if longest and prefill_context + chunk > longest:
         raise CapsimUserError(
             f"--prefill-context {prefill_context:,} plus a {chunk:,}-token chunk exceeds "

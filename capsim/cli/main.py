@@ -76,6 +76,10 @@ def _whole_numbers_only() -> None:
     def coerce(self, value, param, ctx):
         if isinstance(value, str) and of_type(self.annotation, int) and not whole.fullmatch(value):
             raise BadParameter(f"{value!r} is not a whole number", ctx=ctx, param=param)
+        numeric = of_type(self.annotation, float) and not of_type(self.annotation, str)
+        if isinstance(value, str) and numeric and "_" in value:
+            # Python reads '0_9' as 9.0: a typo for 0.9 taken as a number ten times larger
+            raise BadParameter(f"{value!r} is not a number (an '_' in it)", ctx=ctx, param=param)
         textual = of_type(self.annotation, str) or of_type(self.annotation, Path)
         if isinstance(value, str) and textual and not value.strip():
             # '--quant ""' read as no value, '--out ""' as the current folder: never meant

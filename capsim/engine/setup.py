@@ -170,8 +170,12 @@ def engine_fit_options(
         raise CapsimUserError(
             f"--enable-dp-attention is SGLang's (attention data-parallel inside the TP "
             f"group), not {engine.name}'s",
-            hint="add --engine sglang (vLLM's --data-parallel-size with "
-            "--enable-expert-parallel is not modelled yet)",
+            hint="add --engine sglang"
+            + (
+                " (vLLM's --data-parallel-size with --enable-expert-parallel is not modelled yet)"
+                if engine.name == "vllm"
+                else ""
+            ),
         )
     row = engine.batch_limits(gpu.name, gpu.memory_gb)
     if engine.name == "vllm":

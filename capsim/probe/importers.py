@@ -60,14 +60,22 @@ PER_REQUEST_KEYS = ("ttfts", "itls", "input_lens", "output_lens", "errors")
 """The per-request lists of a detailed vllm bench result: one entry a request each."""
 
 
+MAX_MEASURED = 1e9
+"""Largest count, time or rate a result file may give (tokens or requests a second,
+seconds, milliseconds): a billion tokens a second is past any cluster's."""
+
+
 def _measure(name: str, value: Any) -> float:
-    """A measured count, time or rate from a result file: a finite number, 0 or more (a
-    negative one would pass through to negative TTFTs and throughputs)."""
+    """A measured count, time or rate from a result file: a finite number from 0 to
+    MAX_MEASURED (a negative one would pass through to negative TTFTs and throughputs,
+    1e300 tok/s to every figure calibration reads)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a number, not {value!r}")
     number = float(value)
-    if not (math.isfinite(number) and number >= 0):
-        raise ValueError(f"{name} must be a finite number, 0 or more, not {value!r}")
+    if not (math.isfinite(number) and 0 <= number <= MAX_MEASURED):
+        raise ValueError(
+            f"{name} must be a finite number from 0 to {MAX_MEASURED:,.0f}, not {value!r}"
+        )
     return number
 
 
@@ -124,7 +132,15 @@ def import_vllm_bench(
     failed = int(
         _measure("failed", d.get("failed", d.get("num_prompts", completed) - completed) or 0)
     )
-    for key in ("duration", "total_output_tokens", "output_throughput", "total_input_tokens"):
+    measured = (
+        "duration",
+        "total_output_tokens",
+        "output_throughput",
+        "total_input_tokens",
+        "total_token_throughput",
+        "request_throughput",
+    )
+    for key in measured:
         if key in d:
             _measure(key, d[key])
     if completed and not _measure("duration", d["duration"]) > 0:

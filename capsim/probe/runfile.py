@@ -302,9 +302,12 @@ def summarize_log(path: Path) -> RunSummary:
     except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as exc:
         if isinstance(exc, CapsimUserError):
             raise
+        if hasattr(exc, "errors"):  # a level's or a record's validation: the field and why
+            detail = first_problem(exc)
+        else:
+            detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         raise CapsimUserError(
-            f"'{path}' is not a capsim run log: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}"[:300],
+            f"'{path}' is not a capsim run log: {detail}"[:300],
             hint="capsim probe writes it; lines of other shapes cannot be summarized",
         ) from None
 

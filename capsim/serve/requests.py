@@ -207,7 +207,9 @@ def check_sampling(body: dict, chat: bool) -> None:
     top_k = lax_int(body, "top_k")
     if top_k is not None and top_k < -1:
         raise bad("top_k", f"top_k must be -1 (disable), 0 or at least 1, got {top_k}.")
-    lax_int(body, "seed")
+    seed = lax_int(body, "seed")
+    if seed is not None and not -(2**63) <= seed < 2**63:  # vLLM's seed is a 64-bit int
+        raise bad("seed", f"seed must be a 64-bit integer, got {short(seed)}.")
     lax_bool(body, "ignore_eos")
     if lax_bool(body, "echo"):
         raise bad("echo", "capsim serve does not echo the prompt (its text is filler).")
