@@ -179,6 +179,30 @@ def test_cli_import_errors(tmp_path):
     assert r.exit_code == 2 and "num_hidden_layers" in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"num_experts": 0}, "0 experts, yet 8 routed a token"),
+        ({"head_dim": 0}, "head_dim is 0, not 1 or more"),
+        ({"quantization_config": {"quant_method": "awq", "bits": "x"}}, "bits is 'x'"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 0}}, "bits is 0"),
+        ({"torch_dtype": "int3"}, "the checkpoint's weights are 'int3'"),
+    ],
+)
+def test_a_config_of_nonsense_is_not_imported(tmp_path, change, words):
+    """Issue 47's third audit: 0 experts became a dense model, head_dim 0 became
+    hidden / heads, bits 'x' or 0 became 4, and torch_dtype int3 wrote 'dtype: int3' that
+    the catalog then could not read."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_MOE | change))
+    out = tmp_path / "db"
+    r = CliRunner().invoke(
+        app, ["models", "import-hf", str(path), "--name", "x", "--out", str(out)]
+    )
+    assert r.exit_code == 2 and words in r.stderr, r.stderr
+    assert not out.exists()
+
+
 # Older architectures' config.json, key for key as transformers writes them
 PYTHIA_160M = {  # EleutherAI/pythia-160m
     "architectures": ["GPTNeoXForCausalLM"],

@@ -301,6 +301,11 @@ def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> lis
 
 def _moe(cfg: dict[str, Any]) -> dict[str, Any] | None:
     experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
+    routed = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
+    if not experts and routed and any(
+        cfg.get(k) == 0 for k in ("num_experts", "n_routed_experts", "num_local_experts")
+    ):  # a Mixtral of 0 experts that routes 2 a token became a dense model
+        raise ValueError(f"0 experts, yet {routed} routed a token")
     if not experts or cfg.get("enable_moe_block") is False:
         return None
     top_k = (
@@ -502,7 +507,10 @@ def _entry_of_config(
         }
         entry["head_dim"] = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
     else:
-        entry["head_dim"] = int(cfg.get("head_dim") or hidden // heads)
+        given = cfg.get("head_dim")
+        if given is not None and not int(given) >= 1:  # 0 was read as hidden / heads
+            raise ValueError(f"head_dim is {given!r}, not 1 or more")
+        entry["head_dim"] = int(given or hidden // heads)
     if hybrid:
         entry["layer_pattern"], entry["ffn_pattern"] = hybrid
     else:

@@ -91,7 +91,8 @@ def torch_dtype_format(cfg: dict[str, Any], outer: dict[str, Any] | None = None)
     """The 16-bit format of an unquantised checkpoint's torch dtype (bf16 or fp16)."""
     outer = outer or {}
     raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or "bf16")
-    return DTYPE_NAMES.get(raw, raw if raw in {"bf16", "fp16"} else "bf16")
+    # a dtype that is no torch dtype ('int3') comes back as itself, for the caller to report
+    return DTYPE_NAMES.get(raw, raw)
 
 
 def _first_dict(cfg: dict[str, Any], outer: dict[str, Any], *keys: str) -> dict[str, Any]:
@@ -104,7 +105,10 @@ def _first_dict(cfg: dict[str, Any], outer: dict[str, Any], *keys: str) -> dict[
 
 
 def _method_format(method: str, quant: dict[str, Any]) -> str:
-    bits = _int(quant.get("bits") or quant.get("w_bit"), 4)
+    given = quant.get("bits", quant.get("w_bit"))
+    bits = 4 if given is None else _int(given, 0)
+    if not 1 <= bits <= 16:  # 'x' or 0 was read as 4 bits
+        raise ValueError(f"quantization_config bits is {given!r}, not a bit width of 1 to 16")
     if method in ("fp8", "fbgemm_fp8", "ptpc_fp8", "mxfp8"):
         return "fp8"
     if method == "mxfp4":

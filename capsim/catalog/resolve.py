@@ -298,6 +298,8 @@ def _write_imported(
     if stated not in known:
         # model_from_hf_config has checked that a text_config, where present, is an object
         fallback = by_name or torch_dtype_format(config.get("text_config") or config, config)
+        if fallback not in known:  # a torch dtype capsim has no format for: served 16-bit
+            fallback = "bf16"
         why = f"its name ends in '-{suffix}'" if by_name else "its torch dtype"
         notice(
             f"{hf_id} is stored as '{stated}', a weight format capsim does not know: "

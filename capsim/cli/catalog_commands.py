@@ -356,6 +356,16 @@ def models_import_hf(
         source=str(config),
         quant_file=quant_file_beside(config),
     )
+    formats = catalog(None).quant_formats
+    if formats.find(model.dtype) is None:  # the catalog would refuse the file it writes
+        from capsim.errors import CapsimUserError, close_matches
+
+        raise CapsimUserError(
+            f"{config}: the checkpoint's weights are '{model.dtype}' (its quantization_config "
+            "or torch_dtype), not a weight format capsim knows",
+            hint="capsim quants lists them; a checkpoint of another format imports as it is",
+            suggestions=close_matches(model.dtype, formats.names()),
+        )
     if out is None:
         env_dirs = user_db_dirs()
         out = env_dirs[0] if env_dirs else Path("capsim-db")
