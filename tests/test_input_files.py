@@ -549,3 +549,18 @@ def test_an_overlay_entry_naming_what_does_not_exist_is_refused_by_file(
     r = runner.invoke(app, ["--db", str(tmp_path / "db"), *PREDICT, "--requests", "8"])
     assert r.exit_code == 2, r.output
     assert words in r.output and f"{source}.yaml" in r.output, r.output
+
+
+def test_a_gpu_of_a_class_without_priors_is_refused_by_file(tmp_path):
+    """A GPU whose hardware_class names no efficiency file (a typo) took the generic
+    priors without a word (issue 47's third audit)."""
+    text = (ROOT / "hardware_db" / "gpus" / "h100-sxm.yaml").read_text()
+    assert "hardware_class: datacenter-hopper" in text
+    folder = tmp_path / "db" / "gpus"
+    folder.mkdir(parents=True)
+    mended = text.replace("hardware_class: datacenter-hopper", "hardware_class: datacenter-hoper")
+    (folder / "h100-sxm.yaml").write_text(mended)
+    r = runner.invoke(app, ["--db", str(tmp_path / "db"), *PREDICT, "--requests", "8"])
+    assert r.exit_code == 2, r.output
+    assert "hardware_class 'datacenter-hoper' has no efficiency file" in r.output
+    assert "did you mean: datacenter-hopper" in r.output

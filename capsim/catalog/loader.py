@@ -419,12 +419,24 @@ def _load_dirs(dirs: tuple[Path, ...]) -> Catalog:
 
 
 def check_references(sections: dict[str, Section]) -> None:
-    """What one entry names in another, checked where the catalog is read: a model's dtype
-    is a weight format (it ended in a KeyError at the first prediction, issue 47). The
+    """What one entry names in another, checked where the catalog is read: a GPU's hardware
+    class has an efficiency file (a typo took the generic priors without a word), a model's
+    dtype is a weight format (it ended in a KeyError at the first prediction, issue 47). The
     efficiency parameters a file sets are checked where they are applied
     (physics.deployment.default_efficiency), naming the file."""
     from capsim.errors import close_matches
 
+    classes = sections["efficiency"].entries
+    gpus = sections["gpus"]
+    for name, gpu in gpus.entries.items():
+        if gpu.hardware_class not in classes:  # a typo took the generic priors silently
+            raise CatalogError(
+                f"{gpus.origin[name]}: hardware_class '{gpu.hardware_class}' has no "
+                "efficiency file (efficiency/CLASS.yaml) giving its priors",
+                hint="use a class the catalog has (capsim gpus shows each GPU's), or add "
+                "its efficiency file beside the GPU in your --db folder",
+                suggestions=close_matches(gpu.hardware_class, list(classes)),
+            )
     formats = sections["quant_formats"].entries
     models = sections["models"]
     for name, model in models.entries.items():
