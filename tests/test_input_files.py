@@ -564,3 +564,14 @@ def test_a_gpu_of_a_class_without_priors_is_refused_by_file(tmp_path):
     assert r.exit_code == 2, r.output
     assert "hardware_class 'datacenter-hoper' has no efficiency file" in r.output
     assert "did you mean: datacenter-hopper" in r.output
+
+
+def test_a_boolean_where_the_catalog_wants_a_number_is_refused(tmp_path):
+    """'num_layers: true' ran as a one-layer model (pydantic reads true as 1)."""
+    text = (ROOT / "hardware_db" / "models" / "llama-3.1-8b.yaml").read_text()
+    assert "num_layers: 32" in text
+    folder = tmp_path / "db" / "models"
+    folder.mkdir(parents=True)
+    (folder / "llama-3.1-8b.yaml").write_text(text.replace("num_layers: 32", "num_layers: true"))
+    r = runner.invoke(app, ["--db", str(tmp_path / "db"), *PREDICT, "--requests", "8"])
+    assert r.exit_code == 2 and "num_layers: a number, not true" in r.output, r.output

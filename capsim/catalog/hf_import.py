@@ -302,8 +302,10 @@ def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> lis
 def _moe(cfg: dict[str, Any]) -> dict[str, Any] | None:
     experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
     routed = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
-    if not experts and routed and any(
-        cfg.get(k) == 0 for k in ("num_experts", "n_routed_experts", "num_local_experts")
+    if (
+        not experts
+        and routed
+        and any(cfg.get(k) == 0 for k in ("num_experts", "n_routed_experts", "num_local_experts"))
     ):  # a Mixtral of 0 experts that routes 2 a token became a dense model
         raise ValueError(f"0 experts, yet {routed} routed a token")
     if not experts or cfg.get("enable_moe_block") is False:

@@ -20,7 +20,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -193,9 +193,50 @@ def _text_for_lines(path: Path) -> str | None:
         return None
 
 
+def boolean_for_number(data: Any, schema: Any, where: str = "") -> str | None:
+    """The first field (its dotted path) of ``data`` where a YAML true or false stands for
+    a number ``schema`` takes, or None: pydantic reads true as 1 (issue 47: 'num_layers:
+    true' ran as one layer)."""
+    import types
+    from typing import Union, get_args, get_origin
+
+    def kinds(annotation) -> tuple:
+        if get_origin(annotation) in (Union, types.UnionType):
+            return tuple(k for a in get_args(annotation) for k in kinds(a))
+        return (annotation,)
+
+    fields = getattr(schema, "model_fields", None)
+    if not isinstance(data, dict) or fields is None:
+        return None
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is None:
+            continue
+        allowed = kinds(field.annotation)
+        path = f"{where}{key}"
+        if (
+            isinstance(value, bool)
+            and bool not in allowed
+            and any(k in (int, float) for k in allowed)
+        ):
+            return path
+        for kind in allowed:  # a nested entry of its own schema
+            if isinstance(kind, type) and hasattr(kind, "model_fields"):
+                found = boolean_for_number(value, kind, path + ".")
+                if found:
+                    return found
+    return None
+
+
 def load_entry(path: Path, schema: type[T]) -> T:
     """Validate one YAML file against a schema."""
     data = read_yaml(path)
+    flipped = boolean_for_number(data, schema)
+    if flipped:
+        raise CatalogError(
+            f"{path}: {flipped}: a number, not {str(_field_value(data, flipped)).lower()}",
+            hint="write the number (YAML reads true and false, yes and no as booleans)",
+        )
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
@@ -204,6 +245,13 @@ def load_entry(path: Path, schema: type[T]) -> T:
             hint="fix the field named above; see the schemas in capsim/catalog/ (gpu_schema.py, "
             "model_schema.py, engine_schema.py)",
         ) from None
+
+
+def _field_value(data: dict, dotted: str) -> Any:
+    """The value at a dotted field path of ``data``."""
+    for part in dotted.split("."):
+        data = data[part]
+    return data
 
 
 def entry_keys(entry) -> set[str]:
