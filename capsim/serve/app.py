@@ -54,6 +54,10 @@ BODY_BUDGET_BYTES = 64 * 2**20
 15 MB arriving together took the server to 3.4 GB (issue 47); past the budget a body waits
 for the ones ahead of it."""
 
+INLINE_BYTES = 64 * 1024
+"""Bodies up to this size are parsed and their prompts counted on the event loop (tens of
+microseconds); longer ones in a thread, where their time does not hold the streams up."""
+
 BODY_SECONDS = 60.0
 """The longest a request's body may take to arrive, whole (answered 408 after it): a client
 that sends half a body and stalls held its connection open for good."""
@@ -136,9 +140,13 @@ def create_app(
         room = max_model_len - prompt_tokens
         return room if default_max_tokens is None else min(room, default_max_tokens)
 
-    async def count_prompt(body: dict, chat: bool) -> int:
-        """Prompt tokens, counted off the event loop (a long prompt takes a while, and
-        the streams in flight keep going meanwhile) and at most just past max_model_len."""
+    async def count_prompt(body: dict, chat: bool, size: int) -> int:
+        """Prompt tokens, at most just past max_model_len: a long prompt (a body of
+        ``size`` bytes past INLINE_BYTES) is counted off the event loop, so the streams in
+        flight keep going meanwhile; a short one at once (a thread's hand-off costs more
+        than its counting, on every request)."""
+        if size <= INLINE_BYTES:
+            return prompt_tokens_of(body, chat, vocab_size, max_model_len)
         return await asyncio.to_thread(prompt_tokens_of, body, chat, vocab_size, max_model_len)
 
     budget = BodyBudget(BODY_BUDGET_BYTES)
@@ -173,7 +181,11 @@ def create_app(
                 408, f"The request body did not arrive within {BODY_SECONDS:g} s."
             ) from None
         try:
-            body = await asyncio.to_thread(loads_json, bytes(raw) or b"null")
+            data = bytes(raw) or b"null"
+            if len(data) <= INLINE_BYTES:
+                body = loads_json(data)
+            else:  # a long body is parsed off the event loop
+                body = await asyncio.to_thread(loads_json, data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"Invalid JSON in the request body: {exc}") from None
         if not isinstance(body, dict):
@@ -204,7 +216,7 @@ def create_app(
                 check_tools(body)
             stream, include_usage, continuous = check_stream(body)
             asked = max_tokens_of(body, chat)
-            prompt_tokens = await count_prompt(body, chat)
+            prompt_tokens = await count_prompt(body, chat, held[0])
             max_tokens = check_length(prompt_tokens, asked)
         except ApiError as exc:
             return exc.response()
@@ -325,7 +337,7 @@ def create_app(
             body = await read_body(request, held)
             model_name(body, served_names)
             chat = "messages" in body
-            count = await count_prompt(body, chat)
+            count = await count_prompt(body, chat, held[0])
             check_length(count, None)
         except ApiError as exc:
             return exc.response()
