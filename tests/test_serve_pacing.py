@@ -207,3 +207,45 @@ def test_a_body_that_stalls_is_answered_408(monkeypatch):
 
     r = asyncio.run(scenario())
     assert r.status_code == 408 and "did not arrive within 0.3 s" in r.json()["error"]["message"]
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed(monkeypatch):
+    """A client that sends half a request line and headers and stops held its connection
+    for good (uvicorn times only idle keep-alive connections, issue 47's third audit)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from starlette.applications import Starlette
+
+    from capsim.serve import transport
+
+    monkeypatch.setattr(transport, "HEADER_SECONDS", 0.5)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        Starlette(),
+        host="127.0.0.1",
+        port=port,
+        http=transport.stamped_protocol(),
+        log_level="error",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # no blank line: never whole
+            started = time.monotonic()
+            assert client.recv(100) == b""  # closed by the server
+            assert time.monotonic() - started < 5
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

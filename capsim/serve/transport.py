@@ -82,20 +82,36 @@ async def measure_round_trip(url: str, samples: int = SAMPLES, timeout_s: float 
     return max(min(times) - ECHO_WAIT_S, 0.0) if times else 0.0
 
 
+HEADER_SECONDS = 30.0
+"""The longest a new connection may take to send its first request's line and headers
+(then it is closed): a client that stalls there held a connection for good."""
+
+
 def stamped_protocol():
     """uvicorn's h11 HTTP protocol that stamps each request's scope with the loop time its
     bytes arrived (``RECEIVED_KEY``). A burst of requests reaches the server in one turn
     of the event loop, but their handlers start one after another, each after the HTTP
     parsing of the whole burst and the handlers before it; a handler's own clock would
     let a request enter the simulation up to milliseconds late, ten times that at
-    ``--speedup 10``. None where uvicorn's h11 protocol is not importable (the handler's
-    clock is then used)."""
+    ``--speedup 10``. It also closes a connection whose first request has not arrived whole
+    within HEADER_SECONDS. None where uvicorn's h11 protocol is not importable (the
+    handler's clock is then used)."""
     try:
         from uvicorn.protocols.http.h11_impl import H11Protocol
     except ImportError:
         return None
 
     class StampedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            # a client that never finishes its request line and headers held the
+            # connection for good (uvicorn times only idle keep-alive connections)
+            self.loop.call_later(HEADER_SECONDS, self._close_if_no_request)
+
+        def _close_if_no_request(self) -> None:
+            if getattr(self, "scope", None) is None and not self.transport.is_closing():
+                self.transport.close()
+
         def data_received(self, data: bytes) -> None:
             received = self.loop.time()
             before = getattr(self, "scope", None)
