@@ -373,3 +373,17 @@ def test_a_drafter_never_adds_capacity(model, method, tp):
     assert spec.kv_capacity_tokens <= alone.kv_capacity_tokens
     assert spec.max_sequences <= alone.max_sequences
     assert spec.weight_bytes >= alone.weight_bytes
+
+
+def test_a_drafter_too_large_is_named_in_the_reason(cat):
+    """A draft model larger than the GPU was reported as the target's weights alone."""
+    from capsim.physics.drafter_memory import Drafter
+
+    big = cat.model("deepseek-v3")
+    fit = memory_fit(
+        cat.gpu("rtx4090"),
+        cat.model("llama-3.1-8b"),
+        cat.quant("bf16"),
+        drafter=Drafter("draft", big, cat.quant("fp8")),
+    )
+    assert not fit.fits and "the speculative drafter's" in fit.reason

@@ -482,8 +482,11 @@ def memory_fit(
     reason = "fits"
     if weights + runtime > budget:
         fits = False
+        drafted = parts["drafter"]
+        of_which = f", the speculative drafter's {drafted / GB:.1f} GB among them" * bool(drafted)
         reason = (
-            f"the weights alone need {weights / GB:.1f} GB ({weights / GIB:.1f} GiB) per GPU; "
+            f"the weights alone need {weights / GB:.1f} GB ({weights / GIB:.1f} GiB) per GPU"
+            f"{of_which}; "
             f"the GPU has {gpu.serving_memory_gb:g} GiB ({memory / GB:.1f} GB), of which "
             f"{budget / GIB:.1f} GiB is usable at gpu_memory_utilization "
             f"{gpu_memory_utilization:g}"
