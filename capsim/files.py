@@ -236,6 +236,13 @@ def json_containers_over_limit(text: str | bytes) -> str | None:
     )
 
 
+def parse_limit_message(exc: Exception) -> str:
+    """The first line of a parser's own limit error, in the document's terms: an integer
+    of over 4,300 digits is said as such, not with Python's advice to raise its limit."""
+    said = str(exc).split("\n")[0]
+    return "a number of more than 4,300 digits" if "integer string conversion" in said else said
+
+
 def loads_json(text: str | bytes) -> Any:
     """``json.loads`` whose every failure is a ``json.JSONDecodeError``: a document nested
     past Python's recursion limit (json.loads raises RecursionError), an integer of over
@@ -254,7 +261,4 @@ def loads_json(text: str | bytes) -> Any:
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
     except ValueError as exc:
-        said = str(exc).split("\n")[0]
-        if "integer string conversion" in said:  # not Python's advice to raise its limit
-            said = "a number of more than 4,300 digits"
-        raise json.JSONDecodeError(said, "", 0) from None
+        raise json.JSONDecodeError(parse_limit_message(exc), "", 0) from None

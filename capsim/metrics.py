@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from capsim.engine.limits import MAX_CONCURRENCY
 from capsim.request_columns import RequestSummary, RequestTable
 from capsim.streaming import LogSketch
 
@@ -333,8 +334,6 @@ class LevelMetrics(BaseModel):
         within the requests), a concurrency of 1 or more, finite times and rates of 0 or
         more, each distribution's percentiles in order. Issue 47: an imported result with
         -40 requests, a negative duration or a p99 below its p50 was written as a run."""
-        from capsim.engine.limits import MAX_CONCURRENCY
-
         counts = ("requests", "completed", "failed", "input_tokens", "output_tokens")
         for name in counts:
             if getattr(self, name) < 0:

@@ -338,11 +338,11 @@ def test_the_speculative_drafter_shares_the_pool_by_hand(cat):
     assert eagle_layer_weight_count(target) == layer
     assert eagle.weight_breakdown["drafter"] == pytest.approx(layer * fmt.bits_per_weight / 8)
     assert eagle.kv_bytes_per_token == 131072 + 2 * 8 * 128 * 2
-    # MTP: DeepSeek-V3's one MTP layer keeps a latent like the other 61 (its weights come
-    # with include_mtp)
+    # MTP: DeepSeek-V3's one MTP layer keeps a latent like the other 61 (its weights are
+    # the model's MTP module)
     v3 = cat.model("deepseek-v3")
     h200, fp8 = cat.gpu("h200"), cat.quant("fp8")
-    mtp = memory_fit(h200, v3, fp8, tp=8, include_mtp=True, drafter=Drafter("mtp"))
+    mtp = memory_fit(h200, v3, fp8, tp=8, drafter=Drafter("mtp"))
     assert mtp.kv_bytes_per_token == (61 + 1) * (512 + 64) * 2
     assert mtp.weight_breakdown["drafter"] == 0.0 and mtp.weight_breakdown["mtp"] > 0
     # n-gram lookup runs on the CPU: no drafter

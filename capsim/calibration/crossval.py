@@ -21,7 +21,7 @@ from capsim.calibration.least_squares import (
 )
 from capsim.calibration.published import PublishedDataset
 from capsim.calibration.selection import point_weights
-from capsim.catalog.loader import Catalog
+from capsim.catalog.loader import Catalog, engine_base
 
 CrossValidation = Literal["level", "point"]
 """Cross-validation schemes: leave one concurrency level out, or leave one point out."""
@@ -46,7 +46,7 @@ def profile_engine(sc) -> str:
     engine it is simulated as, without a release ('vllm@0.7.3' and 'other' are vllm)."""
     from capsim.calibration.compare import simulated_engine
 
-    return simulated_engine(sc).partition("@")[0].strip()
+    return engine_base(simulated_engine(sc))
 
 
 def group_by_class_and_engine(

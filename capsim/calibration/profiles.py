@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from capsim.calibration.paths import calibration_dir
-from capsim.catalog.loader import Catalog, load_yaml_text
+from capsim.catalog.loader import Catalog, engine_base, load_yaml_text
 from capsim.errors import CapsimUserError, close_matches
 from capsim.files import write_text_atomic
 from capsim.physics.deployment import default_efficiency
@@ -228,7 +228,7 @@ def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") ->
     alike, and one fitted under another engine is refused."""
     if spec in (None, "none"):
         return None
-    engine = engine.partition("@")[0].strip()
+    engine = engine_base(engine)
     if spec == "auto":
         for folder in profile_search_path():
             path = folder / f"{hardware_class}-{engine}.yaml"

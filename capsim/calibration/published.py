@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capsim.calibration.paths import calibration_dir
 from capsim.catalog.loader import format_validation_error, load_yaml_text
 from capsim.catalog.schemas import Source
+from capsim.engine.lengths import length_field
 from capsim.engine.limits import MAX_GPUS
 from capsim.errors import CapsimUserError
 
@@ -74,20 +75,6 @@ class MeasuredPoint(Strict):
         return one_of(v, POINT_METRICS, "metric")
 
 
-def length_text(value: str | None, what: str) -> str | None:
-    """``value`` if it is a token count or distribution predict reads (parse_length), else
-    a validation error in the dataset's terms."""
-    if value is None:
-        return value
-    from capsim.engine.lengths import parse_length
-
-    try:
-        parse_length(value, what, minimum=1.0)
-    except CapsimUserError as exc:
-        raise ValueError(exc.message) from None
-    return value
-
-
 WORKLOAD_KINDS = ("batch", "closed", "agents", "open", "trace")
 """What a dataset's workload.kind can be (engine.workloads.WorkloadKind)."""
 
@@ -135,7 +122,7 @@ class Scenario(Strict):
     @field_validator("input_tokens", "output_tokens")
     @classmethod
     def _length(cls, v: str | None, info) -> str | None:
-        return length_text(v, f"the scenario's {info.field_name}")
+        return length_field(v, f"the scenario's {info.field_name}")
 
     @field_validator("spec")
     @classmethod
@@ -167,7 +154,7 @@ class WorkloadDescription(Strict):
     @field_validator("input_tokens", "output_tokens")
     @classmethod
     def _length(cls, v: str | None, info) -> str | None:
-        return length_text(v, f"the workload's {info.field_name}")
+        return length_field(v, f"the workload's {info.field_name}")
 
 
 class PublishedDataset(Strict):

@@ -98,10 +98,9 @@ def load_yaml_text(text: str):
         # the constructor's own limits (an integer of 5,000 digits, a date out of range):
         # not a YAML document capsim can read, reported as its syntax errors are (in the
         # document's terms, not Python's advice to raise its limit)
-        said = str(exc).splitlines()[0]
-        if "integer string conversion" in said:
-            said = "a number of more than 4,300 digits"
-        raise yaml.YAMLError(said) from None
+        from capsim.files import parse_limit_message
+
+        raise yaml.YAMLError(parse_limit_message(exc)) from None
     except yaml.YAMLError as exc:  # one line with the line and column, not libyaml's five
         raise yaml.YAMLError(one_line_yaml_error(exc)) from None
     check_expansion(data)
@@ -354,8 +353,8 @@ class Catalog:
     def engine(self, name: str) -> Engine:
         """An engine by name, or as one of its releases ran it: 'vllm@0.7.3' lays the
         generation that covers 0.7.3 over the newest release's entry (Engine.at_version)."""
-        base, at, version = name.partition("@")
-        engine = self.engines.get(base.strip())
+        _, at, version = name.partition("@")
+        engine = self.engines.get(engine_base(name))
         if not at:
             return engine
         if not version.strip():
@@ -372,6 +371,11 @@ class Catalog:
                 hint=f"'capsim engines' lists each engine's generations; {engine.name} alone "
                 "is its newest release",
             ) from None
+
+
+def engine_base(reference: str) -> str:
+    """The engine an engine reference names, without its release ('vllm@0.7.3': vllm)."""
+    return reference.partition("@")[0].strip()
 
 
 def user_db_dirs(explicit: list[Path] | None = None) -> list[Path]:

@@ -356,8 +356,10 @@ def models_import_hf(
         source=str(config),
         quant_file=quant_file_beside(config),
     )
-    formats = catalog(None).quant_formats
-    if formats.find(model.dtype) is None:  # the catalog would refuse the file it writes
+    built_in = catalog(None)
+    formats = built_in.quant_formats
+    if model.dtype not in formats.entries:  # the catalog would refuse the file it writes
+        # (loader.check_references: a model's dtype is a weight format's name)
         from capsim.errors import CapsimUserError, close_matches
 
         raise CapsimUserError(
@@ -372,7 +374,7 @@ def models_import_hf(
     refuse_overwrite([out / "models" / f"{model.name}.yaml"], "--name", force)
     # a name the built-in catalog already answers to: the new file replaces that model
     # wherever --db names this directory, which the user should hear of
-    shadowed = catalog(None).models.find(model.name)
+    shadowed = built_in.models.find(model.name)
     path = write_model_yaml(model, out)
     p = parameter_breakdown(model)
     if json_out:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capsim.engine.limits import MAX_CONTEXT_TOKENS
 from capsim.errors import CapsimUserError
 from capsim.files import loads_json, read_input_text
 
@@ -39,12 +40,6 @@ KINDS = ("fixed", "uniform", "normal", "lognormal", "file")
 Z_999 = 3.090232306167813
 """Standard normal quantile of 0.999: where normal and lognormal draws are truncated."""
 
-
-MAX_LENGTH_VALUE = 10_000_000
-"""The largest draw a token length may take (the longest context any served model takes,
-10M, Llama 4 Scout); a distribution that reaches past it is refused where it is read
-('normal:1e300,1' became a request of max_tokens -2**63 in the probe, and a 300-digit
-token count in predict's messages)."""
 
 MAX_KEPT_VALUES = 65_536
 """Most values of a lengths file kept to draw from: a larger file is kept as this many of
@@ -189,14 +184,29 @@ def parse_length(
         raise CapsimUserError(f"cannot read {what} '{raw}' ({exc})", hint=hint) from None
 
 
+def length_field(value, what: str):
+    """``value`` (a schema's token-length field) if parse_length reads it as a length of
+    at least one token, else a ValueError saying why (for a pydantic field validator:
+    datasets, run files and probe configs refuse what predict would)."""
+    if value is None:
+        return value
+    try:
+        parse_length(str(value), what, minimum=1.0)
+    except CapsimUserError as exc:
+        raise ValueError(exc.message) from None
+    return value
+
+
 def within_range(spec: LengthSpec, whole: bool = True) -> LengthSpec:
-    """``spec`` if its largest draw is at most MAX_LENGTH_VALUE tokens, else a ValueError
-    (``whole``: token counts; a think time's ceiling is the workload's own, in seconds)."""
+    """``spec`` if its largest draw is at most MAX_CONTEXT_TOKENS tokens, else a ValueError
+    (``whole``: token counts; a think time's ceiling is the workload's own, in seconds):
+    'normal:1e300,1' became a request of max_tokens -2**63 in the probe, and a 300-digit
+    token count in predict's messages."""
     largest = spec.maximum
-    if whole and (not math.isfinite(largest) or largest > MAX_LENGTH_VALUE):
+    if whole and (not math.isfinite(largest) or largest > MAX_CONTEXT_TOKENS):
         shown = f"{largest:,.0f}" if math.isfinite(largest) and largest < 1e30 else "past 1e30"
         raise ValueError(
-            f"draws reach {shown}; at most {MAX_LENGTH_VALUE:,} tokens, the longest context "
+            f"draws reach {shown}; at most {MAX_CONTEXT_TOKENS:,} tokens, the longest context "
             "a model takes"
         )
     return spec

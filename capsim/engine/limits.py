@@ -10,3 +10,8 @@ MAX_GPUS = 16_384
 MAX_ENGINE_COUNT = 2**31
 """Largest count an engine flag takes (--max-num-seqs, --max-num-batched-tokens,
 --max-model-len; an engine's own limits are 32-bit), on the command line and in run files."""
+
+MAX_CONTEXT_TOKENS = 10_000_000
+"""The longest prompt or output one request may have, tokens, wherever it is stated (a
+length flag or distribution, a trace record, the probe's prompt): the longest context any
+served model takes (10M, Llama 4 Scout); a server refuses what its own limit does not."""

@@ -337,7 +337,6 @@ def build_setup(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         enforce_eager=config.enforce_eager,
-        include_mtp=spec is not None and spec.method == "mtp",
         drafter=drafter_for(cat, spec, config.quant),
         cpu_moe_layers=config.cpu_moe_layers,
         dp_attention=config.dp_attention,

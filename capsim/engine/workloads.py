@@ -33,6 +33,7 @@ import numpy as np
 import simpy
 
 from capsim.engine.lengths import LengthSpec, parse_length
+from capsim.engine.limits import MAX_CONTEXT_TOKENS
 from capsim.engine.progress import Progress
 from capsim.engine.request import SimRequest
 from capsim.engine.request_log import REQUEST_BUFFER, LoggedRequests, RequestLog
@@ -75,8 +76,8 @@ def read_trace(path: Path) -> list[TraceEntry]:
             entries.append(
                 TraceEntry(
                     trace_number(obj, "arrival_time", 0.0, MAX_TRACE_SECONDS),
-                    int(trace_number(obj, "input_tokens", 1, MAX_TRACE_TOKENS, whole=True)),
-                    int(trace_number(obj, "output_tokens", 1, MAX_TRACE_TOKENS, whole=True)),
+                    int(trace_number(obj, "input_tokens", 1, MAX_CONTEXT_TOKENS, whole=True)),
+                    int(trace_number(obj, "output_tokens", 1, MAX_CONTEXT_TOKENS, whole=True)),
                     trace_session(obj.get("session_id")),
                 )
             )
@@ -94,9 +95,6 @@ def read_trace(path: Path) -> list[TraceEntry]:
 MAX_TRACE_SECONDS = 10 * 365 * 86400.0
 """Latest arrival a trace may give, seconds from its start (ten years: beyond, the
 simulator's float clock loses the milliseconds that TTFT is made of)."""
-MAX_TRACE_TOKENS = 10_000_000
-"""Most tokens a trace record may give for a prompt or an output (MAX_DIM-like bound: no
-model's context comes near)."""
 
 
 def trace_number(obj: dict, key: str, low: float, high: float, whole: bool = False) -> float:

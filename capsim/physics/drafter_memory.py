@@ -13,7 +13,8 @@ weights come out of the same memory budget before the pool is sized.
   the fc that fuses the target's hidden states (2 h^2), sharing the target's embedding
   and head: the layer the step model reads per draft pass (physics/draft_terms.py), and
   one attention layer's KV in the target's shape.
-- ``mtp``: the model's MTP weights (memory.weight_bytes' ``include_mtp``) and
+- ``mtp``: the model's MTP weights (memory.weight_bytes' ``include_mtp``, which
+  memory_fit sets for an MTP drafter) and
   ``mtp_layers`` attention layers' KV in the target's shape.
 - ``ngram``: nothing on the GPU.
 """

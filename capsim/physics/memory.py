@@ -305,7 +305,6 @@ def memory_fit(
     max_num_batched_tokens: int | None = None,
     context_tokens: int | None = None,
     enforce_eager: bool = False,
-    include_mtp: bool = False,
     reserve: RuntimeReserve = DEFAULT_RESERVE,
     default_limits: tuple[int, int] | None = None,
     state_layout: str = "shared",
@@ -332,7 +331,6 @@ def memory_fit(
         context_tokens: sequence length for the 'sequences that fit' figure; default
             max_model_len if given, else 4096 tokens (capped by what fits).
         enforce_eager: no CUDA graphs (their memory is not reserved).
-        include_mtp: load the MTP module (speculative decoding with MTP).
         default_limits: the serving engine's (max_num_batched_tokens, max_num_seqs) for
             this GPU where the flags leave them unset (default: vLLM's).
         state_layout: where a hybrid model's recurrent state lives: "shared" (pages of
@@ -355,8 +353,8 @@ def memory_fit(
             capacity (tokens, sequences) is dp_attention ranks' worth, each laid out for
             tp / dp_attention GPUs.
         drafter: the speculative drafter loaded beside the model (drafter_memory.Drafter):
-            its weights leave the KV budget and its attention layers' KV joins every token
-            of the pool.
+            its weights leave the KV budget (an MTP drafter's are the model's MTP module)
+            and its attention layers' KV joins every token of the pool.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -390,6 +388,7 @@ def memory_fit(
     memory = gpu.memory_bytes
     budget = memory * gpu_memory_utilization
     # each rank's GPUs hold its whole attention, split over attention_tp
+    include_mtp = drafter is not None and drafter.method == "mtp"
     parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp, attention_tp=attention_tp)
     parts["drafter"] = drafter_weight_bytes(drafter, model, fmt, tp)
     if cpu_moe_layers:

@@ -264,7 +264,6 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                             cat.quant(quant),
                             tp=tp,
                             kv_dtype=kv,
-                            include_mtp=spec is not None,
                             drafter=drafter_for(cat, spec, quant),
                         )
                         if not fit.fits:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
+from capsim.engine.limits import MAX_ENGINE_COUNT
 from capsim.files import loads_json
 from capsim.metrics import RequestRecord
 
@@ -86,9 +87,6 @@ malformed stream, not memory the probe gives it."""
 ERROR_BODY_BYTES = 64 * 1024
 """What the probe reads of an answer that is not 200 (its excerpt is the reason)."""
 
-MAX_TOKEN_COUNT = 2**31
-"""The largest token count a usage may report (an engine's counts are 32-bit)."""
-
 
 class StreamTooLarge(Exception):
     """A stream carried more than its share of characters (StreamBudget)."""
@@ -134,7 +132,7 @@ def _typed(obj: dict, key: str, kind: type):
 
 
 def _count(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ENGINE_COUNT:
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
         raise ValueError(f"token count {shown} is not a whole number from 0 to 2**31")
     return value

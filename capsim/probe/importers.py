@@ -331,7 +331,7 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
 
     config = d.get("input_config") or {}
     concurrency = _whole("loadgen.concurrency", (config.get("loadgen") or {}).get("concurrency"))
-    count = _whole("request_count", (records.get("request_count") or {}).get("avg"))
+    count = _whole("request_count", scalar("request_count"))
     duration = scalar("benchmark_duration")
     latency_unit = (records.get("request_latency") or {}).get("unit", "ms")
     metrics = LevelMetrics(
@@ -339,7 +339,7 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
         workload="closed" if concurrency else "open",
         requests=count,
         completed=count,
-        failed=_whole("error_request_count", (records.get("error_request_count") or {}).get("avg")),
+        failed=_whole("error_request_count", scalar("error_request_count")),
         wall_s=duration,
         input_tokens=0,
         output_tokens=0,

@@ -20,6 +20,8 @@ import secrets
 
 import httpx
 
+from capsim.engine.limits import MAX_ENGINE_COUNT
+
 WORDS = [
     "river",
     "stone",
@@ -89,7 +91,9 @@ TOKENIZE_SECONDS = 120.0
 
 def _token_list(tokens: object) -> bool:
     """Whether ``tokens`` is a list of token ids (whole numbers from 0)."""
-    return isinstance(tokens, list) and all(type(t) is int and 0 <= t < 2**31 for t in tokens)
+    return isinstance(tokens, list) and all(
+        type(t) is int and 0 <= t < MAX_ENGINE_COUNT for t in tokens
+    )
 
 
 class PromptFactory:

@@ -25,8 +25,8 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from capsim.engine.lengths import parse_length
-from capsim.engine.limits import MAX_CONCURRENCY
+from capsim.engine.lengths import length_field, parse_length
+from capsim.engine.limits import MAX_CONCURRENCY, MAX_CONTEXT_TOKENS
 from capsim.errors import CapsimUserError
 from capsim.metrics import RequestRecord
 from capsim.probe.client import (
@@ -48,10 +48,6 @@ MAX_PROBE_REQUESTS = 1_000_000
 
 MAX_PROBE_RUNS = 1_000
 """Most measurement runs a level of a probe may repeat."""
-
-MAX_PROBE_PROMPT_TOKENS = 10_000_000
-"""Longest prompt the probe makes, tokens: the longest context any served model takes
-(10M, Llama 4 Scout); the server refuses what its own limit does not take."""
 
 MAX_PROBE_LEVEL_TOKENS = 16_000_000
 """Most prompt tokens a level may send: the probe makes every prompt of a level before
@@ -103,7 +99,7 @@ class ProbeConfig(BaseModel):
     rounds: int = Field(
         2, ge=1, le=MAX_PROBE_REQUESTS, description="Batch rounds per level without --requests"
     )
-    input_tokens: int = Field(1024, ge=1, le=MAX_PROBE_PROMPT_TOKENS)
+    input_tokens: int = Field(1024, ge=1, le=MAX_CONTEXT_TOKENS)
     output_tokens: int | str = Field(
         512, description="N, or a distribution as in capsim predict (uniform:A,B, ...)"
     )
@@ -141,11 +137,7 @@ class ProbeConfig(BaseModel):
     @field_validator("output_tokens")
     @classmethod
     def _output_length(cls, v: int | str) -> int | str:
-        try:
-            parse_length(str(v), "--output-tokens", minimum=1.0)
-        except CapsimUserError as exc:
-            raise ValueError(exc.message) from None
-        return v
+        return length_field(v, "--output-tokens")
 
     @model_validator(mode="after")
     def _prompts_within_memory(self) -> ProbeConfig:

@@ -151,9 +151,19 @@ def create_app(
 
     budget = BodyBudget(BODY_BUDGET_BYTES)
 
+    @contextlib.asynccontextmanager
+    async def request_body(request: Request, json_only: bool = True):
+        """The request's JSON object (read_body) and its size in bytes, which it holds of
+        the BodyBudget until the block ends (also when reading it failed)."""
+        held = [0]
+        try:
+            yield await read_body(request, held, json_only), held[0]
+        finally:
+            await budget.give(held[0])
+
     async def read_body(request: Request, held: list[int], json_only: bool = True) -> dict:
-        """The request's JSON object; the bytes it holds of the BodyBudget are added to
-        ``held`` (the caller gives them back once the body is done with)."""
+        """The request's JSON object; the bytes it takes of the BodyBudget are put in
+        ``held`` (request_body gives them back)."""
         if json_only:
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
@@ -207,22 +217,20 @@ def create_app(
 
     async def generate(request: Request, chat: bool) -> Response:
         arrived = received_at(request.scope, asyncio.get_running_loop())
-        held = [0]  # bytes of the body budget this request holds until its body is read
         try:
-            body = await read_body(request, held)
-            model = model_name(body, served_names)
-            check_sampling(body, chat)
-            if chat:
-                check_tools(body)
-            stream, include_usage, continuous = check_stream(body)
-            asked = max_tokens_of(body, chat)
-            prompt_tokens = await count_prompt(body, chat, held[0])
-            max_tokens = check_length(prompt_tokens, asked)
+            # what the body holds of the budget goes back once the prompt is counted
+            async with request_body(request) as (body, size):
+                model = model_name(body, served_names)
+                check_sampling(body, chat)
+                if chat:
+                    check_tools(body)
+                stream, include_usage, continuous = check_stream(body)
+                asked = max_tokens_of(body, chat)
+                prompt_tokens = await count_prompt(body, chat, size)
+                max_tokens = check_length(prompt_tokens, asked)
         except ApiError as exc:
             return exc.response()
-        finally:
-            body = None  # the prompt is counted: what it held goes back to the budget
-            await budget.give(held[0])
+        del body  # not kept while the request streams
         live = deployment.submit(prompt_tokens, max_tokens, arrived)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         kind = "chat.completion" if chat else "text_completion"
@@ -332,18 +340,14 @@ def create_app(
         )
 
     async def tokenize(request: Request) -> Response:
-        held = [0]
         try:
-            body = await read_body(request, held)
-            model_name(body, served_names)
-            chat = "messages" in body
-            count = await count_prompt(body, chat, held[0])
-            check_length(count, None)
+            async with request_body(request) as (body, size):
+                model_name(body, served_names)
+                chat = "messages" in body
+                count = await count_prompt(body, chat, size)
+                check_length(count, None)
         except ApiError as exc:
             return exc.response()
-        finally:
-            body = None
-            await budget.give(held[0])
         return JSONResponse(
             {"count": count, "max_model_len": max_model_len, "tokens": list(range(count))}
         )
@@ -360,13 +364,11 @@ def create_app(
         measurement takes off)."""
         loop = asyncio.get_running_loop()
         arrived = received_at(request.scope, loop)
-        held = [0]
         try:
-            await read_body(request, held, json_only=False)
+            async with request_body(request, json_only=False):
+                pass
         except ApiError as exc:
             return exc.response()
-        finally:
-            await budget.give(held[0])
         handed: asyncio.Queue[str] = asyncio.Queue()
         choice = {"index": 0, "text": FILLER, "logprobs": None, "finish_reason": None}
         first = sse_chunk("cmpl-" + uuid.uuid4().hex, "text_completion", served_names[0], [choice])
