@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capsim.engine.lengths import Z_999, parse_length
+from capsim.errors import CapsimUserError
 
 
 @settings(max_examples=50, deadline=None)
@@ -83,3 +84,27 @@ def test_a_large_lengths_file_is_kept_as_its_order_statistics(tmp_path):
     assert again.values == spec.values and _file_values.cache_info().hits == hits + 1
     path.write_text("7\n8")  # a new version of the file is read again
     assert parse_length(f"file:{path}", "--input-tokens", minimum=1).values == (7.0, 8.0)
+
+
+@pytest.mark.parametrize("text", ["1e3", "1000.0", "+1000", "1_000", "１０００"])
+def test_a_token_count_is_written_in_digits(text):
+    """'--input-tokens 1e3' ran as 1000; vLLM's --random-input-len (an int) refuses it."""
+    with pytest.raises(CapsimUserError, match="in digits"):
+        parse_length(text, "--input-tokens")
+
+
+def test_a_number_given_as_a_number_is_read_and_a_think_time_may_be_fractional():
+    assert parse_length(1000.0).a == 1000 and parse_length(1000).a == 1000
+    assert parse_length("2.5", whole=False).a == 2.5
+    assert parse_length("uniform:1e3,2e3").b == 2000  # a distribution's numbers are floats
+
+
+def test_the_python_api_takes_token_counts_as_numbers():
+    from capsim.engine.config import PredictConfig
+
+    config = PredictConfig(
+        gpu="rtx3090", model="llama-3.1-8b", input_tokens=1000, think_time=0.5, tool_tokens=64
+    )
+    assert (config.input_tokens, config.think_time, config.tool_tokens) == ("1000", "0.5", "64")
+    with pytest.raises(CapsimUserError, match="whole number"):
+        PredictConfig(gpu="rtx3090", model="llama-3.1-8b", output_tokens=2.5)

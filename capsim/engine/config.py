@@ -155,6 +155,14 @@ class PredictConfig(BaseModel):
         description="Calibration profile: auto (the GPU class's, if any), none, a name or a path",
     )
 
+    @field_validator("input_tokens", "output_tokens", "think_time", "tool_tokens", mode="before")
+    @classmethod
+    def _a_number_is_its_text(cls, value):
+        """``input_tokens=1000`` in the Python API is the CLI's '1000' (a bool is not)."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(int(value)) if float(value).is_integer() else str(value)
+        return value
+
     @field_validator("input_tokens", "output_tokens")
     @classmethod
     def _at_least_one_token(cls, value: str, info) -> str:

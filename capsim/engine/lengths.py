@@ -140,8 +140,9 @@ def parse_length(
     range's low end and a normal or lognormal centre must be at least ``minimum``. With
     ``whole`` (token counts; not a think time) a fixed value and a file's values must be
     whole numbers ('--output-tokens 1.5' ran as 2); a distribution's draws are rounded."""
+    spelled = isinstance(text, str)
     if isinstance(text, int | float):
-        text = str(text)
+        text = str(int(text)) if isinstance(text, float) and text.is_integer() else str(text)
     raw = text.strip()
     hint = "use N, uniform:A,B, normal:MEAN,SD, lognormal:MEDIAN,SIGMA or file:PATH"
     try:
@@ -151,6 +152,9 @@ def parse_length(
                 raise ValueError(f"must be a number >= {minimum:g}")
             if whole and not value.is_integer():
                 raise ValueError("a number of tokens is a whole number")
+            if whole and spelled and not (raw.isascii() and raw.isdigit()):
+                # '1e3' or '1000.0' for a count, as vLLM's --random-input-len refuses them
+                raise ValueError(f"write a token count in digits: {int(value)}")
             return within_range(LengthSpec("fixed", value, text=raw), whole)
         kind, _, rest = raw.partition(":")
         kind = kind.lower()
@@ -191,7 +195,7 @@ def length_field(value, what: str):
     if value is None:
         return value
     try:
-        parse_length(str(value), what, minimum=1.0)
+        parse_length(value if isinstance(value, int | float) else str(value), what, minimum=1.0)
     except CapsimUserError as exc:
         raise ValueError(exc.message) from None
     return value
