@@ -248,6 +248,25 @@ def test_an_ambiguous_gpu_family_name_picks_one_with_a_notice():
         assert notes and "ambiguous" in notes[0]
 
 
+def test_an_overlay_entry_named_as_a_built_in_alias_wins_with_a_notice(tmp_path):
+    """An overlay GPU named 'h100' (the built-in H100 SXM's alias) takes the name; the
+    notice says which file won and whose alias it hides (it used to be silent)."""
+    from capsim.catalog.loader import builtin_db_dir
+
+    (tmp_path / "gpus").mkdir()
+    text = (builtin_db_dir() / "gpus" / "h100-sxm.yaml").read_text()
+    renamed = {"name:": "name: h100", "aliases:": "aliases: []"}
+    lines = [renamed.get(ln.split(" ")[0], ln) for ln in text.splitlines()]
+    (tmp_path / "gpus" / "h100.yaml").write_text("\n".join(lines) + "\n")
+    take_notices()
+    gpu = load_catalog([tmp_path]).gpus.find("H100")
+    assert gpu is not None and gpu.name == "h100"
+    notes = take_notices()
+    assert len(notes) == 1 and "h100-sxm" in notes[0] and "h100.yaml" in notes[0]
+    # the built-in catalog's names are nobody's alias: no notice for a plain lookup
+    assert CAT.gpus.find("h100-sxm") is not None and take_notices() == []
+
+
 def test_gpt_oss_ggufs_are_mxfp4_experts_with_q8_0_elsewhere():
     # the ggml-org repo (a catalogued checkpoint) and the ':MXFP4' tag both mean the GGUF
     for text in ("ggml-org/gpt-oss-20b-GGUF", "ggml-org/gpt-oss-20b-GGUF:MXFP4"):

@@ -300,6 +300,14 @@ class Section(Generic[T]):
         key = normalise_name(name)
         for entry in self.entries.values():
             if normalise_name(entry.name) == key:
+                shadowed = [
+                    e.name for e in self.entries.values() if e is not entry and key in entry_keys(e)
+                ]
+                if shadowed:  # an overlay's entry named as another's alias wins the name
+                    notice(
+                        f"'{name}' is the name of {entry.name} ({self.origin[entry.name]}) and "
+                        f"an alias of {', '.join(sorted(shadowed))}: using {entry.name}"
+                    )
                 return entry
         matches = [e for e in self.entries.values() if key in entry_keys(e)]
         if not matches:
