@@ -508,3 +508,30 @@ def test_validate_calibrated_fits_its_parts_on_every_core_with_the_serial_answer
     for i in (0, 1):
         assert [r["dataset"] for r in pooled[i]] == [parts[i].name] * 8
         assert pooled[i] == serial[i]  # the same simulations, to the bit
+
+
+def test_a_scenario_simulated_again_with_the_same_parameters_is_not_run_again(monkeypatch):
+    """compare_datasets keeps its recent simulations: the same parameters give the same
+    points without simulating; other parameters, another scenario object (a fold's copy)
+    or overrides are simulated."""
+    import capsim.calibration.compare as compare
+
+    ds = synthetic({})
+    calls = []
+    real = compare.compare_scenario
+    monkeypatch.setattr(
+        compare, "compare_scenario", lambda *a, **k: calls.append(a[1].name) or real(*a, **k)
+    )
+    params = default_efficiency(CAT.gpu("rtx3090"), CAT)
+    first = compare.compare_datasets([ds], CAT, params)
+    assert calls == ["moe", "dense"]
+    again = compare.compare_datasets([ds], CAT, params)
+    assert calls == ["moe", "dense"] and again == first
+    faster = params.with_overrides({"bandwidth_efficiency": 0.5})
+    moved = compare.compare_datasets([ds], CAT, faster)
+    assert len(calls) == 4 and [p.predicted for p in moved] != [p.predicted for p in first]
+    compare.compare_datasets([ds], CAT, params, overrides={"step_overhead_us": 900.0})
+    assert len(calls) == 6
+    copy = ds.model_copy(update={"scenarios": [ds.scenarios[0].model_copy()]})
+    compare.compare_datasets([copy], CAT, params)
+    assert len(calls) == 7
