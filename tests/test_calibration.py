@@ -133,6 +133,28 @@ def test_cross_validation_predicts_left_out_levels():
     assert np.mean([abs(p.error) for p in cv]) < 0.05
 
 
+def test_cross_validation_refits_stop_at_their_own_tolerance(monkeypatch):
+    """A level's refit stops at CV_TOLERANCE, a profile's fit at FIT_TOLERANCE."""
+    import capsim.calibration.fit as fit_module
+    from capsim.calibration.crossval import CV_TOLERANCE
+    from capsim.calibration.least_squares import FIT_TOLERANCE
+
+    seen = []
+    real = fit_module.solve
+
+    def solve(*args, **kwargs):
+        seen.append(kwargs.get("tolerance"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fit_module, "solve", solve)
+    ds = synthetic({"step_overhead_us": 1200.0})
+    cross_validate([ds], CAT, ("step_overhead_us",), max_evaluations=8)
+    assert seen and set(seen) == {CV_TOLERANCE}
+    seen.clear()
+    fit_profile([ds], CAT, "whole", ("step_overhead_us",), max_evaluations=8)
+    assert set(seen) == {FIT_TOLERANCE} and CV_TOLERANCE > FIT_TOLERANCE
+
+
 def test_every_published_dataset_loads_and_is_sourced():
     datasets = load_published()
     names = {ds.name.split("-")[0] for ds in datasets}

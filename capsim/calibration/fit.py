@@ -24,6 +24,7 @@ from capsim.calibration.compare import (
 from capsim.calibration.least_squares import (
     AT_BOUND,
     DEFAULT_PRIOR_WEIGHT,
+    FIT_TOLERANCE,
     ROBUST_SCALE,
     FitProblem,
     bounds_and_start,
@@ -127,6 +128,7 @@ class JointFit:
     max_evaluations: int
     prior_weight: float
     drop_unpinned: bool  # False when the user named the parameters (--fit)
+    tolerance: float = FIT_TOLERANCE  # least_squares' relative ftol and xtol
 
     def run(
         self,
@@ -155,6 +157,7 @@ class JointFit:
                     self.max_evaluations,
                     prior=x0,
                     prior_weight=self.prior_weight,
+                    tolerance=self.tolerance,
                 )
                 x, jac, r = optimum.x, optimum.jac, optimum.residuals
             else:
@@ -195,6 +198,7 @@ def fit_profile(
     sensitivities: Sensitivities | None = None,
     record: bool = False,
     engine: str = "vllm",
+    tolerance: float = FIT_TOLERANCE,
 ) -> Profile:
     """Fit ``fit`` parameters (None: the class's default set) to every point of
     ``datasets`` (one hardware class), from the class's defaults (the priors) or from
@@ -202,7 +206,8 @@ def fit_profile(
     towards the priors by ``prior_weight`` (see DEFAULT_PRIOR_WEIGHT). ``sensitivities``
     (with ``record``: to be filled) hold the simulations behind the choice of parameters
     (``Sensitivities``). ``engine`` is the engine the profile serves under ``--profile
-    auto`` (crossval.profile_engine of the datasets' scenarios)."""
+    auto`` (crossval.profile_engine of the datasets' scenarios). ``tolerance``: the joint
+    fit's relative ftol and xtol (least_squares)."""
     hw_class, names, base = fit_setup(datasets, catalog, fit)
     candidates = list(names)
     held_reasons: dict[str, str] = {}
@@ -216,7 +221,9 @@ def fit_profile(
         x_start = start_point(names, x0, lower, upper, start)
         if fit is None and start is None and len(names) > 1:
             x_start = stagewise_start(datasets, catalog, names, base, pool, max_evaluations)
-        joint = JointFit(datasets, catalog, pool, max_evaluations, prior_weight, fit is None)
+        joint = JointFit(
+            datasets, catalog, pool, max_evaluations, prior_weight, fit is None, tolerance
+        )
         names, base, x, r, jac, std, problem = joint.run(names, base, x_start, held, held_reasons)
         if fit is None and start is None and poor_fit(problem):
             # the choice was made from the Jacobian at the priors; far from them (a term
