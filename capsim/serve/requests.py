@@ -18,6 +18,12 @@ from starlette.responses import JSONResponse
 
 WORD_OR_MARK = re.compile(r"\w+|[^\w\s]")
 
+_ASCII_SPACE_OR_NOT = bytes(32 if chr(b).isspace() else 120 for b in range(128)) + bytes(
+    120 for _ in range(128)
+)
+"""A byte table for ``words_at_least``: ASCII whitespace (what ``\\s`` matches there) to a
+space, every other byte to 'x'."""
+
 CHARS_PER_TOKEN = 4
 """Characters of English text per BPE token, OpenAI's rule of thumb ("What are tokens and
 how to count them?", help.openai.com: "1 token ~= 4 chars in English"), for the part of a
@@ -331,13 +337,29 @@ def check_stream(body: dict) -> tuple[bool, bool, bool]:
     return stream, include, include and continuous
 
 
+def words_at_least(text: str) -> int:
+    """A lower bound on ``count_tokens(text)``, from C-level string methods: the runs of
+    characters between whitespace. ``\\w+`` and ``[^\\w\\s]`` never take a whitespace
+    character, so each run holds at least one of their matches and no match spans two
+    runs. For ASCII text the runs are counted in one pass over a translated copy (about a
+    millisecond for a 700 KB prompt, where the exact count takes 20), else by split()."""
+    if text.isascii():
+        marked = text.encode("ascii").translate(_ASCII_SPACE_OR_NOT)
+        return marked.count(b" x") + (marked[:1] == b"x")
+    return len(text.split())
+
+
 def count_tokens(text: str, limit: int | None = None) -> int:
     """Estimated tokens of ``text``: one per punctuation mark and per word, and one more
     per CHARS_PER_TOKEN characters, or part of them, of a word past WHOLE_WORD_CHARS (a
     whitespace-and-punctuation split; real BPE tokenizers give about 1.0-1.5 tokens per
     English word, and split a long word into pieces). At least 1. With ``limit``,
     counting stops once past it (a prompt that long is refused whatever its exact count,
-    and a 30 MB one would take seconds)."""
+    and a 30 MB one would take seconds); a text of more words than ``limit`` is known to
+    be past it without counting (``words_at_least``: a flood of over-long prompts kept
+    the one API-server process from the requests it serves)."""
+    if limit is not None and len(text) > limit and words_at_least(text) > limit:
+        return limit + 1
     tokens = 0
     for match in WORD_OR_MARK.finditer(text):
         past = match.end() - match.start() - WHOLE_WORD_CHARS
