@@ -253,6 +253,80 @@ def test_bad_chat_messages_are_400s(server, body, words):
     assert r.status_code == 400 and words in r.json()["error"]["message"]
 
 
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        ("/v1/completions", {"prompt": "x", "skip_special_tokens": "x"}, "boolean"),
+        ("/v1/completions", {"prompt": "x", "include_stop_str_in_output": 5}, "boolean"),
+        ("/v1/completions", {"prompt": "x", "length_penalty": "x"}, "number"),
+        ("/v1/completions", {"prompt": "x", "priority": "x"}, "integer"),
+        ("/v1/completions", {"prompt": "x", "response_format": {"type": "bogus"}}, "type"),
+        ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema"}}, "json"),
+        ("/v1/completions", {"prompt": "x", "stop_token_ids": "x"}, "token ids"),
+        ("/v1/completions", {"prompt": "x", "bad_words": [5]}, "strings"),
+        ("/v1/completions", {"prompt": "x", "allowed_token_ids": [-5]}, "out of vocabulary"),
+        ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": -5}, "-1 or 1"),
+        ("/v1/completions", {"prompt": "x", "guided_json": "{{{"}, "not valid JSON"),
+        ("/v1/completions", {"prompt": "x", "guided_regex": "("}, "regular expression"),
+        (
+            "/v1/chat/completions",
+            {"messages": HI, "continue_final_message": True},
+            "Cannot set both",
+        ),
+        ("/v1/chat/completions", {"messages": HI, "add_generation_prompt": "x"}, "boolean"),
+        ("/v1/chat/completions", {"messages": HI, "parallel_tool_calls": "x"}, "boolean"),
+        (
+            "/v1/chat/completions",
+            {"messages": HI, "tools": [{"type": "bogus", "function": {"name": "f"}}]},
+            "'function'",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+            },
+            "parameters",
+        ),
+        ("/v1/chat/completions", {"messages": HI, "chat_template": 5}, "chat_template"),
+        ("/v1/chat/completions", {"messages": HI, "documents": [5]}, "documents"),
+        ("/v1/chat/completions", {"messages": HI, "reasoning_effort": "extreme"}, "reasoning"),
+        ("/v1/chat/completions", {"messages": HI, "mm_processor_kwargs": "x"}, "object"),
+        ("/tokenize", {"prompt": "x", "add_special_tokens": "x"}, "boolean"),
+        ("/tokenize", {"messages": HI, "continue_final_message": True}, "Cannot set both"),
+        ("/detokenize", {"tokens": "x"}, "token ids"),
+        ("/detokenize", {"tokens": [-1]}, "out of vocabulary"),
+    ],
+)
+def test_vllms_own_fields_malformed_are_400s(server, path, body, words):
+    """vLLM's extra request fields, typed as its request models type them: each of these
+    was served with a 200 (issue 47's fourth audit)."""
+    r = httpx.post(server + path, json={"model": MODEL, **body}, timeout=10)
+    assert r.status_code == 400, (body, r.text)
+    assert words in r.json()["error"]["message"], (body, r.text)
+
+
+def test_detokenize_and_token_strings_answer_as_vllm_does(server):
+    r = httpx.post(server + "/detokenize", json={"model": MODEL, "tokens": [1, 2, 3]}, timeout=10)
+    assert r.status_code == 200 and isinstance(r.json()["prompt"], str)
+    body = {"model": MODEL, "prompt": "hello there", "return_token_strs": True}
+    answer = httpx.post(server + "/tokenize", json=body, timeout=10).json()
+    assert len(answer["token_strs"]) == answer["count"] == len(answer["tokens"])
+    well_formed = {
+        "model": MODEL,
+        "prompt": "x",
+        "max_tokens": 2,
+        "skip_special_tokens": False,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}},
+        "guided_regex": "[a-z]+",
+        "truncate_prompt_tokens": -1,
+    }
+    assert httpx.post(server + "/v1/completions", json=well_formed, timeout=10).status_code == 200
+
+
 def test_lax_values_read_as_vllms_pydantic_models_read_them(server):
     """What vLLM accepts a client sends as it does: n null, max_tokens 5.0 or "5", stream
     "false" (a plain answer), a batch of one token list; max_completion_tokens null leaves

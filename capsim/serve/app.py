@@ -30,16 +30,20 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from capsim.files import loads_json
+from capsim.serve.extra_fields import check_extra_fields, check_tokenize_fields
 from capsim.serve.live import LIMITS, LiveDeployment
 from capsim.serve.metrics import ServeMetrics
 from capsim.serve.requests import (
     ApiError,
+    bad,
     check_sampling,
     check_stream,
     check_tools,
+    lax_bool,
     max_tokens_of,
     model_name,
     prompt_tokens_of,
+    short,
 )
 from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip, received_at
 
@@ -224,6 +228,7 @@ def create_app(
                 check_sampling(body, chat)
                 if chat:
                     check_tools(body)
+                check_extra_fields(body, chat, vocab_size, max_model_len)
                 stream, include_usage, continuous = check_stream(body)
                 asked = max_tokens_of(body, chat)
                 prompt_tokens = await count_prompt(body, chat, size)
@@ -344,13 +349,42 @@ def create_app(
             async with request_body(request) as (body, size):
                 model_name(body, served_names)
                 chat = "messages" in body
+                check_tokenize_fields(body, chat)
+                strings = lax_bool(body, "return_token_strs")
                 count = await count_prompt(body, chat, size)
                 check_length(count, None)
         except ApiError as exc:
             return exc.response()
-        return JSONResponse(
-            {"count": count, "max_model_len": max_model_len, "tokens": list(range(count))}
-        )
+        answer = {"count": count, "max_model_len": max_model_len, "tokens": list(range(count))}
+        if strings:  # vLLM's TokenizeResponse: one string a token (here the filler's)
+            answer["token_strs"] = [FILLER] * count
+        return JSONResponse(answer)
+
+    async def detokenize(request: Request) -> Response:
+        """vLLM's /detokenize: token ids back to text (capsim's is filler, a piece a token),
+        the ids checked against the vocabulary as vLLM checks them."""
+        try:
+            async with request_body(request) as (body, _):
+                model_name(body, served_names)
+                tokens = body.get("tokens")
+                if not isinstance(tokens, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in tokens
+                ):
+                    raise bad("tokens", "tokens must be a list of token ids (integers).")
+                if len(tokens) > max_model_len:
+                    raise bad(
+                        "tokens",
+                        f"{len(tokens)} tokens are more than max_model_len {max_model_len}.",
+                    )
+                for t in tokens:
+                    if not 0 <= t < vocab_size:
+                        raise bad(
+                            "tokens",
+                            f"Token id {short(t)} is out of vocabulary (0-{vocab_size - 1}).",
+                        )
+        except ApiError as exc:
+            return exc.response()
+        return JSONResponse({"prompt": FILLER * len(tokens)})
 
     ready = asyncio.Event()
 
@@ -436,6 +470,7 @@ def create_app(
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             Route("/health", health),
             Route("/version", version_info),
             Route("/metrics", prometheus),
