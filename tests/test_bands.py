@@ -158,7 +158,9 @@ def _two_parameter_profile(rho: float, bounds=(0.0, 10.0), b_std: float = 1.0):
     def param(value: float, std: float) -> FittedParameter:
         return FittedParameter(value=value, prior=value, std=std, identifiable=True, bounds=bounds)
 
-    return Profile(
+    # abstract parameters 'a' and 'b' (the band arithmetic only): built without the
+    # checks a profile read from a file gets (its parameters must be capsim's)
+    return Profile.model_construct(
         name="t",
         hardware_class="c",
         fitted_from=[],

@@ -487,7 +487,7 @@ def test_a_lengths_file_of_booleans_is_refused(tmp_path):
         (
             "  kind: closed",
             "  kind: zig",
-            ":14: invalid entry: workload.kind: Value error, unknown",
+            ":14: invalid entry: workload.kind: unknown",
         ),
         ("  input_tokens: '3200'", "  input_tokens: '-1'", "cannot read the workload's input"),
     ],
@@ -575,3 +575,15 @@ def test_a_boolean_where_the_catalog_wants_a_number_is_refused(tmp_path):
     (folder / "llama-3.1-8b.yaml").write_text(text.replace("num_layers: 32", "num_layers: true"))
     r = runner.invoke(app, ["--db", str(tmp_path / "db"), *PREDICT, "--requests", "8"])
     assert r.exit_code == 2 and "num_layers: a number, not true" in r.output, r.output
+
+
+def test_a_kernel_fit_of_a_term_no_row_depends_on_is_refused():
+    """--fit frontend_request_ms on fused-MoE timings 'fitted' it to its prior with a
+    standard error of 0 (issue 47's fourth audit)."""
+    from capsim.calibration.paths import calibration_dir
+
+    path = calibration_dir() / "kernels" / "ada-fused-moe-public.json"
+    r = runner.invoke(app, ["calibrate-kernels", str(path), "--fit", "frontend_request_ms"])
+    assert r.exit_code == 2 and "no kernel row depends on frontend_request_ms" in r.output
+    r = runner.invoke(app, ["calibrate-kernels", str(path), "--fit", "moe_bandwidth_efficiency"])
+    assert r.exit_code == 0, r.output

@@ -13,6 +13,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import ValidationError
 
 from capsim.calibration.published import PublishedDataset, Scenario
 from capsim.catalog.engine_schema import parse_engine_version
@@ -20,6 +21,7 @@ from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.config import PredictConfig
 from capsim.engine.levels import catalog_dirs
 from capsim.engine.simulate import predict
+from capsim.errors import CapsimUserError
 from capsim.metrics import LevelMetrics
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.speculative import parse_spec
@@ -94,6 +96,20 @@ def scenario_config(
     # SGLang's --enable-dp-attention: the scenario's dp counts attention ranks inside its
     # TP group (as --dp-size does with the flag), not replicas
     dp_attention = sc.dp if flags.get("enable_dp_attention") else 1
+    try:
+        return _scenario_config(ds, sc, levels, output, flags, dp_attention, overrides)
+    except ValidationError as exc:  # a field the simulator refuses: name the scenario's
+        first = exc.errors()[0]
+        field = next((str(p) for p in reversed(first["loc"]) if isinstance(p, str)), "a value")
+        raise CapsimUserError(
+            f"dataset {ds.name}, scenario {sc.name}: {field} {first.get('input')!r}: "
+            f"{first['msg'].removeprefix('Value error, ').lower()}",
+            hint="a scenario's fields and flags are simulated as predict's flags are",
+        ) from None
+
+
+def _scenario_config(ds, sc, levels, output, flags, dp_attention, overrides) -> PredictConfig:
+    w = ds.workload
     return PredictConfig(
         gpu=sc.gpu,
         model=sc.model,

@@ -301,6 +301,14 @@ def fit_points(
     from scipy.optimize import least_squares  # heavy: imported where fits run
 
     result = least_squares(residuals, x0, bounds=(lower, upper), x_scale=upper - lower)
+    unseen = [n for n, column in zip(names, result.jac.T, strict=True) if not np.any(column)]
+    if unseen:  # its column is 0: the fit reported its prior, with a standard error of 0
+        raise CapsimUserError(
+            f"no kernel row depends on {', '.join(unseen)} (--fit): these timings cannot say "
+            "what it is",
+            hint="fit the terms the kernels run (bandwidth, compute, layer and MoE terms); "
+            "serving terms come from capsim calibrate on served measurements",
+        )
     std = jacobian_std(result.jac, result.fun)
     fitted = compare(params_for(result.x))
     return KernelFit(

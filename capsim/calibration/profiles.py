@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -28,19 +29,33 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 """A float that is a number (no NaN or infinity)."""
 
 
+MAX_LOG_SD = 5.0
+"""Largest log spread a profile may state (its residuals' or a metric family's): a factor of
+e^5, about 150, either way. A fit that misses by more is not a calibration; 1e300 overflowed
+the bands (issue 47's fourth audit)."""
+
+LogSpread = Annotated[float, Field(ge=0, le=MAX_LOG_SD, allow_inf_nan=False)]
+"""A spread of log(predicted / measured): finite, 0 to MAX_LOG_SD."""
+
+
 class FittedParameter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     value: FiniteFloat
     prior: FiniteFloat
-    std: float | None = Field(None, ge=0, description="Standard error from the Jacobian")
+    std: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="Standard error from the Jacobian"
+    )
     identifiable: bool
     bounds: tuple[FiniteFloat, FiniteFloat]
 
     @model_validator(mode="after")
     def _ordered_bounds(self) -> FittedParameter:
-        if self.bounds[0] > self.bounds[1]:
+        low, high = self.bounds
+        if low > high:
             raise ValueError(f"bounds {list(self.bounds)} are not in order (low, high)")
+        if not low <= self.value <= high:
+            raise ValueError(f"value {self.value:g} lies outside its bounds {list(self.bounds)}")
         return self
 
     at_bound: bool = Field(
@@ -93,23 +108,44 @@ class Profile(BaseModel):
         description="Candidates the data could not pin, held at their priors (or at the "
         "value in ``held`` nearest the prior that the data allow), and why",
     )
-    log_residual_sd: float = Field(
-        ge=0, allow_inf_nan=False, description="Spread of log(predicted/measured), for bands"
-    )
-    metric_log_sd: dict[str, float] = Field(
+    log_residual_sd: LogSpread = Field(description="Spread of log(predicted/measured), for bands")
+    metric_log_sd: dict[str, LogSpread] = Field(
         default_factory=dict,
         description="The same per metric family (throughput, TTFT, TPOT, E2E)",
     )
     warnings: list[str] = Field(
         default_factory=list, description="Where the fit is poor: metric, levels, bounds"
     )
-    cv_log_residual_sd: float | None = Field(
+    cv_log_residual_sd: LogSpread | None = Field(
         None, description="The same, leaving one concurrency level out (cross-validated)"
     )
     points: int = Field(ge=0)
     residuals: list[PointResidual]
     note: str = ""
     _path: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        """What a profile states about its parameters agrees with them: each correlation
+        is between two of its fitted parameters and within -1..1, each metric family is
+        one capsim reports, and every parameter it fits or holds is one capsim has, in
+        its range (a file that failed these ran into tracebacks where it was applied)."""
+        from capsim.calibration.compare import METRIC_KINDS
+
+        for a, row in self.correlation.items():
+            for b, rho in row.items():
+                if a not in self.parameters or b not in self.parameters:
+                    raise ValueError(
+                        f"correlation {a}/{b} names a parameter the profile does not fit"
+                    )
+                if not (math.isfinite(rho) and -1.0 <= rho <= 1.0):
+                    raise ValueError(f"correlation {a}/{b} is {rho!r}; a correlation is -1 to 1")
+        families = set(METRIC_KINDS.values())
+        unknown = sorted(set(self.metric_log_sd) - families)
+        if unknown:
+            raise ValueError(f"metric_log_sd names {unknown}; the families are {sorted(families)}")
+        check_profile_parameters(self)
+        return self
 
     @property
     def path(self) -> str | None:
@@ -187,9 +223,7 @@ def _load_profile_version(path: str, mtime_ns: int, size: int) -> Profile:
     def parse() -> Profile:
         from capsim.files import read_input_text
 
-        profile = Profile.model_validate(load_yaml_text(read_input_text(path, "profile")))
-        check_profile_parameters(profile)
-        return profile
+        return Profile.model_validate(load_yaml_text(read_input_text(path, "profile")))
 
     profile = cached_parse("profile", Path(path), [Path(__file__)], Profile, parse)
     profile._path = path
@@ -233,7 +267,7 @@ def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") ->
         for folder in profile_search_path():
             path = folder / f"{hardware_class}-{engine}.yaml"
             if path.exists():
-                return load_profile(path)
+                return _serving(load_profile(path), hardware_class, engine)
         return None
     from capsim.files import path_exists
 
@@ -250,16 +284,23 @@ def find_profile(spec: str | None, hardware_class: str, engine: str = "vllm") ->
             hint="known: auto, none, " + ", ".join(names) + ", or a profile file's path",
             suggestions=close_matches(spec, names),
         )
-    profile = load_profile(path)
+    return _serving(load_profile(path), hardware_class, engine)
+
+
+def _serving(profile: Profile, hardware_class: str, engine: str) -> Profile:
+    """``profile`` if it was fitted on this hardware class under this engine, else a user
+    error naming its file (one found by ``--profile auto`` under the class's file name, in
+    CAPSIM_PROFILE_DIR, is checked as a named one is)."""
+    where = f" ({profile.path})" if profile.path else ""
     if profile.hardware_class != hardware_class:
         raise CapsimUserError(
-            f"profile '{profile.name}' was fitted on {profile.hardware_class} hardware, not "
-            f"{hardware_class}",
+            f"profile '{profile.name}'{where} was fitted on {profile.hardware_class} "
+            f"hardware, not {hardware_class}",
             hint="use a profile of the same hardware class, or --profile none",
         )
     if profile.engine != engine:
         raise CapsimUserError(
-            f"profile '{profile.name}' was fitted under {profile.engine}, not {engine} "
+            f"profile '{profile.name}'{where} was fitted under {profile.engine}, not {engine} "
             "(--profile, --engine)",
             hint=f"use a profile fitted under {engine} (capsim calibrate on its measurements), "
             "or --profile none",

@@ -10,15 +10,23 @@ from __future__ import annotations
 import math
 from collections.abc import Container
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from capsim.calibration.paths import calibration_dir
 from capsim.catalog.loader import format_validation_error, load_yaml_text
 from capsim.catalog.schemas import Source
 from capsim.engine.lengths import length_field
-from capsim.engine.limits import MAX_GPUS
-from capsim.errors import CapsimUserError
+from capsim.engine.limits import MAX_CONTEXT_TOKENS, MAX_ENGINE_COUNT, MAX_GPUS
+from capsim.errors import CapsimUserError, close_matches
 
 POINT_METRICS = (
     "output_tok_s",
@@ -50,6 +58,11 @@ def one_of(value: str, allowed: tuple[str, ...], what: str) -> str:
     return value
 
 
+MIN_MEASURED = 1e-6
+"""Smallest measured value a point may hold, in its metric's unit (tok/s, s, requests/s):
+no published figure comes near a millionth, and 1e-300 tok/s made an error of 1e300%."""
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -57,7 +70,7 @@ class Strict(BaseModel):
 class MeasuredPoint(Strict):
     concurrency: int = Field(ge=1, le=100_000)  # predict's -c limit
     metric: str
-    value: float = Field(gt=0, allow_inf_nan=False)
+    value: float = Field(ge=MIN_MEASURED, le=1e12, allow_inf_nan=False)
     statistic: str = Field(
         "mean", description="For latencies: which statistic the source quotes (see STATISTICS)"
     )
@@ -77,6 +90,35 @@ class MeasuredPoint(Strict):
 
 WORKLOAD_KINDS = ("batch", "closed", "agents", "open", "trace")
 """What a dataset's workload.kind can be (engine.workloads.WorkloadKind)."""
+
+
+SCENARIO_FLAGS: dict[str, type] = {
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "max_model_len": int,
+    "gpu_memory_utilization": float,
+    "enforce_eager": bool,
+    "async_scheduling": bool,
+    "disable_custom_all_reduce": bool,
+    "offline": bool,
+    "ubatch_tokens": int,
+    "cpu_moe_layers": int,
+    "enable_expert_parallel": bool,
+    "enable_dp_attention": bool,
+    "host_memory_bandwidth_gbs": float,
+    "scheduler_recv_interval": int,
+    "enable_mixed_chunk": bool,
+    "schedule_conservativeness": float,
+}
+"""The server flags a scenario may record, as compare.scenario_config applies them, and the
+kind of value each takes (a flag capsim does not simulate was dropped without a word, and
+max_num_seqs 2.5 ran as 2)."""
+
+MAX_POWER_LIMIT_W = 10_000.0
+"""Largest board power limit a scenario may state, W (the largest GPU's TDP is about 1.4 kW)."""
+
+OutputMean = Annotated[float, Field(gt=0, le=MAX_CONTEXT_TOKENS, allow_inf_nan=False)]
+"""A mean output length, tokens: positive and at most the longest context."""
 
 
 class Scenario(Strict):
@@ -100,16 +142,19 @@ class Scenario(Strict):
     spec_acceptance: float | list[float] | None = Field(
         None, description="Acceptance rate, or one per draft position (as --spec-acceptance)"
     )
-    power_limit_w: float | None = None
+    power_limit_w: float | None = Field(None, gt=0, le=MAX_POWER_LIMIT_W, allow_inf_nan=False)
     flags: dict[str, float | int | bool] = Field(default_factory=dict)
-    output_mean_tokens: float | None = None
-    output_mean_tokens_by_level: dict[int, float] = Field(
+    output_mean_tokens: OutputMean | None = None
+    output_mean_tokens_by_level: dict[int, OutputMean] = Field(
         default_factory=dict,
         description="Mean output per request at particular concurrency levels, where the "
         "source's figures give it (else output_mean_tokens)",
     )
     kv_capacity_tokens: int | None = Field(
-        None, description="The server's KV cache size when known (e.g. from a probe)"
+        None,
+        ge=1,
+        le=MAX_ENGINE_COUNT,
+        description="The server's KV cache size when known (e.g. from a probe)",
     )
     output_note: str | None = None
     points: list[MeasuredPoint]
@@ -123,6 +168,32 @@ class Scenario(Strict):
     @classmethod
     def _length(cls, v: str | None, info) -> str | None:
         return length_field(v, f"the scenario's {info.field_name}")
+
+    @field_validator("flags")
+    @classmethod
+    def _known_flags(cls, flags: dict) -> dict:
+        for name, value in flags.items():
+            kind = SCENARIO_FLAGS.get(name)
+            if kind is None:
+                near = close_matches(name, list(SCENARIO_FLAGS))
+                raise ValueError(
+                    f"unknown server flag '{name}'"
+                    + (f" (did you mean {near[0]}?)" if near else "")
+                    + f"; capsim simulates {', '.join(sorted(SCENARIO_FLAGS))}"
+                )
+            if kind is bool and not isinstance(value, bool):
+                raise ValueError(f"flag {name} is true or false, not {value!r}")
+            if kind is int and (isinstance(value, bool) or value != int(value)):
+                raise ValueError(f"flag {name} is a whole number, not {value!r}")
+            if kind is float and (isinstance(value, bool) or not math.isfinite(value)):
+                raise ValueError(f"flag {name} is a finite number, not {value!r}")
+        return flags
+
+    @model_validator(mode="after")
+    def _acceptance_needs_a_drafter(self) -> Scenario:
+        if self.spec_acceptance is not None and self.spec is None:
+            raise ValueError("spec_acceptance is given without a spec (the drafter it rates)")
+        return self
 
     @field_validator("spec")
     @classmethod
@@ -174,6 +245,16 @@ class PublishedDataset(Strict):
         "(e.g. an engine generation capsim does not model); None = scored",
     )
     scenarios: list[Scenario]
+
+    @field_validator("scenarios")
+    @classmethod
+    def _distinct_names(cls, scenarios: list[Scenario]) -> list[Scenario]:
+        seen: set[str] = set()
+        for sc in scenarios:
+            if sc.name in seen:
+                raise ValueError(f"scenario '{sc.name}' is listed twice (names tell them apart)")
+            seen.add(sc.name)
+        return scenarios
 
     def at_levels(self, levels: Container[int]) -> PublishedDataset:
         """This dataset with only the points measured at ``levels`` (concurrency), e.g. a

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,7 +143,11 @@ def _read(path: Path, load: Callable[[bytes], object]):
 
 
 def _prune(folder: Path, kind: str) -> None:
-    """Remove all but the KEEP_CATALOGS newest cached files of ``kind``."""
-    cached = sorted(folder.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    """Remove all but the KEEP_CATALOGS newest cached files of ``kind``: capsim's own, named
+    by their key (``kind``-32 hex digits.json). CAPSIM_CACHE_DIR may name a folder that
+    holds other files; 'profile-notes.json' there is the user's, and was deleted."""
+    own = re.compile(rf"{re.escape(kind)}-[0-9a-f]{{32}}\.json")
+    cached = [p for p in folder.glob(f"{kind}-*.json") if own.fullmatch(p.name)]
+    cached.sort(key=lambda p: p.stat().st_mtime_ns)
     for old in cached[:-KEEP_CATALOGS]:
         old.unlink(missing_ok=True)

@@ -172,11 +172,12 @@ def format_validation_error(path: Path, exc: ValidationError, text: str | None =
     for i, err in enumerate(errors[:5]):
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         line = line_of(tuple(err["loc"]))
+        msg = err["msg"].removeprefix("Value error, ")  # pydantic's wrapper of our messages
         if i == 0:
             first_line = line
-            lines.append(f"{loc}: {err['msg']}")
+            lines.append(f"{loc}: {msg}")
         else:
-            lines.append(f"{loc}{f' (line {line})' if line else ''}: {err['msg']}")
+            lines.append(f"{loc}{f' (line {line})' if line else ''}: {msg}")
     more = "" if len(errors) <= 5 else f" (and {len(errors) - 5} more)"
     where = f"{path}:{first_line}" if first_line else f"{path}"
     return f"{where}: invalid entry: " + "; ".join(lines) + more

@@ -10,7 +10,7 @@ Groups (``EfficiencyParams.groups``) tell calibration which parameters belong to
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 EAGER_LAUNCH_SOURCES = (
     "vllm-project/vllm-omni issue 7960 (2026-09-22), Qwen2.5-Omni-7B thinker (a 28-layer "
@@ -31,6 +31,18 @@ MAX_EFFICIENCY_MAGNITUDE = 1e7
 """Largest magnitude an efficiency parameter takes, from --set or a catalog file: none comes
 near ten million in its unit (microseconds, nanoseconds, tokens or a share), and 1e308 made
 every figure NaN or 80 digits long (bare NaN in --json, which is not JSON)."""
+
+
+MIN_SHARE = 1e-3
+"""Smallest value of an efficiency that is a share of a peak (bandwidth, FLOP/s, a link):
+0.1%, ten times below the smallest any hardware class or engine sets (0.011). A share of
+1e-300 from --set or a profile ran, and printed throughputs of 1e-298 tok/s."""
+
+MAX_POWER_EXPONENT = 3.0
+"""Largest exponent of the power-limit scaling: dynamic power grows about as the cube of
+the clock (f x V^2, the voltage following the clock), so the clock a power share allows
+falls no faster than that share to the power 1/3, and no kernel's rate falls faster than
+the share cubed. An exponent of 1e7 from --set divided by zero."""
 
 
 class EfficiencyParams(BaseModel):
@@ -383,11 +395,13 @@ class EfficiencyParams(BaseModel):
     compute_power_exponent: float = Field(
         0.8,
         ge=0,
+        le=MAX_POWER_EXPONENT,
         description="Compute scales as (power_limit / TDP) ** exponent below TDP",
     )
     bandwidth_power_exponent: float = Field(
         0.2,
         ge=0,
+        le=MAX_POWER_EXPONENT,
         description="Achieved bandwidth scales as (power_limit / TDP) ** exponent below TDP",
     )
     # --- speculative decoding
@@ -458,6 +472,18 @@ class EfficiencyParams(BaseModel):
         description="Parameter groups for calibration (not a physical parameter)",
     )
 
+    @model_validator(mode="after")
+    def _shares_above_the_floor(self) -> EfficiencyParams:
+        """Every share of a peak (a field in (0, 1]) is at least MIN_SHARE."""
+        for name in share_fields():
+            value = getattr(self, name)
+            if value is not None and value < MIN_SHARE:
+                raise ValueError(
+                    f"{name} is {value!r}; a share of a peak is at least {MIN_SHARE:g} "
+                    f"({MIN_SHARE:.1%}) and at most 1"
+                )
+        return self
+
     def with_overrides(self, overrides: dict[str, float]) -> EfficiencyParams:
         """A copy with some parameters replaced (validated)."""
         unknown = sorted(set(overrides) - set(type(self).model_fields) - {"groups"})
@@ -470,3 +496,24 @@ class EfficiencyParams(BaseModel):
                     f"most {MAX_EFFICIENCY_MAGNITUDE:,.0f} in its unit"
                 )
         return type(self).model_validate({**self.model_dump(), **overrides})
+
+
+def share_fields() -> tuple[str, ...]:
+    """The efficiency parameters that are shares of a peak: bounded above 0 and at most 1."""
+    return _SHARE_FIELDS
+
+
+def _shares() -> tuple[str, ...]:
+    import annotated_types as at
+
+    def bound(field, kind):
+        return [m for m in field.metadata if isinstance(m, kind)]
+
+    return tuple(
+        name
+        for name, field in EfficiencyParams.model_fields.items()
+        if bound(field, at.Gt) and any(m.le == 1 for m in bound(field, at.Le))
+    )
+
+
+_SHARE_FIELDS = _shares()
