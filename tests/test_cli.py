@@ -660,6 +660,9 @@ GAMMA = ("--workload", "open", "--rate", "1", "--arrival", "gamma")
         (("--requests", "99999999999999999999"), "less than or equal to 10000000"),
         (("--spec", "ngram:4", "--spec-acceptance", "nan"), "rates from 0 to 1"),
         (("--spec", "ngram:4", "--spec-acceptance", "0.9,1.5"), "rates from 0 to 1"),
+        # changed nothing, without a word (issue 47's fourth audit)
+        (("--router", "prefix_aware"), "chooses among replicas, and this deployment has one"),
+        (("--offline", "--router", "least_outstanding"), "not to --offline runs"),
     ],
 )
 def test_flags_that_do_not_apply_or_cannot_be_read_are_refused(args, words):
@@ -672,6 +675,8 @@ def test_flags_that_do_not_apply_or_cannot_be_read_are_refused(args, words):
 
 def test_flags_that_apply_run():
     r = invoke(*PREDICT, "--workload", "agents", "--turns", "2", "--think-time", "1")
+    assert r.exit_code == 0, r.output
+    r = invoke(*PREDICT, "--gpus", "2", "--router", "least_outstanding")
     assert r.exit_code == 0, r.output
     r = invoke(*predict_with(*GAMMA, "--gamma-cv", "3"))
     assert r.exit_code == 0, r.output
@@ -801,3 +806,18 @@ def test_calibrate_refuses_an_out_that_is_no_folder_before_fitting(tmp_path):
     seed = "calibration/published/seed002-rtx3090-moe-vs-dense.yaml"
     r = invoke("calibrate", seed, "--out", str(fifo))
     assert r.exit_code == 2 and "exists and is not a folder" in r.stderr, r.stderr
+
+
+def test_a_trace_draws_nothing_so_a_seed_is_refused(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_time": 0.0, "input_tokens": 64, "output_tokens": 8}\n')
+    args = ("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--workload", "trace")
+    r = invoke(*args, "--trace", str(trace), "--seed", "5")
+    assert r.exit_code == 2 and "--seed applies to --workload" in r.stderr, r.output
+    assert invoke(*args, "--trace", str(trace)).exit_code == 0
+
+
+def test_a_repeated_model_is_simulated_once():
+    r = invoke(*PREDICT, "--model", "qwen3-8b,qwen3-8b", "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["results"]) == 1

@@ -76,3 +76,31 @@ def test_a_bad_speculative_config_is_exit_2(config, words):
         ],
     )
     assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "does not take: 'bogus'"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": -1}, "at least 1"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1.5}, "whole"),
+    ],
+)
+def test_a_speculative_config_vllm_would_refuse_is_refused(config, words):
+    """vLLM's SpeculativeConfig takes its own fields only, its windows at least 1: an unknown
+    key and a window of -1 were dropped without a word (issue 47's fourth audit)."""
+    from capsim.errors import CapsimUserError
+
+    with pytest.raises(CapsimUserError, match=words):
+        parse_spec(json.dumps(config))
+
+
+def test_an_eagle_head_named_in_the_config_is_said_not_to_be_looked_up():
+    from capsim.notices import take_notices
+
+    take_notices()
+    spec = parse_spec(json.dumps({"method": "eagle", "model": "x/y", "num_speculative_tokens": 3}))
+    assert spec.method == "eagle" and spec.num_tokens == 3
+    assert any("not looked up" in n for n in take_notices())
+    ok = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+    assert parse_spec(json.dumps(ok)).num_tokens == 4

@@ -439,9 +439,12 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
         EfficiencyParams().with_overrides(overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise CapsimUserError(
-            f"--set {first['loc'][0]}={first['input']}: {first['msg'].lower()}"
-        ) from None
+        if first["loc"]:  # a field's own bound
+            raise CapsimUserError(
+                f"--set {first['loc'][0]}={first['input']}: {first['msg'].lower()}"
+            ) from None
+        # a check across fields (a share below MIN_SHARE): its message names the field
+        raise CapsimUserError(f"--set: {first['msg'].removeprefix('Value error, ')}") from None
     return overrides
 
 
@@ -934,6 +937,8 @@ WORKLOAD_FLAGS = {
     "requests": ("--requests", ("closed", "batch", "agents", "open")),
     "input_tokens": ("--input-tokens", ("closed", "batch", "agents", "open")),
     "output_tokens": ("--output-tokens", ("closed", "batch", "agents", "open")),
+    # a trace states every request's lengths and arrival: nothing is drawn
+    "seed": ("--seed", ("closed", "batch", "agents", "open")),
 }
 """Workload flags (parameter name: flag, the workloads it shapes): given with another
 workload, they would be ignored."""

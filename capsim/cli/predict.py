@@ -336,13 +336,19 @@ def predict_cmd(
     except ValueError:
         raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
     cat, models = resolve_models(cat, split_list(model, "--model"))
+    # each list once: '--model a,a' simulated the same model twice ('-c 1,1' never did)
     combos = itertools.product(
-        split_list(gpu, "--gpu"),
-        models,
-        split_list(quant, "--quant") if quant else [None],
-        tps,
-        split_list(kv_dtype, "--kv-dtype"),
-        split_list(interconnect, "--interconnect"),
+        *(
+            list(dict.fromkeys(values))
+            for values in (
+                split_list(gpu, "--gpu"),
+                models,
+                split_list(quant, "--quant") if quant else [None],
+                tps,
+                split_list(kv_dtype, "--kv-dtype"),
+                split_list(interconnect, "--interconnect"),
+            )
+        )
     )
     configs = []
     for g, m, q, t, kv, link in combos:
@@ -396,6 +402,7 @@ def predict_cmd(
             efficiency_overrides=overrides,
         )
         configs.append(config)
+    refuse_a_router_without_replicas(ctx, configs)
     results, stopped = finished_before_ctrl_c(
         (predict_with_progress(config, cat) for config in configs),
         len(configs),
@@ -419,3 +426,23 @@ def show_results(results, json_out, csv_out, plot_path, objectives) -> None:
         print_table(console, results)
     if plot_path is not None:
         plot(results, plot_path, **objectives)
+
+
+def refuse_a_router_without_replicas(ctx, configs) -> None:
+    """--router chooses a replica for each request: typed for deployments that have one
+    replica each (or an offline run, which has no server to route to) it changed nothing,
+    without a word (issue 47's fourth audit)."""
+    source = ctx.get_parameter_source("router") if "router" in ctx.params else None
+    if getattr(source, "name", None) not in ("COMMANDLINE", "ENVIRONMENT"):
+        return
+    if all(c.offline for c in configs):
+        raise CapsimUserError(
+            "--router applies to a server's replicas, not to --offline runs",
+            hint="drop --router, or --offline",
+        )
+    replicas = [c.gpus // c.tp if c.gpus else (c.dp or 1) for c in configs]
+    if max(replicas) < 2:
+        raise CapsimUserError(
+            "--router chooses among replicas, and this deployment has one",
+            hint="drop --router, or give replicas: --gpus (a multiple of --tp) or --dp",
+        )

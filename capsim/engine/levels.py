@@ -104,22 +104,28 @@ def check_lengths(setup: Setup, workload: Workload) -> None:
     """Reject prompts vLLM would reject: longer than max_model_len, or than the KV pool."""
     longest = workload.max_prompt_tokens + workload.max_output_tokens
     limit = setup.max_model_len
+    trace = setup.config.trace if setup.config.workload == "trace" else None
+    source = f"the trace {trace}: " if trace else ""
+    shorten = (
+        "shorten the trace's requests"
+        if trace
+        else "shorten --input-tokens (or --turns for agents)"
+    )
     if workload.max_prompt_tokens >= limit:
         raise CapsimUserError(
-            f"prompts of up to {workload.max_prompt_tokens:,.0f} tokens do not fit "
+            f"{source}prompts of up to {workload.max_prompt_tokens:,.0f} tokens do not fit "
             f"max_model_len {limit:,}",
-            hint="shorten --input-tokens (or --turns for agents), or raise --max-model-len "
-            "if the KV cache allows",
+            hint=f"{shorten}, or raise --max-model-len if the KV cache allows",
         )
     if longest > limit and setup.config.engine == "vllm":
         # vLLM's OpenAI server answers 400 when prompt + max_tokens passes max_model_len
         # ("This model's maximum context length is ..."); capsim serve does as well (SGLang
         # clips max_new_tokens to the context left, llama.cpp stops at its slot's end)
         raise CapsimUserError(
-            f"requests of up to {longest:,.0f} tokens (prompt and output) do not fit "
+            f"{source}requests of up to {longest:,.0f} tokens (prompt and output) do not fit "
             f"max_model_len {limit:,}: vLLM refuses them",
-            hint="shorten --input-tokens or --output-tokens, or raise --max-model-len if the "
-            "KV cache allows",
+            hint=(f"{shorten}" if trace else "shorten --input-tokens or --output-tokens")
+            + ", or raise --max-model-len if the KV cache allows",
         )
     if longest > setup.num_blocks * BLOCK_SIZE_TOKENS:
         raise CapsimUserError(

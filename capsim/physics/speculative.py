@@ -118,6 +118,31 @@ VLLM_SPEC_METHODS = {
 and EAGLE-3 heads one EAGLE layer, 'draft_model' a separate draft."""
 
 
+VLLM_SPEC_CONFIG_KEYS = frozenset(
+    {
+        "attention_backend", "code_revision", "disable_by_batch_size", "disable_eagle_block_drop",
+        "disable_logprobs", "disable_padded_drafter_batch", "draft_load_config",
+        "draft_sample_method", "draft_tensor_parallel_size", "dspark_draft_topk",
+        "enable_adaptive_verification", "enforce_eager", "index_share_for_mtp_iteration",
+        "kv_cache_dtype", "max_model_len", "method", "model", "moe_backend",
+        "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "parallel_drafting",
+        "prompt_lookup_max", "prompt_lookup_min", "quantization", "rejection_sample_method",
+        "revision", "speculative_token_tree", "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth",
+        "suffix_decoding_min_token_prob", "synthetic_acceptance_length",
+        "synthetic_acceptance_rates", "tensor_parallel_size", "use_heterogeneous_vocab",
+        "use_local_argmax_reduction",
+    }
+)  # fmt: skip
+"""The keys vLLM's ``--speculative-config`` takes: the fields of its SpeculativeConfig
+(vllm/config/speculative.py, read 2026-11-30) and a few of earlier releases
+(disable_by_batch_size, speculative_token_tree, disable_logprobs). vLLM refuses any other
+key, and so does capsim rather than drop it without a word."""
+
+SPEC_WINDOW_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size")
+"""Keys vLLM bounds as whole numbers of at least 1 (Field(ge=1))."""
+
+
 def spec_text_of_vllm_config(text: str) -> str:
     """vLLM's ``--speculative-config`` JSON ('{"method": "mtp", "num_speculative_tokens":
     2}') as capsim's ``--spec`` text ('mtp:2'; a draft model names the catalog model its
@@ -130,6 +155,23 @@ def spec_text_of_vllm_config(text: str) -> str:
         raise CapsimUserError(f"--speculative-config is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise CapsimUserError("--speculative-config must be a JSON object")
+    from capsim.errors import close_matches
+
+    for key in config:
+        if key not in VLLM_SPEC_CONFIG_KEYS:
+            raise CapsimUserError(
+                f"--speculative-config has a key vLLM does not take: {key!r}",
+                hint="vLLM's SpeculativeConfig fields, e.g. method, num_speculative_tokens, "
+                "model, prompt_lookup_max",
+                suggestions=close_matches(str(key), sorted(VLLM_SPEC_CONFIG_KEYS)),
+            )
+    for key in SPEC_WINDOW_KEYS:
+        value = config.get(key)
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value is not None and not (whole and value >= 1):
+            raise CapsimUserError(
+                f"--speculative-config {key} must be a whole number of at least 1, got {value!r}"
+            )
     method = config.get("method")
     k = config.get("num_speculative_tokens")
     if not isinstance(method, str) or method not in VLLM_SPEC_METHODS:
@@ -147,6 +189,13 @@ def spec_text_of_vllm_config(text: str) -> str:
         if not isinstance(model, str) or not model:
             raise CapsimUserError('--speculative-config draft_model needs a "model"')
         return f"draft:{model}:{k}"
+    if config.get("model") is not None:
+        from capsim.notices import notice
+
+        notice(
+            f"--speculative-config model {str(config['model'])[:80]!r} is not looked up: capsim "
+            f"costs an {ours.upper()} drafter from the target model's own layer shapes"
+        )
     return f"{ours}:{k}"
 
 
