@@ -234,6 +234,48 @@ def test_unreachable_dask_scheduler_is_a_user_error(monkeypatch):
         evaluate(candidates[:1], req, CAT, dask_scheduler="tcp://127.0.0.1:9")
 
 
+@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"])
+def test_a_server_that_is_not_a_dask_scheduler_is_a_user_error_in_time(monkeypatch, answer):
+    """A server that takes the connection and never answers held plan for 30 s; one that
+    answers HTTP made Dask read a 3 EiB frame length (a traceback): both are user errors
+    within 1.5 x the connect timeout."""
+    import socket
+    import threading
+    import time
+
+    pytest.importorskip("distributed")
+    from capsim.errors import CapsimUserError
+    from capsim.planner import search
+
+    monkeypatch.setattr(search, "DASK_CONNECT_TIMEOUT_S", 0.5)
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if answer:
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    req = PlanRequest(models=("qwen3-coder-30b-a3b",), agents=2, gpus=("rtx3090",), gpu_counts=(1,))
+    candidates, _ = enumerate_candidates(req, CAT)
+    started = time.monotonic()
+    try:
+        with pytest.raises(CapsimUserError, match="Dask scheduler"):
+            evaluate(candidates[:1], req, CAT, dask_scheduler=address)
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert time.monotonic() - started < 20  # the hang it replaced held plan for 30 s
+
+
 def test_every_plan_row_has_a_band_and_a_profile_sets_it():
     """The 3090 has a calibration profile (fit on seed 002): its band comes from the fit's
     residuals and parameters; with the profile turned off it is the uncalibrated corpus

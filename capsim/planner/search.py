@@ -358,6 +358,35 @@ within milliseconds on a network that reaches it; at 10 s a wrong address took 1
 be reported (issue 47: no bad input may hang past 10 s)."""
 
 
+def _connect_dask(client_type, scheduler: str):
+    """A Dask client connected to ``scheduler``, or a user error within about
+    1.5 x DASK_CONNECT_TIMEOUT_S: Dask's own timeout does not cover a server that accepts the
+    connection and never answers its handshake (an HTTP server held it 30 s), and one that
+    answers something else made it read 'HTTP/1.1' as a frame length and try to allocate
+    3 EiB. The connection is made in a daemon thread that is left behind if it hangs."""
+    import threading
+
+    outcome: dict = {}
+
+    def connect() -> None:
+        try:
+            outcome["client"] = client_type(scheduler, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
+        except BaseException as exc:  # any failure is the address's, reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=connect, name="dask-connect", daemon=True)
+    thread.start()
+    thread.join(1.5 * DASK_CONNECT_TIMEOUT_S)
+    if "client" in outcome:
+        return outcome["client"]
+    why = outcome.get("error")
+    said = f"{type(why).__name__}: {why}" if why is not None else "no Dask handshake came back"
+    raise CapsimUserError(
+        f"cannot reach a Dask scheduler at {scheduler} (--dask-scheduler): {said}"[:400],
+        hint="check the address (tcp://host:8786) and that a Dask scheduler listens there",
+    )
+
+
 def _evaluate_on_dask(args: list, scheduler: str) -> list:
     """Run the simulations on a Dask cluster (``pip install 'capsim[dask]'``).
 
@@ -373,13 +402,7 @@ def _evaluate_on_dask(args: list, scheduler: str) -> list:
             hint="pip install 'capsim[dask]'",
         ) from exc
     own = not isinstance(scheduler, Client)
-    try:
-        client = Client(scheduler, timeout=f"{DASK_CONNECT_TIMEOUT_S}s") if own else scheduler
-    except (OSError, ValueError, TypeError) as exc:
-        raise CapsimUserError(
-            f"cannot reach the Dask scheduler at {scheduler}: {exc}",
-            hint="check the address (tcp://host:8786) and that the scheduler is running",
-        ) from exc
+    client = _connect_dask(Client, scheduler) if own else scheduler
     try:
         return client.gather(client.map(_evaluate, args, pure=False))
     finally:
