@@ -42,7 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capsim.engine.limits import MAX_CONCURRENCY
+from capsim.engine.limits import MAX_CONCURRENCY, MAX_ENGINE_COUNT
 from capsim.request_columns import RequestSummary, RequestTable
 from capsim.streaming import LogSketch
 
@@ -143,9 +143,13 @@ class RequestRecord(BaseModel):
         for (a, ta), (b, tb) in itertools.pairwise(known):
             if tb < ta - TIME_SLACK_S:
                 raise ValueError(f"{b} ({tb:.6g}) comes before {a} ({ta:.6g})")
+        if self.send < -TIME_SLACK_S:  # seconds from the start of the run (or level)
+            raise ValueError(f"send must be 0 or later (seconds from the start), not {self.send}")
         for name in ("input_tokens", "output_tokens", "cached_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
+            if not 0 <= getattr(self, name) <= MAX_ENGINE_COUNT:
+                raise ValueError(
+                    f"{name} must be 0 to {MAX_ENGINE_COUNT:,}, not {getattr(self, name)}"
+                )
         if self.chunk_times:
             self._chunks_in_order()
         return self

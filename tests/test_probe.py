@@ -361,3 +361,22 @@ def test_a_rebuilt_summary_is_complete_only_when_every_planned_level_finished(tm
     cut = tmp_path / "cut.jsonl"
     cut.write_text("\n".join(lines[:100]) + "\n")
     assert not summarize_log(cut.with_suffix(".json")).complete
+
+
+def test_a_log_with_records_at_a_level_its_header_does_not_plan_is_refused(tmp_path):
+    """A record at concurrency 1,000,000 under a header of 1..16 was summarised as a level
+    of that name holding the C=16 metrics (issue 47's fourth audit)."""
+    import json
+
+    from capsim.errors import CapsimUserError
+    from capsim.probe.runfile import summarize_log
+
+    run = Path(__file__).resolve().parent.parent / "calibration" / "runs" / "cpu-vllm-tiny-qwen3"
+    lines = run.with_suffix(".jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    first = next(i for i, e in enumerate(events) if e.get("type") == "request")
+    events[first]["concurrency"] = 1_000_000
+    log = tmp_path / "moved.jsonl"
+    log.write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    with pytest.raises(CapsimUserError, match="does not plan"):
+        summarize_log(log)

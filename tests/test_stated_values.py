@@ -79,7 +79,9 @@ def test_an_import_named_like_a_built_in_model_says_it_replaces_it(tmp_path):
         ({"send": 1.0, "first_token": 0.5, "finish": 2.0}, "first_token (0.5) comes before send"),
         ({"send": 0.0, "first_token": 1.0, "finish": 0.5}, "finish (0.5) comes before"),
         ({"send": 0.0, "first_token": float("nan"), "finish": 1.0}, "finite"),
-        ({"send": 0.0, "first_token": 1.0, "finish": 2.0, "output_tokens": -3}, "0 or more"),
+        ({"send": 0.0, "first_token": 1.0, "finish": 2.0, "output_tokens": -3}, "must be 0 to"),
+        ({"send": -5.0, "first_token": 1.0, "finish": 2.0}, "0 or later"),
+        ({"send": 0.0, "first_token": 1.0, "finish": 2.0, "output_tokens": 10**30}, "must be 0 to"),
     ],
 )
 def test_a_record_with_times_out_of_order_is_refused(times, words):

@@ -346,6 +346,13 @@ def rebuild_summary(path: Path) -> RunSummary:
     if first_header is None:
         raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
     header = RunHeader.model_validate({k: v for k, v in first_header.items() if k != "type"})
+    unplanned = sorted({c for c, _ in set(groups) | set(finished)} - set(header.concurrency))
+    if header.concurrency and unplanned:  # a level labelled 1e6 showed the C=16 metrics
+        raise CapsimUserError(
+            f"'{path}' holds requests or levels at concurrency {unplanned[:3]}, which its "
+            f"header does not plan ({header.concurrency})",
+            hint="capsim probe writes each level's records under the header's levels",
+        )
     levels = []
     for c, run in sorted(set(groups) | set(finished)):
         event = finished.get((c, run), {})
