@@ -821,3 +821,18 @@ def test_a_repeated_model_is_simulated_once():
     r = invoke(*PREDICT, "--model", "qwen3-8b,qwen3-8b", "--json")
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["results"]) == 1
+
+
+def test_links_at_tp_1_are_refused_and_a_tp_1_row_is_not_repeated_per_link():
+    """At --tp 1 no GPU talks to another: --interconnect and --disable-custom-all-reduce
+    changed nothing ('pcie,nvlink' gave two identical rows; issue 47's fourth audit)."""
+    r = invoke(*PREDICT, "--interconnect", "pcie,nvlink")
+    assert r.exit_code == 2 and "at --tp 1 there are none" in r.stderr, r.output
+    explain = ("explain", "--gpu", "h100-sxm", "--model", "llama-3.1-8b")
+    r = invoke(*explain, "--disable-custom-all-reduce")
+    assert r.exit_code == 2 and "at --tp 1 there are none" in r.stderr, r.output
+    args = ("predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1")
+    r = invoke(*args, "--requests", "4", "--tp", "1,2", "--interconnect", "pcie,nvlink", "--json")
+    assert r.exit_code == 0, r.output
+    tps = [row["tp"] for row in json.loads(r.stdout)["results"]]
+    assert sorted(tps) == [1, 2, 2]

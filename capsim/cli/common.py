@@ -962,3 +962,30 @@ def refuse_inapplicable_flags(ctx, workload: str, arrival: str = "poisson") -> N
                 "--gamma-cv applies to --arrival gamma, not poisson",
                 hint="add --arrival gamma (Poisson arrivals have a CV of 1)",
             )
+
+
+def refuse_links_without_tp(
+    tps: list[int], interconnect: str, custom_off: bool = False, engine: str = "vllm"
+) -> None:
+    """--interconnect and --disable-custom-all-reduce shape the TP group's all-reduces: at
+    --tp 1 no GPU exchanges activations with another, and they changed nothing without a
+    word (issue 47's fourth audit: 'pcie,nvlink' gave two identical rows). A link that is
+    no kind of link, and an engine without the flag, are left to their own messages."""
+    from capsim.catalog.loader import engine_base
+    from capsim.physics.communication import INTERCONNECT_CHOICES
+
+    if max(tps) > 1 or engine_base(engine) not in ("vllm", "sglang"):
+        return
+    links = [part.strip() for part in interconnect.split(",")]
+    if any(link != "auto" for link in links) and set(links) <= set(INTERCONNECT_CHOICES):
+        raise CapsimUserError(
+            "--interconnect sets the links a tensor-parallel group's all-reduces cross; "
+            "at --tp 1 there are none",
+            hint="drop --interconnect, or add --tp 2 (or more)",
+        )
+    if custom_off:
+        raise CapsimUserError(
+            "--disable-custom-all-reduce changes a tensor-parallel group's all-reduces; at "
+            "--tp 1 there are none",
+            hint="drop it, or add --tp 2 (or more)",
+        )

@@ -41,6 +41,7 @@ from capsim.cli.common import (
     fmt_sig,
     parse_overrides,
     print_json,
+    refuse_links_without_tp,
     resolve_models,
     spec_config,
 )
@@ -496,6 +497,7 @@ def explain_cmd(
 
     if batch < 1 or context < 0:
         raise CapsimUserError("--batch must be at least 1 and --context at least 0")
+    refuse_links_without_tp([tp], interconnect, disable_custom_all_reduce, engine)
     cat = catalog(db)
     spec_cfg = spec_config(spec, spec_acceptance)
     overrides = parse_overrides(set_values)

@@ -52,6 +52,7 @@ from capsim.cli.common import (
     predict_config,
     progress_bar,
     refuse_inapplicable_flags,
+    refuse_links_without_tp,
     resolve_models,
     spec_config,
 )
@@ -335,6 +336,7 @@ def predict_cmd(
         tps = [int(v) for v in split_list(tp, "--tp")]
     except ValueError:
         raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
+    refuse_links_without_tp(tps, interconnect, disable_custom_all_reduce, engine)
     cat, models = resolve_models(cat, split_list(model, "--model"))
     # each list once: '--model a,a' simulated the same model twice ('-c 1,1' never did)
     combos = itertools.product(
@@ -351,7 +353,12 @@ def predict_cmd(
         )
     )
     configs = []
+    single_gpu_rows = set()
     for g, m, q, t, kv, link in combos:
+        if t == 1:  # links matter only between the GPUs of a TP group: one row at --tp 1
+            if (g, m, q, kv) in single_gpu_rows:
+                continue
+            single_gpu_rows.add((g, m, q, kv))
         config = predict_config(
             gpu=g,
             model=m.name,
