@@ -946,3 +946,29 @@ def test_shared_experts_keep_their_ffn_kernels_in_the_layer_floor():
     )
     assert routed_only.kernel_floor_us(1) == pytest.approx(48 * floor + 48 * (call - ffn))
     assert with_shared.kernel_floor_us(1) == pytest.approx(61 * floor + 58 * call)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    contexts=st.lists(st.floats(0, 9_000, allow_nan=False), min_size=1, max_size=24),
+    steps=st.integers(1, 60),
+    advance=st.sampled_from([1.0, 1.7, 3.25]),
+    width=st.sampled_from([1.0, 2.0, 4.0, 7.0]),
+    window=st.sampled_from([4.0, 128.0, 512.0, 4096.0]),
+)
+def test_the_windowed_sums_equal_the_sums_over_every_step_and_sequence(
+    contexts, steps, advance, width, window
+):
+    """decode_run's O(sequences + steps) sums of a sliding window's KV tokens and query-key
+    pairs against the (steps, sequences) arrays they replace (45% of a gpt-oss-120b 8K-output
+    part of validate --calibrated was spent building those)."""
+    from capsim.physics.decode_run import sliding_window_sums
+    from capsim.physics.roofline import causal_pairs
+
+    c = np.array(contexts)
+    shift = advance * np.arange(steps)
+    ctx = c[None, :] + shift[:, None]
+    held, pairs = sliding_window_sums(c, shift, width, window)
+    assert held == pytest.approx(np.minimum(ctx + width, window).sum(axis=1), rel=1e-11)
+    expected = causal_pairs(ctx, np.full_like(ctx, width), window).sum(axis=1)
+    assert pairs == pytest.approx(expected, rel=1e-11, abs=1e-6)

@@ -42,9 +42,17 @@ class DecodeRuns:
         kv_read = total_sum * read.full_bytes_per_token
         attn = self.full_pair_flops * pairs  # attention FLOPs
         ctx = None
-        if kv.sliding_window is not None or self._draft_model_runs:
+        if kv.sliding_window is not None and ranks == 1 and not self._draft_model_runs:
+            # the windowed sums in O(sequences + steps), not over a (steps, seqs) array
+            window_sum, windowed = sliding_window_sums(
+                c0, self.decode_advance * j, width, kv.sliding_window
+            )
+            kv_read += window_sum * read.sliding_bytes_per_token
+            if self.sliding_layers:
+                attn = attn + self.sliding_pair_flops * windowed
+        elif kv.sliding_window is not None or self._draft_model_runs:
             ctx = c0[None, :] + j[:, None] * self.decode_advance  # (steps, seqs)
-        if kv.sliding_window is not None:
+        if ctx is not None and kv.sliding_window is not None:
             held = np.minimum(ctx + width, kv.sliding_window)
             window_sum = held.sum(axis=1)
             if ranks > 1 and seqs:
@@ -57,7 +65,7 @@ class DecodeRuns:
                 if ranks > 1 and seqs:
                     windowed = np.maximum(windowed, ranks * each.max(axis=1))
                 attn = attn + self.sliding_pair_flops * windowed
-        else:
+        elif kv.sliding_window is None:
             kv_read += total_sum * read.sliding_bytes_per_token
             attn = attn + self.sliding_pair_flops * pairs
         logits = seqs * width if self.deployment.spec is not None else seqs
@@ -143,3 +151,36 @@ class DecodeRuns:
         if spec.method == "draft":
             return np.array([self.draft_seconds(seqs, row) for row in ctx])
         return self._layer_draft_seconds(seqs, ctx_sum + seqs)
+
+
+def sliding_window_sums(
+    context: np.ndarray, shift: np.ndarray, width: float, window: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each step ``k`` (``shift[k]`` tokens added to every sequence's ``context``),
+    the batch's sum of min(context + shift + width, window), the KV tokens a windowed layer
+    reads, and of ``causal_pairs(context + shift, width, window)``, its query-key pairs;
+    equal to summing the (steps, sequences) arrays, in O((sequences + steps) log
+    sequences). Each sequence's terms are linear in its context below the window, constant
+    past it and, for the pairs, quadratic over the ``width`` tokens between (with d =
+    window - context there, width x window - d (d - 1) / 2): sums over the sorted contexts
+    from prefix sums of c and c^2."""
+    c = np.sort(np.asarray(context, dtype=float))
+    count = c.size
+    prefix = np.concatenate(([0.0], np.cumsum(c)))
+    squares = np.concatenate(([0.0], np.cumsum(c * c)))
+    s = np.asarray(shift, dtype=float)
+    w, n = float(window), float(width)
+    # sequences with c + s <= w - n: every term still below the window
+    low = np.searchsorted(c, w - n - s, side="right")
+    # sequences with c + s >= w: every term at the window
+    high = np.maximum(np.searchsorted(c, w - s, side="left"), low)
+    below_sum = prefix[low] + low * s  # sum of c + s over the sequences below
+    held = below_sum + low * n + (count - low) * w
+    pairs = n * below_sum + low * n * (n + 1) / 2 + (count - high) * n * w
+    middle = high - low
+    c_sum = prefix[high] - prefix[low] + middle * s
+    c_squares = squares[high] - squares[low] + 2 * s * (prefix[high] - prefix[low]) + middle * s * s
+    d_sum = middle * w - c_sum
+    d_squares = middle * w * w - 2 * w * c_sum + c_squares
+    pairs = pairs + middle * n * w - (d_squares - d_sum) / 2
+    return held, pairs
