@@ -122,3 +122,22 @@ def test_a_dataset_that_states_what_cannot_be_is_named_in_the_error(tmp_path):
         assert out.exit_code == 2, (what, out.output)
         assert words in out.output and "Traceback" not in out.output, (what, out.output)
         assert "--power-limit" not in out.output and "--tp" not in out.output, (what, out.output)
+
+
+def test_calibrate_refuses_a_fit_that_misses_by_more_than_any_calibration_bridges(tmp_path):
+    """Measurements 1e7 times the simulation's (a unit slip): the fit's log spread (16) is
+    past what a profile may hold, so calibrate says so instead of writing a profile that
+    capsim would then refuse to read."""
+    from capsim.calibration.published import published_dir
+
+    data = yaml.safe_load(
+        (published_dir() / "corpus-client-rtx3090-llamacpp-vulkan.yaml").read_text()
+    )
+    for scenario in data["scenarios"]:
+        for point in scenario["points"]:
+            point["value"] = min(point["value"] * 1e7, 1e12)
+    path = tmp_path / "off.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = run(["calibrate", str(path), "--out", str(tmp_path / "profiles")])
+    assert out.exit_code == 2 and "no calibration bridges" in out.output, out.output
+    assert not list((tmp_path / "profiles").glob("*.yaml"))

@@ -36,7 +36,12 @@ from capsim.calibration.least_squares import (
     solve,
     start_point,
 )
-from capsim.calibration.profiles import FittedParameter, PointResidual, Profile
+from capsim.calibration.profiles import (
+    FittedParameter,
+    PointResidual,
+    Profile,
+    check_log_spread,
+)
 from capsim.calibration.published import PublishedDataset
 from capsim.calibration.selection import (
     CANDIDATE_FIT,
@@ -284,6 +289,10 @@ def fit_profile(
                 f"{par.bounds[1]:g}): the physics it stands for may be missing or wrong"
             )
     residuals = [PointResidual(**asdict(pt), error=pt.error) for pt in points]
+    spread = check_log_spread(float(np.sqrt(float(final @ final) / dof)), "log residual spread")
+    families = metric_log_sd(points)
+    for family, value in families.items():
+        check_log_spread(value, f"{family} log spread")
     return Profile(
         name=name,
         hardware_class=hw_class,
@@ -293,8 +302,8 @@ def fit_profile(
         correlation=correlation,
         held=held,
         held_reasons=held_reasons,
-        log_residual_sd=float(np.sqrt(float(final @ final) / dof)),
-        metric_log_sd=metric_log_sd(points),
+        log_residual_sd=spread,
+        metric_log_sd=families,
         points=n,
         residuals=residuals,
         warnings=warnings,

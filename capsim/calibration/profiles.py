@@ -29,10 +29,26 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 """A float that is a number (no NaN or infinity)."""
 
 
-MAX_LOG_SD = 5.0
+MAX_LOG_SD = 10.0
 """Largest log spread a profile may state (its residuals' or a metric family's): a factor of
-e^5, about 150, either way. A fit that misses by more is not a calibration; 1e300 overflowed
-the bands (issue 47's fourth audit)."""
+e^10, about 22,000, either way. A fit that misses by more is not a calibration (capsim
+calibrate refuses to write it: ``check_log_spread``); 1e300 overflowed the bands (issue 47's
+fourth audit)."""
+
+
+def check_log_spread(value: float, what: str) -> float:
+    """``value`` if it is a log spread a profile may hold, else a user error: the fit
+    misses its points by more than a factor of e^MAX_LOG_SD."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_LOG_SD):
+        raise CapsimUserError(
+            f"the fit's {what} is {value:.3g} in log units: its predictions miss the points "
+            f"by more than a factor of {math.exp(MAX_LOG_SD):,.0f}, which no calibration "
+            "bridges",
+            hint="check the dataset's units and metrics (tok/s against s, per request "
+            "against per server)",
+        )
+    return value
+
 
 LogSpread = Annotated[float, Field(ge=0, le=MAX_LOG_SD, allow_inf_nan=False)]
 """A spread of log(predicted / measured): finite, 0 to MAX_LOG_SD."""

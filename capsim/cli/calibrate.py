@@ -74,6 +74,7 @@ def calibrate_cmd(
 
     from capsim.calibration.crossval import cross_validate, group_by_class_and_engine
     from capsim.calibration.fit import fit_profile
+    from capsim.calibration.profiles import check_log_spread
     from capsim.calibration.published import load_published
 
     cat = catalog(db)
@@ -149,7 +150,9 @@ def calibrate_cmd(
                     continue
                 if cv:
                     errors = np.log([p.predicted / p.measured for p in cv])
-                    profile.cv_log_residual_sd = float(np.sqrt(np.mean(errors**2)))
+                    profile.cv_log_residual_sd = check_log_spread(
+                        float(np.sqrt(np.mean(errors**2))), "cross-validated log spread"
+                    )
                 path = out if out.suffix == ".yaml" else out / f"{profile.name}.yaml"
                 profile.save(path)
                 profiles.append((profile, path))
