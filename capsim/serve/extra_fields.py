@@ -49,8 +49,8 @@ def check_extra_fields(body: dict, chat: bool, vocab_size: int, max_model_len: i
         )
     if lax_int(body, "prompt_logprobs") is not None:
         raise bad("prompt_logprobs", "capsim serve returns no logprobs (its text is filler).")
-    _check_token_ids(body, "stop_token_ids", vocab_size)
-    _check_token_ids(body, "allowed_token_ids", vocab_size)
+    _check_token_ids(body, "stop_token_ids", None)  # vLLM types them, checks no range
+    _check_token_ids(body, "allowed_token_ids", vocab_size)  # vLLM: out-of-vocab is a 400
     bad_words = body.get("bad_words")
     if bad_words is not None and not (
         isinstance(bad_words, list) and all(isinstance(w, str) for w in bad_words)
@@ -103,7 +103,7 @@ def check_tokenize_fields(body: dict, chat: bool) -> None:
         check_chat_template_fields(body)
 
 
-def _check_token_ids(body: dict, key: str, vocab_size: int) -> None:
+def _check_token_ids(body: dict, key: str, vocab_size: int | None) -> None:
     ids = body.get(key)
     if ids is None:
         return
@@ -111,7 +111,7 @@ def _check_token_ids(body: dict, key: str, vocab_size: int) -> None:
         isinstance(t, int) and not isinstance(t, bool) for t in ids
     ):
         raise bad(key, f"{key} must be a list of token ids (integers).")
-    for t in ids:
+    for t in ids if vocab_size is not None else ():
         if not 0 <= t < vocab_size:
             raise bad(
                 key, f"Token id {short(t)} in {key} is out of vocabulary (0-{vocab_size - 1})."
