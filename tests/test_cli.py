@@ -834,5 +834,6 @@ def test_links_at_tp_1_are_refused_and_a_tp_1_row_is_not_repeated_per_link():
     args = ("predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1")
     r = invoke(*args, "--requests", "4", "--tp", "1,2", "--interconnect", "pcie,nvlink", "--json")
     assert r.exit_code == 0, r.output
-    tps = [row["tp"] for row in json.loads(r.stdout)["results"]]
-    assert sorted(tps) == [1, 2, 2]
+    rows = json.loads(r.stdout)["results"]
+    assert sorted(row["tp"] for row in rows) == [1, 2, 2]
+    assert [row["label"] for row in rows if row["tp"] == 1] == ["llama-3.1-8b bf16 1xh100-sxm"]

@@ -53,12 +53,8 @@ INTERCONNECT_CHOICES = ("auto", "nvlink", "pcie", "infinity-fabric", "xe-link", 
 """What --interconnect may name: auto, or a link kind of the catalog's GPU schema."""
 
 
-def choose_interconnect(gpu: GPU, tp: int, requested: str = "auto") -> Interconnect | None:
-    """The link a TP group of ``tp`` GPUs all-reduces over.
-
-    ``auto`` takes the fastest link that can join ``tp`` GPUs (a consumer NVLink bridge
-    joins only two, so TP=4 on RTX 3090s runs its ring over PCIe). None when tp == 1.
-    """
+def check_interconnect(requested: str) -> str:
+    """``requested`` if --interconnect may name it, else a user error with the kinds."""
     if requested not in INTERCONNECT_CHOICES:
         import difflib
 
@@ -67,6 +63,16 @@ def choose_interconnect(gpu: GPU, tp: int, requested: str = "auto") -> Interconn
             hint="one of " + ", ".join(INTERCONNECT_CHOICES),
             suggestions=difflib.get_close_matches(requested, INTERCONNECT_CHOICES, n=2),
         )
+    return requested
+
+
+def choose_interconnect(gpu: GPU, tp: int, requested: str = "auto") -> Interconnect | None:
+    """The link a TP group of ``tp`` GPUs all-reduces over.
+
+    ``auto`` takes the fastest link that can join ``tp`` GPUs (a consumer NVLink bridge
+    joins only two, so TP=4 on RTX 3090s runs its ring over PCIe). None when tp == 1.
+    """
+    check_interconnect(requested)
     if tp == 1:
         return None
     usable = [
