@@ -24,6 +24,7 @@ from capsim.calibration.selection import point_weights
 from capsim.catalog.loader import Catalog, engine_base
 
 CrossValidation = Literal["level", "point"]
+"""Cross-validation schemes: leave one concurrency level out, or leave one point out."""
 
 CV_TOLERANCE = 1e-3
 """Relative ftol and xtol of the refits that cross-validation runs (a level or a point left
@@ -34,7 +35,6 @@ median): RTX 4090 Mistral 165 -> 145, 21.23% -> 21.17%; InferenceX gpt-oss-120b 
 an H100 171 -> 156, 17.26% -> 17.26%. At 1e-2 the second read 121 and 16.05%: a refit
 stopped that early stays nearer where it starts, the fit on every point, which saw the
 left-out level, so the test grows kinder; not taken."""
-"""Cross-validation schemes: leave one concurrency level out, or leave one point out."""
 
 
 def group_by_class(datasets: list[PublishedDataset], catalog: Catalog) -> dict[str, list]:
