@@ -279,10 +279,27 @@ class Section(Generic[T]):
     kind: str
     entries: dict[str, T] = field(default_factory=dict)
     origin: dict[str, Path] = field(default_factory=dict)
+    # normalised name -> entry, and normalised alias or id -> entries, in entry order:
+    # made at the first lookup (every simulation's setup looks its GPU and model up)
+    _index: tuple[dict[str, T], dict[str, list[T]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def add(self, entry: T, path: Path) -> None:
         self.entries[entry.name] = entry
         self.origin[entry.name] = path
+        self._index = None
+
+    def _lookup(self) -> tuple[dict[str, T], dict[str, list[T]]]:
+        if self._index is None:
+            names: dict[str, T] = {}
+            keys: dict[str, list[T]] = {}
+            for entry in self.entries.values():
+                names.setdefault(normalise_name(entry.name), entry)
+                for key in entry_keys(entry):
+                    keys.setdefault(key, []).append(entry)
+            self._index = (names, keys)
+        return self._index
 
     def names(self) -> list[str]:
         return sorted(self.entries)
@@ -299,18 +316,17 @@ class Section(Generic[T]):
         name such as 'h100') picks the entry that lists it first among its aliases (else
         the first by name) and leaves a notice naming the alternatives."""
         key = normalise_name(name)
-        for entry in self.entries.values():
-            if normalise_name(entry.name) == key:
-                shadowed = [
-                    e.name for e in self.entries.values() if e is not entry and key in entry_keys(e)
-                ]
-                if shadowed:  # an overlay's entry named as another's alias wins the name
-                    notice(
-                        f"'{name}' is the name of {entry.name} ({self.origin[entry.name]}) and "
-                        f"an alias of {', '.join(sorted(shadowed))}: using {entry.name}"
-                    )
-                return entry
-        matches = [e for e in self.entries.values() if key in entry_keys(e)]
+        names, keys = self._lookup()
+        entry = names.get(key)
+        if entry is not None:
+            shadowed = [e.name for e in keys.get(key, []) if e is not entry]
+            if shadowed:  # an overlay's entry named as another's alias wins the name
+                notice(
+                    f"'{name}' is the name of {entry.name} ({self.origin[entry.name]}) and "
+                    f"an alias of {', '.join(sorted(shadowed))}: using {entry.name}"
+                )
+            return entry
+        matches = list(keys.get(key, []))
         if not matches:
             return None
         if len(matches) > 1:
