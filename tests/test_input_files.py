@@ -530,7 +530,7 @@ def test_a_dataset_field_predict_cannot_read_is_named_with_its_line(tmp_path, li
             "efficiency",
             "datacenter-hopper",
             ("bandwidth_efficiency: 0.83", "bandwidth_efficiency: -1"),
-            "params: bandwidth_efficiency: input should be greater than 0",
+            "params: bandwidth_efficiency: input should be greater than or equal to 0.001",
         ),
     ],
 )

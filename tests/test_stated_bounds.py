@@ -22,7 +22,7 @@ def run(args, **env):
 
 def test_an_efficiency_share_below_a_thousandth_or_a_power_exponent_past_3_is_refused():
     out = run([*PREDICT, "--set", "bandwidth_efficiency=1e-300"])
-    assert out.exit_code == 2 and "at least 0.001" in out.output, out.output
+    assert out.exit_code == 2 and "greater than or equal to 0.001" in out.output, out.output
     out = run([*PREDICT, "--power-limit", "300", "--set", "compute_power_exponent=1e7"])
     assert out.exit_code == 2 and "compute_power_exponent" in out.output, out.output
     assert "Traceback" not in out.output

@@ -439,12 +439,9 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
         EfficiencyParams().with_overrides(overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
-        if first["loc"]:  # a field's own bound
-            raise CapsimUserError(
-                f"--set {first['loc'][0]}={first['input']}: {first['msg'].lower()}"
-            ) from None
-        # a check across fields (a share below MIN_SHARE): its message names the field
-        raise CapsimUserError(f"--set: {first['msg'].removeprefix('Value error, ')}") from None
+        raise CapsimUserError(
+            f"--set {first['loc'][0]}={first['input']}: {first['msg'].lower()}"
+        ) from None
     return overrides
 
 

@@ -10,7 +10,7 @@ Groups (``EfficiencyParams.groups``) tell calibration which parameters belong to
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 EAGER_LAUNCH_SOURCES = (
     "vllm-project/vllm-omni issue 7960 (2026-09-22), Qwen2.5-Omni-7B thinker (a 28-layer "
@@ -34,9 +34,10 @@ every figure NaN or 80 digits long (bare NaN in --json, which is not JSON)."""
 
 
 MIN_SHARE = 1e-3
-"""Smallest value of an efficiency that is a share of a peak (bandwidth, FLOP/s, a link):
-0.1%, ten times below the smallest any hardware class or engine sets (0.011). A share of
-1e-300 from --set or a profile ran, and printed throughputs of 1e-298 tok/s."""
+"""Smallest value of an efficiency that is a share of a peak (bandwidth, FLOP/s, a link;
+each such field's lower bound): 0.1%, ten times below the smallest any hardware class or
+engine sets (0.011). A share of 1e-300 from --set or a profile ran, and printed
+throughputs of 1e-298 tok/s."""
 
 MAX_POWER_EXPONENT = 3.0
 """Largest exponent of the power-limit scaling: dynamic power grows about as the cube of
@@ -53,26 +54,26 @@ class EfficiencyParams(BaseModel):
     # --- memory bandwidth
     bandwidth_efficiency: float = Field(
         0.80,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of peak DRAM bandwidth dense GEMV/GEMM weight reads achieve",
     )
     moe_bandwidth_efficiency: float = Field(
         0.55,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of peak bandwidth the fused-MoE kernels achieve reading routed "
         "expert weights (many small matrices per layer, so lower than dense reads)",
     )
     kv_bandwidth_efficiency: float = Field(
         0.70,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of peak bandwidth attention kernels achieve reading KV cache",
     )
     elementwise_bandwidth_efficiency: float = Field(
         0.45,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of peak DRAM bandwidth the layers' elementwise kernels "
         "(fused add-RMSNorm, SiLU-and-multiply, rotary, MoE sums) achieve at large token "
@@ -84,14 +85,14 @@ class EfficiencyParams(BaseModel):
     # --- compute
     compute_efficiency: float = Field(
         0.60,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of dense tensor peak decode-shaped GEMMs (up to 512 rows) "
         "achieve; larger ones approach prefill_compute_efficiency",
     )
     prefill_compute_efficiency: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of dense tensor peak GEMMs of 8,192 rows or more (prefill "
         "chunks) achieve; log-linear from compute_efficiency at 512 rows. None: no more than "
@@ -110,7 +111,7 @@ class EfficiencyParams(BaseModel):
     )
     moe_compute_efficiency: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of the format's dense tensor peak that the fused-MoE grouped "
         "expert GEMMs reach once compute-bound (they gather and scatter token rows per "
@@ -120,7 +121,7 @@ class EfficiencyParams(BaseModel):
     )
     moe_compute_efficiency_8bit: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of the 8-bit (FP8/INT8) tensor peak that W8A8 experts' grouped "
         "GEMMs reach once compute-bound (the Triton fused-MoE kernel quantises each token "
@@ -130,7 +131,7 @@ class EfficiencyParams(BaseModel):
     )
     weight_only_int8_gemm_efficiency: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of the GPU's int8 tensor peak that a weight-only format's dense "
         "GEMMs reach when the engine quantises their activations to 8 bits and multiplies "
@@ -140,11 +141,11 @@ class EfficiencyParams(BaseModel):
         "own rate (moe_compute_efficiency). Set per engine and class from kernel benchmarks",
     )
     attention_compute_efficiency: float = Field(
-        0.45, gt=0, le=1, description="Fraction of tensor peak prefill attention achieves"
+        0.45, ge=MIN_SHARE, le=1, description="Fraction of tensor peak prefill attention achieves"
     )
     linear_attention_compute_efficiency: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of the 16-bit tensor peak that the chunked Gated DeltaNet "
         "prefill kernels reach (FLA's Triton chain: cumsum, KKT, triangular solve, WY, "
@@ -163,7 +164,7 @@ class EfficiencyParams(BaseModel):
     )
     linear_attention_state_bandwidth_efficiency: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Fraction of peak DRAM bandwidth at which the recurrent (decode and "
         "verify) linear-attention kernel streams each sequence's state, read once and "
@@ -172,14 +173,14 @@ class EfficiencyParams(BaseModel):
     )
     weight_only_compute_factor: float = Field(
         0.75,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Compute-rate multiplier for weight-only formats (W4A16, W8A16): "
         "dequantising in the GEMM costs ALU time when the step is compute-bound",
     )
     non_native_bandwidth_factor: float = Field(
         0.90,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Bandwidth-efficiency multiplier when a format has no native tensor-core "
         "path on this GPU and runs weight-only (e.g. FP8 through Marlin on Ampere)",
@@ -306,7 +307,7 @@ class EfficiencyParams(BaseModel):
     )
     # --- communication
     allreduce_efficiency: float = Field(
-        0.70, gt=0, le=1, description="Fraction of link bandwidth an all-reduce achieves"
+        0.70, ge=MIN_SHARE, le=1, description="Fraction of link bandwidth an all-reduce achieves"
     )
     allreduce_latency_us: float = Field(
         15.0, ge=0, description="Fixed cost of one all-reduce call (NCCL launch, sync) (us)"
@@ -346,7 +347,7 @@ class EfficiencyParams(BaseModel):
     )
     host_link_efficiency: float = Field(
         0.8,
-        gt=0,
+        ge=MIN_SHARE,
         le=1,
         description="Share of the host-to-GPU link's per-direction bandwidth that copying "
         "experts kept in system RAM reaches (llama.cpp's op offload of a prompt's ubatch). "
@@ -472,18 +473,6 @@ class EfficiencyParams(BaseModel):
         description="Parameter groups for calibration (not a physical parameter)",
     )
 
-    @model_validator(mode="after")
-    def _shares_above_the_floor(self) -> EfficiencyParams:
-        """Every share of a peak (a field in (0, 1]) is at least MIN_SHARE."""
-        for name in share_fields():
-            value = getattr(self, name)
-            if value is not None and value < MIN_SHARE:
-                raise ValueError(
-                    f"{name} is {value!r}; a share of a peak is at least {MIN_SHARE:g} "
-                    f"({MIN_SHARE:.1%}) and at most 1"
-                )
-        return self
-
     def with_overrides(self, overrides: dict[str, float]) -> EfficiencyParams:
         """A copy with some parameters replaced (validated)."""
         unknown = sorted(set(overrides) - set(type(self).model_fields) - {"groups"})
@@ -496,24 +485,3 @@ class EfficiencyParams(BaseModel):
                     f"most {MAX_EFFICIENCY_MAGNITUDE:,.0f} in its unit"
                 )
         return type(self).model_validate({**self.model_dump(), **overrides})
-
-
-def share_fields() -> tuple[str, ...]:
-    """The efficiency parameters that are shares of a peak: bounded above 0 and at most 1."""
-    return _SHARE_FIELDS
-
-
-def _shares() -> tuple[str, ...]:
-    import annotated_types as at
-
-    def bound(field, kind):
-        return [m for m in field.metadata if isinstance(m, kind)]
-
-    return tuple(
-        name
-        for name, field in EfficiencyParams.model_fields.items()
-        if bound(field, at.Gt) and any(m.le == 1 for m in bound(field, at.Le))
-    )
-
-
-_SHARE_FIELDS = _shares()
