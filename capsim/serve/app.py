@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from capsim.files import loads_json
-from capsim.serve.extra_fields import check_extra_fields, check_tokenize_fields
+from capsim.serve.extra_fields import check_extra_fields, check_token_ids, check_tokenize_fields
 from capsim.serve.live import LIMITS, LiveDeployment
 from capsim.serve.metrics import ServeMetrics
 from capsim.serve.requests import (
@@ -43,7 +43,6 @@ from capsim.serve.requests import (
     max_tokens_of,
     model_name,
     prompt_tokens_of,
-    short,
 )
 from capsim.serve.transport import ECHO_PATH, ECHO_WAIT_S, measure_round_trip, received_at
 
@@ -366,22 +365,15 @@ def create_app(
         try:
             async with request_body(request) as (body, _):
                 model_name(body, served_names)
-                tokens = body.get("tokens")
-                if not isinstance(tokens, list) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in tokens
-                ):
+                if body.get("tokens") is None:
                     raise bad("tokens", "tokens must be a list of token ids (integers).")
-                if len(tokens) > max_model_len:
+                tokens = body["tokens"]
+                if isinstance(tokens, list) and len(tokens) > max_model_len:
                     raise bad(
                         "tokens",
                         f"{len(tokens)} tokens are more than max_model_len {max_model_len}.",
                     )
-                for t in tokens:
-                    if not 0 <= t < vocab_size:
-                        raise bad(
-                            "tokens",
-                            f"Token id {short(t)} is out of vocabulary (0-{vocab_size - 1}).",
-                        )
+                check_token_ids(body, "tokens", vocab_size)
         except ApiError as exc:
             return exc.response()
         return JSONResponse({"prompt": FILLER * len(tokens)})

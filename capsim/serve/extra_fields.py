@@ -49,8 +49,8 @@ def check_extra_fields(body: dict, chat: bool, vocab_size: int, max_model_len: i
         )
     if lax_int(body, "prompt_logprobs") is not None:
         raise bad("prompt_logprobs", "capsim serve returns no logprobs (its text is filler).")
-    _check_token_ids(body, "stop_token_ids", None)  # vLLM types them, checks no range
-    _check_token_ids(body, "allowed_token_ids", vocab_size)  # vLLM: out-of-vocab is a 400
+    check_token_ids(body, "stop_token_ids", None)  # vLLM types them, checks no range
+    check_token_ids(body, "allowed_token_ids", vocab_size)  # vLLM: out-of-vocab is a 400
     bad_words = body.get("bad_words")
     if bad_words is not None and not (
         isinstance(bad_words, list) and all(isinstance(w, str) for w in bad_words)
@@ -103,7 +103,9 @@ def check_tokenize_fields(body: dict, chat: bool) -> None:
         check_chat_template_fields(body)
 
 
-def _check_token_ids(body: dict, key: str, vocab_size: int | None) -> None:
+def check_token_ids(body: dict, key: str, vocab_size: int | None) -> None:
+    """``body[key]``, if given, as a list of token ids (integers), each in the vocabulary
+    when ``vocab_size`` is given; else the 400 vLLM answers."""
     ids = body.get(key)
     if ids is None:
         return
