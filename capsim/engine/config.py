@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from capsim.engine.lengths import parse_length
+from capsim.engine.lengths import number_text, parse_length
 from capsim.engine.limits import MAX_GPUS
 from capsim.engine.router import RouterPolicy
 from capsim.engine.workloads import WorkloadKind
@@ -160,7 +160,7 @@ class PredictConfig(BaseModel):
     def _a_number_is_its_text(cls, value):
         """``input_tokens=1000`` in the Python API is the CLI's '1000' (a bool is not)."""
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(int(value)) if float(value).is_integer() else str(value)
+            return number_text(value)
         return value
 
     @field_validator("input_tokens", "output_tokens")

@@ -133,6 +133,12 @@ class LengthSpec:
         return np.maximum(self.sample(rng, n), 0.0)
 
 
+def number_text(value: int | float) -> str:
+    """A length given as a number, as its text: 1000.0 as '1000' (the digits a token count
+    is written in), 2.5 as '2.5'."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
 def parse_length(
     text: str | int | float, what: str = "length", minimum: float = 0.0, whole: bool = True
 ) -> LengthSpec:
@@ -142,7 +148,7 @@ def parse_length(
     whole numbers ('--output-tokens 1.5' ran as 2); a distribution's draws are rounded."""
     spelled = isinstance(text, str)
     if isinstance(text, int | float):
-        text = str(int(text)) if isinstance(text, float) and text.is_integer() else str(text)
+        text = number_text(text)
     raw = text.strip()
     hint = "use N, uniform:A,B, normal:MEAN,SD, lognormal:MEDIAN,SIGMA or file:PATH"
     try:
