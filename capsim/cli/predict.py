@@ -451,8 +451,9 @@ def refuse_a_router_without_replicas(ctx, configs) -> None:
             "--router applies to a server's replicas, not to --offline runs",
             hint="drop --router, or --offline",
         )
-    replicas = [c.gpus // c.tp if c.gpus else (c.dp or 1) for c in configs]
-    if max(replicas) < 2:
+    from capsim.engine.setup import replica_count
+
+    if max(replica_count(c) for c in configs) < 2:
         raise CapsimUserError(
             "--router chooses among replicas, and this deployment has one",
             hint="drop --router, or give replicas: --gpus (a multiple of --tp) or --dp",

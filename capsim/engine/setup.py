@@ -263,6 +263,12 @@ def refuse_flags_the_engine_lacks(config: PredictConfig, engine: str) -> None:
         )
 
 
+def replica_count(config: PredictConfig) -> int:
+    """The data-parallel replicas a configuration serves with: --gpus over --tp where
+    --gpus is given, else --dp (1 without either)."""
+    return config.gpus // config.tp if config.gpus is not None else (config.dp or 1)
+
+
 def build_setup(
     config: PredictConfig,
     catalog: Catalog | None = None,
@@ -282,19 +288,17 @@ def build_setup(
     gpu = cat.gpu(config.gpu)
     model = cat.model(config.model)
     tp = config.tp
+    dp = replica_count(config)
     if config.gpus is not None:
         if config.gpus % tp:
             raise CapsimUserError(
                 f"--gpus {config.gpus} is not a multiple of --tp {tp}",
                 hint="each data-parallel replica is one TP group of --tp GPUs",
             )
-        dp = config.gpus // tp
         if config.dp is not None and config.dp != dp:
             raise CapsimUserError(
                 f"--gpus {config.gpus} with --tp {tp} makes {dp} replicas, not --dp {config.dp}"
             )
-    else:
-        dp = config.dp or 1
     spec = config.spec
     # the server's max_model_len: the flag's, else the model's context (vLLM's default)
     engine = cat.engine(config.engine).for_model_len(
