@@ -966,15 +966,17 @@ def refuse_links_without_tp(
 ) -> None:
     """--interconnect and --disable-custom-all-reduce shape the TP group's all-reduces: at
     --tp 1 no GPU exchanges activations with another, and they changed nothing without a
-    word (issue 47's fourth audit: 'pcie,nvlink' gave two identical rows). A link that is
-    no kind of link, and an engine without the flag, are left to their own messages."""
+    word (issue 47's fourth audit: 'pcie,nvlink' gave two identical rows). Each listed link
+    is checked as a kind of link first, whatever the TP size; an engine without these
+    flags is left to its own message."""
     from capsim.catalog.loader import engine_base
-    from capsim.physics.communication import INTERCONNECT_CHOICES
+    from capsim.cli.predict import split_list
+    from capsim.physics.communication import check_interconnect
 
+    links = [check_interconnect(link) for link in split_list(interconnect, "--interconnect")]
     if max(tps) > 1 or engine_base(engine) not in ("vllm", "sglang"):
         return
-    links = [part.strip() for part in interconnect.split(",")]
-    if any(link != "auto" for link in links) and set(links) <= set(INTERCONNECT_CHOICES):
+    if any(link != "auto" for link in links):
         raise CapsimUserError(
             "--interconnect sets the links a tensor-parallel group's all-reduces cross; "
             "at --tp 1 there are none",

@@ -297,7 +297,6 @@ def predict_cmd(
     """Simulate N concurrent clients against a vLLM, SGLang or llama.cpp server and report
     throughput and latency per level."""
     from capsim.engine.router import ROUTER_POLICIES
-    from capsim.physics.communication import check_interconnect
 
     exclusive_outputs(json=json_out, csv=csv_out)
     drawn = objectives_from_flags(min_agent_tok_s=min_agent_tok_s, max_ttft_p90_s=max_ttft_p90)
@@ -337,8 +336,6 @@ def predict_cmd(
         tps = [int(v) for v in split_list(tp, "--tp")]
     except ValueError:
         raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
-    for link in split_list(interconnect, "--interconnect"):
-        check_interconnect(link)  # before a --tp 1 row sets its link aside
     refuse_links_without_tp(tps, interconnect, disable_custom_all_reduce, engine)
     cat, models = resolve_models(cat, split_list(model, "--model"))
     # each list once: '--model a,a' simulated the same model twice ('-c 1,1' never did)
