@@ -1,6 +1,6 @@
 """vLLM's extra request fields (its own, beside OpenAI's) as its OpenAI server types and
 checks them, so that ``capsim serve`` answers a client's mistake there with the same 400
-(issue 47's fourth audit: 'skip_special_tokens': 'x', a tool of type 'bogus' and
+(issue 47's fourth audit: 'skip_special_tokens': 'x', a response_format without a schema and
 'reasoning_effort': 'extreme' were served). capsim serve generates filler text, so the
 values change nothing once they are well formed.
 
@@ -60,7 +60,6 @@ def check_extra_fields(body: dict, chat: bool, vocab_size: int, max_model_len: i
     _check_guided(body)
     if chat:
         check_chat_template_fields(body)
-        _check_tool_shapes(body.get("tools"))
         effort = body.get("reasoning_effort")
         if effort is not None and effort not in REASONING_EFFORTS:
             raise bad(
@@ -167,20 +166,3 @@ def _check_guided(body: dict) -> None:
     grammar = body.get("guided_grammar")
     if grammar is not None and not isinstance(grammar, str):
         raise bad("guided_grammar", "guided_grammar must be a string.")
-
-
-def _check_tool_shapes(tools: Any) -> None:
-    """Each tool as vLLM's ChatCompletionToolsParam types it: type 'function' and a
-    function whose parameters, if given, are an object (the list itself is checked by
-    requests.check_tools)."""
-    if not isinstance(tools, list):
-        return
-    for tool in tools:
-        if not isinstance(tool, dict):
-            continue
-        if tool.get("type", "function") != "function":
-            raise bad("tools", f"a tool's type must be 'function', got {short(tool.get('type'))}.")
-        function = tool.get("function")
-        parameters = function.get("parameters") if isinstance(function, dict) else None
-        if parameters is not None and not isinstance(parameters, dict):
-            raise bad("tools", "a tool function's parameters must be a JSON Schema object.")

@@ -279,7 +279,8 @@ def check_sampling(body: dict, chat: bool) -> None:
 
 
 def check_tools(body: dict) -> None:
-    """Chat fields vLLM types strictly: tools, tool_choice, response_format."""
+    """Chat fields vLLM types strictly: tools and tool_choice (response_format, which
+    completions take too, is extra_fields')."""
     tools = body.get("tools")
     if tools is not None and not (
         isinstance(tools, list)
@@ -297,6 +298,12 @@ def check_tools(body: dict) -> None:
             "`tools` must not be an empty array. Either provide at least one tool or omit "
             "the field entirely.",
         )
+    for tool in tools or ():  # as vLLM's ChatCompletionToolsParam types each
+        if tool.get("type", "function") != "function":
+            raise bad("tools", f"a tool's type must be 'function', got {short(tool.get('type'))}.")
+        parameters = tool["function"].get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise bad("tools", "a tool function's parameters must be a JSON Schema object.")
     choice = body.get("tool_choice")
     if choice is not None and not (
         choice in ("none", "auto", "required") or isinstance(choice, dict)
@@ -313,12 +320,6 @@ def check_tools(body: dict) -> None:
                 f"Tool {short(name)} has not been passed in `tools` (tool_choice names a "
                 "function: {type: function, function: {name}}).",
             )
-    fmt = body.get("response_format")
-    if fmt is not None and not (
-        isinstance(fmt, dict)
-        and fmt.get("type") in ("text", "json_object", "json_schema", "structural_tag")
-    ):
-        raise bad("response_format", "response_format must be an object with a known type.")
 
 
 def check_stream(body: dict) -> tuple[bool, bool, bool]:
