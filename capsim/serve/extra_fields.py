@@ -26,8 +26,9 @@ SHARED_BOOLS = (
 )
 """Bool fields both request kinds carry."""
 
-CHAT_BOOLS = ("add_generation_prompt", "continue_final_message", "parallel_tool_calls")
-"""Bool fields of a chat request (and of a chat-form /tokenize)."""
+CHAT_BOOLS = ("parallel_tool_calls",)
+"""Bool fields of a chat request beside the chat-template ones (add_generation_prompt and
+continue_final_message: check_chat_template_fields reads those)."""
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 """Values of OpenAI's reasoning_effort, which vLLM's chat request takes."""
@@ -98,7 +99,6 @@ def check_tokenize_fields(body: dict, chat: bool) -> None:
     lax_bool(body, "add_special_tokens")
     lax_bool(body, "return_token_strs")
     if chat:
-        lax_bool(body, "add_generation_prompt", default=True)
         check_chat_template_fields(body)
 
 
