@@ -83,6 +83,10 @@ class Replica:
         # decode-step durations per token and how many sequences each served, for ITL
         self.itl = ItlLog(1) if itl is None else itl
         self.itl_slot = 0 if itl is None else itl_slot
+        # steps that ran without the decoding sequences (SGLang's prefill batches), as
+        # (seconds, sequences that waited through it): they go into those sequences' next
+        # token gap
+        self._stalls: list[tuple[float, int]] = []
         # called with this replica after every step is applied (capsim serve streams
         # tokens from it); None in batch simulations
         self.step_listener: Callable[[Replica], None] | None = None
@@ -126,10 +130,33 @@ class Replica:
             return
         advance = self.scheduler.config.decode_advance
         per_token = durations if advance == 1.0 else durations / advance
+        if self._stalls:  # the first step's gap includes the stalls
+            self._record_itl_step(float(durations[0]), sequences)
+            per_token = per_token[1:]
+            if not per_token.size:
+                return
         self.itl.add_run(self.itl_slot, per_token, sequences)
 
     def _record_itl_step(self, duration: float, sequences: int) -> None:
-        self.itl.add_step(self.itl_slot, duration / self.scheduler.config.decode_advance, sequences)
+        advance = self.scheduler.config.decode_advance
+        if self._stalls:
+            # the k-th sequence to have waited sat out every stall that k or more sat out
+            # (those that waited longest are taken to be the ones that waited at each)
+            waited = min(max(w for _, w in self._stalls), sequences)
+            for k in range(1, waited + 1):
+                extra = sum(d for d, w in self._stalls if w >= k)
+                self.itl.add_step(self.itl_slot, (duration + extra) / advance, 1)
+            sequences -= waited
+            self._stalls.clear()
+            if sequences <= 0:
+                return
+        self.itl.add_step(self.itl_slot, duration / advance, sequences)
+
+    def _note_stall(self, duration: float, waiting: int) -> None:
+        """A step of ``duration`` seconds ran while ``waiting`` decoding sequences sat it
+        out: their next token comes that much later."""
+        if waiting > 0:
+            self._stalls.append((duration, waiting))
 
     def _receive(self) -> None:
         """Hand the requests waiting on the socket to the scheduler once the interval's
@@ -207,6 +234,8 @@ class Replica:
                     logits_tokens=logits,
                     draft_context=step.decode_context() if spec and step.decoding else None,
                 )
+            # decoding sequences this step leaves out (a prefill batch of its own)
+            sat_out = sched.decoding_count - step.decoding
             applied = self.fast_forward and not sched.may_finish(step)
             weight = self._step_weight(step)
             if applied:
@@ -219,6 +248,7 @@ class Replica:
                     if self._inbox:
                         m = min(m, self._steps_to_receive(weight) - 1)
                     if m >= 1:
+                        self._note_stall(duration, sat_out)
                         yield from self._decode_run(m, duration, step.decoding, weight)
                         continue
             self.events += 1
@@ -228,6 +258,7 @@ class Replica:
             self.busy_time += duration
             if step.decoding:
                 self._record_itl_step(duration, step.decoding)
+            self._note_stall(duration, sat_out)
             finished = [] if applied else sched.complete(step, env.now)
             if self.step_listener is not None:
                 self.step_listener(self)

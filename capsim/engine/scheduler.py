@@ -139,6 +139,11 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    @property
+    def decoding_count(self) -> int:
+        """Running requests past their prompt (decoding)."""
+        return len(self.running) - self._prefilling
+
     def can_admit_more(self) -> bool:
         """Could a newly arrived request change the next step's schedule?"""
         return len(self.running) < self.config.max_num_seqs
