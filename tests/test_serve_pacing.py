@@ -21,9 +21,10 @@ CAT = load_catalog()
 DEPLOYMENT = dict(gpu="rtx3090", model="qwen3-coder-30b-a3b", quant="awq-int4")
 
 
-def live_deployment(speedup: float) -> LiveDeployment:
-    """The deployment ``capsim serve`` builds for DEPLOYMENT (cli/serve.py)."""
-    config = predict_config(**DEPLOYMENT, workload="closed", concurrency=[1], requests=1)
+def live_deployment(speedup: float, **extra) -> LiveDeployment:
+    """The deployment ``capsim serve`` builds for DEPLOYMENT (cli/serve.py), with
+    ``extra`` PredictConfig fields."""
+    config = predict_config(**DEPLOYMENT, **extra, workload="closed", concurrency=[1], requests=1)
     deployment = LiveDeployment(calibrated_setup(config, CAT), speedup)
     deployment.wake_early_s = 0.0  # the virtual clock wakes exactly
     return deployment
@@ -76,12 +77,15 @@ async def closed_loop(
     return records
 
 
-@pytest.mark.parametrize("speedup", [1.0, 10.0])
-def test_serve_paces_a_closed_loop_as_predict_simulates_it(speedup):
+@pytest.mark.parametrize(
+    ("speedup", "extra"), [(1.0, {}), (10.0, {}), (10.0, {"prefill_replicas": 1})]
+)
+def test_serve_paces_a_closed_loop_as_predict_simulates_it(speedup, extra):
     """The same closed workload through the live engine and through predict: throughput,
     TPOT and TTFT p50 within 0.01% (the same simulation, so the same figures up to float
-    rounding), at any speedup. A server that did not pace its steps, skipped the prefill or
-    the front end's latency, or scaled time wrongly, misses by 30% or more."""
+    rounding), at any speedup, disaggregated too (a prefill instance beside the replica). A
+    server that did not pace its steps, skipped the prefill or the front end's latency, or
+    scaled time wrongly, misses by 30% or more."""
     levels, requests, prompt, output = [1, 4], 12, 512, 256
     predicted = capsim.predict(
         **DEPLOYMENT,
@@ -90,6 +94,7 @@ def test_serve_paces_a_closed_loop_as_predict_simulates_it(speedup):
         output_tokens=str(output),
         requests=requests,
         catalog=CAT,
+        **extra,
         # capsim serve streams through its own front end, which a client meets for real:
         # it does not simulate the engine's API-server round (front_end.py) on top
         efficiency_overrides={"api_server_us_per_stream_chunk": 0.0},
@@ -97,7 +102,7 @@ def test_serve_paces_a_closed_loop_as_predict_simulates_it(speedup):
     for level in predicted.levels:
         c = int(level.level)
         records = run_on_virtual_clock(
-            closed_loop(live_deployment(speedup), c, requests, prompt, output)
+            closed_loop(live_deployment(speedup, **extra), c, requests, prompt, output)
         )
         assert len(records) == requests and all(r.output_tokens == output for r in records)
         served, model = level_metrics(records, c, "closed"), level.metrics

@@ -263,6 +263,14 @@ class Engine(Strict):
         "attention (DeepSeek-V2/V3/R1) as to others; False: MLA models are prefilled whole "
         "at every max_model_len, as chunked_prefill_above_model_len describes (vLLM V0)",
     )
+    disaggregation_handoff: Literal["sequential", "concurrent"] | None = Field(
+        None,
+        description="How a disaggregated deployment's router hands a request to the decode "
+        "instance: 'sequential', once the prefill instance has answered (vLLM's proxy: the "
+        "decode server's front end then adds to TTFT), or 'concurrent', to both instances "
+        "at once (SGLang's router: the decode server's front end overlaps the prefill). "
+        "None: the engine has no disaggregation",
+    )
     outputs_a_step_late: bool = Field(
         False,
         description="Whether a step's tokens reach the client only when the next step "

@@ -17,7 +17,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
-from capsim.engine.limits import MAX_ENGINE_COUNT
+from capsim.engine.limits import MAX_ENGINE_COUNT, MAX_GPUS, MAX_TP
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -329,6 +329,37 @@ HostLinkOption = Annotated[
         max=100_000,
         help="With --n-cpu-moe: GB/s per direction from host to GPU [default: the GPU's "
         "PCIe link in the catalog]",
+    ),
+]
+PrefillReplicasOption = Annotated[
+    int,
+    typer.Option(
+        "--prefill-replicas",
+        min=0,
+        max=MAX_GPUS,
+        help="Disaggregated prefill/decode: N instances of --prefill-tp GPUs only prefill "
+        "and send each prompt's KV to the --dp decode replicas (vLLM --kv-transfer-config, "
+        "SGLang --disaggregation-mode) [default: 0, not disaggregated]",
+    ),
+]
+PrefillTpOption = Annotated[
+    int | None,
+    typer.Option(
+        "--prefill-tp",
+        min=1,
+        max=MAX_TP,
+        help="With --prefill-replicas: TP size of each prefill instance [default: --tp]",
+    ),
+]
+KvTransferBandwidthOption = Annotated[
+    float | None,
+    typer.Option(
+        "--kv-transfer-bandwidth",
+        min=0.001,
+        max=100_000,
+        help="With --prefill-replicas: GB/s per GPU, one direction, that prompts' KV "
+        "crosses from prefill to decode [default: NVLink where every GPU fits in one "
+        "NVLink domain, else the GPU's PCIe link; a 400 Gb/s NIC is 50]",
     ),
 ]
 UbatchOption = Annotated[

@@ -24,11 +24,14 @@ from capsim.cli.common import (
     HostLinkOption,
     HostMemoryBandwidthOption,
     JsonOption,
+    KvTransferBandwidthOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     NCpuMoeOption,
     PowerLimitOption,
+    PrefillReplicasOption,
+    PrefillTpOption,
     SetOption,
     SpecAcceptanceOption,
     SpecOption,
@@ -473,6 +476,9 @@ def explain_cmd(
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
     host_link_bandwidth: HostLinkOption = None,
+    prefill_replicas: PrefillReplicasOption = 0,
+    prefill_tp: PrefillTpOption = None,
+    kv_transfer_bandwidth: KvTransferBandwidthOption = None,
     profile: Annotated[
         str,
         typer.Option(
@@ -568,6 +574,9 @@ def explain_cmd(
             hint=f"--prefill-context is 0 to {max(longest - chunk, 0):,} with this chunk",
         )
     prefill = sm.step(np.array([chunk]), np.array([prefill_context]))
+    transfer = explained_kv_transfer(
+        g, eng, fit, tp, sm.params, prefill_replicas, prefill_tp, kv_transfer_bandwidth
+    )
     peak = getattr(g.tensor_tflops, sm.compute_dtype)
     ridge = peak * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if peak else None
     if json_out:
@@ -599,6 +608,7 @@ def explain_cmd(
                 "frontend_s_per_request": sm.frontend_seconds(chunk),
                 "api_server_serial_s_per_request": sm.api_server_seconds(chunk),
                 "api_server_round_s_at_batch": sm.stream_round_seconds(batch),
+                "kv_transfer": kv_transfer_dict(transfer, prefill_context + chunk),
             }
         )
         return
@@ -638,6 +648,8 @@ def explain_cmd(
         ),
         highlight=False,
     )
+    if transfer is not None:
+        console.print(kv_transfer_line(transfer, prefill_context + chunk), highlight=False)
     round_s = sm.stream_round_seconds(batch)
     if round_s:
         console.print(
@@ -653,6 +665,67 @@ def explain_cmd(
             console.print(
                 f"[bold yellow]warning:[/] {escape(warning)}", markup=True, highlight=False
             )
+
+
+def explained_kv_transfer(
+    gpu, engine, fit, tp: int, params, prefill_replicas, prefill_tp, link_gb_s
+):
+    """The KV transfer explain shows with --prefill-replicas (one decode replica of --tp
+    GPUs; None without the flag; the flags predict refuses, refused alike)."""
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.disaggregated_setup import check_disaggregation_flags
+    from capsim.physics.kv_transfer import kv_transfer
+
+    config = PredictConfig(
+        gpu=gpu.name,
+        model="(explained)",
+        tp=tp,
+        engine=engine.name,
+        prefill_replicas=prefill_replicas,
+        prefill_tp=prefill_tp,
+        kv_transfer_gbs=link_gb_s,
+    )
+    check_disaggregation_flags(config, engine)
+    if not prefill_replicas:
+        return None
+    return kv_transfer(
+        gpu,
+        decode_gpu_bytes=fit.kv_bytes_per_token,
+        decode_tp=tp,
+        prefill_tp=prefill_tp or tp,
+        total_gpus=tp + prefill_replicas * (prefill_tp or tp),
+        params=params,
+        requested_gb_s=link_gb_s,
+    )
+
+
+def kv_transfer_dict(transfer, prompt_tokens: int) -> dict | None:
+    """explain --json's KV transfer terms for a prompt of ``prompt_tokens``."""
+    if transfer is None:
+        return None
+    return {
+        "prompt_tokens": prompt_tokens,
+        "busiest_gpu_bytes_per_token": transfer.busiest_bytes_per_token,
+        "link": transfer.link.name,
+        "link_gb_s": transfer.link.gb_s,
+        "efficiency": transfer.efficiency,
+        "latency_ms": transfer.latency_s * 1e3,
+        "link_ms": transfer.link_seconds(prompt_tokens) * 1e3,
+        "total_ms": transfer.seconds(prompt_tokens) * 1e3,
+    }
+
+
+def kv_transfer_line(transfer, prompt_tokens: int) -> str:
+    """explain's sentence on the KV transfer of a prompt of ``prompt_tokens``."""
+    terms = kv_transfer_dict(transfer, prompt_tokens)
+    return (
+        f"KV transfer, prefill to decode instance: {terms['total_ms']:.2f} ms for a prompt of "
+        f"{prompt_tokens:,} tokens = {terms['latency_ms']:g} ms fixed (kv_transfer_latency_ms) "
+        f"+ {prompt_tokens:,} x {terms['busiest_gpu_bytes_per_token'] / 1024:,.1f} KiB on the "
+        f"busiest GPU over {terms['link']} at {terms['link_gb_s']:g} GB/s x "
+        f"{terms['efficiency']:g} (kv_transfer_efficiency): {terms['link_ms']:.2f} ms; added "
+        "to TTFT"
+    )
 
 
 def dp_attention_row(sm) -> tuple[str, str]:

@@ -65,6 +65,7 @@ def result_dict(result: PredictResult) -> dict[str, Any]:
         "workload": result.config.workload,
         "kv_capacity_tokens": result.kv_capacity_tokens,
         "max_model_len": result.max_model_len,
+        "disaggregation": result.disaggregation,
         "notes": result.notes,
         "config": result.config.model_dump(mode="json"),
         "points": [point_dict(result, lv) for lv in result.levels],
@@ -74,7 +75,10 @@ def result_dict(result: PredictResult) -> dict[str, Any]:
 def label(result: PredictResult) -> str:
     c = result.config
     text = f"{result.model} {result.quant} {c.tp}x{result.gpu}"
-    if result.replicas > 1:
+    if c.prefill_replicas:  # disaggregated: prefill instances, then decode replicas
+        text += f" decode x{result.replicas}, prefill {c.prefill_tp or c.tp}x{result.gpu}"
+        text += f" x{c.prefill_replicas}" if c.prefill_replicas > 1 else ""
+    elif result.replicas > 1:
         text += f" x{result.replicas}"
     if c.kv_dtype != "auto":
         text += f" kv={c.kv_dtype}"

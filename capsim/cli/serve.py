@@ -19,11 +19,14 @@ from capsim.cli.common import (
     ExpertParallelOption,
     HostLinkOption,
     HostMemoryBandwidthOption,
+    KvTransferBandwidthOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     NCpuMoeOption,
     PowerLimitOption,
+    PrefillReplicasOption,
+    PrefillTpOption,
     ProfileOption,
     SpecAcceptanceOption,
     SpecOption,
@@ -85,6 +88,9 @@ def serve_cmd(
     n_cpu_moe: NCpuMoeOption = 0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
     host_link_bandwidth: HostLinkOption = None,
+    prefill_replicas: PrefillReplicasOption = 0,
+    prefill_tp: PrefillTpOption = None,
+    kv_transfer_bandwidth: KvTransferBandwidthOption = None,
     engine: EngineOption = "vllm",
     profile: ProfileOption = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
@@ -152,6 +158,9 @@ def serve_cmd(
         cpu_moe_layers=n_cpu_moe,
         host_memory_bandwidth_gbs=host_memory_bandwidth,
         host_link_gbs=host_link_bandwidth,
+        prefill_replicas=prefill_replicas,
+        prefill_tp=prefill_tp,
+        kv_transfer_gbs=kv_transfer_bandwidth,
         engine=engine,
         profile=profile,
     )
@@ -170,8 +179,15 @@ def serve_cmd(
         names = list(dict.fromkeys([setup.model.hf_id, setup.model.name, model]))
     print_notices()
     err_console.print(
-        f"capsim serve: {setup.model.name} ({setup.fmt.name}) on {setup.dp * setup.config.tp}x "
-        f"{setup.gpu.name} (TP{setup.config.tp} x {setup.dp} replicas"
+        f"capsim serve: {setup.model.name} ({setup.fmt.name}) on {setup.gpus}x "
+        f"{setup.gpu.name} (TP{setup.config.tp} x {setup.dp} "
+        + ("decode " if setup.prefill is not None else "")
+        + "replicas"
+        + (
+            f", {setup.config.prefill_replicas} prefill instance(s) of TP{setup.prefill.config.tp}"
+            if setup.prefill is not None
+            else ""
+        )
         + (
             f", data-parallel attention x{setup.config.dp_attention}"
             if setup.config.dp_attention > 1

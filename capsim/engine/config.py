@@ -8,14 +8,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capsim.engine.lengths import number_text, parse_length
-from capsim.engine.limits import MAX_GPUS
+from capsim.engine.limits import MAX_GPUS, MAX_TP
 from capsim.engine.router import RouterPolicy
 from capsim.engine.workloads import WorkloadKind
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
 from capsim.physics.speculative import SpecConfig
-
-MAX_TP = 72
-"""The widest tensor-parallel group: the largest NVLink domain (GB200 NVL72)."""
 
 MAX_REQUESTS = 10_000_000
 """The most requests one level may simulate: about a minute on this 2-core host (capsim
@@ -94,6 +91,25 @@ class PredictConfig(BaseModel):
         le=MAX_GPUS,
         description="Data-parallel attention ranks inside each TP group (SGLang's "
         "--enable-dp-attention --dp-size N); 1: plain tensor parallelism",
+    )
+    prefill_replicas: int = Field(
+        0,
+        ge=0,
+        le=MAX_GPUS,
+        description="Disaggregated prefill and decode: instances that only prefill (each a "
+        "TP group of --prefill-tp GPUs), the --dp replicas then only decode; 0: every "
+        "replica prefills and decodes its own requests",
+    )
+    prefill_tp: int | None = Field(
+        None, ge=1, le=MAX_TP, description="TP size of each prefill instance (default --tp)"
+    )
+    kv_transfer_gbs: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="Link a prompt's KV crosses from prefill to decode, GB/s per GPU per "
+        "direction (default: NVLink where every GPU fits in one NVLink domain, else the "
+        "GPU's PCIe link)",
     )
     cpu_moe_layers: int = Field(
         0,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine import periodic, request_log
 from capsim.engine.config import PredictConfig
+from capsim.engine.disaggregation import prefill_pools
 from capsim.engine.front_end import level_frontend
 from capsim.engine.lengths import parse_length
 from capsim.engine.partition import session_affine_groups
@@ -195,9 +196,14 @@ def run_replicas(
         )
         for slot, i in enumerate(indices)
     ]
+    front: list = replicas
+    pools = None
+    if setup.prefill is not None:  # disaggregated: the replicas only decode
+        pools = prefill_pools(env, setup, replicas, cfg.fast_forward)
+        front = [pools]
     router = Router(
         env,
-        replicas,
+        front,
         cfg.router,
         cfg.router_latency_s,
         cfg.router_capacity_rps,
@@ -211,7 +217,12 @@ def run_replicas(
     driver = Driver(env, router, workload, seed, log, agents, first_rid, progress)
     driver.start()
     skipper = None
-    if cfg.skip_periods and cfg.fast_forward and periodic.applies(workload, replicas, router):
+    if (
+        cfg.skip_periods
+        and cfg.fast_forward
+        and pools is None
+        and periodic.applies(workload, replicas, router)
+    ):
         skipper = periodic.PeriodSkipper(env, replicas[0], driver, router, log, itl)
         replicas[0].after_finishes = skipper.checkpoint
     for rep in replicas:
@@ -220,14 +231,19 @@ def run_replicas(
         if workload.kind == "closed":  # the first burst's arrivals (Scheduler.dry_counts_from)
             rep.scheduler.dry_counts_from = max(1, min(workload.concurrency, workload.requests))
         # as in the whole deployment, so a replica simulated apart counts the same events
-        rep.settle_every_step = driver.reacts_at_once and setup.dp > 1
+        rep.settle_every_step = driver.reacts_at_once and setup.instances > 1
+    every = replicas if pools is None else [*replicas, *pools.prefill]
+    if pools is not None:
+        for rep in pools.prefill:
+            rep.clients_react_at_once = driver.reacts_at_once
+            rep.settle_every_step = driver.reacts_at_once
     env.run()
-    for rep in replicas:
+    for rep in every:
         rep.scheduler.sync_requests()
     logged = driver.close()
     itl_values, itl_weights, itl_sketch = itl.close()
-    kvs = [rep.scheduler.kv for rep in replicas]
-    alone = replicas[0].scheduler if len(replicas) == 1 else None
+    kvs = [rep.scheduler.kv for rep in every]
+    alone = replicas[0].scheduler if len(every) == 1 else None
     return ReplicaRun(
         requests=logged.table,
         summary=logged.summary,
@@ -238,9 +254,9 @@ def run_replicas(
         query_tokens=sum(kv.query_tokens for kv in kvs),
         hit_tokens=sum(kv.hit_tokens for kv in kvs),
         peak_kv_usage=max(kv.peak_used / kv.num_blocks for kv in kvs),
-        preemptions=sum(rep.scheduler.preemptions for rep in replicas),
-        steps=sum(rep.steps for rep in replicas),
-        events=sum(rep.events for rep in replicas),
+        preemptions=sum(rep.scheduler.preemptions for rep in every),
+        steps=sum(rep.steps for rep in every),
+        events=sum(rep.events for rep in every),
         dry_at=None if alone is None else alone.dry_at,
         finish_order=None if alone is None else logged.finish_order,
         skipped_requests=0 if skipper is None else skipper.skipped_requests,
@@ -298,7 +314,7 @@ def level_runs(
     # one API server takes every replica's requests in turn: where its serial work
     # (Router api_server_s) is not zero, the replicas interact through it
     shared_api_server = takes_time(setup.step_model.api_server_seconds)
-    if partition and not shared_api_server:
+    if partition and not shared_api_server and setup.prefill is None:
         groups = session_affine_groups(
             workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
         )

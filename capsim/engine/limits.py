@@ -15,3 +15,6 @@ MAX_CONTEXT_TOKENS = 10_000_000
 """The longest prompt or output one request may have, tokens, wherever it is stated (a
 length flag or distribution, a trace record, the probe's prompt): the longest context any
 served model takes (10M, Llama 4 Scout); a server refuses what its own limit does not."""
+
+MAX_TP = 72
+"""The widest tensor-parallel group: the largest NVLink domain (GB200 NVL72)."""

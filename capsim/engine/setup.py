@@ -11,12 +11,18 @@ from capsim.catalog.loader import Catalog, load_catalog
 from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
 from capsim.engine.config import PredictConfig
+from capsim.engine.disaggregated_setup import (
+    check_disaggregation_flags,
+    decode_replicas,
+    with_prefill_pool,
+)
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.errors import CapsimUserError
 from capsim.physics.deployment import Deployment, default_efficiency
 from capsim.physics.drafter_memory import drafter_for
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
+from capsim.physics.kv_transfer import KVTransfer
 from capsim.physics.memory import (
     MemoryFit,
     auto_format,
@@ -47,6 +53,24 @@ class Setup:
     profile: object = None  # the calibration Profile applied, if any
     base_params: EfficiencyParams | None = None  # before overrides: what a worker is given
     engine_generation: str | None = None  # the older release's generation simulated, if any
+    # disaggregated prefill (config.prefill_replicas > 0): the prefill instances' own
+    # deployment, and the KV transfer from them to the decode replicas (dp of them)
+    prefill: Setup | None = None
+    kv_transfer: KVTransfer | None = None
+    kv_transfer_handoff: str | None = None  # Engine.disaggregation_handoff
+
+    @property
+    def instances(self) -> int:
+        """Engine instances that run steps: the replicas, and the prefill instances."""
+        return self.dp + (self.config.prefill_replicas if self.prefill is not None else 0)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole deployment."""
+        gpus = self.dp * self.config.tp
+        if self.prefill is not None:
+            gpus += self.config.prefill_replicas * self.prefill.config.tp
+        return gpus
 
 
 def resolve_format(
@@ -265,7 +289,9 @@ def refuse_flags_the_engine_lacks(config: PredictConfig, engine: str) -> None:
 
 def replica_count(config: PredictConfig) -> int:
     """The data-parallel replicas a configuration serves with: --gpus over --tp where
-    --gpus is given, else --dp (1 without either)."""
+    --gpus is given, else --dp (1 without either); disaggregated, its decode replicas."""
+    if config.prefill_replicas:
+        return decode_replicas(config)
     return config.gpus // config.tp if config.gpus is not None else (config.dp or 1)
 
 
@@ -290,14 +316,15 @@ def build_setup(
     tp = config.tp
     dp = replica_count(config)
     if config.gpus is not None:
-        if config.gpus % tp:
+        if config.gpus % tp and not config.prefill_replicas:
             raise CapsimUserError(
                 f"--gpus {config.gpus} is not a multiple of --tp {tp}",
                 hint="each data-parallel replica is one TP group of --tp GPUs",
             )
         if config.dp is not None and config.dp != dp:
             raise CapsimUserError(
-                f"--gpus {config.gpus} with --tp {tp} makes {dp} replicas, not --dp {config.dp}"
+                f"--gpus {config.gpus} with --tp {tp} makes {dp} "
+                f"{'decode ' if config.prefill_replicas else ''}replicas, not --dp {config.dp}"
             )
     spec = config.spec
     # the server's max_model_len: the flag's, else the model's context (vLLM's default)
@@ -305,6 +332,7 @@ def build_setup(
         config.max_model_len or model.max_position_embeddings, mla=model.mla is not None
     )
     refuse_flags_the_engine_lacks(config, engine.name)
+    check_disaggregation_flags(config, engine)
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
@@ -400,7 +428,7 @@ def build_setup(
         ),
     )
     max_len = config.max_model_len or fit.max_model_len
-    return Setup(
+    setup = Setup(
         config,
         gpu,
         model,
@@ -416,6 +444,7 @@ def build_setup(
         base_params,
         engine.generation,
     )
+    return with_prefill_pool(setup, cat, base_params)
 
 
 def measured_setup(

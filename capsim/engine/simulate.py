@@ -56,6 +56,12 @@ class PredictResult(BaseModel):
     kv_capacity_tokens: int
     max_model_len: int
     levels: list[LevelResult]
+    disaggregation: dict | None = Field(
+        None,
+        description="Disaggregated prefill (--prefill-replicas): the prefill instances, "
+        "their KV cache (tokens each), the link prompts' KV crosses (GB/s per GPU, one "
+        "direction) and a transfer's time (ms per 1,000 prompt tokens, and fixed ms)",
+    )
     notes: list[str] = Field(
         default_factory=list,
         description="What the reader should know about how far to trust these figures",
@@ -349,7 +355,7 @@ def predict(
     jobs = resolve_workers(workers, len(workloads), total_requests)
     cfg = setup.config
     shared = reuse_saturated and all(
-        shares_service(w, setup.dp, cfg.router_latency_s, cfg.router_capacity_rps)
+        shares_service(w, setup.instances, cfg.router_latency_s, cfg.router_capacity_rps)
         for w in workloads
     )
     reruns, moves, sampled = None, [], []
@@ -443,12 +449,51 @@ def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResul
         kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
         max_model_len=setup.max_model_len,
         levels=results,
+        disaggregation=disaggregation_facts(setup),
         notes=[
             n
-            for n in (generation_note(setup), launch_bound_note(setup), state_cap_note(setup))
+            for n in (
+                generation_note(setup),
+                launch_bound_note(setup),
+                state_cap_note(setup),
+                disaggregation_note(setup),
+            )
             if n
         ]
         + profile_warnings(setup.profile),
+    )
+
+
+def disaggregation_facts(setup: Setup) -> dict | None:
+    """The prefill pool and KV transfer of a disaggregated deployment (None otherwise)."""
+    if setup.prefill is None:
+        return None
+    transfer = setup.kv_transfer
+    return {
+        "prefill_instances": setup.config.prefill_replicas,
+        "prefill_tp": setup.prefill.config.tp,
+        "prefill_kv_capacity_tokens": setup.prefill.num_blocks * BLOCK_SIZE_TOKENS,
+        "decode_replicas": setup.dp,
+        "kv_link": transfer.link.name,
+        "kv_link_gb_s": transfer.link.gb_s,
+        "kv_transfer_efficiency": transfer.efficiency,
+        "kv_transfer_ms_per_1k_tokens": transfer.seconds_per_token * 1e6,
+        "kv_transfer_latency_ms": transfer.latency_s * 1e3,
+    }
+
+
+def disaggregation_note(setup: Setup) -> str | None:
+    """What a disaggregated prediction assumes about the KV transfer."""
+    facts = disaggregation_facts(setup)
+    if facts is None:
+        return None
+    return (
+        f"disaggregated: {facts['prefill_instances']} prefill instance(s) of TP "
+        f"{facts['prefill_tp']} hand each prompt's KV to {facts['decode_replicas']} decode "
+        f"replica(s) over {facts['kv_link']} ({facts['kv_link_gb_s']:g} GB/s x "
+        f"{facts['kv_transfer_efficiency']:g}): "
+        f"{facts['kv_transfer_ms_per_1k_tokens']:.2f} ms per 1,000 prompt tokens + "
+        f"{facts['kv_transfer_latency_ms']:g} ms; --kv-transfer-bandwidth sets the link"
     )
 
 

@@ -354,6 +354,38 @@ class EfficiencyParams(BaseModel):
         "Engineering prior (pinned copies over PCIe 4.0 x16 reach about 25 of 31.5 GB/s); "
         "calibration decides",
     )
+    # --- disaggregated prefill and decode (physics/kv_transfer.py)
+    kv_transfer_efficiency: float = Field(
+        0.75,
+        ge=MIN_SHARE,
+        le=1,
+        description="Share of the link's per-direction bandwidth that moving a prompt's KV "
+        "from a prefill to a decode instance over RDMA (a NIC, or the PCIe link given as "
+        "one) reaches. Prior: Mooncake's vLLM 1P1D runs (Qwen3-8B, H800, 8x ConnectX-7 RoCE) "
+        "move 32,768 tokens' KV at '142.25' GB/s, '71.1%' of 200 GB/s, and its SGLang runs "
+        "(H20-3e) at 164.3 GB/s, '82.2% bandwidth utilization'; NIXL over UCX reaches '85% "
+        "of NIC line rate' (ai-dynamo/nixl PR 1647). Their middle",
+    )
+    kv_transfer_nvlink_efficiency: float = Field(
+        0.11,
+        ge=MIN_SHARE,
+        le=1,
+        description="The same share over NVLink inside one server, where a transfer is "
+        "bound by its many small pages (a 16-token block of one layer is tens of KiB), not "
+        "by the link. Prior: LMCache's PD benchmark post (2025-04-29): 'Dynamo's delay to "
+        "transfer the KV cache of a 7500-token input through NVLink - 20ms, if page size is "
+        "16 tokens - 8ms, if page size is 128 tokens' (Llama-3.1-8B, 983 MB: 49 GB/s of an "
+        "H100's 450 at vLLM's default 16-token blocks)",
+    )
+    kv_transfer_latency_ms: float = Field(
+        1.0,
+        ge=0,
+        description="Fixed cost of one request's KV transfer (ms): the transfer's setup and "
+        "the decode side's notice that it is done. Prior: the intercepts of transfer time "
+        "against size in Mooncake's 1P1D tables, about 0.5 ms (vLLM, H800) and 1.7 ms "
+        "(SGLang, H20-3e). The decode server's own front end (frontend_request_ms and "
+        "tokenizing the prompt again) is added apart",
+    )
     # --- front end (API server, tokenizer, streaming)
     frontend_request_ms: float = Field(
         10.0,
@@ -466,6 +498,11 @@ class EfficiencyParams(BaseModel):
                 "two_shot_allreduce_latency_us",
                 "hop_latency_nvlink_us",
                 "hop_latency_pcie_us",
+            ],
+            "disaggregation": [
+                "kv_transfer_efficiency",
+                "kv_transfer_nvlink_efficiency",
+                "kv_transfer_latency_ms",
             ],
             "power": ["compute_power_exponent", "bandwidth_power_exponent"],
             "speculation": ["drafter_layer_cost", "ngram_lookup_us"],

@@ -281,11 +281,25 @@ def per_replica_share(config: PredictConfig, dp: int) -> int:
     return dp if dp > MAX_JOINT_REPLICAS and plain else 1
 
 
-def _more_replicas(dp: int, tp: int) -> str:
+def _more_replicas(dp: int, tp: int, setup=None) -> str:
     """The change that doubles the replicas ('another replica' from one, 'N more replicas'
-    from N), with the --gpus that gives it."""
-    what = "another replica" if dp == 1 else f"{dp} more replicas"
-    return f"{what} (--gpus {2 * dp * tp})"
+    from N), with the --gpus that gives it; of a disaggregated ``setup``, its decode
+    replicas (--gpus counts its prefill instances' GPUs too)."""
+    kind = "decode " if setup is not None and setup.prefill is not None else ""
+    what = f"another {kind}replica" if dp == 1 else f"{dp} more {kind}replicas"
+    gpus = 2 * dp * tp if not kind else setup.gpus + dp * tp
+    return f"{what} (--gpus {gpus})"
+
+
+def _another_prefill_instance(setup, config: PredictConfig) -> tuple[str, dict]:
+    """A disaggregated deployment's change that adds a prefill instance (label, update)."""
+    more = config.prefill_replicas + 1
+    update: dict = {"prefill_replicas": more}
+    gpus = ""
+    if config.gpus is not None:
+        update["gpus"] = config.gpus + setup.prefill.config.tp
+        gpus = f", --gpus {update['gpus']}"
+    return f"another prefill instance (--prefill-replicas {more}{gpus})", update
 
 
 def _limiter(setup, point: CapacityPoint, engine_seqs: int) -> str:
@@ -316,7 +330,7 @@ def _suggestions(limiter: str, setup, config: PredictConfig, catalog: Catalog) -
         if config.kv_dtype == "auto":
             out.append("--kv-dtype fp8 holds twice the tokens in the same memory")
         out.append("a smaller weight format leaves more memory for the KV cache")
-        out.append(f"another GPU (--gpus {2 * setup.dp * config.tp}) adds a replica's cache")
+        out.append(f"{_more_replicas(setup.dp, config.tp, setup)} adds a replica's cache")
     elif limiter == "max_num_seqs":
         out.append("raise --max-num-seqs: the engine queues agents beyond it")
     elif limiter == "recurrent-state pool":
@@ -342,9 +356,9 @@ def _suggestions(limiter: str, setup, config: PredictConfig, catalog: Catalog) -
                 else ""
             )
         )
-        out.append(f"{_more_replicas(setup.dp, config.tp)} adds a state pool")
+        out.append(f"{_more_replicas(setup.dp, config.tp, setup)} adds a state pool")
     elif limiter in ("memory bandwidth", "compute"):
-        out.append(f"{_more_replicas(setup.dp, config.tp)} doubles the {limiter}")
+        out.append(f"{_more_replicas(setup.dp, config.tp, setup)} doubles the {limiter}")
         if limiter == "memory bandwidth" and setup.fmt.bits_per_weight > 5:
             out.append("a 4-bit weight format reads fewer bytes per step")
         out.append("a GPU with more " + ("bandwidth" if limiter != "compute" else "TFLOPS"))
@@ -381,6 +395,10 @@ def _ttft_cause(
     # searched, doubling its replicas is doubling the deployment's)
     label = _more_replicas(shown_replicas or setup.dp, config.tp)
     replica = (label, {"gpus": 2 * gpus, "dp": None})
+    if setup.prefill is not None:  # disaggregated: first tokens wait for the prefill pool
+        replica = _another_prefill_instance(setup, config)
+    # a disaggregated prefill instance runs no decodes beside its prompts
+    beside = " beside its decodes" if setup.prefill is None else " on each prefill instance"
     changes: list[tuple[str, dict]] = []
     queued = point.queueing_mean_s / point.ttft_mean_s if point.ttft_mean_s > 0 else 0.0
     if queued >= QUEUED_SHARE and limiter == "KV cache":
@@ -409,7 +427,7 @@ def _ttft_cause(
         cause = (
             f"arrivals queue for the prefill token budget ({queued:.0%} of the mean "
             f"{point.ttft_mean_s:.2f} s to first token is spent waiting; the engine "
-            f"prefills at most {budget:,} tokens a step beside its decodes)"
+            f"prefills at most {budget:,} tokens a step{beside})"
         )
         changes.append(
             (
@@ -423,7 +441,7 @@ def _ttft_cause(
             f"prompts that arrive together share the prefill steps (a wave: the mean first "
             f"token takes {point.ttft_mean_s:.2f} s against {lone:.2f} s for one agent "
             f"alone, {queued:.0%} of it waiting to be scheduled; the engine prefills at most "
-            f"{budget:,} tokens a step beside its decodes)"
+            f"{budget:,} tokens a step{beside})"
         )
         changes.append(
             (

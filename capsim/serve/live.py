@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from capsim.engine.disaggregation import prefill_pools
 from capsim.engine.replica import Replica
 from capsim.engine.request import DONE, SimRequest
 from capsim.engine.router import Router
@@ -97,9 +98,15 @@ class LiveDeployment:
             replica.clients_react_at_once = False
             replica.step_listener = self._after_step
             replica.scheduler.on_finish = self._finished.append
+        front = self.replicas
+        if setup.prefill is not None:  # disaggregated: the replicas only decode
+            pools = prefill_pools(self.env, setup, self.replicas, fast_forward=False)
+            for replica in pools.prefill:
+                replica.clients_react_at_once = False
+            front = [pools]
         self.router = Router(
             self.env,
-            self.replicas,
+            front,
             cfg.router if setup.dp > 1 else "round_robin",
             cfg.router_latency_s if setup.dp > 1 else 0.0,
             cfg.router_capacity_rps if setup.dp > 1 else None,
