@@ -210,6 +210,14 @@ def plan_cmd(
             "not at the prediction",
         ),
     ] = False,
+    disaggregation: Annotated[
+        bool,
+        typer.Option(
+            "--disaggregation",
+            help="Also try each deployment of 2+ replicas split into prefill and decode "
+            "instances (a quarter, half and three quarters of its replicas prefilling)",
+        ),
+    ] = False,
     power_limits: Annotated[
         str,
         typer.Option(
@@ -315,6 +323,7 @@ def plan_cmd(
         router_latency_s=router_latency_ms / 1e3,
         router_capacity_rps=router_capacity_rps,
         pessimistic=pessimistic,
+        disaggregation=disaggregation,
         cost=CostModel(
             years=years,
             kwh_price_usd=kwh_price,
@@ -367,6 +376,7 @@ def show_plan(items, pruned, req, cat, agents, rank, top, json_out, plot_path, s
                         "quant": e.candidate.quant,
                         "kv_dtype": e.candidate.kv_dtype,
                         "expert_parallel": e.candidate.expert_parallel,
+                        "prefill_replicas": e.candidate.prefill_replicas,
                         "spec": e.candidate.spec.model_dump() if e.candidate.spec else None,
                         "interconnect": e.candidate.interconnect,
                         "power_limit_w": e.candidate.power_limit_w,

@@ -15,6 +15,7 @@ and the same code path as ``capsim predict``, so a plan's figures are ``predict`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
@@ -69,6 +70,9 @@ class PlanRequest:
     pessimistic: bool = False
     """Check the SLOs at the pessimistic edge of each figure's 80% band, not at the
     prediction."""
+    disaggregation: bool = False
+    """Also try each deployment of two or more replicas split into prefill and decode
+    instances (PREFILL_SHARES of its replicas prefill)."""
 
     def __post_init__(self) -> None:
         from capsim.engine.limits import MAX_CONCURRENCY
@@ -104,11 +108,18 @@ class Candidate:
     max_num_seqs: int | None = None
     # MoE at TP > 1: experts split whole over the TP group (--enable-expert-parallel)
     expert_parallel: bool = False
+    # disaggregated: this many of the replicas only prefill (--prefill-replicas)
+    prefill_replicas: int = 0
+
+    @property
+    def replicas(self) -> int:
+        """TP groups over all nodes."""
+        return self.nodes * (self.count // self.tp)
 
     @property
     def dp(self) -> int:
-        """Replicas over all nodes."""
-        return self.nodes * (self.count // self.tp)
+        """Replicas over all nodes that decode (all of them unless disaggregated)."""
+        return self.replicas - self.prefill_replicas
 
     @property
     def total_gpus(self) -> int:
@@ -127,6 +138,7 @@ class Candidate:
             power_limit_w=self.power_limit_w,
             max_num_seqs=self.max_num_seqs,
             expert_parallel=self.expert_parallel,
+            prefill_replicas=self.prefill_replicas,
             workload="closed",
             concurrency=[req.agents],
             requests=req.requests or steady_requests(req.agents),
@@ -149,6 +161,8 @@ class Candidate:
             text += f" {self.spec.method}:{self.spec.num_tokens}"
         if self.expert_parallel:
             text += " EP"
+        if self.prefill_replicas:
+            text += f" PD {self.prefill_replicas}P:{self.dp}D"
         if self.tp > 1 and self.interconnect != "auto":
             text += f" over {self.interconnect}"
         if self.power_limit_w is not None:
@@ -269,23 +283,32 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                         if not fit.fits:
                             pruned += 1
                             continue
-                        out.append(
-                            Candidate(
-                                gpu.name,
-                                count,
-                                tp,
-                                model.name,
-                                quant,
-                                kv,
-                                spec,
-                                link,
-                                watts,
-                                nodes,
-                                seqs,
-                                ep,
-                            )
+                        candidate = Candidate(
+                            gpu.name, count, tp, model.name, quant, kv, spec, link, watts
                         )
+                        candidate.nodes, candidate.max_num_seqs = nodes, seqs
+                        candidate.expert_parallel = ep
+                        out.append(candidate)
+                        if req.disaggregation:
+                            out += [
+                                dataclasses.replace(candidate, prefill_replicas=p)
+                                for p in prefill_splits(candidate.replicas)
+                            ]
     return out, pruned
+
+
+PREFILL_SHARES = (0.25, 0.5, 0.75)
+"""Shares of a deployment's replicas a plan with --disaggregation tries as prefill
+instances (at least one prefill and one decode replica): llm-d's guide runs 8 of 10
+instances as prefill for 5,000-token prompts and 250-token outputs, Mooncake's and SGLang's
+1P1D examples half, so the right ratio follows the workload's prompt and output lengths."""
+
+
+def prefill_splits(replicas: int) -> list[int]:
+    """Prefill instances to try out of ``replicas`` (none below two replicas)."""
+    if replicas < 2:
+        return []
+    return sorted({min(max(round(replicas * share), 1), replicas - 1) for share in PREFILL_SHARES})
 
 
 def usable_interconnects(gpu, tp: int) -> list[str]:

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from capsim.planner.search import Candidate, Evaluated
 
 
+NIXL_KV_TRANSFER_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+"""vLLM's --kv-transfer-config for a P/D server of either role with NIXL, as vLLM's NIXL
+examples and llm-d's P/D guides pass it to both the prefill and the decode servers."""
+
+
 def effective_max_num_seqs(c: Candidate, cat: Catalog) -> int:
     """The max_num_seqs the engine simulated for a candidate (vLLM's default if unset)."""
     return c.max_num_seqs or vllm_default_batch_limits(cat.gpu(c.gpu))[1]
@@ -68,6 +73,8 @@ def vllm_serve_command(
         parts.append(f"--kv-cache-dtype {c.kv_dtype}")
     if c.expert_parallel:
         parts.append("--enable-expert-parallel")
+    if c.prefill_replicas:
+        parts.append(f"--kv-transfer-config '{NIXL_KV_TRANSFER_CONFIG}'")
     if c.spec is not None:
         parts.append(
             '--speculative-config \'{"method": "mtp", "num_speculative_tokens": '
@@ -81,7 +88,12 @@ def vllm_serve_command(
         notes.append(f"nvidia-smi -pl {c.power_limit_w:.0f} on each GPU")
     if c.quant not in ("bf16", "fp16", "fp8") and not in_format:
         notes.append(f"needs a checkpoint of this model in {c.quant}")
-    if c.nodes > 1:
+    if c.prefill_replicas:
+        notes.append(
+            f"{c.prefill_replicas} prefill and {c.dp} decode servers of this line behind a "
+            "P/D proxy (vLLM's toy_proxy_server.py, llm-d or Dynamo)"
+        )
+    elif c.nodes > 1:
         notes.append(
             f"{c.nodes} nodes, {c.count // c.tp} replicas each ({c.dp} in all) behind a router"
         )
