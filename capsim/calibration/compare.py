@@ -120,7 +120,11 @@ def _scenario_config(ds, sc, levels, output, flags, dp_attention, overrides) -> 
         interconnect=sc.interconnect,
         kv_dtype=sc.kv_dtype,
         workload=w.kind,
-        concurrency=levels,
+        # an open workload's levels are its arrival rates
+        concurrency=[1] if w.kind == "open" else levels,
+        rates=[float(level) for level in levels] if w.kind == "open" else [],
+        arrival=w.arrival,
+        gamma_cv=w.gamma_cv if w.gamma_cv is not None else 2.0,
         requests=w.requests_per_level,
         batch_rounds=max(w.rounds_per_level or 1, EXPECTED_VALUE_ROUNDS),
         input_tokens=sc.input_tokens or w.input_tokens,
@@ -159,6 +163,9 @@ def _scenario_config(ds, sc, levels, output, flags, dp_attention, overrides) -> 
             int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
         ),
         max_model_len=int(flags["max_model_len"]) if "max_model_len" in flags else None,
+        prefill_replicas=int(flags.get("prefill_replicas", 0)),
+        prefill_tp=int(flags["prefill_tp"]) if "prefill_tp" in flags else None,
+        kv_transfer_gbs=float(flags["kv_transfer_gbs"]) if "kv_transfer_gbs" in flags else None,
         kv_capacity_tokens=sc.kv_capacity_tokens,
         seed=0,
         profile="none",

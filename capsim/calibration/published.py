@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Container
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,7 @@ from capsim.catalog.loader import format_validation_error, load_yaml_text
 from capsim.catalog.schemas import Source
 from capsim.engine.lengths import length_field
 from capsim.engine.limits import MAX_CONTEXT_TOKENS, MAX_ENGINE_COUNT, MAX_GPUS
+from capsim.engine.workloads import GAMMA_CV_RANGE
 from capsim.errors import CapsimUserError, close_matches
 
 POINT_METRICS = (
@@ -68,7 +69,12 @@ class Strict(BaseModel):
 
 
 class MeasuredPoint(Strict):
-    concurrency: int = Field(ge=1, le=100_000)  # predict's -c limit
+    concurrency: int = Field(
+        ge=1,
+        le=100_000,  # predict's -c limit
+        description="The load level: clients of a closed loop, or an open workload's "
+        "arrival rate (requests per second, a whole number)",
+    )
     metric: str
     value: float = Field(ge=MIN_MEASURED, le=1e12, allow_inf_nan=False)
     statistic: str = Field(
@@ -109,6 +115,9 @@ SCENARIO_FLAGS: dict[str, type] = {
     "scheduler_recv_interval": int,
     "enable_mixed_chunk": bool,
     "schedule_conservativeness": float,
+    "prefill_replicas": int,
+    "prefill_tp": int,
+    "kv_transfer_gbs": float,
 }
 """The server flags a scenario may record, as compare.scenario_config applies them, and the
 kind of value each takes (a flag capsim does not simulate was dropped without a word, and
@@ -214,6 +223,15 @@ class WorkloadDescription(Strict):
     requests_per_level: int | None = Field(None, ge=1, le=10_000_000)
     input_tokens: str
     output_tokens: str | None = None
+    arrival: Literal["poisson", "gamma"] = Field(
+        "poisson", description="An open workload's arrivals (as --arrival)"
+    )
+    gamma_cv: float | None = Field(
+        None,
+        ge=GAMMA_CV_RANGE[0],
+        le=GAMMA_CV_RANGE[1],
+        description="With arrival gamma: the gaps' coefficient of variation (as --gamma-cv)",
+    )
     quotes: list[str] = Field(default_factory=list)
     unknowns: dict[str, str] = Field(default_factory=dict)
 
