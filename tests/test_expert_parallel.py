@@ -4,6 +4,7 @@ busiest GPU's reads and pairs, and the combinations that are refused."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -171,3 +172,48 @@ def test_a_faster_interconnect_never_slows_expert_parallelism(
         return sm.step(tokens, contexts).t_total
 
     assert step_time("nvlink") <= step_time("pcie") * (1 + 1e-12)
+
+
+def test_vllms_data_parallelism_with_expert_parallelism_is_one_ep_group_of_attention_ranks():
+    """vLLM's --data-parallel-size N --enable-expert-parallel on an MoE: one expert-parallel
+    group of tp x N GPUs ("the expert parallel size is TP x DP") whose attention runs in N
+    ranks, each with its own KV cache: simulated as SGLang's --tp 8 --dp 8
+    --enable-dp-attention with EP, so DeepSeek-R1 on 8 H200s fits (TP1 alone cannot) and
+    holds a copy of the latent cache a rank, not a GPU. A dense model keeps --dp as
+    replicas."""
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+
+    base = dict(gpu="h200", model="deepseek-r1", profile="none")
+    vllm = build_setup(PredictConfig(**base, dp=8, expert_parallel=True), CAT)
+    tensor_parallel = build_setup(PredictConfig(**base, tp=8), CAT)
+    assert (vllm.config.tp, vllm.config.dp_attention, vllm.dp) == (8, 8, 1)
+    # MLA's latent cache: one copy a rank, not one a GPU of the TP group
+    assert vllm.num_blocks > 6 * tensor_parallel.num_blocks
+    halves = build_setup(PredictConfig(**base, tp=4, dp=2, expert_parallel=True), CAT)
+    assert (halves.config.tp, halves.config.dp_attention) == (8, 2)
+    dense = build_setup(
+        PredictConfig(gpu="h100-sxm", model="llama-3.1-8b", dp=2, profile="none"), CAT
+    )
+    assert (dense.config.tp, dense.dp) == (1, 2)
+    r = CliRunner().invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h200",
+            "--model",
+            "deepseek-r1",
+            "--data-parallel-size",
+            "8",
+            "--enable-expert-parallel",
+            "-c",
+            "4",
+            "--requests",
+            "8",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)["results"][0]
+    assert result["tp"] == 8 and "dp-attention 8 EP" in result["label"]

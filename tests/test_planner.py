@@ -466,15 +466,28 @@ def test_plan_tries_only_formats_a_checkpoint_exists_in():
     assert serve_repo(coder, "awq-int4") == ("QuantTrio/Qwen3-Coder-30B-A3B-Instruct-AWQ", True)
 
 
-def test_plan_searches_expert_parallelism_for_moe_at_tp_above_1():
-    """Issue 49: an MoE at TP > 1 is tried with its experts sliced (TP) and split whole
-    (EP); a dense model, or TP 1, only as it is; the winner's line carries the flag."""
+def test_plan_searches_expert_parallelism_for_moe_on_two_gpus_or_more():
+    """Issue 49: an MoE on a box of two GPUs or more is tried with its experts sliced (TP)
+    and split whole over every GPU of the box (EP: within the TP group, or with vLLM's data
+    parallelism over its ranks); a dense model, or one GPU, only as it is; the winner's
+    line carries the flags."""
     req = PlanRequest(
         models=("qwen3-30b-a3b", "llama-3.1-8b"), agents=4, gpus=("h100-sxm",), gpu_counts=(1, 2)
     )
     candidates, _ = enumerate_candidates(req, CAT)
     ep = [c for c in candidates if c.expert_parallel]
-    assert ep and all(c.model == "qwen3-30b-a3b" and c.tp > 1 for c in ep)
+    assert ep and all(c.model == "qwen3-30b-a3b" and c.count == 2 for c in ep)
+    data_parallel = [c for c in ep if c.tp == 1]
+    assert data_parallel and all(c.dp == 2 for c in data_parallel)
+    line = vllm_serve_command(data_parallel[0], "Org/Model", 64)
+    assert "--data-parallel-size 2 --enable-expert-parallel" in line and "replicas" not in line
+    assert "DP2+EP2" in data_parallel[0].label()
+    config = data_parallel[0].config(req)
+    from capsim.engine.setup import build_setup
+
+    setup = build_setup(config, CAT)  # one EP group of both GPUs, attention in two ranks
+    assert (setup.config.tp, setup.config.dp_attention, setup.dp) == (2, 2, 1)
+    ep = [c for c in ep if c.tp > 1]
     twins = {(c.model, c.tp, c.quant, c.kv_dtype, c.spec, c.interconnect) for c in ep}
     plain = {
         (c.model, c.tp, c.quant, c.kv_dtype, c.spec, c.interconnect)

@@ -190,13 +190,14 @@ def engine_fit_options(
             f"not {engine.name}'s",
             hint="add --engine llama.cpp (vLLM's --cpu-offload-gb is not modelled yet)",
         )
-    if options.get("dp_attention", 1) > 1 and engine.name != "sglang":
+    vllm_dp_ep = engine.name == "vllm" and options.get("expert_parallel")
+    if options.get("dp_attention", 1) > 1 and engine.name != "sglang" and not vllm_dp_ep:
         raise CapsimUserError(
             f"--enable-dp-attention is SGLang's (attention data-parallel inside the TP "
             f"group), not {engine.name}'s",
             hint="add --engine sglang"
             + (
-                " (vLLM's --data-parallel-size with --enable-expert-parallel is not modelled yet)"
+                " (vLLM's own is --data-parallel-size N with --enable-expert-parallel)"
                 if engine.name == "vllm"
                 else ""
             ),
@@ -208,6 +209,7 @@ def engine_fit_options(
             options.get("max_num_seqs") or row.max_num_seqs,
             given_seqs=options.get("max_num_seqs") is not None,
         )
+    options.pop("expert_parallel", None)
     utilization = options.pop("gpu_memory_utilization", None)
     pool = engine.state_pool
     slots = pool.slots_per_sequence
@@ -287,6 +289,24 @@ def refuse_flags_the_engine_lacks(config: PredictConfig, engine: str) -> None:
         )
 
 
+def vllm_data_parallel_experts(config: PredictConfig, model: Model, engine: str) -> PredictConfig:
+    """vLLM's --data-parallel-size N with --enable-expert-parallel on an MoE model: one
+    expert-parallel group of tp x N GPUs whose attention runs in N data-parallel ranks of
+    --tp GPUs (vLLM: "the expert parallel size is TP x DP"; each DP rank has its own
+    scheduler and KV cache), simulated as data-parallel attention inside a TP group of tp x
+    N GPUs. Other configurations come back as they are."""
+    if engine != "vllm" or not config.expert_parallel or model.moe is None:
+        return config
+    if config.dp_attention > 1 or config.prefill_replicas:
+        return config
+    ranks = replica_count(config)
+    if ranks < 2:
+        return config
+    return config.model_copy(
+        update={"tp": config.tp * ranks, "dp_attention": ranks, "dp": None, "gpus": None}
+    )
+
+
 def replica_count(config: PredictConfig) -> int:
     """The data-parallel replicas a configuration serves with: --gpus over --tp where
     --gpus is given, else --dp (1 without either); disaggregated, its decode replicas."""
@@ -313,6 +333,7 @@ def build_setup(
         config = config.model_copy(update={"model": resolved[0].name})
     gpu = cat.gpu(config.gpu)
     model = cat.model(config.model)
+    config = vllm_data_parallel_experts(config, model, cat.engine(config.engine).name)
     tp = config.tp
     dp = replica_count(config)
     if config.gpus is not None:
@@ -372,6 +393,7 @@ def build_setup(
         drafter=drafter_for(cat, spec, config.quant),
         cpu_moe_layers=config.cpu_moe_layers,
         dp_attention=config.dp_attention,
+        expert_parallel=config.expert_parallel,
     )
     fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
     if not fit.fits:

@@ -437,6 +437,12 @@ def predict(
 
 def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResult]):
     """A configuration's PredictResult from its levels' results."""
+    mapped = setup.config
+    if (mapped.tp, mapped.dp_attention) != (config.tp, config.dp_attention):
+        # vLLM's data parallelism with expert parallelism, simulated as attention ranks
+        config = config.model_copy(
+            update={"tp": mapped.tp, "dp_attention": mapped.dp_attention, "dp": None, "gpus": None}
+        )
     return PredictResult(
         config=config,
         gpu=setup.gpu.name,

@@ -160,7 +160,7 @@ class Candidate:
         if self.spec:
             text += f" {self.spec.method}:{self.spec.num_tokens}"
         if self.expert_parallel:
-            text += " EP"
+            text += " EP" if self.dp == 1 else f" DP{self.dp}+EP{self.count}"
         if self.prefill_replicas:
             text += f" PD {self.prefill_replicas}P:{self.dp}D"
         if self.tp > 1 and self.interconnect != "auto":
@@ -257,10 +257,12 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                     links = usable_interconnects(gpu, tp)
                     if not links:
                         continue
-                    # expert parallelism: an MoE's experts whole on each GPU of the group
+                    # expert parallelism: an MoE's experts whole on each GPU of the group,
+                    # which with vLLM's data parallelism is every GPU of the box (one EP
+                    # group of tp x dp GPUs, attention in dp ranks)
                     moe = model.moe
                     ep_options = [False]
-                    if moe and tp > 1 and moe.num_experts % tp == 0:
+                    if moe and count > 1 and moe.num_experts % count == 0:
                         ep_options.append(True)
                     for quant, kv, spec, link, watts, nodes, seqs, ep in itertools.product(
                         formats,
@@ -272,13 +274,17 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                         req.max_num_seqs,
                         ep_options,
                     ):
+                        ranks = count // tp if ep else 1  # vLLM DP+EP: attention ranks
+                        if ranks > 1 and nodes > 1:
+                            continue  # expert parallelism across nodes is not modelled
                         fit = memory_fit(
                             gpu,
                             model,
                             cat.quant(quant),
-                            tp=tp,
+                            tp=tp * ranks,
                             kv_dtype=kv,
                             drafter=drafter_for(cat, spec, quant),
+                            dp_attention=ranks,
                         )
                         if not fit.fits:
                             pruned += 1
@@ -289,7 +295,7 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                         candidate.nodes, candidate.max_num_seqs = nodes, seqs
                         candidate.expert_parallel = ep
                         out.append(candidate)
-                        if req.disaggregation:
+                        if req.disaggregation and ranks == 1:
                             out += [
                                 dataclasses.replace(candidate, prefill_replicas=p)
                                 for p in prefill_splits(candidate.replicas)

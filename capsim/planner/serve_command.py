@@ -71,6 +71,9 @@ def vllm_serve_command(
         parts.append("--quantization fp8")
     if c.kv_dtype != "auto":
         parts.append(f"--kv-cache-dtype {c.kv_dtype}")
+    data_parallel_experts = c.expert_parallel and c.dp > 1 and not c.prefill_replicas
+    if data_parallel_experts:  # one EP group of every GPU, attention in dp ranks
+        parts.append(f"--data-parallel-size {c.dp}")
     if c.expert_parallel:
         parts.append("--enable-expert-parallel")
     if c.prefill_replicas:
@@ -97,7 +100,7 @@ def vllm_serve_command(
         notes.append(
             f"{c.nodes} nodes, {c.count // c.tp} replicas each ({c.dp} in all) behind a router"
         )
-    elif c.dp > 1:
+    elif c.dp > 1 and not data_parallel_experts:
         notes.append(f"x{c.dp} replicas (--data-parallel-size {c.dp}, or one server per GPU group)")
     if notes:
         command += "   # " + "; ".join(notes)
