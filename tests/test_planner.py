@@ -371,7 +371,7 @@ def test_max_num_seqs_is_a_search_dimension_and_reaches_the_serve_line():
 def test_plan_cli_rejects_bad_nodes_and_router():
     r = run_plan("--nodes", "0")
     assert r.exit_code == 2 and "--nodes" in r.stderr
-    r = run_plan("--router", "random")
+    r = run_plan("--router", "fastest")
     assert r.exit_code == 2 and "round_robin" in r.stderr
     r = run_plan("--max-num-seqs", "8,x")
     assert r.exit_code == 2 and "malformed --max-num-seqs" in r.stderr

@@ -193,7 +193,11 @@ def plan_cmd(
         typer.Option("--max-num-seqs", help="vLLM --max-num-seqs values to try (default: vLLM's)"),
     ] = None,
     router: Annotated[
-        str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
+        str,
+        typer.Option(
+            "--router",
+            help="round_robin, random (a ClusterIP Service), least_outstanding, prefix_aware",
+        ),
     ] = "least_outstanding",
     router_latency_ms: Annotated[
         float, typer.Option("--router-latency-ms", help="Latency the router adds per request")

@@ -271,7 +271,11 @@ def predict_cmd(
         ),
     ] = False,
     router: Annotated[
-        str, typer.Option("--router", help="round_robin, least_outstanding, prefix_aware")
+        str,
+        typer.Option(
+            "--router",
+            help="round_robin, random (a ClusterIP Service), least_outstanding, prefix_aware",
+        ),
     ] = "round_robin",
     seed: Annotated[
         int, typer.Option("--seed", help="Random seed of the drawn lengths and arrivals")

@@ -25,7 +25,7 @@ from capsim.engine.progress import Progress
 from capsim.engine.replica import Replica
 from capsim.engine.replication import ReplicationJoin, folded_itl, part_seed, replication_parts
 from capsim.engine.request_log import ItlLog, RequestLog
-from capsim.engine.router import Router, takes_time
+from capsim.engine.router import Router
 from capsim.engine.setup import Setup, build_setup
 from capsim.engine.workloads import Driver, Workload, read_trace
 from capsim.errors import CapsimUserError
@@ -208,6 +208,7 @@ def run_replicas(
         cfg.router_latency_s,
         cfg.router_capacity_rps,
         setup.step_model.api_server_seconds,
+        seed,
     )
     # the log keeps the engine's times (the saturation derivation relies on them); the
     # front end's latency is added to what a client sees in measure_level, in the
@@ -311,10 +312,9 @@ def level_runs(
         )
     cfg = setup.config
     groups = None
-    # one API server takes every replica's requests in turn: where its serial work
-    # (Router api_server_s) is not zero, the replicas interact through it
-    shared_api_server = takes_time(setup.step_model.api_server_seconds)
-    if partition and not shared_api_server and setup.prefill is None:
+    # each replica has its own API server (Router), so replicas a session-affine router
+    # keeps apart never interact
+    if partition and setup.prefill is None:
         groups = session_affine_groups(
             workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
         )

@@ -196,7 +196,7 @@ class PeriodSkipper:
             callbacks = event.callbacks or ()
             events.append((priority, *(getattr(cb, "__name__", "?") for cb in callbacks)))
             times.append(when - now)
-        times.append(max(self.router._api_free_at - now, 0.0))
+        times.append(max(max(self.router._api_free_at.values(), default=0.0) - now, 0.0))
         key = (
             rows,
             self.replica._cut_on_arrival,
@@ -248,7 +248,9 @@ class PeriodSkipper:
         queue = [(when + shift_s, priority, eid, ev) for when, priority, eid, ev in env._queue]
         env._queue[:] = queue
         heapq.heapify(env._queue)
-        self.router._api_free_at += shift_s
+        free_at = self.router._api_free_at
+        for key in free_at:
+            free_at[key] += shift_s
         tokens = periods * (driver.output_tokens_sent - earlier.output_tokens_sent)
         driver.skip_ahead(shift_n, shift_s, tokens)
         sched.submitted += shift_n

@@ -2,7 +2,10 @@
 
 Policies:
 
-* ``round_robin``: requests go to replicas in turn (Kubernetes ClusterIP-style).
+* ``round_robin``: requests go to replicas in turn.
+* ``random``: each request to a replica drawn at random, as a Kubernetes ClusterIP
+  Service's kube-proxy picks an endpoint (iptables mode: "kube-proxy ... selects a backend
+  at random", Kubernetes docs, Virtual IPs and Service Proxies), so load is uneven.
 * ``least_outstanding``: to the replica with the fewest waiting + running requests.
 * ``prefix_aware``: a session's requests stick to the replica that served it before
   (so its prefix cache hits); new sessions go to the least loaded replica.
@@ -18,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, get_args
 
+import numpy as np
 import simpy
 
 from capsim.engine.replica import Replica
 from capsim.engine.request import SimRequest
 
-RouterPolicy = Literal["round_robin", "least_outstanding", "prefix_aware"]
+RouterPolicy = Literal["round_robin", "random", "least_outstanding", "prefix_aware"]
 ROUTER_POLICIES: tuple[str, ...] = get_args(RouterPolicy)
 """The policies' names, for validating user input."""
 
@@ -45,17 +49,25 @@ class Router:
         latency_s: float = 0.0,
         capacity_rps: float | None = None,
         api_server_s: Callable[[int], float] | None = None,
+        seed: int = 0,
     ):
         """``api_server_s(prompt tokens)``: seconds of serial API-server work on a request
-        (the physics' api_server_seconds); with it every request first queues for the one
-        API server. None or always 0: no queue."""
+        (the physics' api_server_seconds); with it every request queues for its replica's
+        API server before it reaches that replica's engine. None or always 0: no queue.
+
+        Each replica has an API server of its own: replicas behind a router are servers of
+        their own, and vLLM's --data-parallel-size N starts N API servers (vLLM's
+        vllm/entrypoints/cli/serve.py: "- Internal LB: Use full DP size ...
+        args.api_server_count = args.data_parallel_size"), so a burst queues per replica,
+        not for one server of the whole deployment."""
         self.env = env
         self.api_server_s = api_server_s
         self.serial_api_server = api_server_s is not None and takes_time(api_server_s)
-        # the one API server is a first-in-first-out queue with one server: a request
-        # leaves it at max(its arrival, the previous one's departure) + its own work, so
-        # its departure is known when it arrives (one timeout, no process or resource)
-        self._api_free_at = 0.0
+        # each API server is a first-in-first-out queue with one server: a request leaves
+        # it at max(its arrival, the previous one's departure) + its own work, so its
+        # departure is known when it arrives (one timeout, no process or resource)
+        self._api_free_at: dict[int, float] = {}
+        self._in_api: dict[int, int] = {}  # requests in each replica's API server
         self.replicas = replicas
         self.policy = policy
         self.latency_s = latency_s
@@ -63,6 +75,7 @@ class Router:
         self.gateway = simpy.Resource(env, capacity=1) if capacity_rps else None
         self._next = 0
         self._affinity: dict[str, int] = {}
+        self._rng = np.random.default_rng([seed, 0x524F55])  # the random policy's draws
 
     def choose(self, req: SimRequest) -> Replica:
         if len(self.replicas) == 1:
@@ -71,6 +84,8 @@ class Router:
             replica = self.replicas[self._next % len(self.replicas)]
             self._next += 1
             return replica
+        if self.policy == "random":
+            return self.replicas[int(self._rng.integers(len(self.replicas)))]
         if self.policy == "prefix_aware" and req.session is not None:
             index = self._affinity.get(req.session)
             if index is None:
@@ -80,24 +95,32 @@ class Router:
         return self._least_loaded()
 
     def _least_loaded(self) -> Replica:
-        return min(self.replicas, key=lambda r: (r.outstanding, r.index))
+        return min(
+            self.replicas, key=lambda r: (r.outstanding + self._in_api.get(r.index, 0), r.index)
+        )
 
     def submit(self, req: SimRequest) -> None:
-        if self.serial_api_server:
-            now = self.env.now
-            self._api_free_at = max(now, self._api_free_at) + float(
-                self.api_server_s(req.prompt_len)
-            )
-            delay = self._api_free_at - now
-            self.env.timeout(delay).callbacks.append(lambda _, req=req: self._after_api(req))
-        else:
-            self._after_api(req)
-
-    def _after_api(self, req: SimRequest) -> None:
         if self.gateway is None and self.latency_s == 0:
-            self.choose(req).submit(req)
+            self._to_server(req, self.choose(req))
         else:
             self.env.process(self._through_gateway(req))
+
+    def _to_server(self, req: SimRequest, replica: Replica) -> None:
+        """``req`` into ``replica``'s API server, then its engine."""
+        if not self.serial_api_server:
+            replica.submit(req)
+            return
+        now, key = self.env.now, replica.index
+        free = max(now, self._api_free_at.get(key, 0.0)) + float(self.api_server_s(req.prompt_len))
+        self._api_free_at[key] = free
+        self._in_api[key] = self._in_api.get(key, 0) + 1
+        self.env.timeout(free - now).callbacks.append(
+            lambda _, req=req, replica=replica: self._leave_api(req, replica)
+        )
+
+    def _leave_api(self, req: SimRequest, replica: Replica) -> None:
+        self._in_api[replica.index] -= 1
+        replica.submit(req)
 
     def _through_gateway(self, req: SimRequest):
         if self.gateway is not None:
@@ -106,4 +129,4 @@ class Router:
                 yield self.env.timeout(1.0 / self.capacity_rps)
         if self.latency_s:
             yield self.env.timeout(self.latency_s)
-        self.choose(req).submit(req)
+        self._to_server(req, self.choose(req))
