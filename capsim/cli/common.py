@@ -106,6 +106,18 @@ KV_DTYPE_FLAGS = ("--kv-dtype", "--kv-cache-dtype")
 QUANT_FLAGS = ("--quant", "--quantization")
 """The weight-format flag and vLLM's name for it (its values are the formats' aliases)."""
 TpOption = Annotated[int, typer.Option(*TP_FLAGS, help="Tensor-parallel size")]
+PP_FLAGS = ("--pp", "--pipeline-parallel-size", "--pp-size")
+"""The pipeline-parallel flag and the engines' own names for it (vLLM's, SGLang's)."""
+PpOption = Annotated[
+    int,
+    typer.Option(
+        *PP_FLAGS,
+        min=1,
+        max=MAX_TP,
+        help="Pipeline stages per replica, each a TP group of --tp GPUs holding its share of "
+        "the layers (vLLM --pipeline-parallel-size, SGLang --pp-size)",
+    ),
+]
 
 MaxNumSeqsOption = Annotated[
     int | None,

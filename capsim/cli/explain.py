@@ -30,6 +30,7 @@ from capsim.cli.common import (
     MaxNumSeqsOption,
     NCpuMoeOption,
     PowerLimitOption,
+    PpOption,
     PrefillReplicasOption,
     PrefillTpOption,
     SetOption,
@@ -71,6 +72,7 @@ def fit_cmd(
         int | None, typer.Option("--gpus", help="GPUs in total (default: --tp)")
     ] = None,
     tp: TpOption = 1,
+    pp: PpOption = 1,
     kv_dtype: Annotated[str, typer.Option(*KV_DTYPE_FLAGS, help="auto, bf16, fp16, fp8")] = "auto",
     gpu_memory_utilization: GpuMemoryUtilizationOption = None,
     max_model_len: MaxModelLenOption = None,
@@ -105,18 +107,20 @@ def fit_cmd(
     fmt = cat.quant(quant or ref.quant or m.dtype)
     if tp < 1:
         raise CapsimUserError(f"--tp must be at least 1, got {tp}")
-    total_gpus = gpus if gpus is not None else tp
+    group = tp * pp  # one replica: pp stages of tp GPUs
+    total_gpus = gpus if gpus is not None else group
     if total_gpus > MAX_GPUS:  # as predict and plan cap --gpus
         flag = "--gpus" if gpus is not None else "--tp"
         raise CapsimUserError(
             f"{flag} {total_gpus}: input should be less than or equal to {MAX_GPUS}"
         )
-    if total_gpus < 1 or total_gpus % tp:
+    if total_gpus < 1 or total_gpus % group:
+        what = f"--tp {tp}" if pp == 1 else f"--tp {tp} x --pipeline-parallel-size {pp}"
         raise CapsimUserError(
-            f"--gpus {total_gpus} is not a multiple of --tp {tp}",
-            hint="GPUs are used as data-parallel replicas of one TP group each",
+            f"--gpus {total_gpus} is not a multiple of {what}",
+            hint=f"GPUs are used as data-parallel replicas of {group} GPUs each",
         )
-    replicas = total_gpus // tp
+    replicas = total_gpus // group
     longest = m.max_position_embeddings
     if context is not None and not 1 <= context <= (longest or 10_000_000):
         raise CapsimUserError(
@@ -158,6 +162,7 @@ def fit_cmd(
         drafter=drafter_for(cat, spec_cfg, quant or ref.quant),
         cpu_moe_layers=n_cpu_moe,
         dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
+        pp=pp,
     )
     eng = cat.engine(engine).for_model_len(
         max_model_len or m.max_position_embeddings, mla=m.mla is not None
@@ -203,7 +208,8 @@ def print_fit(r, g: GPU, m: Model, replicas: int, expert_parallel: bool = False)
     from capsim.physics.memory import GB, GIB
 
     table = Table(
-        title=f"{m.name} ({r.quant}) on {r.tp}x {g.name}"
+        title=f"{m.name} ({r.quant}) on {r.tp * r.pp}x {g.name}"
+        + (f" (TP{r.tp} x PP{r.pp}, the busiest stage's figures)" if r.pp > 1 else "")
         + (f", {replicas} replicas" if replicas > 1 else "")
         + (", expert parallel" if expert_parallel else "")
         + (f", data-parallel attention x{r.dp_attention}" if r.dp_attention > 1 else "")

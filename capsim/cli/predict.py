@@ -36,6 +36,7 @@ from capsim.cli.common import (
     MaxNumSeqsOption,
     MixedChunkOption,
     NCpuMoeOption,
+    PpOption,
     PrefillReplicasOption,
     PrefillTpOption,
     ProfileOption,
@@ -177,6 +178,7 @@ def predict_cmd(
         str,
         typer.Option(*TP_FLAGS, help="Tensor-parallel size(s)"),
     ] = "1",
+    pp: PpOption = 1,
     dp: Annotated[
         int | None,
         typer.Option(*DP_FLAGS, help="Data-parallel replicas"),
@@ -376,6 +378,7 @@ def predict_cmd(
             quant=q or m.quant,
             gpus=gpus,
             tp=t,
+            pp=pp,
             dp=dp,
             interconnect=link,
             kv_dtype=kv,

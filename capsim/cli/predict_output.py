@@ -75,6 +75,8 @@ def result_dict(result: PredictResult) -> dict[str, Any]:
 def label(result: PredictResult) -> str:
     c = result.config
     text = f"{result.model} {result.quant} {c.tp}x{result.gpu}"
+    if c.pp > 1:
+        text += f" PP{c.pp}"
     if c.prefill_replicas:  # disaggregated: prefill instances, then decode replicas
         text += f" decode x{result.replicas}, prefill {c.prefill_tp or c.tp}x{result.gpu}"
         text += f" x{c.prefill_replicas}" if c.prefill_replicas > 1 else ""

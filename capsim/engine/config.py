@@ -33,6 +33,13 @@ class PredictConfig(BaseModel):
     gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs in total (default tp x dp)")
     tp: int = Field(1, ge=1, le=MAX_TP)
     dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Replicas (default gpus / tp)")
+    pp: int = Field(
+        1,
+        ge=1,
+        le=MAX_TP,
+        description="Pipeline stages per replica (--pipeline-parallel-size), each a TP group "
+        "of --tp GPUs holding its share of the layers",
+    )
     interconnect: str = "auto"
     kv_dtype: str = "auto"
     workload: WorkloadKind = "closed"

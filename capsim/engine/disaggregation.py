@@ -120,7 +120,7 @@ def prefill_pools(
     prefill = [
         Replica(
             env,
-            setup.dp + i,
+            setup.engines + i,
             pre.step_model,
             pre.scheduler,
             pre.num_blocks,

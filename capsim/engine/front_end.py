@@ -29,7 +29,7 @@ def streaming_requests(setup: Setup, workload: Workload) -> int:
     open loop (not known before it runs)."""
     if workload.kind not in ("closed", "batch", "agents") or not workload.concurrency:
         return 0
-    clients = math.ceil(workload.concurrency / setup.dp)
+    clients = math.ceil(workload.concurrency / setup.engines)
     sequence_tokens = workload.input.mean + workload.output.mean / 2
     blocks = max(1, math.ceil(sequence_tokens / setup.scheduler.block_size))
     held = max(1, setup.num_blocks // blocks)

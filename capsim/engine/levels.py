@@ -180,7 +180,7 @@ def run_replicas(
     counts the requests as they finish)."""
     cfg = setup.config
     env = simpy.Environment()
-    indices = list(range(setup.dp)) if replica_indices is None else replica_indices
+    indices = list(range(setup.engines)) if replica_indices is None else replica_indices
     itl = ItlLog(len(indices))
     replicas = [
         Replica(
@@ -316,7 +316,7 @@ def level_runs(
     # keeps apart never interact
     if partition and setup.prefill is None:
         groups = session_affine_groups(
-            workload, setup.dp, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
+            workload, setup.engines, cfg.router, cfg.router_latency_s, cfg.router_capacity_rps
         )
     if groups is None:
         parts = [workload.requests] if keep_records else level_parts(workload)

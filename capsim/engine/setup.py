@@ -60,14 +60,21 @@ class Setup:
     kv_transfer_handoff: str | None = None  # Engine.disaggregation_handoff
 
     @property
+    def engines(self) -> int:
+        """Engines the replicas run as: a replica of pp pipeline stages keeps pp batches
+        in flight, simulated as pp engines sharing its KV cache (physics/pipeline.py)."""
+        return self.dp * self.config.pp
+
+    @property
     def instances(self) -> int:
-        """Engine instances that run steps: the replicas, and the prefill instances."""
-        return self.dp + (self.config.prefill_replicas if self.prefill is not None else 0)
+        """Engine instances that run steps: the replicas' engines, and the prefill
+        instances."""
+        return self.engines + (self.config.prefill_replicas if self.prefill is not None else 0)
 
     @property
     def gpus(self) -> int:
         """GPUs of the whole deployment."""
-        gpus = self.dp * self.config.tp
+        gpus = self.dp * self.config.tp * self.config.pp
         if self.prefill is not None:
             gpus += self.config.prefill_replicas * self.prefill.config.tp
         return gpus
@@ -139,6 +146,7 @@ def engine_deployment(
     host_link_gbs: float | None = None,
     expert_parallel: bool = False,
     dp_attention: int = 1,
+    pp: int = 1,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -169,6 +177,7 @@ def engine_deployment(
         host_link_gbs=host_link_gbs,
         expert_parallel=expert_parallel,
         dp_attention=dp_attention,
+        pp=pp,
     )
 
 
@@ -312,7 +321,35 @@ def replica_count(config: PredictConfig) -> int:
     --gpus is given, else --dp (1 without either); disaggregated, its decode replicas."""
     if config.prefill_replicas:
         return decode_replicas(config)
-    return config.gpus // config.tp if config.gpus is not None else (config.dp or 1)
+    group = config.tp * config.pp
+    return config.gpus // group if config.gpus is not None else (config.dp or 1)
+
+
+def check_pipeline_flags(config: PredictConfig, engine: str) -> None:
+    """What --pipeline-parallel-size does not combine with here, as user errors."""
+    if config.pp == 1:
+        return
+    if engine == "llama.cpp":
+        raise CapsimUserError(
+            "--pipeline-parallel-size: llama.cpp splits layers over GPUs (-sm layer) but runs "
+            "one batch through them at a time, which capsim does not model",
+            hint="use --engine vllm or sglang, or leave the flag out",
+        )
+    combined = [
+        flag
+        for flag, given in (
+            ("--prefill-replicas", config.prefill_replicas),
+            ("--enable-expert-parallel", config.expert_parallel),
+            ("--enable-dp-attention", config.dp_attention > 1),
+            ("--n-cpu-moe", config.cpu_moe_layers),
+        )
+        if given
+    ]
+    if combined:
+        raise CapsimUserError(
+            f"--pipeline-parallel-size with {' and '.join(combined)} is not modelled",
+            hint="leave one of them out",
+        )
 
 
 def build_setup(
@@ -337,10 +374,16 @@ def build_setup(
     tp = config.tp
     dp = replica_count(config)
     if config.gpus is not None:
-        if config.gpus % tp and not config.prefill_replicas:
+        group = tp * config.pp
+        if config.gpus % group and not config.prefill_replicas:
+            what = (
+                f"--tp {tp}"
+                if config.pp == 1
+                else f"--tp {tp} x --pipeline-parallel-size {config.pp}"
+            )
             raise CapsimUserError(
-                f"--gpus {config.gpus} is not a multiple of --tp {tp}",
-                hint="each data-parallel replica is one TP group of --tp GPUs",
+                f"--gpus {config.gpus} is not a multiple of {what}",
+                hint=f"each data-parallel replica is {group} GPUs",
             )
         if config.dp is not None and config.dp != dp:
             raise CapsimUserError(
@@ -354,6 +397,7 @@ def build_setup(
     )
     refuse_flags_the_engine_lacks(config, engine.name)
     check_disaggregation_flags(config, engine)
+    check_pipeline_flags(config, engine.name)
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
@@ -394,12 +438,14 @@ def build_setup(
         cpu_moe_layers=config.cpu_moe_layers,
         dp_attention=config.dp_attention,
         expert_parallel=config.expert_parallel,
+        pp=config.pp,
     )
     fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
     if not fit.fits:
         require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
-    num_blocks = capacity // BLOCK_SIZE_TOKENS
+    # a pipeline's batches in flight share its cache and sequence limit in equal parts
+    num_blocks = capacity // BLOCK_SIZE_TOKENS // config.pp
     if params is None and profile is not None:
         params = profile.params(cat, gpu.name, engine)
     base_params = params
@@ -426,10 +472,11 @@ def build_setup(
         host_link_gbs=config.host_link_gbs,
         expert_parallel=config.expert_parallel,
         dp_attention=config.dp_attention,
+        pp=config.pp,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(
-        max_num_seqs=fit.max_num_seqs,
+        max_num_seqs=max(fit.max_num_seqs // config.pp, 1),
         max_num_batched_tokens=fit.max_num_batched_tokens,
         block_size=BLOCK_SIZE_TOKENS,
         decode_width=step_model.decode_width,

@@ -452,7 +452,7 @@ def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResul
         profile=setup.profile.name if setup.profile is not None else None,
         profile_path=getattr(setup.profile, "path", None),
         replicas=setup.dp,
-        kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS,
+        kv_capacity_tokens=setup.num_blocks * BLOCK_SIZE_TOKENS * setup.config.pp,
         max_model_len=setup.max_model_len,
         levels=results,
         disaggregation=disaggregation_facts(setup),

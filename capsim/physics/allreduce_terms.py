@@ -46,10 +46,12 @@ class AllReduceTerms:
         self.allreduces_per_step = ALLREDUCES_PER_LAYER * self.model.num_layers
 
     def communication_scalar(self, tokens: float) -> float:
-        """communication_seconds for one token count, seconds."""
+        """communication_seconds for one token count, with the hand-offs between pipeline
+        stages (PipelineTerms), seconds."""
+        handoffs = self.pipeline_seconds(tokens)
         if self.link is None:
-            return 0.0
-        return float(self.communication_seconds(tokens))
+            return handoffs
+        return float(self.communication_seconds(tokens)) + handoffs
 
     def communication_seconds(self, tokens: float | np.ndarray) -> np.ndarray:
         """All-reduce time of one step with ``tokens`` tokens (0 when TP = 1)."""

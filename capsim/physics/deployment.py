@@ -78,6 +78,12 @@ class Deployment(BaseModel):
         description="Physical batch, tokens: a larger step runs as several passes, each "
         "reading the weights (llama.cpp's n_ubatch); None = one pass",
     )
+    pp: int = Field(
+        1,
+        ge=1,
+        description="Pipeline stages (--pipeline-parallel-size), each a TP group holding its "
+        "share of the layers; a step passes them all (physics/pipeline.py)",
+    )
     dp_attention: int = Field(
         1,
         ge=1,

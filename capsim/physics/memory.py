@@ -36,6 +36,7 @@ from capsim.physics.kv_layout import (
     window_pool_layout,
 )
 from capsim.physics.parameters import parameter_breakdown
+from capsim.physics.pipeline import check_pipeline, stage_layout, stage_weight_parts
 
 GIB = 2**30
 GB = 1e9
@@ -275,6 +276,8 @@ class MemoryFit:
     # KV capacity and sequences are theirs together, each rank's pool laid out for
     # tp / dp_attention GPUs (kv_bytes_per_token is one rank's GPU's)
     dp_attention: int = 1
+    # pipeline stages: the figures per GPU are the busiest stage's
+    pp: int = 1
 
     @property
     def weight_gib(self) -> float:
@@ -315,6 +318,7 @@ def memory_fit(
     sliding_window_pages: bool = False,
     dp_attention: int = 1,
     drafter: Drafter | None = None,
+    pp: int = 1,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -355,6 +359,9 @@ def memory_fit(
         drafter: the speculative drafter loaded beside the model (drafter_memory.Drafter):
             its weights leave the KV budget (an MTP drafter's are the model's MTP module)
             and its attention layers' KV joins every token of the pool.
+        pp: pipeline stages: a GPU holds the busiest stage's layers and their KV cache
+            (physics/pipeline.py), so the figures are that stage's; the KV capacity in
+            tokens is the whole pipeline's.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
@@ -371,6 +378,7 @@ def memory_fit(
         raise CapsimUserError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
     check_tensor_parallel(model, tp)
     check_dp_attention(model, tp, dp_attention)
+    check_pipeline(model, pp)
     attention_tp = tp // dp_attention
     limit = model.max_position_embeddings
     if max_model_len is not None and limit and max_model_len > limit:
@@ -391,6 +399,7 @@ def memory_fit(
     include_mtp = drafter is not None and drafter.method == "mtp"
     parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp, attention_tp=attention_tp)
     parts["drafter"] = drafter_weight_bytes(drafter, model, fmt, tp)
+    parts = stage_weight_parts(parts, model, pp)
     if cpu_moe_layers:
         if gpu.unified_memory:
             raise CapsimUserError(
@@ -440,6 +449,7 @@ def memory_fit(
             layout.state_bytes_per_sequence,
             {**layout.per_layer_type, "drafter": extra},
         )
+    layout = stage_layout(layout, model, pp)
     shown = layout  # the layers' own figures, for the report
     if window_pool is None and sliding_window_pages:
         layout = window_pages_layout(layout)
@@ -558,6 +568,7 @@ def memory_fit(
         fits=fits,
         reason=reason,
         experts_in_system_ram_bytes=offloaded,
+        pp=pp,
         sliding_pool_ratio=window_pool.full_tokens_ratio if window_pool is not None else None,
         dp_attention=dp_attention,
     )

@@ -77,6 +77,7 @@ from capsim.physics.memory import (
     check_tensor_parallel,
 )
 from capsim.physics.offload_terms import OffloadTerms
+from capsim.physics.pipeline import PipelineTerms
 from capsim.physics.rate_terms import RateTerms
 from capsim.physics.roofline import (
     causal_pairs,
@@ -96,6 +97,7 @@ class StepModel(
     RateTerms,
     DecodeRuns,
     AllReduceTerms,
+    PipelineTerms,
     HostTerms,
     DrafterTerms,
     ExpertTerms,
@@ -172,6 +174,7 @@ class StepModel(
 
         # --- communication (AllReduceTerms)
         self._init_communication()
+        self._init_pipeline()
 
         # --- overheads
         self.layers = model.num_layers

@@ -179,7 +179,7 @@ def capacity(
     share = per_replica_share(config, whole.dp)
     searched = config if share == 1 else config.model_copy(update={"gpus": None, "dp": 1})
     setup = whole if share == 1 else calibrated_setup(searched, catalog)
-    engine_seqs = setup.scheduler.max_num_seqs * setup.dp
+    engine_seqs = setup.scheduler.max_num_seqs * setup.engines
     cache: dict[int, CapacityPoint] = {}
 
     def at(c: int) -> CapacityPoint:
@@ -311,7 +311,7 @@ def _limiter(setup, point: CapacityPoint, engine_seqs: int) -> str:
         if setup.fit is not None and setup.fit.state_caps_batch:
             return "recurrent-state pool"
         return "max_num_seqs"
-    batch = max(1, math.ceil(point.concurrency / setup.dp))
+    batch = max(1, math.ceil(point.concurrency / setup.engines))
     cfg = setup.config
     context = _mean_length(cfg.input_tokens) + _mean_length(cfg.output_tokens) / 2
     step, _ = setup.step_model.decode_step(np.full(batch, context))

@@ -91,7 +91,7 @@ class LiveDeployment:
                 prefix_caching=cfg.prefix_caching,
                 fast_forward=False,
             )
-            for i in range(setup.dp)
+            for i in range(setup.engines)
         ]
         self._finished: list[SimRequest] = []  # finished since the last step was seen
         for replica in self.replicas:
@@ -107,9 +107,9 @@ class LiveDeployment:
         self.router = Router(
             self.env,
             front,
-            cfg.router if setup.dp > 1 else "round_robin",
-            cfg.router_latency_s if setup.dp > 1 else 0.0,
-            cfg.router_capacity_rps if setup.dp > 1 else None,
+            cfg.router if setup.engines > 1 else "round_robin",
+            cfg.router_latency_s if setup.engines > 1 else 0.0,
+            cfg.router_capacity_rps if setup.engines > 1 else None,
             setup.step_model.api_server_seconds,
         )
         self._frontend = setup.step_model.frontend_parallel_seconds
