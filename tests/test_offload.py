@@ -99,7 +99,7 @@ def test_more_system_ram_bandwidth_or_fewer_offloaded_layers_never_slow_a_step(
             ["--engine", "llama.cpp", "--quant", "gguf-mxfp4", "--n-cpu-moe", "30"],
             "needs --host-memory-bandwidth",
         ),
-        (["--host-memory-bandwidth", "60"], "apply to --n-cpu-moe"),
+        (["--host-memory-bandwidth", "60"], "applies to --n-cpu-moe"),
     ],
 )
 def test_offload_flags_that_cannot_work_exit_2(args, words):
@@ -228,3 +228,46 @@ def test_capacity_and_serve_take_the_offload_flags():
     assert r.exit_code == 2 and "--host-memory-bandwidth" in r.output
     r = runner.invoke(app, ["serve", *args, "--n-cpu-moe", "30"])
     assert r.exit_code == 2 and "--host-memory-bandwidth" in r.output
+
+
+def test_vllms_cpu_offload_keeps_weights_in_system_ram_and_reads_them_every_pass():
+    """--cpu-offload-gb 8 (vLLM, SGLang): 8 GiB of Qwen3-14B's BF16 weights leave the RTX
+    3090, so the model fits (it does not without), and every decode step reads that share
+    of what it reads of the weights over PCIe 4.0 x16 at host_link_efficiency: about 8 GiB
+    / 25.2 GB/s (the embedding table, which a step hardly reads, holds some of the share)."""
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+
+    g, m, fmt = CAT.gpu("rtx3090"), CAT.model("qwen3-14b"), CAT.quant("bf16")
+    assert not memory_fit(g, m, fmt).fits
+    fit = memory_fit(g, m, fmt, cpu_offload_gb=8)
+    assert fit.fits and fit.weights_in_system_ram_bytes == 8 * 2**30
+    assert fit.weight_bytes == pytest.approx(memory_fit(g, m, fmt).weight_bytes - 8 * 2**30)
+    setup = build_setup(
+        PredictConfig(gpu="rtx3090", model="qwen3-14b", quant="bf16", cpu_offload_gb=8), CAT
+    )
+    sm = setup.step_model
+    link = g.interconnect("pcie").bandwidth_gb_s_per_direction * 1e9
+    link *= sm.params.host_link_efficiency
+    assert sm.weights_in_host_seconds(1e9) == pytest.approx(
+        1e9 * sm.deployment.weights_in_host_share / link
+    )
+    step = sm.step([1], [1024])
+    assert 0.9 * 8 * 2**30 / link <= step.t_offload <= 8 * 2**30 / link
+    assert step.t_total > step.t_offload
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (dict(engine="llama.cpp", model="qwen3-8b"), "--cpu-offload-gb is vLLM's and SGLang's"),
+        (dict(gpu="gb10", model="qwen3-8b"), "shares one memory between its CPU and GPU"),
+    ],
+)
+def test_cpu_offload_where_it_cannot_apply_is_refused(extra, message):
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+
+    config = PredictConfig(**{"gpu": "rtx3090", "model": "qwen3-14b", **extra}, cpu_offload_gb=4)
+    with pytest.raises(CapsimUserError, match=message):
+        build_setup(config, CAT)

@@ -333,13 +333,24 @@ HostMemoryBandwidthOption = Annotated[
         "DDR5 about 60-95, quad-channel DDR4 about 100; see docs/physics.md)",
     ),
 ]
+CpuOffloadOption = Annotated[
+    float,
+    typer.Option(
+        "--cpu-offload-gb",
+        min=0,
+        max=100_000,
+        help="vLLM/SGLang: GiB of each GPU's weights kept in pinned system RAM, read over "
+        "the host link every pass (their --cpu-offload-gb) [default: 0]",
+    ),
+]
 HostLinkOption = Annotated[
     float | None,
     typer.Option(
         "--host-link-bandwidth",
         min=0.001,
         max=100_000,
-        help="With --n-cpu-moe: GB/s per direction from host to GPU [default: the GPU's "
+        help="With --n-cpu-moe or --cpu-offload-gb: GB/s per direction from host to GPU "
+        "[default: the GPU's "
         "PCIe link in the catalog]",
     ),
 ]

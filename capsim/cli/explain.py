@@ -14,6 +14,7 @@ from capsim.cli.common import (
     QUANT_FLAGS,
     AsyncSchedulingOption,
     AttentionRanksOption,
+    CpuOffloadOption,
     DbOption,
     DisableCustomAllReduceOption,
     DpAttentionOption,
@@ -89,6 +90,7 @@ def fit_cmd(
     spec: SpecOption = None,
     engine: EngineOption = "vllm",
     n_cpu_moe: NCpuMoeOption = 0,
+    cpu_offload_gb: CpuOffloadOption = 0.0,
     host_memory_bandwidth: HostMemoryBandwidthOption = None,
     enable_expert_parallel: ExpertParallelOption = False,
     dp: AttentionRanksOption = None,
@@ -163,6 +165,7 @@ def fit_cmd(
         cpu_moe_layers=n_cpu_moe,
         dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
         pp=pp,
+        cpu_offload_gb=cpu_offload_gb,
     )
     eng = cat.engine(engine).for_model_len(
         max_model_len or m.max_position_embeddings, mla=m.mla is not None
@@ -224,6 +227,11 @@ def print_fit(r, g: GPU, m: Model, replicas: int, expert_parallel: bool = False)
     drafter = r.weight_breakdown.get("drafter", 0.0)
     if drafter:
         table.add_row("  of which the speculative drafter's", f"{drafter / GIB:.2f} GiB")
+    if r.weights_in_system_ram_bytes:
+        table.add_row(
+            "weights in system RAM (--cpu-offload-gb, read over the host link each pass)",
+            f"{r.weights_in_system_ram_bytes / GIB:.2f} GiB",
+        )
     table.add_row("activation peak", f"{r.activation_bytes / GIB:.2f} GiB")
     table.add_row(
         "runtime reserve (context, NCCL, graphs)", f"{r.runtime_reserve_bytes / GIB:.2f} GiB"

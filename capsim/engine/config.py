@@ -124,6 +124,13 @@ class PredictConfig(BaseModel):
         le=10_000,
         description="MoE layers whose routed experts stay in system RAM (llama.cpp's --n-cpu-moe)",
     )
+    cpu_offload_gb: float = Field(
+        0.0,
+        ge=0,
+        le=100_000,
+        description="GiB of each GPU's weights kept in pinned system RAM and read over the "
+        "host link every pass (vLLM's and SGLang's --cpu-offload-gb)",
+    )
     host_memory_bandwidth_gbs: float | None = Field(
         None, gt=0, le=100_000, description="System RAM read bandwidth, GB/s (with --n-cpu-moe)"
     )

@@ -147,6 +147,7 @@ def engine_deployment(
     expert_parallel: bool = False,
     dp_attention: int = 1,
     pp: int = 1,
+    weights_in_host_share: float = 0.0,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -178,7 +179,15 @@ def engine_deployment(
         expert_parallel=expert_parallel,
         dp_attention=dp_attention,
         pp=pp,
+        weights_in_host_share=weights_in_host_share,
     )
+
+
+def weights_in_host_share(fit: MemoryFit) -> float:
+    """Share of a GPU's weights --cpu-offload-gb keeps in system RAM."""
+    kept = fit.weights_in_system_ram_bytes
+    total = kept + fit.weight_bytes
+    return min(kept / total, 0.999999) if total and kept else 0.0
 
 
 def engine_fit_options(
@@ -402,10 +411,21 @@ def build_setup(
         raise sglang_flag_error(
             "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
         )
-    if (config.host_memory_bandwidth_gbs or config.host_link_gbs) and not config.cpu_moe_layers:
+    if config.host_memory_bandwidth_gbs and not config.cpu_moe_layers:
         raise CapsimUserError(
-            "--host-memory-bandwidth and --host-link-bandwidth apply to --n-cpu-moe",
+            "--host-memory-bandwidth applies to --n-cpu-moe",
             hint="add --n-cpu-moe N (MoE layers whose experts stay in system RAM)",
+        )
+    if config.host_link_gbs and not (config.cpu_moe_layers or config.cpu_offload_gb):
+        raise CapsimUserError(
+            "--host-link-bandwidth applies to --n-cpu-moe and --cpu-offload-gb",
+            hint="add --n-cpu-moe N (llama.cpp) or --cpu-offload-gb G (vLLM, SGLang)",
+        )
+    if config.cpu_offload_gb and engine.name == "llama.cpp":
+        raise CapsimUserError(
+            "--cpu-offload-gb is vLLM's and SGLang's; llama.cpp keeps layers in system RAM "
+            "with -ngl and experts with --n-cpu-moe",
+            hint="use --n-cpu-moe N with llama.cpp, or --engine vllm",
         )
     reserve = engine.admission_reserve
     if config.schedule_conservativeness is not None:
@@ -439,6 +459,7 @@ def build_setup(
         dp_attention=config.dp_attention,
         expert_parallel=config.expert_parallel,
         pp=config.pp,
+        cpu_offload_gb=config.cpu_offload_gb,
     )
     fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
     if not fit.fits:
@@ -473,6 +494,7 @@ def build_setup(
         expert_parallel=config.expert_parallel,
         dp_attention=config.dp_attention,
         pp=config.pp,
+        weights_in_host_share=weights_in_host_share(fit),
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

@@ -61,6 +61,14 @@ class Deployment(BaseModel):
     host_memory_bandwidth_gbs: float | None = Field(
         None, gt=0, description="System RAM read bandwidth the CPU reaches, GB/s (measured)"
     )
+    weights_in_host_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of the weights vLLM/SGLang keep in pinned system RAM "
+        "(--cpu-offload-gb over the weights a GPU would hold): every pass reads that share "
+        "of what it reads over the host link instead of from GPU memory",
+    )
     host_link_gbs: float | None = Field(
         None,
         gt=0,

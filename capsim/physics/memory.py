@@ -278,6 +278,8 @@ class MemoryFit:
     dp_attention: int = 1
     # pipeline stages: the figures per GPU are the busiest stage's
     pp: int = 1
+    # weights kept in pinned system RAM (--cpu-offload-gb), bytes per GPU
+    weights_in_system_ram_bytes: float = 0.0
 
     @property
     def weight_gib(self) -> float:
@@ -319,6 +321,7 @@ def memory_fit(
     dp_attention: int = 1,
     drafter: Drafter | None = None,
     pp: int = 1,
+    cpu_offload_gb: float = 0.0,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -359,6 +362,9 @@ def memory_fit(
         drafter: the speculative drafter loaded beside the model (drafter_memory.Drafter):
             its weights leave the KV budget (an MTP drafter's are the model's MTP module)
             and its attention layers' KV joins every token of the pool.
+        cpu_offload_gb: GiB of each GPU's weights kept in pinned system RAM (vLLM's and
+            SGLang's --cpu-offload-gb), at most all of them: they leave the GPU's weights
+            (``weights_in_system_ram_bytes``) and are read over the host link every pass.
         pp: pipeline stages: a GPU holds the busiest stage's layers and their KV cache
             (physics/pipeline.py), so the figures are that stage's; the KV capacity in
             tokens is the whole pipeline's.
@@ -421,6 +427,18 @@ def memory_fit(
     else:
         offloaded = 0.0
     weights = sum(parts.values())
+    weights_in_host = 0.0
+    if cpu_offload_gb:
+        if gpu.unified_memory:
+            raise CapsimUserError(
+                f"{gpu.name} shares one memory between its CPU and GPU "
+                f"({gpu.memory_type or 'unified'}), so --cpu-offload-gb moves no weights "
+                "out of it",
+                hint=f"leave --cpu-offload-gb out; the model has to fit the "
+                f"{gpu.memory_gb:g} GB the two share",
+            )
+        weights_in_host = min(cpu_offload_gb * GIB, weights)
+        weights -= weights_in_host
     # a rank samples its own sequences: the logits a GPU holds are one rank's
     rank_seqs = max(1, max_num_seqs // dp_attention)
     activations = activation_peak_bytes(model, tp, batched, rank_seqs, reserve)
@@ -569,6 +587,7 @@ def memory_fit(
         reason=reason,
         experts_in_system_ram_bytes=offloaded,
         pp=pp,
+        weights_in_system_ram_bytes=weights_in_host,
         sliding_pool_ratio=window_pool.full_tokens_ratio if window_pool is not None else None,
         dp_attention=dp_attention,
     )

@@ -31,6 +31,9 @@ class OffloadTerms:
         self.cpu_moe_layers = min(dep.cpu_moe_layers, self.moe_layers) if self.moe_layers else 0
         self.host_memory_bw = 0.0
         self.host_link_bw = 0.0
+        self.weights_in_host_share = dep.weights_in_host_share
+        if self.weights_in_host_share:
+            self.host_link_bw = self._host_link_bytes_per_s()
         if not self.cpu_moe_layers:
             return
         if dep.host_memory_bandwidth_gbs is None:
@@ -40,16 +43,29 @@ class OffloadTerms:
                 "100 (docs/physics.md, experts in system RAM)",
             )
         self.host_memory_bw = dep.host_memory_bandwidth_gbs * 1e9
+        self.host_link_bw = self._host_link_bytes_per_s()
+
+    def _host_link_bytes_per_s(self) -> float:
+        """What copying from pinned system RAM to the GPU reaches, bytes/s: the host link
+        (--host-link-bandwidth, else the GPU's PCIe link) x host_link_efficiency."""
+        dep = self.deployment
         link = dep.host_link_gbs
         if link is None:
             pcie = self.gpu.interconnect("pcie")
             link = pcie.bandwidth_gb_s_per_direction if pcie else None
         if not link:
             raise CapsimUserError(
-                f"{self.gpu.name} has no PCIe link in the catalog to copy experts over",
+                f"{self.gpu.name} has no PCIe link in the catalog to copy weights over",
                 hint="give --host-link-bandwidth (GB/s, host to GPU)",
             )
-        self.host_link_bw = link * 1e9 * self.params.host_link_efficiency
+        return link * 1e9 * self.params.host_link_efficiency
+
+    def weights_in_host_seconds(self, weight_bytes: float) -> float:
+        """The share of a pass's ``weight_bytes`` kept in system RAM (vLLM's and SGLang's
+        --cpu-offload-gb), read over the host link, seconds."""
+        if not self.weights_in_host_share:
+            return 0.0
+        return weight_bytes * self.weights_in_host_share / self.host_link_bw
 
     def offload_terms(self, routed_per_pass: float, touched: float, passes: int):
         """(seconds, share of the routed experts' GPU work left on the GPU) for a step of

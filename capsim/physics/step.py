@@ -307,6 +307,10 @@ class StepModel(
         t_offload, on_gpu = self.offload_terms(routed / passes, touched, passes)
         expert_bytes *= on_gpu
         dense_bytes = passes * self.dense_weight_bytes if tokens else 0.0
+        if self.weights_in_host_share:  # --cpu-offload-gb: that share over the host link
+            t_offload += self.weights_in_host_seconds(dense_bytes + expert_bytes)
+            dense_bytes *= 1.0 - self.weights_in_host_share
+            expert_bytes *= 1.0 - self.weights_in_host_share
         # the sampler's passes over float32 logits (the driver rank holds the whole vocab)
         sampler_bytes = logits * self.model.vocab_size * 4.0 * self.params.sampler_logit_passes
         r = self.kv_read
