@@ -4,6 +4,7 @@ deployment)."""
 
 from __future__ import annotations
 
+import pytest
 import simpy
 
 from capsim.engine.request import SimRequest
@@ -61,3 +62,38 @@ def test_random_routing_is_uneven_and_repeatable():
     assert counts == [len(f.arrivals) for f in burst("random", 8, 1000, seed=3)]
     assert counts != [len(f.arrivals) for f in burst("random", 8, 1000, seed=4)]
     assert [len(f.arrivals) for f in burst("round_robin", 8, 1000)] == [125] * 8
+
+
+def test_predict_takes_a_gateways_latency_and_capacity():
+    """--router-latency-ms adds its latency to every first token; --router-capacity-rps
+    queues requests beyond its rate (5 a second caps 64 clients far below the engine)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from capsim.cli.main import app
+
+    def run(*extra):
+        args = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "16"]
+        r = CliRunner().invoke(app, [*args, "--requests", "64", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["results"][0]["points"][0]
+
+    plain, slow = run(), run("--router-latency-ms", "50")
+    assert slow["ttft_ms"]["p50"] == pytest.approx(plain["ttft_ms"]["p50"] + 50, abs=15)
+    capped = run("--router-capacity-rps", "5")
+    assert capped["request_throughput"] <= 5.0 * 1.02
+    r = CliRunner().invoke(
+        app,
+        [
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "llama-3.1-8b",
+            "--offline",
+            "--router-latency-ms",
+            "5",
+        ],
+    )
+    assert r.exit_code == 2 and "--offline runs have none" in r.output

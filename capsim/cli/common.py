@@ -333,6 +333,26 @@ HostMemoryBandwidthOption = Annotated[
         "DDR5 about 60-95, quad-channel DDR4 about 100; see docs/physics.md)",
     ),
 ]
+RouterLatencyOption = Annotated[
+    float,
+    typer.Option(
+        "--router-latency-ms",
+        min=0,
+        max=60_000,
+        help="Latency a gateway or router adds to each request, ms (a KV-aware gateway's "
+        "scoring, a proxy hop) [default: 0]",
+    ),
+]
+RouterCapacityOption = Annotated[
+    float | None,
+    typer.Option(
+        "--router-capacity-rps",
+        min=0.001,
+        max=1e9,
+        help="Requests a second the gateway or router passes, one at a time (a queue forms "
+        "in front of it beyond) [default: unlimited]",
+    ),
+]
 CpuOffloadOption = Annotated[
     float,
     typer.Option(

@@ -42,6 +42,8 @@ from capsim.cli.common import (
     PrefillTpOption,
     ProfileOption,
     RecvIntervalOption,
+    RouterCapacityOption,
+    RouterLatencyOption,
     SetOption,
     UbatchOption,
     attention_ranks,
@@ -281,6 +283,8 @@ def predict_cmd(
             help="round_robin, random (a ClusterIP Service), least_outstanding, prefix_aware",
         ),
     ] = "round_robin",
+    router_latency_ms: RouterLatencyOption = 0.0,
+    router_capacity_rps: RouterCapacityOption = None,
     seed: Annotated[
         int, typer.Option("--seed", help="Random seed of the drawn lengths and arrivals")
     ] = 0,
@@ -424,12 +428,20 @@ def predict_cmd(
             schedule_conservativeness=schedule_conservativeness,
             offline=offline,
             router=router,
+            router_latency_s=router_latency_ms / 1e3,
+            router_capacity_rps=router_capacity_rps,
             seed=seed,
             profile=profile,
             efficiency_overrides=overrides,
         )
         configs.append(config)
     refuse_a_router_without_replicas(ctx, configs)
+    if (router_latency_ms or router_capacity_rps) and offline:
+        raise CapsimUserError(
+            "--router-latency-ms and --router-capacity-rps describe a gateway in front of a "
+            "server, and --offline runs have none",
+            hint="drop them, or --offline",
+        )
     results, stopped = finished_before_ctrl_c(
         (predict_with_progress(config, cat) for config in configs),
         len(configs),
