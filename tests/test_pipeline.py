@@ -113,3 +113,20 @@ def test_predict_takes_the_engines_flag_and_says_pp():
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)["results"][0]
     assert "4xh100-sxm PP2" in result["label"] and result["config"]["pp"] == 2
+
+
+def test_explain_shows_the_hand_offs_with_the_communication():
+    def decode(*extra):
+        args = ["explain", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4"]
+        r = CliRunner().invoke(app, [*args, *extra, "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    one, two = decode(), decode("--pp", "2")
+    assert two["deployment"]["pp"] == 2
+    added = two["decode"]["t_communication"] - one["decode"]["t_communication"]
+    assert 0 < added < 1e-4  # one hand-off of one token's activations
+    text = CliRunner().invoke(
+        app, ["explain", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4", "--pp", "2"]
+    )
+    assert "pipeline hand-offs" in text.output and "x PP2" in text.output

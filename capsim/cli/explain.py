@@ -297,6 +297,7 @@ def step_rows(
     int8_gemm_flops_per_s: float | None = None,
     mla_floor: tuple[float, int] | None = None,
     launch: tuple[float, int, str] | None = None,
+    pipeline_handoffs: bool = False,
 ) -> list[tuple[str, str]]:
     """The rows of one step's table. ``mla_floor``: (us a layer, layers) of the early MLA
     kernel stacks' floor (mla_layer_overhead_us), shown as part of the overhead;
@@ -398,7 +399,9 @@ def step_rows(
             else []
         ),
         (
-            "communication (all-reduce)",
+            "communication (all-reduce"
+            + (", pipeline hand-offs" if pipeline_handoffs else "")
+            + ")",
             f"{step.t_communication * ms:.3f} ms"
             + (f" ({step.allreduce_algorithm})" if step.allreduce_algorithm else ""),
         ),
@@ -452,6 +455,7 @@ def explain_cmd(
     model: Annotated[str, typer.Option("--model", help="Model name")],
     quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
     tp: TpOption = 1,
+    pp: PpOption = 1,
     kv_dtype: Annotated[
         str, typer.Option(*KV_DTYPE_FLAGS, help="KV-cache dtype: auto, bf16, fp16, fp8")
     ] = "auto",
@@ -546,6 +550,7 @@ def explain_cmd(
         context_tokens=context + width,
         cpu_moe_layers=n_cpu_moe,
         dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
+        pp=pp,
     )
     fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
@@ -567,6 +572,7 @@ def explain_cmd(
         host_link_gbs=host_link_bandwidth,
         expert_parallel=enable_expert_parallel,
         dp_attention=fit.dp_attention,
+        pp=pp,
     )
     from capsim.calibration.profiles import find_profile
 
@@ -627,6 +633,8 @@ def explain_cmd(
         )
         return
     title = f"{sm.model.name} ({sm.fmt.name}) on {tp}x {g.name}"
+    if pp > 1:
+        title += f" x PP{pp} (a step passes every stage)"
     title += f", profile {fitted.name}" if fitted else ", uncalibrated"
     note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
     mla_floor = (sm.mla_layer_floor_us, sm.layers) if sm.mla_layer_floor_us else None
@@ -644,7 +652,8 @@ def explain_cmd(
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
-        for row in step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor, launch):
+        rows = step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor, launch, pp > 1)
+        for row in rows:
             table.add_row(*row)
         if dep.dp_attention > 1:
             table.add_row(*dp_attention_row(sm))
