@@ -39,6 +39,22 @@ def test_vllm_flag_names_predict_what_capsims_do():
     assert predicted("--max-running-requests", "4") == predicted("--max-num-seqs", "4")
 
 
+def test_sglang_flag_names_predict_what_capsims_do():
+    """SGLang's --chunked-prefill-size, --context-length and --mem-fraction-static are
+    capsim's --max-num-batched-tokens, --max-model-len and --gpu-memory-utilization, as
+    is its --pp-size --pipeline-parallel-size."""
+    sglang = ("--engine", "sglang")
+    assert predicted(*sglang, "--chunked-prefill-size", "4096") == predicted(
+        *sglang, "--max-num-batched-tokens", "4096"
+    )
+    assert predicted(*sglang, "--context-length", "8192") == predicted(
+        *sglang, "--max-model-len", "8192"
+    )
+    assert predicted(*sglang, "--mem-fraction-static", "0.8") == predicted(
+        *sglang, "--gpu-memory-utilization", "0.8"
+    )
+
+
 def test_speculative_config_json_is_the_spec_it_names():
     assert parse_spec('{"method": "deepseek_mtp", "num_speculative_tokens": 2}') == parse_spec(
         "mtp:2"

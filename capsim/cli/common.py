@@ -132,14 +132,20 @@ MaxNumSeqsOption = Annotated[
 MaxNumBatchedTokensOption = Annotated[
     int | None,
     typer.Option(
-        "--max-num-batched-tokens", help="Default: vLLM's for the GPU", min=1, max=MAX_ENGINE_COUNT
+        "--max-num-batched-tokens",
+        "--chunked-prefill-size",
+        help="Tokens a step takes (SGLang's --chunked-prefill-size) [default: the engine's "
+        "for the GPU]",
+        min=1,
+        max=MAX_ENGINE_COUNT,
     ),
 ]
 MaxModelLenOption = Annotated[
     int | None,
     typer.Option(
         "--max-model-len",
-        help="Longest sequence in tokens (default: auto)",
+        "--context-length",
+        help="Longest sequence in tokens (SGLang's --context-length) [default: auto]",
         min=1,
         max=MAX_ENGINE_COUNT,
     ),
@@ -148,7 +154,9 @@ GpuMemoryUtilizationOption = Annotated[
     float | None,
     typer.Option(
         "--gpu-memory-utilization",
-        help="Fraction of GPU memory the engine takes (default: the engine's, 0.9 for vLLM)",
+        "--mem-fraction-static",
+        help="Fraction of GPU memory the engine takes (SGLang's --mem-fraction-static) "
+        "[default: the engine's, 0.9 for vLLM]",
     ),
 ]
 EnforceEagerOption = Annotated[
