@@ -361,6 +361,17 @@ RouterCapacityOption = Annotated[
         "in front of it beyond) [default: unlimited]",
     ),
 ]
+KvOffloadingOption = Annotated[
+    float,
+    typer.Option(
+        "--kv-offloading-size",
+        min=0,
+        max=100_000,
+        help="vLLM: GiB of system RAM a replica keeps prefix-cache blocks in besides the "
+        "GPU's cache, loaded back over the host link on a hit (its --kv-offloading-size) "
+        "[default: 0]",
+    ),
+]
 CpuOffloadOption = Annotated[
     float,
     typer.Option(

@@ -92,6 +92,10 @@ def label(result: PredictResult) -> str:
         text += f" dp-attention {c.dp_attention}"
     if c.expert_parallel:
         text += " EP"
+    if c.kv_offloading_gb:
+        text += f" +{c.kv_offloading_gb:g} GiB KV in RAM"
+    if c.cpu_offload_gb:
+        text += f" +{c.cpu_offload_gb:g} GiB weights in RAM"
     if c.engine != "vllm":
         text += f" ({c.engine})"
     return text

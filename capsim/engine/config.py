@@ -131,6 +131,13 @@ class PredictConfig(BaseModel):
         description="GiB of each GPU's weights kept in pinned system RAM and read over the "
         "host link every pass (vLLM's and SGLang's --cpu-offload-gb)",
     )
+    kv_offloading_gb: float = Field(
+        0.0,
+        ge=0,
+        le=100_000,
+        description="GiB of system RAM a replica keeps prefix-cache blocks in besides the "
+        "GPU's cache (vLLM's --kv-offloading-size, summed over its TP ranks); 0: none",
+    )
     host_memory_bandwidth_gbs: float | None = Field(
         None, gt=0, le=100_000, description="System RAM read bandwidth, GB/s (with --n-cpu-moe)"
     )

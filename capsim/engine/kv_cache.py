@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from capsim.engine.kv_offload import HostKVTier
 from capsim.engine.request import SimRequest
 
 
@@ -65,7 +66,10 @@ class KVCache:
         block_size: int = 16,
         prefix_caching: bool = True,
         state_blocks: int = 0,
+        host_blocks: int = 0,
     ):
+        """``host_blocks``: blocks of a second tier in system RAM (vLLM's
+        --kv-offloading-size; engine/kv_offload.py), 0: none."""
         if num_blocks < 1:
             raise ValueError("a KV cache needs at least one block")
         self.num_blocks = num_blocks
@@ -81,6 +85,7 @@ class KVCache:
         self.peak_used = 0
         self.hit_tokens = 0
         self.query_tokens = 0
+        self.host = HostKVTier(host_blocks) if host_blocks > 0 and prefix_caching else None
 
     @property
     def used(self) -> int:
@@ -197,6 +202,8 @@ class KVCache:
         req.blocks -= grow
         req.cached_len = have + grow
         self._set_evictable(req.content, stream, before)
+        if self.host is not None:  # written through to system RAM as well
+            self.host.store(req.content, stream.cached)
 
     def release(self, req: SimRequest) -> None:
         """Free a running ``req``'s private blocks and its recurrent state's; its cached

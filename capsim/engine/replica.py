@@ -66,7 +66,14 @@ class Replica:
         self.index = index
         self.step_model = step_model
         self.scheduler = Scheduler(
-            config, KVCache(num_blocks, config.block_size, prefix_caching, config.state_blocks)
+            config,
+            KVCache(
+                num_blocks,
+                config.block_size,
+                prefix_caching,
+                config.state_blocks,
+                config.host_kv_blocks,
+            ),
         )
         self.fast_forward = fast_forward
         # whether clients may send at the instant a request finishes (the driver says)
@@ -106,6 +113,27 @@ class Replica:
         return len(s.waiting) + len(s.running) + len(self._inbox)
 
     def submit(self, req: SimRequest) -> None:
+        kv = self.scheduler.kv
+        if kv.host is not None and req.reusable and not req.computed and not req.cached_len:
+            # the prompt's blocks in system RAM beyond the GPU's cache load back first
+            bs = kv.block_size
+            full = (req.prompt_len - 1) // bs  # the last prompt token is always computed
+            from_host = min(kv.host.prefix(req.content), full)
+            on_gpu = kv.cached_prefix(req)
+            if from_host > on_gpu:
+                tokens = (from_host - on_gpu) * bs
+                kv.host.loaded_tokens += tokens
+                req.computed = from_host * bs
+                # looked up and found, as the GPU's own hits are counted
+                kv.query_tokens += req.prompt_len
+                kv.hit_tokens += req.computed
+                load_s = tokens * self.scheduler.config.host_load_s_per_token
+                self.env.timeout(load_s).callbacks.append(lambda _, req=req: self._enter(req))
+                return
+        self._enter(req)
+
+    def _enter(self, req: SimRequest) -> None:
+        """``req`` reaches the engine's queue (or the socket it polls)."""
         req.replica = self.index
         if self.recv_interval > 1 and self._wake is None:
             # busy: the request waits on the socket until the scheduler next polls it

@@ -74,6 +74,10 @@ class SchedulerConfig:
     # "self.chunked_prefill_size = self.chunked_prefill_size // self.dp_size"); None: the
     # step's budget
     request_chunk_tokens: int | None = None
+    # vLLM's KV offloading (--kv-offloading-size): blocks of the prefix cache's tier in
+    # system RAM, and the seconds one token's KV takes to load back over the host link
+    host_kv_blocks: int = 0
+    host_load_s_per_token: float = 0.0
 
     def chunk(self, left: float, budget: float) -> float:
         """Prompt tokens a request with ``left`` to go takes of a step's ``budget``."""

@@ -11,10 +11,11 @@ from capsim.catalog.loader import Catalog, load_catalog
 from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.catalog.resolve import looks_like_model_reference, resolve_into
 from capsim.engine.config import PredictConfig
-from capsim.engine.disaggregated_setup import (
-    check_disaggregation_flags,
-    decode_replicas,
-    with_prefill_pool,
+from capsim.engine.disaggregated_setup import decode_replicas, with_prefill_pool
+from capsim.engine.flag_checks import (
+    check_deployment_flags,
+    check_token_budget,
+    sglang_flag_error,
 )
 from capsim.engine.scheduler import SchedulerConfig
 from capsim.errors import CapsimUserError
@@ -183,6 +184,15 @@ def engine_deployment(
     )
 
 
+def host_kv_blocks(config: PredictConfig, fit: MemoryFit) -> int:
+    """Blocks of a replica's KV tier in system RAM: --kv-offloading-size GiB over the KV
+    bytes a block takes on all of its GPUs (vLLM sums the size over the TP ranks)."""
+    if not config.kv_offloading_gb:
+        return 0
+    block_bytes = BLOCK_SIZE_TOKENS * fit.kv_bytes_per_token * config.tp
+    return int(config.kv_offloading_gb * 2**30 // block_bytes)
+
+
 def weights_in_host_share(fit: MemoryFit) -> float:
     """Share of a GPU's weights --cpu-offload-gb keeps in system RAM."""
     kept = fit.weights_in_system_ram_bytes
@@ -246,67 +256,6 @@ def engine_fit_options(
     )
 
 
-def check_token_budget(batched_tokens: int, seqs: int, given_seqs: bool) -> None:
-    """vLLM refuses a step's token budget below its sequence limit (every running sequence
-    takes at least one token a step; vllm/config/scheduler.py ``_verify_args``:
-    "max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({})")."""
-    if batched_tokens >= seqs:
-        return
-    where = "" if given_seqs else " (vLLM's default for this GPU)"
-    raise CapsimUserError(
-        f"--max-num-batched-tokens {batched_tokens:,} is below --max-num-seqs {seqs:,}{where}: "
-        "vLLM refuses a token budget smaller than its sequence limit",
-        hint=f"raise --max-num-batched-tokens to {seqs:,} or more, or lower --max-num-seqs to "
-        f"{batched_tokens:,} or less",
-    )
-
-
-def sglang_flag_error(flag: str, engine: str, behaviour: str, leave: str = "out"):
-    """The error for one of SGLang's flags given with another ``engine`` (which does
-    ``behaviour`` instead)."""
-    return CapsimUserError(
-        f"{flag} is SGLang's flag; {engine} {behaviour}",
-        hint=f"add --engine sglang, or leave {flag} {leave}",
-    )
-
-
-def refuse_flags_the_engine_lacks(config: PredictConfig, engine: str) -> None:
-    """A flag of another engine is an error, not a term quietly applied (issue 47:
-    --ubatch-size with vLLM quadrupled a prefill step; --gpu-memory-utilization and
-    --kv-dtype fp8 with llama.cpp resized a KV cache llama.cpp sizes by its context)."""
-    if engine == "llama.cpp":
-        lacks = {
-            "--gpu-memory-utilization": (
-                config.gpu_memory_utilization is not None,
-                "sizes its KV cache by its context (-c), not by a share of memory",
-            ),
-            "--async-scheduling / --no-async-scheduling": (
-                config.async_scheduling is not None,
-                "runs its host work between steps",
-            ),
-            "--disable-custom-all-reduce": (
-                config.custom_allreduce is not None,
-                "has no custom all-reduce kernel to turn off",
-            ),
-            f"--kv-dtype {config.kv_dtype}": (
-                config.kv_dtype.lower().startswith("fp8"),
-                "has no FP8 KV cache (its -ctk/-ctv types are f16, bf16, q8_0, q4_0, ...)",
-            ),
-        }
-        for flag, (given, instead) in lacks.items():
-            if given:
-                raise CapsimUserError(
-                    f"{flag} is not llama.cpp's; llama.cpp {instead}",
-                    hint=f"leave {flag.split(' /')[0].split(' ')[0]} out with --engine llama.cpp",
-                )
-    elif config.ubatch_tokens is not None:
-        raise CapsimUserError(
-            f"--ubatch-size is llama.cpp's (-ub, its physical batch); {engine} runs a step's "
-            "tokens in one pass",
-            hint="add --engine llama.cpp, or leave --ubatch-size out",
-        )
-
-
 def vllm_data_parallel_experts(config: PredictConfig, model: Model, engine: str) -> PredictConfig:
     """vLLM's --data-parallel-size N with --enable-expert-parallel on an MoE model: one
     expert-parallel group of tp x N GPUs whose attention runs in N data-parallel ranks of
@@ -332,33 +281,6 @@ def replica_count(config: PredictConfig) -> int:
         return decode_replicas(config)
     group = config.tp * config.pp
     return config.gpus // group if config.gpus is not None else (config.dp or 1)
-
-
-def check_pipeline_flags(config: PredictConfig, engine: str) -> None:
-    """What --pipeline-parallel-size does not combine with here, as user errors."""
-    if config.pp == 1:
-        return
-    if engine == "llama.cpp":
-        raise CapsimUserError(
-            "--pipeline-parallel-size: llama.cpp splits layers over GPUs (-sm layer) but runs "
-            "one batch through them at a time, which capsim does not model",
-            hint="use --engine vllm or sglang, or leave the flag out",
-        )
-    combined = [
-        flag
-        for flag, given in (
-            ("--prefill-replicas", config.prefill_replicas),
-            ("--enable-expert-parallel", config.expert_parallel),
-            ("--enable-dp-attention", config.dp_attention > 1),
-            ("--n-cpu-moe", config.cpu_moe_layers),
-        )
-        if given
-    ]
-    if combined:
-        raise CapsimUserError(
-            f"--pipeline-parallel-size with {' and '.join(combined)} is not modelled",
-            hint="leave one of them out",
-        )
 
 
 def build_setup(
@@ -404,29 +326,7 @@ def build_setup(
     engine = cat.engine(config.engine).for_model_len(
         config.max_model_len or model.max_position_embeddings, mla=model.mla is not None
     )
-    refuse_flags_the_engine_lacks(config, engine.name)
-    check_disaggregation_flags(config, engine)
-    check_pipeline_flags(config, engine.name)
-    if config.scheduler_recv_interval > 1 and engine.name != "sglang":
-        raise sglang_flag_error(
-            "--scheduler-recv-interval", engine.name, "takes new requests every step", "at 1"
-        )
-    if config.host_memory_bandwidth_gbs and not config.cpu_moe_layers:
-        raise CapsimUserError(
-            "--host-memory-bandwidth applies to --n-cpu-moe",
-            hint="add --n-cpu-moe N (MoE layers whose experts stay in system RAM)",
-        )
-    if config.host_link_gbs and not (config.cpu_moe_layers or config.cpu_offload_gb):
-        raise CapsimUserError(
-            "--host-link-bandwidth applies to --n-cpu-moe and --cpu-offload-gb",
-            hint="add --n-cpu-moe N (llama.cpp) or --cpu-offload-gb G (vLLM, SGLang)",
-        )
-    if config.cpu_offload_gb and engine.name == "llama.cpp":
-        raise CapsimUserError(
-            "--cpu-offload-gb is vLLM's and SGLang's; llama.cpp keeps layers in system RAM "
-            "with -ngl and experts with --n-cpu-moe",
-            hint="use --n-cpu-moe N with llama.cpp, or --engine vllm",
-        )
+    check_deployment_flags(config, engine, gpu)
     reserve = engine.admission_reserve
     if config.schedule_conservativeness is not None:
         if reserve is None:
@@ -512,6 +412,12 @@ def build_setup(
         and spec is None,
         reserve=reserve,
         # data-parallel attention: a prompt runs on its own rank, in the rank's chunks
+        host_kv_blocks=host_kv_blocks(config, fit),
+        host_load_s_per_token=(
+            fit.kv_bytes_per_token / step_model.host_link_bytes_per_s()
+            if config.kv_offloading_gb
+            else 0.0
+        ),
         request_chunk_tokens=(
             max(fit.max_num_batched_tokens // config.dp_attention, 1)
             if config.dp_attention > 1

@@ -33,7 +33,7 @@ class OffloadTerms:
         self.host_link_bw = 0.0
         self.weights_in_host_share = dep.weights_in_host_share
         if self.weights_in_host_share:
-            self.host_link_bw = self._host_link_bytes_per_s()
+            self.host_link_bw = self.host_link_bytes_per_s()
         if not self.cpu_moe_layers:
             return
         if dep.host_memory_bandwidth_gbs is None:
@@ -43,9 +43,9 @@ class OffloadTerms:
                 "100 (docs/physics.md, experts in system RAM)",
             )
         self.host_memory_bw = dep.host_memory_bandwidth_gbs * 1e9
-        self.host_link_bw = self._host_link_bytes_per_s()
+        self.host_link_bw = self.host_link_bytes_per_s()
 
-    def _host_link_bytes_per_s(self) -> float:
+    def host_link_bytes_per_s(self) -> float:
         """What copying from pinned system RAM to the GPU reaches, bytes/s: the host link
         (--host-link-bandwidth, else the GPU's PCIe link) x host_link_efficiency."""
         dep = self.deployment
