@@ -217,3 +217,15 @@ def test_vllms_data_parallelism_with_expert_parallelism_is_one_ep_group_of_atten
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)["results"][0]
     assert result["tp"] == 8 and "dp-attention 8 EP" in result["label"]
+
+
+def test_an_expert_parallel_group_beyond_one_server_is_refused():
+    """vLLM's --data-parallel-size 16 --enable-expert-parallel would make one EP group of 16
+    GPUs whose dispatch crosses the network (DeepEP, pplx): not modelled, so refused rather
+    than run as an all-reduce over PCIe."""
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+
+    config = PredictConfig(gpu="h200", model="deepseek-r1", dp=16, expert_parallel=True)
+    with pytest.raises(CapsimUserError, match="across servers"):
+        build_setup(config, CAT)

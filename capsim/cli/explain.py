@@ -595,7 +595,7 @@ def explain_cmd(
         )
     prefill = sm.step(np.array([chunk]), np.array([prefill_context]))
     transfer = explained_kv_transfer(
-        g, eng, fit, tp, sm.params, prefill_replicas, prefill_tp, kv_transfer_bandwidth
+        g, eng, fit, tp, sm.params, prefill_replicas, prefill_tp, kv_transfer_bandwidth, pp
     )
     peak = getattr(g.tensor_tflops, sm.compute_dtype)
     ridge = peak * 1e12 / (g.memory_bandwidth_gb_s * 1e9) if peak else None
@@ -691,24 +691,27 @@ def explain_cmd(
 
 
 def explained_kv_transfer(
-    gpu, engine, fit, tp: int, params, prefill_replicas, prefill_tp, link_gb_s
+    gpu, engine, fit, tp: int, params, prefill_replicas, prefill_tp, link_gb_s, pp: int = 1
 ):
     """The KV transfer explain shows with --prefill-replicas (one decode replica of --tp
     GPUs; None without the flag; the flags predict refuses, refused alike)."""
     from capsim.engine.config import PredictConfig
     from capsim.engine.disaggregated_setup import check_disaggregation_flags
+    from capsim.engine.flag_checks import check_pipeline_flags
     from capsim.physics.kv_transfer import kv_transfer
 
     config = PredictConfig(
         gpu=gpu.name,
         model="(explained)",
         tp=tp,
+        pp=pp,
         engine=engine.name,
         prefill_replicas=prefill_replicas,
         prefill_tp=prefill_tp,
         kv_transfer_gbs=link_gb_s,
     )
     check_disaggregation_flags(config, engine)
+    check_pipeline_flags(config, engine.name)
     if not prefill_replicas:
         return None
     return kv_transfer(

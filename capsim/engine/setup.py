@@ -269,9 +269,23 @@ def vllm_data_parallel_experts(config: PredictConfig, model: Model, engine: str)
     ranks = replica_count(config)
     if ranks < 2:
         return config
-    return config.model_copy(
-        update={"tp": config.tp * ranks, "dp_attention": ranks, "dp": None, "gpus": None}
-    )
+    group = config.tp * ranks
+    if group > MAX_EP_GROUP_IN_A_SERVER:
+        raise CapsimUserError(
+            f"--data-parallel-size {ranks} with --enable-expert-parallel makes one "
+            f"expert-parallel group of {group} GPUs, beyond one server's "
+            f"{MAX_EP_GROUP_IN_A_SERVER}: expert parallelism across servers (all-to-all over "
+            "the network) is not modelled",
+            hint=f"at most {MAX_EP_GROUP_IN_A_SERVER // config.tp} ranks of --tp {config.tp}, "
+            "or replicas without --enable-expert-parallel",
+        )
+    return config.model_copy(update={"tp": group, "dp_attention": ranks, "dp": None, "gpus": None})
+
+
+MAX_EP_GROUP_IN_A_SERVER = 8
+"""The most GPUs one expert-parallel group spans here: one 8-GPU server (HGX boards join 8
+through NVSwitch, and the largest PCIe servers hold 8); beyond it vLLM's dispatch and
+combine run all-to-all over the network (DeepEP, pplx), which capsim does not model."""
 
 
 def replica_count(config: PredictConfig) -> int:

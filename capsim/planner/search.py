@@ -29,6 +29,7 @@ from capsim.engine.config import PredictConfig
 from capsim.engine.lengths import parse_length
 from capsim.engine.pool import cores_for, worker_pool
 from capsim.engine.router import RouterPolicy
+from capsim.engine.setup import MAX_EP_GROUP_IN_A_SERVER
 from capsim.errors import CapsimUserError, close_matches
 from capsim.physics.communication import choose_interconnect
 from capsim.physics.drafter_memory import drafter_for
@@ -262,7 +263,11 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                     # group of tp x dp GPUs, attention in dp ranks)
                     moe = model.moe
                     ep_options = [False]
-                    if moe and count > 1 and moe.num_experts % count == 0:
+                    if (
+                        moe
+                        and 1 < count <= MAX_EP_GROUP_IN_A_SERVER
+                        and moe.num_experts % count == 0
+                    ):
                         ep_options.append(True)
                     for quant, kv, spec, link, watts, nodes, seqs, ep in itertools.product(
                         formats,
