@@ -14,7 +14,7 @@ import numpy as np
 
 from capsim.physics.dtypes import ACTIVATION_BYTES
 from capsim.physics.elementwise import routed_moe_elements
-from capsim.physics.moe import expected_distinct_experts
+from capsim.physics.moe import expected_distinct_experts, placement_load_cv
 from capsim.physics.roofline import roofline_scalar
 
 
@@ -59,7 +59,10 @@ class ExpertTerms:
         maximum over the tp GPUs (exact, from the binomial CDF); a whole expert is tp slices.
         The pairs (tokens x experts per token, spread evenly in expectation) on the busiest
         GPU exceed the mean by the expected maximum of tp binomial counts (normal
-        approximation: sqrt(2 ln tp) standard deviations). Routing skew is not laid on top."""
+        approximation: sqrt(2 ln tp) standard deviations). With routing skew
+        (moe_routing_skew, a Zipf law over the experts) a GPU's share of the pairs varies
+        with the popularity of the experts it holds as well (moe.placement_load_cv), and
+        the two variances add: hot experts load their GPU, so skew slows the busiest one."""
         tp = self.deployment.tp
         if not self.deployment.expert_parallel or tp == 1 or not touched:
             return touched, touched, 1.0
@@ -75,7 +78,9 @@ class ExpertTerms:
         below = binom.cdf(np.arange(per_gpu), per_gpu, q)
         busiest = float(np.sum(1.0 - below**tp))
         pairs = routed_tokens * moe.experts_per_token
-        spread = math.sqrt(2.0 * math.log(tp) * (1.0 - 1.0 / tp) * tp / pairs) if pairs else 0.0
+        sampling = (1.0 - 1.0 / tp) * tp / pairs if pairs else 0.0
+        placement = placement_load_cv(moe.num_experts, tp, self.params.moe_routing_skew) ** 2
+        spread = math.sqrt(2.0 * math.log(tp) * (sampling + placement))
         result = (busiest * tp, busiest, min(float(tp), 1.0 + spread))
         self._ep_cache[key] = result
         return result

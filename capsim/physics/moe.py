@@ -39,3 +39,20 @@ def expected_distinct_experts(
     p_pick = np.minimum(1.0, top_k * expert_popularity(num_experts, skew))
     escape = (1.0 - p_pick) ** t[..., None]
     return (1.0 - escape).sum(axis=-1)
+
+
+def placement_load_cv(num_experts: int, groups: int, skew: float = 0.0) -> float:
+    """Coefficient of variation of the routing load one of ``groups`` GPUs gets when each
+    holds num_experts / groups whole experts placed without regard to their popularity
+    (vLLM places expert e on GPU e // (num_experts / groups), and which experts are hot
+    depends on the workload, not on their index): the sum of m = num_experts / groups
+    popularities drawn without replacement from the Zipf law, whose variance is
+    m var(p) (num_experts - m) / (num_experts - 1), over its mean 1 / groups. 0 for uniform
+    routing (skew 0) or one group."""
+    if skew == 0.0 or groups <= 1 or num_experts <= 1:
+        return 0.0
+    p = expert_popularity(num_experts, skew)
+    m = num_experts / groups
+    var_p = float(np.mean(p**2) - (1.0 / num_experts) ** 2)
+    var_sum = m * var_p * (num_experts - m) / (num_experts - 1)
+    return float(np.sqrt(max(var_sum, 0.0)) * groups)
