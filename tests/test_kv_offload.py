@@ -4,6 +4,7 @@ GPU's cache cannot hold."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import simpy
 
@@ -32,10 +33,10 @@ def test_the_tier_keeps_leading_blocks_and_evicts_the_least_recent_stream():
     assert tier.used <= tier.capacity
 
 
-def test_a_prompt_found_in_system_ram_waits_for_its_load_and_skips_its_prefill():
+def test_a_prompt_found_in_system_ram_loads_in_its_first_step_and_skips_its_prefill():
     """A 4,096-token prompt whose first 4,080 tokens (255 blocks) sit in system RAM and not
-    on the GPU: it reaches the engine after 4,080 tokens' KV crossed PCIe 4.0 x16 at
-    host_link_efficiency, and enters with them computed."""
+    on the GPU: the step that admits it waits for those tokens' KV to cross PCIe 4.0 x16 at
+    host_link_efficiency, and computes only the last 16 tokens."""
     setup = build_setup(
         PredictConfig(
             gpu="rtx3090", model="qwen3-8b", quant="awq-int4", kv_offloading_gb=16, profile="none"
@@ -45,13 +46,14 @@ def test_a_prompt_found_in_system_ram_waits_for_its_load_and_skips_its_prefill()
     env = simpy.Environment()
     rep = Replica(env, 0, setup.step_model, setup.scheduler, setup.num_blocks)
     rep.scheduler.kv.host.store("s", 300)
-    req = SimRequest(env, 0, 0.0, 4096, 8, "s", session="s")
+    req = SimRequest(env, 0, 0.0, 4096, 1, "s", session="s")
     rep.submit(req)
     env.run()
     link = CAT.gpu("rtx3090").interconnect("pcie").bandwidth_gb_s_per_direction * 1e9
     link *= setup.step_model.params.host_link_efficiency
     load_s = 4080 * setup.fit.kv_bytes_per_token / link
-    assert req.first_scheduled == pytest.approx(load_s)
+    step_s = setup.step_model.scheduled_step_time(np.array([16.0]), np.array([4080.0]))
+    assert req.first_token == pytest.approx(load_s + step_s, rel=1e-6)
     assert rep.scheduler.kv.host.loaded_tokens == 4080
     assert rep.scheduler.kv.hit_tokens == 4080
 
@@ -92,5 +94,56 @@ def test_kv_offloading_where_it_cannot_apply_is_refused(extra, message):
     config = PredictConfig(
         **{"gpu": "rtx3090", "model": "qwen3-8b", "kv_offloading_gb": 8, **extra}
     )
+    with pytest.raises(CapsimUserError, match=message):
+        build_setup(config, CAT)
+
+
+def test_sglangs_hicache_pool_is_a_ratio_of_the_devices_or_a_size_a_gpu():
+    """SGLang's --enable-hierarchical-cache: a host pool --hicache-ratio (2 by default)
+    times the device pool, or --hicache-size GB a GPU over one GPU's bytes a block."""
+    base = dict(gpu="rtx3090", model="qwen3-8b", quant="awq-int4", engine="sglang")
+    on = build_setup(PredictConfig(**base, hierarchical_cache=True), CAT)
+    assert on.scheduler.host_kv_blocks == 2 * on.num_blocks
+    tripled = build_setup(PredictConfig(**base, hierarchical_cache=True, hicache_ratio=3), CAT)
+    assert tripled.scheduler.host_kv_blocks == 3 * tripled.num_blocks
+    sized = build_setup(PredictConfig(**base, hierarchical_cache=True, hicache_size_gb=10), CAT)
+    assert sized.scheduler.host_kv_blocks == int(10e9 // (16 * sized.fit.kv_bytes_per_token))
+    off = build_setup(PredictConfig(**base), CAT)
+    assert off.scheduler.host_kv_blocks == 0
+
+
+def test_sglang_agents_hit_their_contexts_in_the_host_pool():
+    load = dict(
+        gpu="rtx3090",
+        model="qwen3-8b",
+        quant="awq-int4",
+        engine="sglang",
+        workload="agents",
+        concurrency=[16],
+        turns=8,
+        input_tokens="8000",
+        tool_tokens="500",
+        output_tokens="200",
+        profile="none",
+    )
+    without = predict(PredictConfig(**load), workers=1).levels[0]
+    with_pool = predict(PredictConfig(**load, hierarchical_cache=True), workers=1).levels[0]
+    assert with_pool.prefix_cache_hit_rate > without.prefix_cache_hit_rate + 0.3
+    assert with_pool.metrics.output_tok_s > 2 * without.metrics.output_tok_s
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (dict(hierarchical_cache=True), "--enable-hierarchical-cache is SGLang's"),
+        (dict(engine="sglang", hicache_ratio=4), "--enable-hierarchical-cache is not given"),
+        (
+            dict(engine="sglang", hierarchical_cache=True, prefix_caching=False),
+            "--no-prefix-caching",
+        ),
+    ],
+)
+def test_hicache_where_it_cannot_apply_is_refused(extra, message):
+    config = PredictConfig(**{"gpu": "rtx3090", "model": "qwen3-8b", **extra})
     with pytest.raises(CapsimUserError, match=message):
         build_setup(config, CAT)

@@ -372,6 +372,33 @@ KvOffloadingOption = Annotated[
         "[default: 0]",
     ),
 ]
+HierarchicalCacheOption = Annotated[
+    bool,
+    typer.Option(
+        "--enable-hierarchical-cache",
+        help="SGLang's HiCache: a host KV pool beside the GPU's that keeps prefix-cache "
+        "blocks, loaded back over the host link on a hit",
+    ),
+]
+HicacheRatioOption = Annotated[
+    float,
+    typer.Option(
+        "--hicache-ratio",
+        min=0.001,
+        max=1_000,
+        help="With --enable-hierarchical-cache: host pool over device pool [default: 2, SGLang's]",
+    ),
+]
+HicacheSizeOption = Annotated[
+    float,
+    typer.Option(
+        "--hicache-size",
+        min=0,
+        max=100_000,
+        help="With --enable-hierarchical-cache: the host pool in GB a GPU, over the ratio "
+        "[default: 0, the ratio]",
+    ),
+]
 CpuOffloadOption = Annotated[
     float,
     typer.Option(

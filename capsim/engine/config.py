@@ -138,6 +138,22 @@ class PredictConfig(BaseModel):
         description="GiB of system RAM a replica keeps prefix-cache blocks in besides the "
         "GPU's cache (vLLM's --kv-offloading-size, summed over its TP ranks); 0: none",
     )
+    hierarchical_cache: bool = Field(
+        False,
+        description="SGLang's --enable-hierarchical-cache (HiCache): a host KV pool "
+        "--hicache-ratio times the GPU's (or --hicache-size GB a GPU) that keeps the prefix "
+        "cache's blocks besides the GPU's, loaded back on a hit",
+    )
+    hicache_ratio: float = Field(
+        2.0, gt=0, le=1_000, description="SGLang's --hicache-ratio: host pool over device pool"
+    )
+    hicache_size_gb: float = Field(
+        0.0,
+        ge=0,
+        le=100_000,
+        description="SGLang's --hicache-size: the host pool in GB a GPU, over the ratio; 0: "
+        "the ratio",
+    )
     host_memory_bandwidth_gbs: float | None = Field(
         None, gt=0, le=100_000, description="System RAM read bandwidth, GB/s (with --n-cpu-moe)"
     )

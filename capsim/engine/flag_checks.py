@@ -27,7 +27,10 @@ def check_deployment_flags(config: PredictConfig, engine: Engine, gpu: GPU) -> N
             hint="add --n-cpu-moe N (MoE layers whose experts stay in system RAM)",
         )
     if config.host_link_gbs and not (
-        config.cpu_moe_layers or config.cpu_offload_gb or config.kv_offloading_gb
+        config.cpu_moe_layers
+        or config.cpu_offload_gb
+        or config.kv_offloading_gb
+        or config.hierarchical_cache
     ):
         raise CapsimUserError(
             "--host-link-bandwidth applies to --n-cpu-moe, --cpu-offload-gb and "
@@ -36,6 +39,7 @@ def check_deployment_flags(config: PredictConfig, engine: Engine, gpu: GPU) -> N
         )
     if config.kv_offloading_gb:
         check_kv_offloading(config, engine.name, gpu)
+    check_hierarchical_cache(config, engine.name, gpu)
     if config.cpu_offload_gb and engine.name == "llama.cpp":
         raise CapsimUserError(
             "--cpu-offload-gb is vLLM's and SGLang's; llama.cpp keeps layers in system RAM "
@@ -155,4 +159,39 @@ def check_pipeline_flags(config: PredictConfig, engine: str) -> None:
         raise CapsimUserError(
             f"--pipeline-parallel-size with {' and '.join(combined)} is not modelled",
             hint="leave one of them out",
+        )
+
+
+def check_hierarchical_cache(config: PredictConfig, engine: str, gpu: GPU) -> None:
+    """SGLang's HiCache flags, where they cannot apply, as user errors."""
+    sized = config.hicache_size_gb or config.hicache_ratio != 2.0
+    if not config.hierarchical_cache:
+        if sized:
+            raise CapsimUserError(
+                "--hicache-ratio and --hicache-size size SGLang's hierarchical cache, and "
+                "--enable-hierarchical-cache is not given",
+                hint="add --enable-hierarchical-cache",
+            )
+        return
+    if engine != "sglang":
+        raise CapsimUserError(
+            f"--enable-hierarchical-cache is SGLang's; {engine} "
+            + (
+                "keeps a tier in system RAM with --kv-offloading-size"
+                if engine == "vllm"
+                else "has none"
+            ),
+            hint="use --engine sglang"
+            + (", or --kv-offloading-size G with vLLM" if engine == "vllm" else ""),
+        )
+    if not config.prefix_caching:
+        raise CapsimUserError(
+            "--enable-hierarchical-cache extends the radix (prefix) cache, and "
+            "--no-prefix-caching turns it off",
+            hint="leave one of them out",
+        )
+    if gpu.unified_memory:
+        raise CapsimUserError(
+            f"{gpu.name} shares one memory between its CPU and GPU, so a host KV pool adds no room",
+            hint="leave --enable-hierarchical-cache out",
         )

@@ -157,6 +157,14 @@ class KVCache:
         full = (req.prompt_len - 1) // self.block_size  # keep >= 1 token to compute
         return min(stream.cached, full)
 
+    def host_prefix(self, req: SimRequest) -> int:
+        """Leading full blocks of ``req``'s prompt in the tier in system RAM (0 without
+        one), as ``cached_prefix`` counts the GPU's."""
+        if self.host is None or not req.reusable:
+            return 0
+        full = (req.prompt_len - 1) // self.block_size  # keep >= 1 token to compute
+        return min(self.host.prefix(req.content), full)
+
     def evictable_among(self, req: SimRequest, hits: int) -> int:
         """How many of the first ``hits`` blocks of ``req``'s stream are evictable now."""
         if hits == 0:
@@ -185,6 +193,8 @@ class KVCache:
         if not self.prefix_caching or not req.reusable:
             return
         full = int(tokens) // self.block_size
+        if self.host is not None:  # written through to system RAM, whatever the GPU keeps
+            self.host.store(req.content, full)
         stream = self.streams.get(req.content)
         if stream is None:
             stream = self.streams[req.content] = Stream()
@@ -202,8 +212,6 @@ class KVCache:
         req.blocks -= grow
         req.cached_len = have + grow
         self._set_evictable(req.content, stream, before)
-        if self.host is not None:  # written through to system RAM as well
-            self.host.store(req.content, stream.cached)
 
     def release(self, req: SimRequest) -> None:
         """Free a running ``req``'s private blocks and its recurrent state's; its cached

@@ -1,14 +1,16 @@
 """A second tier of the prefix cache in system RAM: vLLM's KV offloading
-(``--kv-offloading-size`` GiB, its native OffloadingConnector).
+(``--kv-offloading-size`` GiB, its native OffloadingConnector) and SGLang's hierarchical
+cache (``--enable-hierarchical-cache``, a host pool ``--hicache-ratio`` times the GPU's).
 
-vLLM stores the full blocks a request computes to a buffer in pinned CPU memory as well as
-keeping them in the GPU's cache, and looks a new request's prompt up there too: the blocks
-found in CPU memory beyond those the GPU still holds are loaded back over the host link
-instead of being computed again (the request waits for the load, holding its blocks, and
-the other requests' steps go on). capsim keeps, per replica, how many leading blocks of
-each token stream the buffer holds (streams evicted whole, least recently used first), and
-delays a request whose prompt the buffer holds further than the GPU's cache by the time
-the extra blocks take over the link; it then enters the engine with those tokens computed.
+Both write the full blocks a request computes through to pinned CPU memory as well as
+keeping them in the GPU's cache, and look a new request's prompt up there too when they
+schedule it: the blocks found in CPU memory beyond those the GPU still holds are loaded
+back over the host link instead of being computed again. capsim keeps, per replica, how
+many leading blocks of each token stream the tier holds (streams evicted whole, least
+recently used first; ``KVCache.register`` stores, ``Scheduler._head_admission`` looks up),
+and the step that admits such a request waits for the load (``Scheduler.take_load_seconds``;
+vLLM loads asynchronously and SGLang overlaps the load with the layers, so this is an
+upper bound on its cost).
 
 Not modelled: the stores' own traffic to the CPU (they run asynchronously, device to host,
 while the link's other direction carries the loads), and a load racing an eviction.

@@ -113,23 +113,6 @@ class Replica:
         return len(s.waiting) + len(s.running) + len(self._inbox)
 
     def submit(self, req: SimRequest) -> None:
-        kv = self.scheduler.kv
-        if kv.host is not None and req.reusable and not req.computed and not req.cached_len:
-            # the prompt's blocks in system RAM beyond the GPU's cache load back first
-            bs = kv.block_size
-            full = (req.prompt_len - 1) // bs  # the last prompt token is always computed
-            from_host = min(kv.host.prefix(req.content), full)
-            on_gpu = kv.cached_prefix(req)
-            if from_host > on_gpu:
-                tokens = (from_host - on_gpu) * bs
-                kv.host.loaded_tokens += tokens
-                req.computed = from_host * bs
-                # looked up and found, as the GPU's own hits are counted
-                kv.query_tokens += req.prompt_len
-                kv.hit_tokens += req.computed
-                load_s = tokens * self.scheduler.config.host_load_s_per_token
-                self.env.timeout(load_s).callbacks.append(lambda _, req=req: self._enter(req))
-                return
         self._enter(req)
 
     def _enter(self, req: SimRequest) -> None:
@@ -264,6 +247,7 @@ class Replica:
                 )
             # decoding sequences this step leaves out (a prefill batch of its own)
             sat_out = sched.decoding_count - step.decoding
+            duration += sched.take_load_seconds()  # KV loaded from system RAM first
             applied = self.fast_forward and not sched.may_finish(step)
             weight = self._step_weight(step)
             if applied:

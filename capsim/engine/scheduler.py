@@ -114,6 +114,8 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         # engine may run dry between them at any level (engine/saturation.py)
         self.dry_counts_from = 1
         self.reserve = ReserveState(config.reserve) if config.reserve is not None else None
+        # prompt tokens admitted since the last step began whose KV loads from system RAM
+        self.load_tokens = 0
         cap = config.max_num_seqs + 1
         # one row per float field, so removing a running request shifts one array
         self._state = np.zeros((6, cap))
@@ -147,6 +149,12 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
     def decoding_count(self) -> int:
         """Running requests past their prompt (decoding)."""
         return len(self.running) - self._prefilling
+
+    def take_load_seconds(self) -> float:
+        """Seconds the next step waits for the KV it loads from system RAM (the tokens
+        admitted from the tier in system RAM since the last call)."""
+        tokens, self.load_tokens = self.load_tokens, 0
+        return tokens * self.config.host_load_s_per_token
 
     def can_admit_more(self) -> bool:
         """Could a newly arrived request change the next step's schedule?"""
@@ -200,6 +208,9 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         if fresh:
             hits = self.kv.cached_prefix(req)
         computed = max(req.computed, hits * cfg.block_size)
+        if fresh and self.kv.host is not None:
+            # blocks the tier in system RAM holds beyond the GPU's: loaded, not computed
+            computed = max(computed, self.kv.host_prefix(req) * cfg.block_size)
         n = cfg.chunk(req.prefill_target - computed, budget)
         need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
         return req, fresh, hits, computed, n, need
@@ -303,6 +314,11 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
             if hits:
                 req.cached_tokens = hits * cfg.block_size
                 kv.hit_tokens += req.cached_tokens
+            loaded = computed - max(req.computed, hits * cfg.block_size)
+            if loaded > 0:  # from system RAM (KVCache.host): the step waits for the load
+                kv.hit_tokens += loaded
+                kv.host.loaded_tokens += loaded
+                self.load_tokens += loaded
             req.computed = computed
             self.waiting.popleft()
             req.phase = PREFILL

@@ -184,13 +184,20 @@ def engine_deployment(
     )
 
 
-def host_kv_blocks(config: PredictConfig, fit: MemoryFit) -> int:
-    """Blocks of a replica's KV tier in system RAM: --kv-offloading-size GiB over the KV
-    bytes a block takes on all of its GPUs (vLLM sums the size over the TP ranks)."""
-    if not config.kv_offloading_gb:
-        return 0
-    block_bytes = BLOCK_SIZE_TOKENS * fit.kv_bytes_per_token * config.tp
-    return int(config.kv_offloading_gb * 2**30 // block_bytes)
+def host_kv_blocks(config: PredictConfig, fit: MemoryFit, device_blocks: int) -> int:
+    """Blocks of a replica's KV tier in system RAM: vLLM's --kv-offloading-size GiB over
+    the KV bytes a block takes on all of its GPUs (vLLM sums the size over the TP ranks);
+    SGLang's HiCache --hicache-size GB a GPU over one GPU's bytes a block, else
+    --hicache-ratio times the ``device_blocks`` ("the ratio of the size of host KV cache
+    memory pool to the size of device pool", Mooncake's HiCache docs)."""
+    block_bytes = BLOCK_SIZE_TOKENS * fit.kv_bytes_per_token
+    if config.kv_offloading_gb:
+        return int(config.kv_offloading_gb * 2**30 // (block_bytes * config.tp))
+    if config.hierarchical_cache:
+        if config.hicache_size_gb:
+            return int(config.hicache_size_gb * 1e9 // block_bytes)
+        return int(config.hicache_ratio * device_blocks)
+    return 0
 
 
 def weights_in_host_share(fit: MemoryFit) -> float:
@@ -426,10 +433,10 @@ def build_setup(
         and spec is None,
         reserve=reserve,
         # data-parallel attention: a prompt runs on its own rank, in the rank's chunks
-        host_kv_blocks=host_kv_blocks(config, fit),
+        host_kv_blocks=host_kv_blocks(config, fit, num_blocks),
         host_load_s_per_token=(
             fit.kv_bytes_per_token / step_model.host_link_bytes_per_s()
-            if config.kv_offloading_gb
+            if config.kv_offloading_gb or config.hierarchical_cache
             else 0.0
         ),
         request_chunk_tokens=(
