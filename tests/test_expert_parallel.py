@@ -189,7 +189,7 @@ def test_vllms_data_parallelism_with_expert_parallelism_is_one_ep_group_of_atten
     tensor_parallel = build_setup(PredictConfig(**base, tp=8), CAT)
     assert (vllm.config.tp, vllm.config.dp_attention, vllm.dp) == (8, 8, 1)
     # MLA's latent cache: one copy a rank, not one a GPU of the TP group
-    assert vllm.num_blocks > 6 * tensor_parallel.num_blocks
+    assert vllm.num_blocks > 5 * tensor_parallel.num_blocks
     halves = build_setup(PredictConfig(**base, tp=4, dp=2, expert_parallel=True), CAT)
     assert (halves.config.tp, halves.config.dp_attention) == (8, 2)
     dense = build_setup(
@@ -250,3 +250,25 @@ def test_skewed_routing_never_shortens_a_compute_bound_ep_step(low, more):
 
     assert step(low + more) >= step(low) * (1 - 1e-9)
     assert placement_load_cv(256, 8, low + more) >= placement_load_cv(256, 8, low)
+
+
+def test_vllms_ranks_hold_the_dense_layers_and_shared_experts_whole():
+    """vLLM's DP+EP runs each rank as a replica but for the routed experts: DeepSeek-R1's
+    three dense MLP layers and its shared experts are whole on every GPU (SGLang's DP
+    attention splits them over the group), 7/8 of their FP8 bytes more a GPU, read every
+    step."""
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+    from capsim.physics.parameters import parameter_breakdown
+
+    base = dict(gpu="h200", model="deepseek-r1", profile="none", expert_parallel=True)
+    vllm = build_setup(PredictConfig(**base, dp=8), CAT)
+    sglang = build_setup(PredictConfig(**base, tp=8, dp_attention=8, engine="sglang"), CAT)
+    p = parameter_breakdown(CAT.model("deepseek-r1"))
+    fmt = CAT.quant("fp8")
+    extra = (p.mlp + p.shared_experts) * fmt.bits_per_weight / 8 * (1 - 1 / 8)
+    assert vllm.fit.weight_bytes - sglang.fit.weight_bytes == pytest.approx(extra, rel=0.02)
+    assert vllm.step_model.dense_weight_bytes - sglang.step_model.dense_weight_bytes == (
+        pytest.approx(extra, rel=0.02)
+    )
+    assert vllm.step_model.routed_bytes_all == pytest.approx(sglang.step_model.routed_bytes_all)

@@ -149,6 +149,7 @@ def engine_deployment(
     dp_attention: int = 1,
     pp: int = 1,
     weights_in_host_share: float = 0.0,
+    dense_in_ranks: bool = False,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -181,7 +182,15 @@ def engine_deployment(
         dp_attention=dp_attention,
         pp=pp,
         weights_in_host_share=weights_in_host_share,
+        dense_in_ranks=dense_in_ranks,
     )
+
+
+def dense_in_ranks(config: PredictConfig, engine: str) -> bool:
+    """Whether a deployment's attention ranks hold the dense layers and shared experts
+    whole: vLLM's data parallelism with expert parallelism (each DP rank a model replica
+    but for the routed experts); SGLang's DP attention splits them over the group."""
+    return engine == "vllm" and config.dp_attention > 1
 
 
 def host_kv_blocks(config: PredictConfig, fit: MemoryFit, device_blocks: int) -> int:
@@ -381,6 +390,7 @@ def build_setup(
         expert_parallel=config.expert_parallel,
         pp=config.pp,
         cpu_offload_gb=config.cpu_offload_gb,
+        dense_in_ranks=dense_in_ranks(config, engine.name),
     )
     fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
     if not fit.fits:
@@ -416,6 +426,7 @@ def build_setup(
         dp_attention=config.dp_attention,
         pp=config.pp,
         weights_in_host_share=weights_in_host_share(fit),
+        dense_in_ranks=dense_in_ranks(config, engine.name),
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

@@ -102,6 +102,13 @@ class Deployment(BaseModel):
         "all tp GPUs. 1: plain tensor parallelism",
     )
 
+    dense_in_ranks: bool = Field(
+        False,
+        description="With data-parallel attention: the dense MLP layers and shared experts "
+        "are whole on each rank too (vLLM's --data-parallel-size with "
+        "--enable-expert-parallel); False: split over the TP group (SGLang's)",
+    )
+
     @property
     def attention_tp(self) -> int:
         """GPUs one attention rank splits its heads over: tp / dp_attention."""

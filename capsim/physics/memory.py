@@ -158,6 +158,7 @@ def weight_bytes(
     tp: int = 1,
     include_mtp: bool = False,
     attention_tp: int | None = None,
+    dense_tp: int | None = None,
 ) -> dict[str, float]:
     """Weight bytes per GPU by component.
 
@@ -169,6 +170,9 @@ def weight_bytes(
     ``fmt.unquantized_bits`` (embedding and head at their own bits where the format says).
     A tied embedding table is the output head too and is stored at the head's bits
     (llama.cpp gives a tied token_embd the output tensor's type: see gguf-q4_0.yaml).
+    ``dense_tp``, where given, splits the dense MLP layers and the shared experts over that
+    many GPUs instead (vLLM's data parallelism with expert parallelism: each rank runs them
+    whole on its own GPUs, only the routed experts span the group).
     """
     p = parameter_breakdown(model)
     lm_head_bits = fmt.lm_head_bits or fmt.unquantized_bits
@@ -187,8 +191,10 @@ def weight_bytes(
             p.linear_attention * _format_bits(fmt, "linear_attention") / 8 / tp
             + p.linear_attention_small * fmt.unquantized_bits / 8 / tp
         ),
-        "mlp": p.mlp * _format_bits(fmt, "mlp") / 8 / tp,
-        "experts": (p.routed_experts + p.shared_experts) * _format_bits(fmt, "experts") / 8 / tp,
+        "mlp": p.mlp * _format_bits(fmt, "mlp") / 8 / (dense_tp or tp),
+        "experts": (p.routed_experts / tp + p.shared_experts / (dense_tp or tp))
+        * _format_bits(fmt, "experts")
+        / 8,
         "router": p.router * fmt.unquantized_bits / 8,
         "norms": p.norms * fmt.unquantized_bits / 8,
         "vision": p.vision * fmt.unquantized_bits / 8 / tp,
@@ -322,6 +328,7 @@ def memory_fit(
     drafter: Drafter | None = None,
     pp: int = 1,
     cpu_offload_gb: float = 0.0,
+    dense_in_ranks: bool = False,
 ) -> MemoryFit:
     """Fit ``model`` in ``fmt`` on a TP group of ``gpu``; report the budget and KV capacity.
 
@@ -362,6 +369,9 @@ def memory_fit(
         drafter: the speculative drafter loaded beside the model (drafter_memory.Drafter):
             its weights leave the KV budget (an MTP drafter's are the model's MTP module)
             and its attention layers' KV joins every token of the pool.
+        dense_in_ranks: with data-parallel attention, the dense MLP layers and shared
+            experts too are whole on each rank's GPUs (vLLM's --data-parallel-size with
+            --enable-expert-parallel), not split over the group (SGLang's DP attention).
         cpu_offload_gb: GiB of each GPU's weights kept in pinned system RAM (vLLM's and
             SGLang's --cpu-offload-gb), at most all of them: they leave the GPU's weights
             (``weights_in_system_ram_bytes``) and are read over the host link every pass.
@@ -403,7 +413,14 @@ def memory_fit(
     budget = memory * gpu_memory_utilization
     # each rank's GPUs hold its whole attention, split over attention_tp
     include_mtp = drafter is not None and drafter.method == "mtp"
-    parts = weight_bytes(model, fmt, tp, include_mtp=include_mtp, attention_tp=attention_tp)
+    parts = weight_bytes(
+        model,
+        fmt,
+        tp,
+        include_mtp=include_mtp,
+        attention_tp=attention_tp,
+        dense_tp=attention_tp if dense_in_ranks else None,
+    )
     parts["drafter"] = drafter_weight_bytes(drafter, model, fmt, tp)
     parts = stage_weight_parts(parts, model, pp)
     if cpu_moe_layers:

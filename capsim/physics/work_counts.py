@@ -26,7 +26,11 @@ class WorkCounts:
         # rank's attention_tp GPUs, every step; its FLOPs per token are unchanged (a rank
         # computes 1 / ranks of the tokens with ranks times the heads)
         attention_tp = self.deployment.attention_tp
-        parts = weight_bytes(model, fmt, tp, include_mtp=False, attention_tp=attention_tp)
+        # vLLM's DP+EP: the dense layers and shared experts whole on each rank as well
+        dense_tp = attention_tp if self.deployment.dense_in_ranks else None
+        parts = weight_bytes(
+            model, fmt, tp, include_mtp=False, attention_tp=attention_tp, dense_tp=dense_tp
+        )
         self.expert_bytes_all = parts["experts"]
         breakdown = parameter_breakdown(model)
         self.params_breakdown = breakdown
@@ -34,7 +38,9 @@ class WorkCounts:
         if breakdown.routed_experts:
             shared_and_routed = breakdown.routed_experts + breakdown.shared_experts
             routed_share = breakdown.routed_experts / shared_and_routed
-        self.routed_bytes_all = parts["experts"] * routed_share
+        # the routed experts always span the group: their share of the group-split bytes
+        split = weight_bytes(model, fmt, tp, include_mtp=False) if dense_tp else parts
+        self.routed_bytes_all = split["experts"] * routed_share
         # everything read every step: all but the embedding table (a step looks up one
         # row per token), the routed experts and a vision tower (text-only steps never run
         # it); a tied table is the output head as well, and the head reads all of it
