@@ -97,3 +97,16 @@ def test_predict_takes_a_gateways_latency_and_capacity():
         ],
     )
     assert r.exit_code == 2 and "--offline runs have none" in r.output
+
+
+def test_a_scenario_says_how_its_source_spread_requests():
+    """A published scenario's router (random for a Kubernetes Service, whose kube-proxy
+    picks a pod at random) is simulated as given; without one, round-robin."""
+    from capsim.calibration.compare import scenario_config
+    from capsim.calibration.published import load_dataset, published_dir
+
+    name = "corpus-llmd-h200x16-gptoss120b-pd-8p1-2d4-5000in-250out"
+    ds = load_dataset(published_dir() / f"{name}.yaml")
+    routers = {sc.name: scenario_config(ds, sc, [45]).router for sc in ds.scenarios}
+    assert routers["h200-gpt-oss-120b-aggregated-16x-tp1"] == "random"
+    assert routers["h200-gpt-oss-120b-pd-8p-tp1-2d-tp4"] == "round_robin"

@@ -167,6 +167,7 @@ def _scenario_config(ds, sc, levels, output, flags, dp_attention, overrides) -> 
         prefill_tp=int(flags["prefill_tp"]) if "prefill_tp" in flags else None,
         kv_transfer_gbs=float(flags["kv_transfer_gbs"]) if "kv_transfer_gbs" in flags else None,
         kv_capacity_tokens=sc.kv_capacity_tokens,
+        router=sc.router or "round_robin",
         seed=0,
         profile="none",
         efficiency_overrides=overrides or {},

@@ -165,6 +165,12 @@ class Scenario(Strict):
         le=MAX_ENGINE_COUNT,
         description="The server's KV cache size when known (e.g. from a probe)",
     )
+    router: str | None = Field(
+        None,
+        description="How the source spread requests over its replicas (as --router: "
+        "round_robin, random for a Kubernetes ClusterIP Service, least_outstanding, "
+        "prefix_aware); None: round_robin",
+    )
     output_note: str | None = None
     points: list[MeasuredPoint]
 
@@ -172,6 +178,13 @@ class Scenario(Strict):
     @classmethod
     def _known_engine(cls, v: str) -> str:
         return one_of(v, ENGINES, "engine")
+
+    @field_validator("router")
+    @classmethod
+    def _known_router(cls, v: str | None) -> str | None:
+        from capsim.engine.router import ROUTER_POLICIES
+
+        return v if v is None else one_of(v, ROUTER_POLICIES, "router")
 
     @field_validator("input_tokens", "output_tokens")
     @classmethod

@@ -4,8 +4,9 @@ Policies:
 
 * ``round_robin``: requests go to replicas in turn.
 * ``random``: each request to a replica drawn at random, as a Kubernetes ClusterIP
-  Service's kube-proxy picks an endpoint (iptables mode: "kube-proxy ... selects a backend
-  at random", Kubernetes docs, Virtual IPs and Service Proxies), so load is uneven.
+  Service spreads connections ("By default, kube-proxy in iptables mode chooses a backend
+  at random.", Kubernetes docs, Services), so load is uneven. kube-proxy picks per
+  connection; a client that keeps a connection alive sends its requests to one pod.
 * ``least_outstanding``: to the replica with the fewest waiting + running requests.
 * ``prefix_aware``: a session's requests stick to the replica that served it before
   (so its prefix cache hits); new sessions go to the least loaded replica.
