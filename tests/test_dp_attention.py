@@ -216,3 +216,35 @@ def test_a_rank_count_out_of_range_names_the_flag_the_user_typed():
     r = runner.invoke(app, [*args, "--engine", "sglang", "--dp", "99999", "--enable-dp-attention"])
     assert r.exit_code == 2, r.output
     assert "--dp (with --enable-dp-attention)" in r.output
+
+
+def test_vllms_ranks_all_reduce_attention_only_over_their_own_gpus():
+    """vLLM's DP+EP: a rank's attention all-reduces over its own GPUs (none at one GPU a
+    rank) and the MoE layer's all-gather and reduce-scatter over the group (vLLM's default
+    all2all backend) move what one all-reduce of all the tokens does: at dp 8 a layer
+    makes one group all-reduce, not two; at dp 4 one plus one over each rank's 2 GPUs of its
+    quarter of the tokens. SGLang's DP attention keeps two group all-reduces a layer (its
+    gather onto the group, then the MLP's)."""
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+    from capsim.physics.dtypes import ACTIVATION_BYTES
+
+    def sm(**extra):
+        return build_setup(
+            PredictConfig(gpu="h200", model="deepseek-r1", profile="none", **extra), CAT
+        ).step_model
+
+    tp8, vllm8 = sm(tp=8), sm(dp=8, expert_parallel=True)
+    vllm4 = sm(tp=2, dp=4, expert_parallel=True)
+    sglang8 = sm(tp=8, dp_attention=8, engine="sglang")
+    message = 256 * 7168 * ACTIVATION_BYTES
+    layers = 61
+    two = 2 * layers * float(tp8.allreduce_seconds(message))
+    assert float(tp8.communication_seconds(256)) == pytest.approx(two)
+    assert float(sglang8.communication_seconds(256)) == pytest.approx(two)
+    assert float(vllm8.communication_seconds(256)) == pytest.approx(two / 2)
+    assert float(vllm4.communication_seconds(256)) == pytest.approx(
+        layers * float(vllm4.allreduce_seconds(message))
+        + layers * float(vllm4.allreduce_seconds(message / 4, 2))
+    )
+    assert vllm8.allreduces_per_step == layers and vllm4.allreduces_per_step == 2 * layers

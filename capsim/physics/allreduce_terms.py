@@ -43,7 +43,18 @@ class AllReduceTerms:
             if self.link.latency_us is not None:
                 hop = self.link.latency_us
             self.hop_latency_us = hop
-        self.allreduces_per_step = ALLREDUCES_PER_LAYER * self.model.num_layers
+        # vLLM's data parallelism with expert parallelism: a rank's attention all-reduces
+        # only over its own attention_tp GPUs (none at one GPU a rank), and the MoE layer's
+        # dispatch and combine over the group, with vLLM's default all2all backend
+        # ("allgather_reducescatter": an all-gather and a reduce-scatter), move what one
+        # all-reduce of the group's tokens does. SGLang's DP attention keeps two all-reduces
+        # of the group's tokens a layer (its gather onto the group, then the MLP's)
+        self.dp_ep_collectives = dep.dense_in_ranks and dep.dp_attention > 1
+        self.rank_allreduces = self.dp_ep_collectives and dep.attention_tp > 1
+        per_layer = ALLREDUCES_PER_LAYER
+        if self.dp_ep_collectives and not self.rank_allreduces:
+            per_layer = 1
+        self.allreduces_per_step = per_layer * self.model.num_layers
 
     def communication_scalar(self, tokens: float) -> float:
         """communication_seconds for one token count, with the hand-offs between pipeline
@@ -58,17 +69,27 @@ class AllReduceTerms:
         t = np.asarray(tokens, dtype=float)
         if self.link is None:
             return np.zeros_like(t)
-        return self.allreduces_per_step * self.allreduce_seconds(
-            t * self.model.hidden_size * ACTIVATION_BYTES
-        )
+        message = t * self.model.hidden_size * ACTIVATION_BYTES
+        dep = self.deployment
+        if not self.dp_ep_collectives:
+            return self.allreduces_per_step * self.allreduce_seconds(message)
+        layers = self.model.num_layers
+        group = layers * self.allreduce_seconds(message)  # the MLP or MoE layer's
+        if not self.rank_allreduces:
+            return group
+        # each rank's attention over its GPUs, on its share of the tokens (in parallel)
+        rank = self.allreduce_seconds(message / dep.dp_attention, dep.attention_tp)
+        return group + layers * rank
 
-    def _allreduce_times(self, nbytes: float | np.ndarray) -> dict[str, np.ndarray]:
-        """Time of one all-reduce of ``nbytes`` by each algorithm this TP group can run,
-        seconds: NCCL's ring, and where peer-to-peer custom all-reduce runs its one-shot
-        and two-shot kernels (physics/communication.py)."""
+    def _allreduce_times(
+        self, nbytes: float | np.ndarray, gpus: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Time of one all-reduce of ``nbytes`` by each algorithm this TP group (or
+        ``gpus`` of it) can run, seconds: NCCL's ring, and where peer-to-peer custom
+        all-reduce runs its one-shot and two-shot kernels (physics/communication.py)."""
         p = self.params
-        n = self.deployment.tp
-        bw = self.link_gb_s
+        n = gpus or self.deployment.tp
+        bw = self.link_gb_s if n == self.deployment.tp else group_bandwidth_gb_s(self.link, n)
         eff = p.allreduce_efficiency
         times = {
             "NCCL ring": ring_allreduce_seconds(
@@ -92,10 +113,10 @@ class AllReduceTerms:
         times = self._allreduce_times(nbytes)
         return min(times, key=lambda name: float(times[name]))
 
-    def allreduce_seconds(self, nbytes: float | np.ndarray) -> np.ndarray:
-        """One all-reduce of ``nbytes`` in this TP group, seconds: the fastest algorithm
-        (``_allreduce_times``)."""
-        times = list(self._allreduce_times(nbytes).values())
+    def allreduce_seconds(self, nbytes: float | np.ndarray, gpus: int | None = None) -> np.ndarray:
+        """One all-reduce of ``nbytes`` in this TP group (or over ``gpus`` of it), seconds:
+        the fastest algorithm (``_allreduce_times``)."""
+        times = list(self._allreduce_times(nbytes, gpus).values())
         best = times[0]
         for t in times[1:]:
             best = np.minimum(best, t)
