@@ -54,11 +54,13 @@ def check_kv_offloading(config: PredictConfig, engine: str, gpu: GPU) -> None:
         raise CapsimUserError(
             f"--kv-offloading-size is vLLM's (its CPU KV offloading); {engine} "
             + (
-                "keeps a host tier with --enable-hierarchical-cache, not modelled yet"
+                "keeps its tier in system RAM with --enable-hierarchical-cache"
                 if engine == "sglang"
                 else "has no KV tier in system RAM"
             ),
-            hint="use --engine vllm, or leave --kv-offloading-size out",
+            hint="use --engine vllm"
+            + (", or --enable-hierarchical-cache with SGLang" if engine == "sglang" else "")
+            + ", or leave --kv-offloading-size out",
         )
     if not config.prefix_caching:
         raise CapsimUserError(

@@ -232,7 +232,7 @@ def engine_fit_options(
         raise CapsimUserError(
             f"--n-cpu-moe is llama.cpp's (experts of the first N MoE layers in system RAM), "
             f"not {engine.name}'s",
-            hint="add --engine llama.cpp (vLLM's --cpu-offload-gb is not modelled yet)",
+            hint="add --engine llama.cpp (vLLM's and SGLang's own is --cpu-offload-gb G)",
         )
     vllm_dp_ep = engine.name == "vllm" and options.get("expert_parallel")
     if options.get("dp_attention", 1) > 1 and engine.name != "sglang" and not vllm_dp_ep:
