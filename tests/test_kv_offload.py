@@ -20,6 +20,25 @@ from capsim.errors import CapsimUserError
 CAT = load_catalog()
 
 
+def agents_level(**extra):
+    """16 agents of 8 turns growing from 8,000 tokens (500 of tool output and 200 of
+    their own a turn) on one RTX 3090 with Qwen3-8B AWQ, uncalibrated: its level."""
+    config = PredictConfig(
+        gpu="rtx3090",
+        model="qwen3-8b",
+        quant="awq-int4",
+        workload="agents",
+        concurrency=[16],
+        turns=8,
+        input_tokens="8000",
+        tool_tokens="500",
+        output_tokens="200",
+        profile="none",
+        **extra,
+    )
+    return predict(config, workers=1).levels[0]
+
+
 def test_the_tier_keeps_leading_blocks_and_evicts_the_least_recent_stream():
     tier = HostKVTier(10)
     tier.store("a", 4)
@@ -62,20 +81,8 @@ def test_agents_whose_contexts_outgrow_the_gpu_cache_load_instead_of_recomputing
     """16 agents of 8 turns growing from 8,000 tokens on one RTX 3090: the GPU's cache
     (about 103,000 tokens) cannot keep their contexts, so without the tier nearly every
     turn is prefilled again; with 64 GiB of system RAM most are loaded back."""
-    load = dict(
-        gpu="rtx3090",
-        model="qwen3-8b",
-        quant="awq-int4",
-        workload="agents",
-        concurrency=[16],
-        turns=8,
-        input_tokens="8000",
-        tool_tokens="500",
-        output_tokens="200",
-        profile="none",
-    )
-    without = predict(PredictConfig(**load), workers=1).levels[0]
-    with_tier = predict(PredictConfig(**load, kv_offloading_gb=64), workers=1).levels[0]
+    without = agents_level()
+    with_tier = agents_level(kv_offloading_gb=64)
     assert without.prefix_cache_hit_rate < 0.05 < 0.4 < with_tier.prefix_cache_hit_rate
     assert with_tier.metrics.output_tok_s > 2 * without.metrics.output_tok_s
     assert with_tier.metrics.ttft_ms.p50 < without.metrics.ttft_ms.p50
@@ -113,21 +120,8 @@ def test_sglangs_hicache_pool_is_a_ratio_of_the_devices_or_a_size_a_gpu():
 
 
 def test_sglang_agents_hit_their_contexts_in_the_host_pool():
-    load = dict(
-        gpu="rtx3090",
-        model="qwen3-8b",
-        quant="awq-int4",
-        engine="sglang",
-        workload="agents",
-        concurrency=[16],
-        turns=8,
-        input_tokens="8000",
-        tool_tokens="500",
-        output_tokens="200",
-        profile="none",
-    )
-    without = predict(PredictConfig(**load), workers=1).levels[0]
-    with_pool = predict(PredictConfig(**load, hierarchical_cache=True), workers=1).levels[0]
+    without = agents_level(engine="sglang")
+    with_pool = agents_level(engine="sglang", hierarchical_cache=True)
     assert with_pool.prefix_cache_hit_rate > without.prefix_cache_hit_rate + 0.3
     assert with_pool.metrics.output_tok_s > 2 * without.metrics.output_tok_s
 
