@@ -945,7 +945,24 @@ def test_shared_experts_keep_their_ffn_kernels_in_the_layer_floor():
         p.moe_replaced_ffn_floor_us,
     )
     assert routed_only.kernel_floor_us(1) == pytest.approx(48 * floor + 48 * (call - ffn))
-    assert with_shared.kernel_floor_us(1) == pytest.approx(61 * floor + 58 * call)
+    mla_block = p.mla_layer_floor_share * floor  # MLA attention's extra kernels
+    assert with_shared.kernel_floor_us(1) == pytest.approx(61 * floor + 58 * call + 61 * mla_block)
+
+
+def test_an_mla_layer_pays_its_blocks_extra_kernels_on_top_of_the_floor():
+    """InferenceX's H200 SGLang profile of DeepSeek-R1 (issue 1004): the MLA block's 13
+    kernels take 48.8 us beyond their reads, a GQA block's 7 kernels 22 us of the 36 us
+    floor: 0.75 of the floor, 27 us a layer more on Hopper. A GQA model pays nothing more;
+    the first DeepSeek stacks carry their own 440 us instead."""
+    p = default_efficiency(CAT.gpu("h200"), CAT)
+    assert p.mla_layer_floor_share == pytest.approx(0.75)
+    assert p.mla_layer_floor_share * p.layer_overhead_graph_us == pytest.approx(27.0)
+    assert model_step("h200", "deepseek-r1", quant="fp8", tp=8).mla_layer_floor_us == 27.0
+    assert model_step("h200", "qwen3-235b-a22b", quant="fp8", tp=8).mla_layer_floor_us == 0.0
+    early_params = CAT.engine("sglang@0.4.3").params
+    assert early_params["mla_layer_floor_share"] == 0
+    early = model_step("h200", "deepseek-r1", early_params, quant="fp8", tp=8)
+    assert early.mla_layer_floor_us == pytest.approx(440.0)
 
 
 @settings(max_examples=200, deadline=None)

@@ -33,6 +33,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_layer_overhead_us": (0.0, 200.0),
     "moe_expert_overhead_us": (0.0, 5.0),
     "mla_layer_overhead_us": (0.0, 2000.0),
+    "mla_layer_floor_share": (0.0, 5.0),
     "kv_bandwidth_efficiency": (0.2, 1.0),
     "elementwise_bandwidth_efficiency": (0.1, 1.0),
     "compute_efficiency": (0.005, 1.0),  # a tiny model on a CPU core: 0.03-0.06 (cpu-host)

@@ -299,8 +299,9 @@ def step_rows(
     launch: tuple[float, int, str] | None = None,
     pipeline_handoffs: bool = False,
 ) -> list[tuple[str, str]]:
-    """The rows of one step's table. ``mla_floor``: (us a layer, layers) of the early MLA
-    kernel stacks' floor (mla_layer_overhead_us), shown as part of the overhead;
+    """The rows of one step's table. ``mla_floor``: (us a layer, layers) of what MLA
+    layers pay beyond a GQA layer's floor (mla_layer_floor_share of the layer floor, and
+    the early kernel stacks' mla_layer_overhead_us), shown as part of the overhead;
     ``launch``: (us a layer, layers, 'eager' or 'compiled') of a step's launches outside
     CUDA graphs, shown beside them."""
     from capsim.physics.memory import GB
@@ -411,7 +412,7 @@ def step_rows(
         per_layer_us, layers = mla_floor
         rows.append(
             (
-                "of it: early MLA kernel stack",
+                "of it: MLA blocks' extra kernels",
                 f"{per_layer_us * layers / 1e3:.3f} ms ({per_layer_us:g} us x {layers} layers)",
             )
         )

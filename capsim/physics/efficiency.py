@@ -270,6 +270,22 @@ class EfficiencyParams(BaseModel):
         "by the engine generations that ran them (hardware_db/engines/), 0 for current "
         "releases",
     )
+    mla_layer_floor_share: float = Field(
+        0.75,
+        ge=0,
+        le=5,
+        description="The kernels a multi-head-latent-attention block runs beyond a GQA "
+        "block's, as a share of the class's per-layer floor (layer_overhead_graph_us) an "
+        "MLA layer pays more a step, inside CUDA graphs. Prior: InferenceX's profile of "
+        "SGLang 0.5.9 decoding DeepSeek-R1 FP8 at TP8 on an H200 (issue 1004, 8 steps at "
+        "16 clients): the MLA block runs 13 kernels a layer (fused q_a/kv_a, q_b and o "
+        "GEMMs, two absorbed-weight bmms, three FP8 activation quantisations, two latent "
+        "norms, RoPE, the latent-cache store, the attention) in 64.8 us, 16 us of it the "
+        "weight and latent-KV reads the roofline counts; the other 48.8 us against the 22 "
+        "us that a GQA block's 7 kernels take of a dense layer's 36 us floor "
+        "(calibration/kernels/h100-sxm-fused-layers.json) is 27 us, 0.75 of the floor. "
+        "0 in the first DeepSeek stacks, whose mla_layer_overhead_us holds it",
+    )
     moe_layer_overhead_us: float = Field(
         15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
     )

@@ -60,7 +60,7 @@ class HostTerms:
         off the layer floor), unless it has shared experts: those are a dense FFN beside
         the routed ones (vLLM's SharedFusedMoE runs their gate/up GEMM, activation and down
         GEMM as a dense layer does), so their kernels stay in the floor. An MLA model's
-        layers add mla_layer_overhead_us each (the early DeepSeek kernel stacks; 0 now)."""
+        layers add mla_layer_floor_us each (their attention block's extra kernels)."""
         p = self.params
         moe_spec = self.model.moe
         replaced = 0.0 if moe_spec and moe_spec.num_shared_experts else p.moe_replaced_ffn_floor_us
@@ -88,9 +88,14 @@ class HostTerms:
 
     @property
     def mla_layer_floor_us(self) -> float:
-        """The early MLA kernel stacks' floor one layer of this model pays a step, us:
-        mla_layer_overhead_us for a model with MLA attention, else 0."""
-        return self.params.mla_layer_overhead_us if self.model.mla is not None else 0.0
+        """What one MLA layer of this model pays a step beyond a GQA layer's floor, us:
+        its attention block's extra kernels (mla_layer_floor_share of the class's
+        layer_overhead_graph_us) and, in the first DeepSeek kernel stacks,
+        mla_layer_overhead_us; 0 for a model without MLA attention."""
+        if self.model.mla is None:
+            return 0.0
+        p = self.params
+        return p.mla_layer_overhead_us + p.mla_layer_floor_share * p.layer_overhead_graph_us
 
     def host_seconds(self, sequences: int) -> float:
         """CPU work of one step that nothing overlaps (scheduling, input preparation,
