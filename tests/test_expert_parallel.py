@@ -272,3 +272,47 @@ def test_vllms_ranks_hold_the_dense_layers_and_shared_experts_whole():
         pytest.approx(extra, rel=0.02)
     )
     assert vllm.step_model.routed_bytes_all == pytest.approx(sglang.step_model.routed_bytes_all)
+
+
+def test_vllm_dp_ep_is_one_group_in_every_command_and_mismatches_are_refused():
+    """vLLM's --dp N --enable-expert-parallel: fit and explain take it as predict does (one
+    expert-parallel group of tp x N GPUs); what contradicts it exits 2 (issue 47's fifth
+    audit: fit/explain refused it, a --gpus that disagreed was silently obeyed, --router
+    was ignored)."""
+    from typer.testing import CliRunner
+
+    from capsim.cli.main import app
+
+    run = CliRunner().invoke
+    base = ["--gpu", "h200", "--model", "deepseek-r1", "--enable-expert-parallel"]
+    r = run(app, ["fit", *base, "--dp", "8"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "8x h200" in r.output.replace("8 x", "8x"), r.output
+    r = run(app, ["explain", *base, "--dp", "8", "--batch", "64"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "data-parallel attention" in r.output, r.output
+    assert "8 ranks of 1 GPU" in " ".join(r.output.split())
+    r = run(app, ["fit", *base, "--dp", "16"])
+    assert r.exit_code == 2 and "beyond one server's 8" in r.output
+    r = run(app, ["predict", *base, "--gpus", "8", "--dp", "16", "-c", "2", "--requests", "2"])
+    assert r.exit_code == 2 and "--data-parallel-size 16" in r.output, r.output
+    r = run(app, ["predict", *base, "--dp", "8", "--router", "random", "-c", "2"])
+    assert r.exit_code == 2 and "--router" in r.output, r.output
+    r = run(app, ["fit", "--gpu", "h200", "--model", "deepseek-r1", "--dp", "0"])
+    assert r.exit_code == 2 and "--dp must be at least 1" in r.output
+
+
+def test_offload_past_the_weights_says_so_and_prefill_instances_are_bounded():
+    from typer.testing import CliRunner
+
+    from capsim.cli.main import app
+
+    run = CliRunner().invoke
+    args = ["predict", "--gpu", "rtx3090", "--model", "llama-3.1-8b", "-c", "1", "--requests", "2"]
+    r = run(app, [*args, "--cpu-offload-gb", "99999"], env={"COLUMNS": "200"})
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and "is more than a GPU's 14.96 GiB of weights" in text, r.output
+    r = run(app, [*args, "--cpu-offload-gb", "4"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "is more than a GPU's" not in " ".join(r.output.split())
+    r = run(
+        app, ["predict", "--gpu", "h200", "--model", "llama-3.1-8b", "--prefill-replicas", "2000"]
+    )
+    assert r.exit_code == 2 and "1024" in r.output

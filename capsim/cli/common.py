@@ -17,7 +17,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
-from capsim.engine.limits import MAX_ENGINE_COUNT, MAX_GPUS, MAX_TP
+from capsim.engine.limits import MAX_ENGINE_COUNT, MAX_TP
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -298,14 +298,48 @@ DpAttentionOption = Annotated[
 ]
 
 
-def attention_ranks(enable_dp_attention: bool, dp: int | None, replicas: bool = True) -> int:
+def vllm_ep_ranks(
+    engine: str, enable_expert_parallel: bool, enable_dp_attention: bool, dp: int | None
+) -> int | None:
+    """The data-parallel ranks of vLLM's ``--data-parallel-size N --enable-expert-parallel``
+    (one expert-parallel group of tp x N GPUs, attention in N ranks), or None where the
+    flags do not ask for it."""
+    if dp is None or enable_dp_attention or not enable_expert_parallel:
+        return None
+    if engine.split("@")[0].strip().lower() != "vllm":
+        return None
+    return dp
+
+
+def vllm_ep_group(tp: int, ranks: int) -> int:
+    """The GPUs of vLLM's expert-parallel group of ``ranks`` data-parallel ranks of ``tp``
+    GPUs; refused beyond one 8-GPU server, as predict refuses it."""
+    from capsim.engine.setup import MAX_EP_GROUP_IN_A_SERVER
+
+    group = tp * ranks
+    if group > MAX_EP_GROUP_IN_A_SERVER:
+        raise CapsimUserError(
+            f"--data-parallel-size {ranks} with --enable-expert-parallel makes one "
+            f"expert-parallel group of {group} GPUs, beyond one server's "
+            f"{MAX_EP_GROUP_IN_A_SERVER}: expert parallelism across servers is not modelled",
+            hint=f"at most {MAX_EP_GROUP_IN_A_SERVER // tp} ranks of --tp {tp}",
+        )
+    return group
+
+
+def attention_ranks(
+    enable_dp_attention: bool, dp: int | None, replicas: bool = True, vllm_ep: bool = False
+) -> int:
     """The data-parallel attention ranks ``--enable-dp-attention`` with ``--dp`` asks for
     (1 without the flag). SGLang turns DP attention off at dp 1 (its server_args), so the
     flag needs --dp above 1. ``replicas``: whether the command reads --dp without the flag
     as replicas (predict); where it does not (fit, explain, capacity, serve: --gpus sets
-    them), --dp without the flag is refused rather than ignored."""
+    them), --dp without the flag is refused rather than ignored, unless it is vLLM's
+    data-parallel size beside --enable-expert-parallel (``vllm_ep``)."""
+    if dp is not None and dp < 1:
+        raise CapsimUserError(f"--dp must be at least 1, not {dp}")
     if not enable_dp_attention:
-        if dp is not None and not replicas:
+        if dp is not None and not replicas and not vllm_ep:
             raise CapsimUserError(
                 f"--dp {dp} applies here only with --enable-dp-attention (attention ranks "
                 "inside the TP group)",
@@ -420,12 +454,16 @@ HostLinkOption = Annotated[
         "PCIe link in the catalog]",
     ),
 ]
+MAX_PREFILL_REPLICAS = 1024
+"""The most prefill instances a command takes: each is simulated as an engine of its own,
+so capacity's search of a deployment past a thousand of them ran for minutes (no published
+disaggregated deployment is near it; llm-d's guides run tens)."""
 PrefillReplicasOption = Annotated[
     int,
     typer.Option(
         "--prefill-replicas",
         min=0,
-        max=MAX_GPUS,
+        max=MAX_PREFILL_REPLICAS,
         help="Disaggregated prefill/decode: N instances of --prefill-tp GPUs only prefill "
         "and send each prompt's KV to the --dp decode replicas (vLLM --kv-transfer-config, "
         "SGLang --disaggregation-mode) [default: 0, not disaggregated]",

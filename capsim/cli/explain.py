@@ -49,6 +49,8 @@ from capsim.cli.common import (
     refuse_links_without_tp,
     resolve_models,
     spec_config,
+    vllm_ep_group,
+    vllm_ep_ranks,
 )
 from capsim.engine.limits import MAX_GPUS
 from capsim.errors import CapsimUserError
@@ -109,6 +111,7 @@ def fit_cmd(
     fmt = cat.quant(quant or ref.quant or m.dtype)
     if tp < 1:
         raise CapsimUserError(f"--tp must be at least 1, got {tp}")
+    tp, dp_ranks = dp_layout(engine, m, tp, dp, enable_expert_parallel, enable_dp_attention)
     group = tp * pp  # one replica: pp stages of tp GPUs
     total_gpus = gpus if gpus is not None else group
     if total_gpus > MAX_GPUS:  # as predict and plan cap --gpus
@@ -163,14 +166,14 @@ def fit_cmd(
         enforce_eager=enforce_eager,
         drafter=drafter_for(cat, spec_cfg, quant or ref.quant),
         cpu_moe_layers=n_cpu_moe,
-        dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
+        dp_attention=dp_ranks,
         pp=pp,
         cpu_offload_gb=cpu_offload_gb,
     )
     eng = cat.engine(engine).for_model_len(
         max_model_len or m.max_position_embeddings, mla=m.mla is not None
     )
-    fit_options = engine_fit_options(eng, g, **options)
+    fit_options = engine_fit_options(eng, g, expert_parallel=enable_expert_parallel, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
     offload = None
     # experts in system RAM where the format asked for does not fit, or (no --quant) where
@@ -205,6 +208,19 @@ def fit_cmd(
         from capsim.cli.offload_output import print_offload
 
         print_offload(offload, result, g, m, hint)
+
+
+def dp_layout(
+    engine: str, m: Model, tp: int, dp: int | None, expert_parallel: bool, dp_attention: bool
+) -> tuple[int, int]:
+    """(TP group, attention ranks) of fit's and explain's flags: vLLM's --dp N with
+    --enable-expert-parallel on an MoE model is one expert-parallel group of tp x N GPUs
+    with attention in N ranks (as predict simulates it); SGLang's --enable-dp-attention
+    keeps the TP group and splits its attention into --dp ranks."""
+    ranks = vllm_ep_ranks(engine, expert_parallel, dp_attention, dp) if m.moe else None
+    if ranks is not None and ranks > 1:
+        return vllm_ep_group(tp, ranks), ranks
+    return tp, attention_ranks(dp_attention, dp, replicas=False, vllm_ep=ranks is not None)
 
 
 def print_fit(r, g: GPU, m: Model, replicas: int, expert_parallel: bool = False) -> None:
@@ -531,6 +547,7 @@ def explain_cmd(
     cat, (ref,) = resolve_models(cat, [model])
     m = cat.model(ref.name)
     quant = quant or ref.quant
+    tp, dp_ranks = dp_layout(engine, m, tp, dp, enable_expert_parallel, enable_dp_attention)
     longest = m.max_position_embeddings
     if longest and context >= longest:
         raise CapsimUserError(
@@ -550,7 +567,8 @@ def explain_cmd(
         drafter=drafter_for(cat, spec_cfg, quant),
         context_tokens=context + width,
         cpu_moe_layers=n_cpu_moe,
-        dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
+        dp_attention=dp_ranks,
+        expert_parallel=enable_expert_parallel,
         pp=pp,
     )
     fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)

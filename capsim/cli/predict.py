@@ -447,7 +447,7 @@ def predict_cmd(
             efficiency_overrides=overrides,
         )
         configs.append(config)
-    refuse_a_router_without_replicas(ctx, configs)
+    refuse_a_router_without_replicas(ctx, configs, cat)
     if (router_latency_ms or router_capacity_rps) and offline:
         raise CapsimUserError(
             "--router-latency-ms and --router-capacity-rps describe a gateway in front of a "
@@ -479,10 +479,11 @@ def show_results(results, json_out, csv_out, plot_path, objectives) -> None:
         plot(results, plot_path, **objectives)
 
 
-def refuse_a_router_without_replicas(ctx, configs) -> None:
+def refuse_a_router_without_replicas(ctx, configs, cat) -> None:
     """--router chooses a replica for each request: typed for deployments that have one
     replica each (or an offline run, which has no server to route to) it changed nothing,
-    without a word (issue 47's fourth audit)."""
+    without a word (issue 47's fourth audit). vLLM's --dp N with --enable-expert-parallel
+    is one server (one expert-parallel group), whatever N."""
     source = ctx.get_parameter_source("router") if "router" in ctx.params else None
     if getattr(source, "name", None) not in ("COMMANDLINE", "ENVIRONMENT"):
         return
@@ -491,9 +492,13 @@ def refuse_a_router_without_replicas(ctx, configs) -> None:
             "--router applies to a server's replicas, not to --offline runs",
             hint="drop --router, or --offline",
         )
-    from capsim.engine.setup import replica_count
+    from capsim.engine.setup import replica_count, vllm_data_parallel_experts
 
-    if max(replica_count(c) for c in configs) < 2:
+    def replicas(c) -> int:
+        engine = c.engine.split("@")[0].strip().lower()
+        return replica_count(vllm_data_parallel_experts(c, cat.model(c.model), engine))
+
+    if max(replicas(c) for c in configs) < 2:
         raise CapsimUserError(
             "--router chooses among replicas, and this deployment has one",
             hint="drop --router, or give replicas: --gpus (a multiple of --tp) or --dp",

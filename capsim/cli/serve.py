@@ -44,6 +44,7 @@ from capsim.cli.common import (
     print_notices,
     resolve_models,
     spec_config,
+    vllm_ep_ranks,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -167,7 +168,14 @@ def serve_cmd(
         power_limit_w=power_limit,
         enforce_eager=enforce_eager,
         expert_parallel=enable_expert_parallel,
-        dp_attention=attention_ranks(enable_dp_attention, dp, replicas=False),
+        dp=vllm_ep_ranks(engine, enable_expert_parallel, enable_dp_attention, dp),
+        dp_attention=attention_ranks(
+            enable_dp_attention,
+            dp,
+            replicas=False,
+            vllm_ep=vllm_ep_ranks(engine, enable_expert_parallel, enable_dp_attention, dp)
+            is not None,
+        ),
         cpu_moe_layers=n_cpu_moe,
         host_memory_bandwidth_gbs=host_memory_bandwidth,
         host_link_gbs=host_link_bandwidth,

@@ -283,6 +283,12 @@ def vllm_data_parallel_experts(config: PredictConfig, model: Model, engine: str)
     if config.dp_attention > 1 or config.prefill_replicas:
         return config
     ranks = replica_count(config)
+    if config.dp is not None and config.gpus is not None and config.dp != ranks:
+        raise CapsimUserError(
+            f"--gpus {config.gpus} holds {ranks} data-parallel rank(s) of --tp {config.tp}, "
+            f"not the --data-parallel-size {config.dp} given with --enable-expert-parallel",
+            hint=f"--gpus {config.tp * config.dp}, or leave --gpus out",
+        )
     if ranks < 2:
         return config
     group = config.tp * ranks

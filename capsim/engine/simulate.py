@@ -463,10 +463,24 @@ def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResul
                 launch_bound_note(setup),
                 state_cap_note(setup),
                 disaggregation_note(setup),
+                offload_note(setup),
             )
             if n
         ]
         + profile_warnings(setup.profile),
+    )
+
+
+def offload_note(setup: Setup) -> str | None:
+    """Where --cpu-offload-gb asks for more than a GPU's weights: all of them are kept in
+    system RAM (vLLM offloads parameters until the size is reached or none are left)."""
+    asked = setup.config.cpu_offload_gb
+    kept = setup.fit.weights_in_system_ram_bytes / 2**30
+    if not asked or asked <= kept + 1e-6:
+        return None
+    return (
+        f"--cpu-offload-gb {asked:g} is more than a GPU's {kept:.2f} GiB of weights: all of "
+        "them are read from system RAM each pass"
     )
 
 

@@ -259,7 +259,7 @@ def capacity(
         gpu=setup.gpu.name,
         model=setup.model.name,
         quant=setup.fmt.name,
-        gpus=whole.dp * config.tp,
+        gpus=whole.gpus,
         max_concurrency=good * share,
         binding=binding,
         limiter=limiter,
