@@ -191,6 +191,14 @@ class Scenario(Strict):
     def _length(cls, v: str | None, info) -> str | None:
         return length_field(v, f"the scenario's {info.field_name}")
 
+    @model_validator(mode="after")
+    def _router_needs_replicas(self) -> Scenario:
+        """A router spreads requests over replicas: on a scenario of one it would change
+        nothing, as --router on one replica is refused."""
+        if self.router is not None and self.dp < 2:
+            raise ValueError(f"router: {self.router} needs replicas (dp 2 or more), dp is 1")
+        return self
+
     @field_validator("flags")
     @classmethod
     def _known_flags(cls, flags: dict) -> dict:
@@ -257,6 +265,18 @@ class WorkloadDescription(Strict):
     @classmethod
     def _length(cls, v: str | None, info) -> str | None:
         return length_field(v, f"the workload's {info.field_name}")
+
+    @model_validator(mode="after")
+    def _arrivals_apply(self) -> WorkloadDescription:
+        """arrival and gamma_cv describe an open workload's arrivals, as --arrival and
+        --gamma-cv do: given where they change nothing, refused as the flags are."""
+        if self.arrival == "gamma" and self.kind != "open":
+            raise ValueError(
+                f"arrival: gamma describes an open workload's arrivals, not {self.kind}"
+            )
+        if self.gamma_cv is not None and self.arrival != "gamma":
+            raise ValueError("gamma_cv applies to arrival: gamma (poisson gaps have a CV of 1)")
+        return self
 
 
 class PublishedDataset(Strict):

@@ -112,6 +112,11 @@ def fit_cmd(
     if tp < 1:
         raise CapsimUserError(f"--tp must be at least 1, got {tp}")
     tp, dp_ranks = dp_layout(engine, m, tp, dp, enable_expert_parallel, enable_dp_attention)
+
+    from capsim.engine.flag_checks import check_flags_as_predict
+    from capsim.physics.pipeline import check_pipeline_link
+
+    check_pipeline_link(g, pp)
     group = tp * pp  # one replica: pp stages of tp GPUs
     total_gpus = gpus if gpus is not None else group
     if total_gpus > MAX_GPUS:  # as predict and plan cap --gpus
@@ -172,6 +177,19 @@ def fit_cmd(
     )
     eng = cat.engine(engine).for_model_len(
         max_model_len or m.max_position_embeddings, mla=m.mla is not None
+    )
+    check_flags_as_predict(
+        eng,
+        g,
+        tp=tp,
+        pp=pp,
+        cpu_moe_layers=n_cpu_moe,
+        cpu_offload_gb=cpu_offload_gb,
+        # fit reads --host-memory-bandwidth alone too: the user's host for the offload
+        # configurations it proposes
+        expert_parallel=enable_expert_parallel,
+        dp_attention=dp_ranks,
+        enforce_eager=enforce_eager,
     )
     fit_options = engine_fit_options(eng, g, expert_parallel=enable_expert_parallel, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
@@ -548,6 +566,34 @@ def explain_cmd(
     m = cat.model(ref.name)
     quant = quant or ref.quant
     tp, dp_ranks = dp_layout(engine, m, tp, dp, enable_expert_parallel, enable_dp_attention)
+
+    if prefill_replicas and prefill_tp:
+        from capsim.physics.memory import check_tensor_parallel
+
+        try:
+            check_tensor_parallel(m, prefill_tp)
+        except CapsimUserError as err:
+            raise CapsimUserError(
+                f"the prefill instances (TP {prefill_tp}): {err.message}", hint=err.hint
+            ) from None
+    from capsim.engine.flag_checks import check_flags_as_predict
+
+    check_flags_as_predict(
+        eng,
+        g,
+        tp=tp,
+        pp=pp,
+        cpu_moe_layers=n_cpu_moe,
+        host_memory_bandwidth_gbs=host_memory_bandwidth,
+        host_link_gbs=host_link_bandwidth,
+        expert_parallel=enable_expert_parallel,
+        dp_attention=dp_ranks,
+        enforce_eager=enforce_eager,
+        prefill_replicas=prefill_replicas,
+        prefill_tp=prefill_tp,
+        kv_transfer_gbs=kv_transfer_bandwidth,
+        ubatch_tokens=ubatch_size,
+    )
     longest = m.max_position_embeddings
     if longest and context >= longest:
         raise CapsimUserError(

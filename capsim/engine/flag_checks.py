@@ -48,6 +48,13 @@ def check_deployment_flags(config: PredictConfig, engine: Engine, gpu: GPU) -> N
         )
 
 
+def check_flags_as_predict(engine: Engine, gpu: GPU, **fields) -> None:
+    """The combinations predict refuses, refused alike where a command (fit, explain)
+    takes the same flags without simulating: ``fields`` are PredictConfig's."""
+    config = PredictConfig(gpu=gpu.name, model="(checked)", engine=engine.name, **fields)
+    check_deployment_flags(config, engine, gpu)
+
+
 def check_kv_offloading(config: PredictConfig, engine: str, gpu: GPU) -> None:
     """Where vLLM's --kv-offloading-size cannot apply, a user error."""
     if engine != "vllm":

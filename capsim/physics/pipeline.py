@@ -98,6 +98,7 @@ class PipelineTerms:
         if self.pp == 1:
             return
         gpu: GPU = self.gpu
+        check_pipeline_link(gpu, self.pp)
         link = kv_transfer_link(gpu, dep.tp * dep.pp)
         self.pipeline_link_gb_s = link.gb_s * p.allreduce_efficiency
         self.pipeline_hop_us = (
@@ -111,3 +112,19 @@ class PipelineTerms:
         nbytes = tokens * self.model.hidden_size * ACTIVATION_BYTES
         per_hop = self.pipeline_hop_us * 1e-6 + nbytes / (self.pipeline_link_gb_s * 1e9)
         return (self.pp - 1) * per_hop
+
+
+def check_pipeline_link(gpu: GPU, pp: int) -> None:
+    """Pipeline stages hand activations from GPU to GPU: a part that lists no link between
+    GPUs (one package sharing its memory with the CPU) cannot run them."""
+    if (
+        pp > 1
+        and gpu.interconnect("pcie") is None
+        and not any(link.kind == "nvlink" for link in gpu.interconnects)
+    ):
+        raise CapsimUserError(
+            f"--pipeline-parallel-size {pp} hands each step's activations from one GPU to "
+            f"the next, and {gpu.name} lists no link between GPUs in the catalog "
+            f"({gpu.memory_type or 'one package'})",
+            hint="leave --pipeline-parallel-size out",
+        )
