@@ -989,3 +989,26 @@ def test_the_windowed_sums_equal_the_sums_over_every_step_and_sequence(
     assert held == pytest.approx(np.minimum(ctx + width, window).sum(axis=1), rel=1e-11)
     expected = causal_pairs(ctx, np.full_like(ctx, width), window).sum(axis=1)
     assert pairs == pytest.approx(expected, rel=1e-11, abs=1e-6)
+
+
+def test_an_mla_prefill_attends_in_the_up_projected_form_and_a_decode_in_the_latent_one():
+    """vLLM's mla/common.py: "the compute friendly approach for 'prefill' ... the
+    data-movement friendly approach for 'decode'". DeepSeek-R1 at TP8 (16 heads a GPU, 61
+    layers): a decode pair costs 2 (512 + 64) + 2 x 512 = 2,176 FLOPs a head; a prefill pair
+    2 (128 + 64) + 2 x 128 = 640, after the chunk's cached context is up-projected (2 x
+    512 x (128 + 128) FLOPs a head and cached token). By hand, 8,192 tokens after 24,000
+    cached, and 8 decodes at 2,000 each."""
+    sm = model_step("h200", "deepseek-r1", quant="fp8", tp=8)
+    heads, layers = 16, 61
+    chunk = sm.step([8192], [24000])
+    pairs = 8192 * 24000 + 8192 * 8193 / 2
+    expected = layers * heads * (640 * pairs + 2 * 512 * 256 * 24000)
+    assert chunk.attention_flops == pytest.approx(expected, rel=1e-9)
+    decode = sm.step([1] * 8, [2000] * 8)
+    assert decode.attention_flops == pytest.approx(layers * heads * 2176 * 8 * 2001, rel=1e-9)
+    # a mixed step counts each sequence in its own form
+    mixed = sm.step([8192, *[1] * 8], [24000, *[2000] * 8])
+    assert mixed.attention_flops == pytest.approx(expected + decode.attention_flops, rel=1e-9)
+    # sparse-attention MLA (DeepSeek-V3.2) keeps the absorbed form: its prefill is not modelled
+    sparse = model_step("h200", "deepseek-v3.2", quant="fp8", tp=8)
+    assert sparse.mla_prefill_pair_ratio == 1.0 and sparse.mla_context_upproj_pairs == 0.0

@@ -245,13 +245,26 @@ class StepModel(
         ranks = self.deployment.dp_attention
         tokens, seqs, total, windowed, pairs, pairs_windowed = sums
         total = max(total, ranks * float((c + n).max()))
-        pairs = max(pairs, ranks * float((n * c + 0.5 * (n * n + n)).max()))
+        each = self._mla_pairs(n, c) if self.mla_context_upproj_pairs else n * c + 0.5 * (n * n + n)
+        pairs = max(pairs, ranks * float(each.max()))
         window = self.kv.sliding_window
         if window is None:
             return tokens, seqs, total, total, pairs, pairs
         windowed = max(windowed, ranks * float(np.minimum(c + n, window).max()))
         pairs_windowed = max(pairs_windowed, ranks * float(causal_pairs(c, n, window).max()))
         return tokens, seqs, total, windowed, pairs, pairs_windowed
+
+    def _mla_pairs(self, n: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Each sequence's causal query-key pairs in decode-pair FLOP units for an MLA
+        model: a sequence that decodes (at most the decode width of new tokens) attends in
+        the absorbed form; a prefill chunk in the up-projected form, at
+        ``mla_prefill_pair_ratio`` of the FLOPs a pair, after up-projecting its cached
+        context (``mla_context_upproj_pairs`` a cached token)."""
+        pairs = n * c + 0.5 * (n * n + n)
+        prefill = n > self.decode_width
+        return np.where(
+            prefill, pairs * self.mla_prefill_pair_ratio + c * self.mla_context_upproj_pairs, pairs
+        )
 
     def _even_sums(
         self, n: np.ndarray, c: np.ndarray
@@ -260,7 +273,10 @@ class StepModel(
         tokens = float(np.add.reduce(n))
         sum_total = float(np.add.reduce(c)) + tokens
         # sum of n*c + n*(n+1)/2: the causal query-key pairs of each sequence
-        pairs = float(n @ c) + 0.5 * (float(n @ n) + tokens)
+        if self.mla_context_upproj_pairs:
+            pairs = float(self._mla_pairs(n, c).sum())
+        else:
+            pairs = float(n @ c) + 0.5 * (float(n @ n) + tokens)
         window = self.kv.sliding_window
         if window is None:
             return tokens, int(n.size), sum_total, sum_total, pairs, pairs
@@ -438,10 +454,16 @@ class StepModel(
         """Whether a step depends on its sequences' contexts only through their sum: no
         sliding-window attention (whose KV reads need each sequence's own context), no
         speculation (whose drafter does) and no data-parallel attention (whose busiest rank
-        holds at least the longest sequence). Then ``moment_step_time`` applies and a
+        holds at least the longest sequence), and no MLA (whose prefill chunks attend in
+        another form than its decodes). Then ``moment_step_time`` applies and a
         decode run is affine in its step (``_affine_decode_run_times``)."""
         dep = self.deployment
-        return self.kv.sliding_window is None and dep.spec is None and dep.dp_attention == 1
+        return (
+            self.kv.sliding_window is None
+            and dep.spec is None
+            and dep.dp_attention == 1
+            and not self.mla_context_upproj_pairs  # MLA: prefill pairs cost their own
+        )
 
     def moment_step_time(
         self, tokens: float, seqs: int, context_sum: float, dot: float, square: float

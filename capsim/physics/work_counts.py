@@ -74,6 +74,12 @@ class WorkCounts:
         # each kind with its own head dimension (Gemma 4's full layers: global_head_dim)
         self.full_pair_flops = self.full_layers * _pair_flops(model, "full_attention", tp)
         self.sliding_pair_flops = self.sliding_layers * _pair_flops(model, "sliding_attention", tp)
+        # MLA prefills in the "compute friendly" form (vLLM's mla/common.py, SGLang's MHA
+        # path): the cached latents up-projected to per-head K and V, then ordinary attention
+        # at the q/k head dim (qk_nope + qk_rope) and the v head dim, where decode stays in
+        # the absorbed latent form the pair FLOPs above count. In those units: a prefill
+        # pair's FLOPs, and the up-projection of one cached context token per step
+        self.mla_prefill_pair_ratio, self.mla_context_upproj_pairs = _mla_prefill_units(model, tp)
         self.linear_layers = model.count_layers("linear_attention")
         la = model.linear_attention
         # Gated DeltaNet: the state update and read-out, 6 x dk x dv FLOPs a head and token
@@ -107,3 +113,21 @@ def _pair_flops(model, kind: str, tp: int) -> float:
         return float(2 * heads * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * heads * m.kv_lora_rank)
     head_dim, _ = model.attention_shape(kind)
     return float(4 * heads * head_dim)
+
+
+def _mla_prefill_units(model, tp: int) -> tuple[float, float]:
+    """(prefill pair FLOPs over decode pair FLOPs, up-projection FLOPs of one cached
+    context token over decode pair FLOPs) of an MLA model's attention layers; (1, 0)
+    without MLA. A decode pair in the absorbed form costs 2 (kv_lora_rank + qk_rope) + 2
+    kv_lora_rank FLOPs a head; a prefill pair in the up-projected form 2 (qk_nope +
+    qk_rope) + 2 v_head_dim; the up-projection (kv_b_proj) of a cached latent 2
+    kv_lora_rank (qk_nope + v_head_dim) a head."""
+    m = model.mla
+    if m is None or model.sparse_attention is not None:
+        # DeepSeek sparse attention (V3.2, GLM-5) prefills in the absorbed form too, its
+        # sparse kernel reading the indexer's top-k keys, which capsim does not model
+        return 1.0, 0.0
+    absorbed = 2.0 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2.0 * m.kv_lora_rank
+    expanded = 2.0 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + 2.0 * m.v_head_dim
+    upproj = 2.0 * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim)
+    return expanded / absorbed, upproj / absorbed
