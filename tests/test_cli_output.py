@@ -550,3 +550,16 @@ def test_predict_prints_the_levels_finished_before_ctrl_c(monkeypatch):
         "interrupted: 0 of 1 configurations predicted, and 1 of 3 levels of the next; "
         "the results cover those" in " ".join(r.stderr.split())
     )
+
+
+def test_validates_last_line_is_the_headline_not_a_mean_alone():
+    """Issue 48: validate ended on 'MAPE over N points' (a mean the docs' headline, every
+    point's median by metric family, contradicted); it now ends on that headline."""
+    from capsim.cli.main import app
+
+    path = "calibration/published/corpus-recipes-mi300x-qwen3guard-8b-vllm-1k1k-c32.yaml"
+    r = CliRunner().invoke(app, ["validate", path], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("every point, median absolute error: throughput"), last
+    assert "MAPE over" in last

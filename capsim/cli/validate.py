@@ -53,6 +53,24 @@ def metric_text(metric: str, statistic: str = "mean") -> str:
     return metric if statistic == "mean" else f"{metric} {statistic}"
 
 
+def headline_line(every_point: list[dict], points: list[ComparedPoint]) -> str:
+    """validate's last line: the headline (every point's median absolute error by metric
+    family, as the summary's first table and the docs give it), then the mean."""
+    from capsim.calibration.compare import mape
+
+    parts = ", ".join(
+        f"{g['group']} {g['median_abs_error_percent']:.1f}% ({g['points']})"
+        for g in sorted(every_point, key=lambda g: HEADLINE_ORDER.get(g["group"], 99))
+    )
+    return (
+        f"every point, median absolute error: {parts}; "
+        f"MAPE over {len(points)} points: {mape(points):.1f}%"
+    )
+
+
+HEADLINE_ORDER = {"throughput": 0, "TPOT": 1, "TTFT": 2, "E2E": 3}
+
+
 def markdown(points: list[ComparedPoint]) -> str:
     from capsim.calibration.compare import mape
 
@@ -675,7 +693,7 @@ def validate_cmd(
         console.print(summary_markdown(summaries, skipped), markup=False, highlight=False)
         if left_out:
             console.print(loso_markdown(left_out), markup=False, highlight=False)
-        console.print(f"MAPE over {len(points)} points: {mape(points):.1f}%")
+        console.print(headline_line(summaries["every_point"], points), highlight=False)
     finally:
         if stopped:  # what was finished is printed above; then one line and exit 130
             interrupted(stopped)
