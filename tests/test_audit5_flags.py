@@ -70,3 +70,22 @@ def test_dataset_fields_that_change_nothing_are_refused(tmp_path):
         path.write_text(yaml.safe_dump(data))
         r = CliRunner().invoke(app, ["validate", str(path)])
         assert r.exit_code == 2 and says in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--tp", "4", "--pp", "2", "--pp-size", "4"],
+        ["--tp", "2", "--tp", "4"],
+        ["--tp", "4", "--context-length", "4096", "--max-model-len", "8192"],
+    ],
+)
+def test_an_option_given_twice_is_refused_not_overwritten(extra):
+    """'--pp 2 --pp-size 4' ran with the last value without a word (issue 47's fifth
+    audit); options that take several values (--set) still repeat."""
+    base = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "-c", "1"]
+    r = CliRunner().invoke(app, [*base, *extra], env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and "is given more than once" in r.output, r.output
+    sets = ["--set", "step_overhead_us=300", "--set", "per_sequence_overhead_us=10"]
+    r = CliRunner().invoke(app, [*base[:4], "llama-3.1-8b", "-c", "1", "--requests", "2", *sets])
+    assert r.exit_code == 0, r.output

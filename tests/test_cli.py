@@ -628,9 +628,16 @@ PREDICT = ("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "-c", "1", "--r
 def predict_with(*args: str) -> tuple[str, ...]:
     """PREDICT with ``args``; an open loop's load is its --rate, so -c goes (it is refused
     there, as a flag the workload ignores)."""
-    base = PREDICT
-    if "open" in args:
-        base = tuple(a for i, a in enumerate(PREDICT) if a != "-c" and PREDICT[i - 1] != "-c")
+    given = {a for a in args if a.startswith("-")}
+    drop = {"-c"} if "open" in args else set()
+    drop |= given  # each option once: a second value is refused, not taken
+    base, i = [PREDICT[0]], 1
+    while i < len(PREDICT):
+        if PREDICT[i] in drop:
+            i += 2
+            continue
+        base.append(PREDICT[i])
+        i += 1
     return (*base, *args)
 
 
@@ -818,7 +825,7 @@ def test_a_trace_draws_nothing_so_a_seed_is_refused(tmp_path):
 
 
 def test_a_repeated_model_is_simulated_once():
-    r = invoke(*PREDICT, "--model", "qwen3-8b,qwen3-8b", "--json")
+    r = invoke(*predict_with("--model", "qwen3-8b,qwen3-8b", "--json"))
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["results"]) == 1
 

@@ -110,6 +110,36 @@ def _whole_numbers_only() -> None:
 
 _whole_numbers_only()
 
+
+def _each_option_once() -> None:
+    """An option given twice, under one name or two of its aliases ('--pp 2 --pp-size 4',
+    '--tp 2 --tp 4'), took the last value without a word (issue 47's fifth audit): it is
+    refused as any other bad command line is, exit 2. Options that take several values
+    (--set, --db) repeat as before."""
+    from collections import Counter
+
+    try:
+        from typer._click.core import _OptionParser
+        from typer._click.exceptions import UsageError
+    except ImportError:  # another typer: its own parsing stands
+        return
+    original = _OptionParser.parse_args
+
+    def parse_args(self, args):
+        opts, largs, order = original(self, args)
+        counts = Counter(id(param) for param in order)
+        for param in order:
+            once = not getattr(param, "multiple", False) and not getattr(param, "count", False)
+            if counts[id(param)] > 1 and once and getattr(param, "opts", None):
+                names = " / ".join([*param.opts, *getattr(param, "secondary_opts", [])])
+                raise UsageError(f"{names} is given more than once; give it once", ctx=self.ctx)
+        return opts, largs, order
+
+    _OptionParser.parse_args = parse_args
+
+
+_each_option_once()
+
 cli = typer.Typer(**APP_SETTINGS)
 """The global options; ``app`` (``full_app``) adds the commands, which live in the other
 cli modules."""

@@ -693,7 +693,9 @@ def validate_cmd(
         console.print(summary_markdown(summaries, skipped), markup=False, highlight=False)
         if left_out:
             console.print(loso_markdown(left_out), markup=False, highlight=False)
-        console.print(headline_line(summaries["every_point"], points), highlight=False)
+        console.print(
+            headline_line(summaries["every_point"], points), highlight=False, soft_wrap=True
+        )
     finally:
         if stopped:  # what was finished is printed above; then one line and exit 130
             interrupted(stopped)
