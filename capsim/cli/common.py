@@ -729,6 +729,44 @@ def catalog(db: list[Path] | None) -> Catalog:
     return load_catalog([*global_db, *(db or [])])
 
 
+MOE_ONLY_PARAMS = frozenset(
+    {
+        "moe_routing_skew",
+        "l2_reuse_strength",
+        "moe_bandwidth_efficiency",
+        "moe_compute_efficiency",
+        "moe_compute_efficiency_8bit",
+        "moe_layer_overhead_us",
+        "moe_expert_overhead_us",
+        "moe_replaced_ffn_floor_us",
+    }
+)
+"""``--set`` parameters that only routed experts read: a dense model ignores them."""
+
+MLA_ONLY_PARAMS = frozenset(
+    {"mla_layer_overhead_us", "mla_layer_floor_share", "layer_overhead_eager_mla_us"}
+)
+"""``--set`` parameters that only multi-head-latent-attention layers read."""
+
+
+def refuse_overrides_no_model_reads(overrides: dict[str, float], models) -> None:
+    """A ``--set`` of an MoE or MLA parameter where none of the models has routed experts
+    or latent attention changed nothing and said nothing: refused, naming the parameter
+    (``models``: catalog Model objects)."""
+    for names, has, what in (
+        (MOE_ONLY_PARAMS, lambda m: m.moe is not None, "routed experts (an MoE model)"),
+        (MLA_ONLY_PARAMS, lambda m: m.mla is not None, "multi-head latent attention"),
+    ):
+        given = sorted(set(overrides) & names)
+        if given and not any(has(m) for m in models):
+            listed = ", ".join(m.name for m in models)
+            raise CapsimUserError(
+                f"--set {given[0]} applies to models with {what}, and {listed} has none: "
+                "it would change nothing",
+                hint="leave it out, or pick a model it applies to",
+            )
+
+
 def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
     """Resolve ``--model`` values (see capsim.catalog.resolve.resolve_into)."""
     from capsim.catalog.resolve import resolve_into

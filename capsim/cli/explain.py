@@ -47,6 +47,7 @@ from capsim.cli.common import (
     parse_overrides,
     print_json,
     refuse_links_without_tp,
+    refuse_overrides_no_model_reads,
     resolve_models,
     spec_config,
     vllm_ep_group,
@@ -564,6 +565,7 @@ def explain_cmd(
     eng = cat.engine(engine)
     cat, (ref,) = resolve_models(cat, [model])
     m = cat.model(ref.name)
+    refuse_overrides_no_model_reads(overrides, [m])
     quant = quant or ref.quant
     tp, dp_ranks = dp_layout(engine, m, tp, dp, enable_expert_parallel, enable_dp_attention)
 

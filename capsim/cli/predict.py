@@ -64,6 +64,7 @@ from capsim.cli.common import (
     progress_bar,
     refuse_inapplicable_flags,
     refuse_links_without_tp,
+    refuse_overrides_no_model_reads,
     resolve_models,
     spec_config,
 )
@@ -364,6 +365,7 @@ def predict_cmd(
         raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
     refuse_links_without_tp(tps, interconnect, disable_custom_all_reduce, engine)
     cat, models = resolve_models(cat, split_list(model, "--model"))
+    refuse_overrides_no_model_reads(overrides, [cat.model(m.name) for m in models])
     # each list once: '--model a,a' simulated the same model twice ('-c 1,1' never did)
     combos = itertools.product(
         *(

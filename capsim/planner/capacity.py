@@ -281,13 +281,25 @@ def per_replica_share(config: PredictConfig, dp: int) -> int:
     return dp if dp > MAX_JOINT_REPLICAS and plain else 1
 
 
-def _more_replicas(dp: int, tp: int, setup=None) -> str:
+def _replica_gpus(setup) -> int:
+    """The GPUs one replica of ``setup`` holds: its TP group (vLLM's DP+EP group of tp x
+    ranks and SGLang's DP-attention ranks included) times its pipeline stages."""
+    return setup.config.tp * setup.config.pp
+
+
+def _more_replicas(dp: int, setup, config: PredictConfig | None = None) -> str:
     """The change that doubles the replicas ('another replica' from one, 'N more replicas'
     from N), with the --gpus that gives it; of a disaggregated ``setup``, its decode
-    replicas (--gpus counts its prefill instances' GPUs too)."""
-    kind = "decode " if setup is not None and setup.prefill is not None else ""
+    replicas (--gpus counts its prefill instances' GPUs too). A vLLM DP+EP group (``config``
+    the one typed, with --dp and --enable-expert-parallel) is one server's worth: its copy
+    is a second server behind a router, which no --gpus of that command line gives."""
+    group = _replica_gpus(setup)
+    if config is not None and config.expert_parallel and setup.config.tp != config.tp:
+        what = "another DP+EP group" if dp == 1 else f"{dp} more DP+EP groups"
+        return f"{what} of {group} GPUs behind a router (a server each)"
+    kind = "decode " if setup.prefill is not None else ""
     what = f"another {kind}replica" if dp == 1 else f"{dp} more {kind}replicas"
-    gpus = 2 * dp * tp if not kind else setup.gpus + dp * tp
+    gpus = 2 * dp * group if not kind else setup.gpus + dp * group
     return f"{what} (--gpus {gpus})"
 
 
@@ -330,7 +342,7 @@ def _suggestions(limiter: str, setup, config: PredictConfig, catalog: Catalog) -
         if config.kv_dtype == "auto":
             out.append("--kv-dtype fp8 holds twice the tokens in the same memory")
         out.append("a smaller weight format leaves more memory for the KV cache")
-        out.append(f"{_more_replicas(setup.dp, config.tp, setup)} adds a replica's cache")
+        out.append(f"{_more_replicas(setup.dp, setup, config)} adds a replica's cache")
     elif limiter == "max_num_seqs":
         out.append("raise --max-num-seqs: the engine queues agents beyond it")
     elif limiter == "recurrent-state pool":
@@ -356,9 +368,9 @@ def _suggestions(limiter: str, setup, config: PredictConfig, catalog: Catalog) -
                 else ""
             )
         )
-        out.append(f"{_more_replicas(setup.dp, config.tp, setup)} adds a state pool")
+        out.append(f"{_more_replicas(setup.dp, setup, config)} adds a state pool")
     elif limiter in ("memory bandwidth", "compute"):
-        out.append(f"{_more_replicas(setup.dp, config.tp, setup)} doubles the {limiter}")
+        out.append(f"{_more_replicas(setup.dp, setup, config)} doubles the {limiter}")
         if limiter == "memory bandwidth" and setup.fmt.bits_per_weight > 5:
             out.append("a 4-bit weight format reads fewer bytes per step")
         out.append("a GPU with more " + ("bandwidth" if limiter != "compute" else "TFLOPS"))
@@ -390,11 +402,14 @@ def _ttft_cause(
     PredictConfig update), for _rerun to check."""
     scheduler = setup.scheduler
     budget = scheduler.max_num_batched_tokens
-    gpus = setup.dp * config.tp
+    gpus = setup.dp * _replica_gpus(setup)
     # labelled for the whole deployment (``shown_replicas``: where one replica of many is
     # searched, doubling its replicas is doubling the deployment's)
-    label = _more_replicas(shown_replicas or setup.dp, config.tp)
+    label = _more_replicas(shown_replicas or setup.dp, setup, config)
     replica = (label, {"gpus": 2 * gpus, "dp": None})
+    if config.expert_parallel and setup.config.tp != config.tp:  # vLLM's DP+EP group, twice
+        group = {"tp": setup.config.tp, "dp_attention": setup.config.dp_attention}
+        replica = (label, {**group, "gpus": 2 * gpus, "dp": None})
     if setup.prefill is not None:  # disaggregated: first tokens wait for the prefill pool
         replica = _another_prefill_instance(setup, config)
     # a disaggregated prefill instance runs no decodes beside its prompts

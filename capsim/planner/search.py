@@ -300,12 +300,25 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                         candidate.nodes, candidate.max_num_seqs = nodes, seqs
                         candidate.expert_parallel = ep
                         out.append(candidate)
-                        if req.disaggregation and ranks == 1:
+                        if req.disaggregation and ranks == 1 and _moves_kv(gpu, count):
                             out += [
                                 dataclasses.replace(candidate, prefill_replicas=p)
                                 for p in prefill_splits(candidate.replicas)
                             ]
     return out, pruned
+
+
+def _moves_kv(gpu, count: int) -> bool:
+    """Whether ``count`` of ``gpu`` have a link in the catalog that a disaggregated
+    deployment's prefill instances could send KV over (none on a part with neither NVLink
+    nor PCIe listed, such as a unified-memory box)."""
+    from capsim.physics.kv_transfer import kv_transfer_link
+
+    try:
+        kv_transfer_link(gpu, count)
+    except CapsimUserError:
+        return False
+    return True
 
 
 PREFILL_SHARES = (0.25, 0.5, 0.75)
@@ -587,6 +600,13 @@ def plan_candidates(req: PlanRequest, cat: Catalog, rank: str) -> tuple[list[Can
         raise CapsimUserError(
             "no configuration fits in memory",
             hint="allow more GPUs (--counts) or other GPUs (--gpus)",
+        )
+    if req.disaggregation and not any(c.prefill_replicas for c in candidates):
+        raise CapsimUserError(
+            "--disaggregation splits a deployment of two or more replicas into prefill and "
+            "decode instances, and no deployment searched here has two replicas on GPUs "
+            "with a link to move KV over",
+            hint="allow more GPUs (--counts 2,4,8), or leave --disaggregation out",
         )
     return candidates, pruned
 
