@@ -44,8 +44,10 @@ class PriorInView(BaseModel):
 
     prior: str = Field(description="Which prior, and the catalog file that holds it")
     chosen: dict[str, float] = Field(min_length=1, description="Parameter values it set")
-    without: dict[str, float] = Field(
-        min_length=1, description="The values each parameter would have without the sources"
+    without: dict[str, float | None] = Field(
+        min_length=1,
+        description="The values each parameter would have without the sources (null: "
+        "unset, the path the parameter's absence gives)",
     )
     in_view: list[str] = Field(min_length=1, description="Corpus datasets looked at")
     hardware_classes: list[str] | None = Field(
