@@ -117,3 +117,26 @@ def test_a_malformed_registry_is_a_clear_error(tmp_path):
     bad.write_text("- prior: x\n  chosen: {step_overhead_us: 1}\n")
     with pytest.raises(CapsimUserError, match=r"priors\.yaml"):
         load_priors_in_view(bad)
+
+
+def test_a_prior_put_back_to_unset_takes_the_path_its_absence_gives():
+    """A prior whose 'without' is null (llama.cpp's MMQ share on GeForce Blackwell, which
+    ran the 16-bit path before): the source left out is predicted on that path (its
+    prompts about 60% slower), not refused as 'not a valid number'."""
+    from pathlib import Path
+
+    from capsim.calibration.compare import compare_dataset
+    from capsim.calibration.loso import leave_one_source_out
+    from capsim.calibration.published import load_dataset
+    from capsim.catalog.loader import load_catalog
+
+    cat = load_catalog()
+    root = Path(__file__).resolve().parents[1] / "calibration" / "published"
+    ds = load_dataset(root / "corpus-llamacpp-cuda-disc15013-llama2-7b-q4_0-scoreboard.yaml")
+    ds = ds.model_copy(update={"scenarios": [s for s in ds.scenarios if s.gpu == "rtx5090"]})
+    points = compare_dataset(ds, cat)
+    left = leave_one_source_out([ds], points, cat)
+    prompt = [(p, q) for p, q in zip(points, left, strict=True) if p.metric == "prompt_tok_s"]
+    assert len(prompt) == 1
+    in_sample, without = prompt[0]
+    assert without.predicted < 0.6 * in_sample.predicted

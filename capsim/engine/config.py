@@ -199,7 +199,11 @@ class PredictConfig(BaseModel):
         description="Lay down whole periods of a closed loop's repeating steady state as "
         "copies instead of simulating them again (engine/periodic.py; same figures)",
     )
-    efficiency_overrides: dict[str, float] = Field(default_factory=dict)
+    efficiency_overrides: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="Efficiency parameters laid over the defaults (None unsets an optional "
+        "one, as a prior put back to its absence)",
+    )
     kv_capacity_tokens: int | None = Field(
         None, ge=BLOCK_SIZE_TOKENS, description="Pin the KV pool size (e.g. from a probe)"
     )

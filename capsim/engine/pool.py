@@ -72,6 +72,13 @@ def worker_pool(
         # it first would make the pool's own thread trip over the cancelled futures)
         for process in list((getattr(pool, "_processes", None) or {}).values()):
             process.kill()  # SIGKILL: a worker caught mid-fork may never run a handler
+        # jobs still queued for the dead workers: the queue's feeder thread may be blocked
+        # writing one into a full pipe that nobody reads any more, and the interpreter
+        # joins that thread at exit (a user error in a worker printed its message, then the
+        # process hung): it is not joined
+        call_queue = getattr(pool, "_call_queue", None)
+        if call_queue is not None:
+            call_queue.cancel_join_thread()
         pool.shutdown(wait=False)
         raise
     pool.shutdown(wait=True, cancel_futures=True)  # what was not needed is not run

@@ -106,7 +106,7 @@ OFFLINE_OVERRIDES = {
 def resolve_params(
     cat: Catalog,
     gpu: GPU,
-    overrides: dict[str, float] | None = None,
+    overrides: dict[str, float | None] | None = None,
     params: EfficiencyParams | None = None,
     engine: Engine | None = None,
     offline: bool = False,
