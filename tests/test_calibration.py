@@ -557,3 +557,27 @@ def test_a_scenario_simulated_again_with_the_same_parameters_is_not_run_again(mo
     copy = ds.model_copy(update={"scenarios": [ds.scenarios[0].model_copy()]})
     compare.compare_datasets([copy], CAT, params)
     assert len(calls) == 7
+
+
+def test_llama_bench_decode_is_simulated_from_an_empty_context():
+    """llama-bench's tg test generates from an empty context, apart from its pp test
+    (workload decode_context_tokens: 1): Llama 2 7B's decode (32 full-size KV heads) is
+    faster there than after the pp512 prompt, and the prompt's figure does not move."""
+    from pathlib import Path
+
+    from capsim.calibration.compare import compare_dataset
+    from capsim.calibration.published import load_dataset
+    from capsim.catalog.loader import load_catalog
+
+    cat = load_catalog()
+    root = Path(__file__).resolve().parents[1] / "calibration" / "published"
+    ds = load_dataset(root / "corpus-llamacpp-cuda-disc15013-llama2-7b-q4_0-scoreboard.yaml")
+    ds = ds.model_copy(update={"scenarios": [s for s in ds.scenarios if s.gpu == "rtx3090"]})
+    assert ds.workload.decode_context_tokens == 1
+    after_prompt = ds.model_copy(
+        update={"workload": ds.workload.model_copy(update={"decode_context_tokens": None})}
+    )
+    apart = {p.metric: p.predicted for p in compare_dataset(ds, cat)}
+    joined = {p.metric: p.predicted for p in compare_dataset(after_prompt, cat)}
+    assert apart["prompt_tok_s"] == joined["prompt_tok_s"]
+    assert apart["decode_tok_s"] > 1.03 * joined["decode_tok_s"]

@@ -215,6 +215,10 @@ def point_value(m: LevelMetrics, metric: str, statistic: str = "mean") -> float:
     return float(value.mean if hasattr(value, "mean") else value)
 
 
+DECODE_APART_METRICS = frozenset({"decode_tok_s"})
+"""Metrics a dataset's ``decode_context_tokens`` simulates apart from its prompts."""
+
+
 def compare_scenario(
     ds: PublishedDataset,
     sc: Scenario,
@@ -234,13 +238,29 @@ def compare_scenario(
     for level in sorted({p.concurrency for p in sc.points}):
         key = (output_mean_for(sc, level), level if per_level else None)
         sweeps.setdefault(key, []).append(level)
-    by_level = {}
+    # decoding measured apart from the prompt (llama-bench's tg from an empty context)
+    decode_apart = (
+        w.decode_context_tokens is not None
+        and sc.input_tokens is None
+        and any(p.metric in DECODE_APART_METRICS for p in sc.points)
+    )
+    by_level, decode_by_level = {}, {}
     for (mean, alone), levels in sweeps.items():
         config = scenario_config(ds, sc, levels, mean, overrides)
         if alone is not None:
             config = config.model_copy(update={"requests": w.rounds_per_level * alone})
         result = predict(config, catalog, params=params, workers=workers)
         by_level.update({int(lv.level): lv.metrics for lv in result.levels})
+        if decode_apart:
+            apart = config.model_copy(update={"input_tokens": str(w.decode_context_tokens)})
+            result = predict(apart, catalog, params=params, workers=workers)
+            decode_by_level.update({int(lv.level): lv.metrics for lv in result.levels})
+
+    def metrics_for(p):
+        if decode_apart and p.metric in DECODE_APART_METRICS:
+            return decode_by_level[p.concurrency]
+        return by_level[p.concurrency]
+
     return [
         ComparedPoint(
             ds.name,
@@ -248,7 +268,7 @@ def compare_scenario(
             p.concurrency,
             p.metric,
             p.value,
-            float(point_value(by_level[p.concurrency], p.metric, p.statistic)),
+            float(point_value(metrics_for(p), p.metric, p.statistic)),
             sc.gpu,
             sc.engine,
             p.statistic,

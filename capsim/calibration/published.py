@@ -253,6 +253,15 @@ class WorkloadDescription(Strict):
         le=GAMMA_CV_RANGE[1],
         description="With arrival gamma: the gaps' coefficient of variation (as --gamma-cv)",
     )
+    decode_context_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="Where a source measured decoding apart from its prompts (llama-bench's "
+        "tg test generates from an empty context, its pp test prefills alone): the prompt "
+        "its decode metrics (decode_tok_s) are simulated after, in place of input_tokens; a "
+        "scenario with input_tokens of its own (a depth) keeps them",
+    )
     quotes: list[str] = Field(default_factory=list)
     unknowns: dict[str, str] = Field(default_factory=dict)
 
