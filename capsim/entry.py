@@ -22,8 +22,18 @@ def _stopped_while_starting(signum, frame) -> None:
         os._exit(143 if signum == signal.SIGTERM else 130)
 
 
+def _closed_streams_to_devnull() -> None:
+    """A command started with its standard output or error closed (``capsim gpus >&-``)
+    finds ``sys.stdout`` None and failed on its first write with an AttributeError
+    traceback: what it prints is dropped instead, as writing to /dev/null drops it."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
+
+
 def run() -> None:
     """Console-script entry point (``capsim`` and ``python -m capsim``)."""
+    _closed_streams_to_devnull()
     interactive = signal.getsignal(signal.SIGINT)
     if interactive is not signal.SIG_IGN:  # a shell that started us in the background
         signal.signal(signal.SIGINT, _stopped_while_starting)

@@ -89,6 +89,12 @@ def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
                 f"'{path}' exists: capsim does not overwrite it",
                 hint=f"pass --force to replace it, or another {flag}",
             )
+        blocker = file_in_the_way(path)
+        if blocker is not None:
+            raise CapsimUserError(
+                f"{flag} '{path}': '{blocker}' is a file, not a folder to write into",
+                hint=f"name a file in a folder, e.g. another {flag}",
+            )
         folder = nearest_existing_folder(path)
         if folder is not None and str(folder.resolve()) in SYSTEM_FOLDERS:
             raise CapsimUserError(
@@ -101,6 +107,19 @@ def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
                 f"{flag} '{path}': capsim may not create files in '{folder}'",
                 hint="name a file in a folder you can write to",
             )
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it is not a folder (a file where a
+    folder of the path should be: '/etc/hostname/b.yaml'), else None; checked before any
+    work, where creating the folder would otherwise fail after it."""
+    for folder in [path.parent, *path.parent.parents]:
+        try:
+            if folder.exists():
+                return None if folder.is_dir() else folder
+        except OSError:
+            return None
+    return None
 
 
 def nearest_existing_folder(path: Path) -> Path | None:

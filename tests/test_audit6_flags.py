@@ -66,3 +66,130 @@ def test_capacity_doubles_a_vllm_dp_ep_group_not_one_gpu():
     assert "another DP+EP group of 8 GPUs behind a router" in text
     # the TTFT change was simulated, not refused
     assert "DP+EP group of 8 GPUs behind a router (a server each): TTFT p90" in text
+
+
+def test_a_command_with_its_output_closed_exits_cleanly():
+    """`capsim gpus >&-` (standard output closed) failed with an AttributeError traceback on
+    its first write; what it prints is dropped instead."""
+    import subprocess
+    import sys
+
+    for args in ("gpus", "fit --gpu rtx3090 --model llama-3.1-8b"):
+        done = subprocess.run(
+            ["bash", "-c", f"{sys.executable} -m capsim {args} >&-"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def small_dataset(tmp_path, edit) -> str:
+    """A copy of a small corpus dataset with ``edit(data)`` applied, as a YAML path."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1] / "calibration" / "published"
+    data = yaml.safe_load((root / "corpus-client-rtx4090-vllm-mistral7b.yaml").read_text())
+    edit(data)
+    path = tmp_path / "ds.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            lambda d: d["scenarios"][0].setdefault("flags", {}).update(max_num_seqs=float("inf")),
+            "flag max_num_seqs is a whole number",
+        ),
+        (lambda d: d["scenarios"][0]["points"][0].update(concurrency=True), "valid integer"),
+        (
+            lambda d: d["scenarios"][0]["points"][0].update(metric="output_tok_s", statistic="p99"),
+            "applies to a latency",
+        ),
+        (
+            lambda d: d["scenarios"][0].update(output_mean_tokens_by_level={-4: 100}),
+            "that no point measures",
+        ),
+        (lambda d: d.update(name=""), "at least 1 character"),
+    ],
+)
+def test_a_dataset_that_would_mislead_is_refused(tmp_path, edit, says):
+    r = runner.invoke(app, ["validate", small_dataset(tmp_path, edit)])
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split())
+
+
+def test_yaml_with_a_key_twice_or_binary_data_is_refused():
+    import yaml
+
+    from capsim.catalog.loader import load_yaml_text
+
+    with pytest.raises(yaml.YAMLError, match="given twice"):
+        load_yaml_text("name: a\nname: b\n")
+    with pytest.raises(yaml.YAMLError, match="binary"):
+        load_yaml_text("v: !!binary aGVsbG8=\n")
+    assert load_yaml_text("a: &x [1]\nb: *x\n") == {"a": [1], "b": [1]}
+
+
+def test_validate_counts_a_file_once(tmp_path):
+    path = small_dataset(tmp_path, lambda d: None)
+    r = runner.invoke(app, ["validate", path, path])
+    assert r.exit_code == 2 and "given twice" in r.output
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        (
+            "predict --gpu rtx3090 --model llama-3.1-8b -c 1 --set bandwidth_efficiency=0.5 "
+            "--set bandwidth_efficiency=0.6",
+            "given more than once",
+        ),
+        (
+            "predict --gpu rtx3090,rtx4090,a100-80g,h100-sxm,h200,l40s --model "
+            "llama-3.1-8b,qwen3-8b,mistral-7b,gemma-3-4b --tp 1,2,4 -c 1..256 --requests 8",
+            "simulations; at most 4,096",
+        ),
+        (
+            "predict --gpu rtx3090 --model llama-3.1-8b --workload open --requests 8 --rate "
+            + ",".join(str(i) for i in range(1, 4200)),
+            "rates; at most 4,096",
+        ),
+        (
+            "validate calibration/published/corpus-client-rtx4090-vllm-mistral7b.yaml "
+            "--write-bands /etc/hostname/b.yaml",
+            "is a file, not a folder",
+        ),
+    ],
+)
+def test_work_that_cannot_end_well_is_refused_before_it_starts(line, says):
+    r = runner.invoke(app, line.split(), env={"COLUMNS": "200"})
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split())
+
+
+def test_a_forced_plot_replaces_a_link_not_the_file_it_points_to(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("orig")
+    link = tmp_path / "plot.png"
+    link.symlink_to(victim)
+    line = f"predict --gpu rtx3090 --model llama-3.1-8b -c 1 --requests 8 --plot {link} --force"
+    r = runner.invoke(app, line.split())
+    assert r.exit_code == 0, r.output
+    assert victim.read_text() == "orig"
+    assert not link.is_symlink() and link.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_misspelt_trace_key_is_refused(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"arrival_time": 0, "input_tokens": 100, "output_tokens": 10, "sesion_id": "a"}\n'
+    )
+    line = f"predict --gpu rtx3090 --model llama-3.1-8b --workload trace --trace {trace}"
+    r = runner.invoke(app, line.split())
+    assert r.exit_code == 2 and "did you mean 'session_id'" in r.output

@@ -68,8 +68,20 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def short_text(text: str, most: int = 24) -> str:
+    """``text`` as an error quotes it: cut to ``most`` characters with '...' (a 400-digit
+    number filled the terminal)."""
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+LATENCY_POINT_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+"""Point metrics that are per-request latencies, the ones a statistic other than the mean
+applies to."""
+
+
 class MeasuredPoint(Strict):
     concurrency: int = Field(
+        strict=True,  # 'concurrency: true' read as 1
         ge=1,
         le=100_000,  # predict's -c limit
         description="The load level: clients of a closed loop, or an open workload's "
@@ -92,6 +104,17 @@ class MeasuredPoint(Strict):
     @classmethod
     def _known(cls, v: str) -> str:
         return one_of(v, POINT_METRICS, "metric")
+
+    @model_validator(mode="after")
+    def _statistic_of_a_latency(self) -> MeasuredPoint:
+        """A median or a p99 is a statistic of per-request latencies; a throughput is one
+        figure for the run (p99 on output_tok_s was taken as its mean)."""
+        if self.statistic != "mean" and self.metric not in LATENCY_POINT_METRICS:
+            raise ValueError(
+                f"statistic {self.statistic} applies to a latency "
+                f"({', '.join(LATENCY_POINT_METRICS)}), not to {self.metric}"
+            )
+        return self
 
 
 WORKLOAD_KINDS = ("batch", "closed", "agents", "open", "trace")
@@ -131,7 +154,7 @@ OutputMean = Annotated[float, Field(gt=0, le=MAX_CONTEXT_TOKENS, allow_inf_nan=F
 
 
 class Scenario(Strict):
-    name: str
+    name: str = Field(min_length=1, max_length=200, pattern=r"\S")
     engine: str = Field("vllm", description="Serving engine that was measured (see ENGINES)")
     engine_version: str | None = None
     input_tokens: str | None = Field(
@@ -174,6 +197,22 @@ class Scenario(Strict):
     output_note: str | None = None
     points: list[MeasuredPoint]
 
+    @model_validator(mode="after")
+    def _output_means_of_measured_levels(self) -> Scenario:
+        """output_mean_tokens_by_level names levels this scenario measured (a key of -4,
+        true or a level never measured took the place of the real one without a word)."""
+        measured = {p.concurrency for p in self.points}
+        if not measured:  # no point at all: validate says so for the whole dataset
+            return self
+        stray = sorted(set(self.output_mean_tokens_by_level) - measured, key=str)
+        if stray:
+            raise ValueError(
+                f"output_mean_tokens_by_level names level(s) "
+                f"{', '.join(short_text(str(v)) for v in stray)} that "
+                f"no point measures (levels: {', '.join(map(str, sorted(measured)))})"
+            )
+        return self
+
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
@@ -213,9 +252,11 @@ class Scenario(Strict):
                 )
             if kind is bool and not isinstance(value, bool):
                 raise ValueError(f"flag {name} is true or false, not {value!r}")
-            if kind is int and (isinstance(value, bool) or value != int(value)):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            finite = number and math.isfinite(value)
+            if kind is int and not (finite and float(value).is_integer()):
                 raise ValueError(f"flag {name} is a whole number, not {value!r}")
-            if kind is float and (isinstance(value, bool) or not math.isfinite(value)):
+            if kind is float and not finite:
                 raise ValueError(f"flag {name} is a finite number, not {value!r}")
         return flags
 
@@ -289,7 +330,7 @@ class WorkloadDescription(Strict):
 
 
 class PublishedDataset(Strict):
-    name: str
+    name: str = Field(min_length=1, max_length=200, pattern=r"\S")
     source: Source
     more_sources: list[Source] = Field(
         default_factory=list, description="Other texts by or about the same measurements"
@@ -608,6 +649,16 @@ def load_published(
             raise CapsimUserError(f"dataset '{target}' does not exist")
     if not files:
         raise CapsimUserError("no published datasets found", hint="pass a YAML file or folder")
+    seen: dict[Path, Path] = {}
+    for f in files:  # a file named twice (or through a folder and by name) counted twice
+        key = f.resolve()
+        if key in seen:
+            raise CapsimUserError(
+                f"dataset '{f}' is given twice (also as '{seen[key]}'): its points would "
+                "count twice",
+                hint="name each file or folder once",
+            )
+        seen[key] = f
     return [
         dataset_from_run(f, accept_failures) if f.suffix in (".json", ".jsonl") else load_dataset(f)
         for f in files

@@ -93,7 +93,7 @@ def load_yaml_text(text: str):
     from capsim.catalog.yaml_errors import one_line_yaml_error
 
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = yaml.load(text, Loader=strict_loader())
     except (ValueError, OverflowError, RecursionError) as exc:
         # the constructor's own limits (an integer of 5,000 digits, a date out of range):
         # not a YAML document capsim can read, reported as its syntax errors are (in the
@@ -105,6 +105,51 @@ def load_yaml_text(text: str):
         raise yaml.YAMLError(one_line_yaml_error(exc)) from None
     check_expansion(data)
     return data
+
+
+_STRICT_LOADER = None
+
+
+def strict_loader():
+    """PyYAML's safe loader (libyaml's where built with it) that also refuses a key given
+    twice in one mapping (the safe loader keeps the last: a dataset's second 'name:' took
+    over without a word) and binary scalars (!!binary: bytes, which no field of capsim's
+    takes, read as text by pydantic)."""
+    global _STRICT_LOADER
+    if _STRICT_LOADER is not None:
+        return _STRICT_LOADER
+    import yaml
+    from yaml.constructor import ConstructorError, SafeConstructor
+
+    class StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the safe constructor reports it
+                continue
+            if duplicate:
+                raise ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
+        return SafeConstructor.construct_mapping(loader, node, deep)
+
+    def binary(loader, node):
+        raise ConstructorError(
+            None, None, "binary data (!!binary) is not a value capsim reads", node.start_mark
+        )
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:map", mapping)
+    StrictLoader.add_constructor("tag:yaml.org,2002:binary", binary)
+    _STRICT_LOADER = StrictLoader
+    return StrictLoader
 
 
 MAX_YAML_CHARS = 2**20

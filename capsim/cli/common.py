@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -581,6 +582,10 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
                 hint='the parameters and their units: capsim explain --json ("efficiency")',
                 suggestions=close_matches(name, fields),
             )
+        if name in overrides:  # the last one took over without a word
+            raise CapsimUserError(
+                f"--set {name} is given more than once", hint="give each parameter once"
+            )
         try:
             overrides[name] = float(text)
         except ValueError:
@@ -790,9 +795,14 @@ def save_figure(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     written = plot_path_written(path, fig.canvas.get_supported_filetypes())
+    # drawn beside it and renamed over it: a link there (--force) is replaced, not written
+    # through into the file it points to, and a reader never sees half a plot
+    drawing = written.with_name(f".{written.name}.{os.getpid()}.part")
     try:
-        fig.savefig(written, dpi=110)
+        fig.savefig(drawing, dpi=110, format=written.suffix.removeprefix(".").lower() or "png")
+        os.replace(drawing, written)
     except OSError as exc:
+        drawing.unlink(missing_ok=True)
         raise CapsimUserError(f"cannot write plot '{written}': {exc.strerror}") from None
     finally:
         plt.close(fig)

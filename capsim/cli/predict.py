@@ -138,6 +138,11 @@ def parse_rates(text: str) -> list[float]:
             f"--rate values must be positive, at most {MAX_RATE:,.0f} requests per second, "
             f"not '{text}'"
         )
+    if len(rates) > MAX_LEVELS:
+        raise CapsimUserError(
+            f"--rate lists {len(rates):,} rates; at most {MAX_LEVELS:,} are simulated in one run",
+            hint="thin the list out",
+        )
     return rates  # the slowest rate taken is the workload's (MIN_RATE_PER_S)
 
 
@@ -449,6 +454,13 @@ def predict_cmd(
             efficiency_overrides=overrides,
         )
         configs.append(config)
+    simulations = len(configs) * max(len(levels), len(rates))
+    if simulations > MAX_LEVELS:
+        raise CapsimUserError(
+            f"{len(configs):,} deployments x {max(len(levels), len(rates)):,} levels are "
+            f"{simulations:,} simulations; at most {MAX_LEVELS:,} run in one command",
+            hint="fewer levels (a step, e.g. 1..256:x2) or fewer values in the lists",
+        )
     refuse_a_router_without_replicas(ctx, configs, cat)
     if (router_latency_ms or router_capacity_rps) and offline:
         raise CapsimUserError(

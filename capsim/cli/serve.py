@@ -327,6 +327,16 @@ def run_server(
     import logging
 
     logging.getLogger("uvicorn.error").addFilter(quiet_shutdown)
+    import signal
+
+    # uvicorn stops on SIGINT or SIGTERM and raises the signal again once it has shut down,
+    # into the handler it found: this one notes it, so the command exits 130 or 143 as
+    # every other interrupted command does (it exited 0, like a normal end)
+    stopped_by: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: stopped_by.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         uvicorn.run(
             app,
@@ -350,3 +360,8 @@ def run_server(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
             hint="pick another --port, or stop what is listening there",
         ) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopped_by:
+        raise typer.Exit(143 if stopped_by[-1] == signal.SIGTERM else 130)

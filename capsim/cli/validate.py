@@ -425,6 +425,16 @@ def validate_cmd(
                 hint=f"run capsim validate {flag} on its own",
             )
     loaded = load_published(datasets, accept_failures)
+    if overrides:  # a parameter none of the models reads would change nothing, as in predict
+        from capsim.cli.common import refuse_overrides_no_model_reads
+
+        models = []
+        for name in sorted({sc.model for ds in loaded for sc in ds.scenarios}):
+            try:
+                models.append(cat.model(name))
+            except CapsimUserError:  # a scenario validate skips, reading no parameter
+                continue
+        refuse_overrides_no_model_reads(overrides, models)
     stopped = None  # after Ctrl-C: what the output covers
     try:
         if calibrated:

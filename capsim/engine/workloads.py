@@ -23,6 +23,7 @@ A seeded numpy Generator draws every length and time, so the same seed gives the
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass, field
@@ -73,6 +74,15 @@ def read_trace(path: Path) -> list[TraceEntry]:
             obj = loads_json(line)
             if not isinstance(obj, dict):
                 raise TypeError("the line is not a JSON object")
+            misspelt = [
+                (key, near[0])
+                for key in obj
+                if key not in TRACE_KEYS
+                and (near := difflib.get_close_matches(str(key), TRACE_KEYS, n=1, cutoff=0.8))
+            ]
+            if misspelt:  # other keys of a public trace (hash_ids, timestamp) are left be
+                key, meant = misspelt[0]
+                raise ValueError(f"{key!r} is not a trace key (did you mean {meant!r}?)")
             entries.append(
                 TraceEntry(
                     trace_number(obj, "arrival_time", 0.0, MAX_TRACE_SECONDS),
@@ -91,6 +101,9 @@ def read_trace(path: Path) -> list[TraceEntry]:
         raise CapsimUserError(f"trace file '{path}' has no records")
     return sorted(entries, key=lambda e: e.arrival)
 
+
+TRACE_KEYS = ("arrival_time", "input_tokens", "output_tokens", "session_id")
+"""The keys of a trace record capsim reads."""
 
 MAX_TRACE_SECONDS = 10 * 365 * 86400.0
 """Latest arrival a trace may give, seconds from its start (ten years: beyond, the
