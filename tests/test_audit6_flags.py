@@ -193,3 +193,46 @@ def test_a_misspelt_trace_key_is_refused(tmp_path):
     line = f"predict --gpu rtx3090 --model llama-3.1-8b --workload trace --trace {trace}"
     r = runner.invoke(app, line.split())
     assert r.exit_code == 2 and "did you mean 'session_id'" in r.output
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        (
+            "predict --gpu rtx3090 --model llama-3.1-8b -c 1 --set allreduce_efficiency=0.5",
+            "is read only with GPUs that talk to each other",
+        ),
+        (
+            "predict --gpu rtx3090 --model llama-3.1-8b -c 1 --set drafter_layer_cost=2",
+            "is read only with --spec",
+        ),
+        (
+            "predict --gpu rtx3090 --model llama-3.1-8b -c 1 --set compute_power_exponent=1",
+            "is read only with --power-limit",
+        ),
+        (
+            "predict --gpu rtx3090 --model llama-3.1-8b -c 1 --set kv_transfer_latency_ms=2",
+            "is read only with --prefill-replicas",
+        ),
+        (
+            "predict --gpu rtx3090 --model qwen3-coder-30b-a3b -c 2 --workload batch "
+            "--requests 50 --rounds 3",
+            "--rounds and --requests both set",
+        ),
+        ("predict --gpu rtx3090 --model qwen3-coder-30b-a3b -c 1 --force", "none is asked for"),
+        (
+            "validate calibration/published/corpus-client-rtx4090-vllm-mistral7b.yaml --force",
+            "none is asked for",
+        ),
+    ],
+)
+def test_a_flag_this_run_never_reads_is_refused(line, says):
+    r = runner.invoke(app, line.split(), env={"COLUMNS": "200"})
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split())
+
+
+def test_a_communication_parameter_with_a_tp_group_among_the_rows_is_taken():
+    line = "predict --gpu rtx3090 --model llama-3.1-8b -c 1 --requests 8 --tp 1,2 --set"
+    r = runner.invoke(app, [*line.split(), "allreduce_efficiency=0.5", "--json"])
+    assert r.exit_code == 0, r.output

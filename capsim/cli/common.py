@@ -772,6 +772,37 @@ def refuse_overrides_no_model_reads(overrides: dict[str, float], models) -> None
             )
 
 
+OVERRIDE_GROUPS_NEED = {
+    "communication": (
+        lambda c: c.tp > 1 or c.pp > 1 or c.expert_parallel or c.dp_attention > 1,
+        "GPUs that talk to each other (--tp or --pp above 1, or expert parallelism)",
+    ),
+    "disaggregation": (lambda c: c.prefill_replicas > 0, "--prefill-replicas"),
+    "power": (lambda c: c.power_limit_w is not None, "--power-limit"),
+    "speculation": (lambda c: c.spec is not None, "--spec"),
+}
+"""Parameter groups (EfficiencyParams.groups) that a configuration reads only with some
+flag, and the flag, for refuse_overrides_no_config_reads."""
+
+
+def refuse_overrides_no_config_reads(overrides: dict[str, float], configs) -> None:
+    """A ``--set`` of a communication, disaggregation, power or speculation parameter that
+    none of ``configs`` (PredictConfigs) reads changed nothing and said nothing (an
+    all-reduce term at TP 1, a drafter's cost without --spec): refused, naming the flag
+    that would make it count."""
+    from capsim.physics.efficiency import EfficiencyParams
+
+    groups = EfficiencyParams().groups
+    for group, (reads, flag) in OVERRIDE_GROUPS_NEED.items():
+        given = sorted(set(overrides) & set(groups.get(group, [])))
+        if given and not any(reads(c) for c in configs):
+            raise CapsimUserError(
+                f"--set {given[0]} is read only with {flag}, which this command does not "
+                "have: it would change nothing",
+                hint="leave it out, or add the flag it belongs to",
+            )
+
+
 def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
     """Resolve ``--model`` values (see capsim.catalog.resolve.resolve_into)."""
     from capsim.catalog.resolve import resolve_into
@@ -1165,6 +1196,27 @@ def refuse_inapplicable_flags(ctx, workload: str, arrival: str = "poisson") -> N
                 "--gamma-cv applies to --arrival gamma, not poisson",
                 hint="add --arrival gamma (Poisson arrivals have a CV of 1)",
             )
+    typed = {
+        name
+        for name in ("rounds", "requests")
+        if name in ctx.params
+        and getattr(ctx.get_parameter_source(name), "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+    }
+    if typed == {"rounds", "requests"}:  # --requests took over and --rounds said nothing
+        raise CapsimUserError(
+            "--rounds and --requests both set how many requests a batch level sends",
+            hint="give one: --rounds R (R x C requests) or --requests N",
+        )
+
+
+def refuse_force_without_output(force: bool, *outputs) -> None:
+    """--force replaces files a command writes: with none of its ``outputs`` (paths or
+    None) given, it would do nothing, and is refused as other flags that do not apply."""
+    if force and all(out is None for out in outputs):
+        raise CapsimUserError(
+            "--force lets this command replace a file it writes, and none is asked for",
+            hint="drop --force, or give the output it should replace",
+        )
 
 
 def refuse_links_without_tp(

@@ -24,6 +24,7 @@ from capsim.cli.common import (
     finished_before_ctrl_c,
     fitted_table,
     print_json,
+    refuse_force_without_output,
     resolve_models,
     save_figure,
 )
@@ -269,6 +270,7 @@ def plan_cmd(
 ) -> None:
     """Search GPUs, counts, TP x DP, formats, KV dtype and speculation for a workload."""
     check_plot_target(plot_path, force)
+    refuse_force_without_output(force, plot_path)
     from capsim.engine.router import ROUTER_POLICIES
     from capsim.planner.costs import CostModel
     from capsim.planner.search import (

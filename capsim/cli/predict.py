@@ -62,8 +62,10 @@ from capsim.cli.common import (
     parse_overrides,
     predict_config,
     progress_bar,
+    refuse_force_without_output,
     refuse_inapplicable_flags,
     refuse_links_without_tp,
+    refuse_overrides_no_config_reads,
     refuse_overrides_no_model_reads,
     resolve_models,
     spec_config,
@@ -341,6 +343,7 @@ def predict_cmd(
                 "largest load that meets it",
             )
     check_plot_target(plot_path, force)
+    refuse_force_without_output(force, plot_path)
     objectives = dict(min_agent_tok_s=drawn.min_agent_tok_s, max_ttft_p90_s=drawn.max_ttft_p90_s)
     cat = catalog(db)
     cat.engine(engine)  # an unknown engine is a user error before anything runs
@@ -454,6 +457,7 @@ def predict_cmd(
             efficiency_overrides=overrides,
         )
         configs.append(config)
+    refuse_overrides_no_config_reads(overrides, configs)
     simulations = len(configs) * max(len(levels), len(rates))
     if simulations > MAX_LEVELS:
         raise CapsimUserError(

@@ -29,6 +29,7 @@ from capsim.cli.common import (
     parse_overrides,
     print_json,
     progress_bar,
+    refuse_force_without_output,
     stop_on_ctrl_c,
 )
 from capsim.cli.parity_plot import metric_panels, plot_parity
@@ -397,6 +398,7 @@ def validate_cmd(
     from capsim.files import refuse_overwrite
 
     check_plot_target(plot_path, force)
+    refuse_force_without_output(force, plot_path, write_bands)
     if write_bands is not None:
         refuse_overwrite([write_bands], "--write-bands", force)
     from capsim.calibration.compare import METRIC_KINDS, compare_or_skip, error_summary, mape
