@@ -236,3 +236,119 @@ def test_a_communication_parameter_with_a_tp_group_among_the_rows_is_taken():
     line = "predict --gpu rtx3090 --model llama-3.1-8b -c 1 --requests 8 --tp 1,2 --set"
     r = runner.invoke(app, [*line.split(), "allreduce_efficiency=0.5", "--json"])
     assert r.exit_code == 0, r.output
+
+
+AIPERF_EXPORT = {
+    "records": {
+        "request_count": {"unit": "requests", "avg": 64},
+        "benchmark_duration": {"unit": "sec", "avg": 32.0},
+        "time_to_first_token": {"unit": "ms", "avg": 95.0, "p50": 90.0, "p90": 130.0},
+        "inter_token_latency": {"unit": "ms", "avg": 11.0, "p50": 10.5, "p90": 12.0},
+        "request_latency": {"unit": "ms", "avg": 2900.0, "p50": 2800.0},
+        "output_token_throughput": {"unit": "tokens/sec", "avg": 1500.0},
+        "request_throughput": {"unit": "requests/sec", "avg": 2.0},
+    },
+    "input_config": {
+        "loadgen": {"concurrency": 8},
+        "endpoint": {"model_names": ["Qwen/Qwen3-8B"], "url": "http://x:8000"},
+    },
+}
+
+
+def aiperf_with(edit) -> dict:
+    import copy
+
+    data = copy.deepcopy(AIPERF_EXPORT)
+    edit(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            lambda d: d["records"]["time_to_first_token"].update(unit="fortnights"),
+            "not a time unit AIPerf writes",
+        ),
+        (lambda d: d["input_config"]["loadgen"].update(concurrency=0), "1 or more"),
+        (lambda d: d["input_config"]["loadgen"].update(concurrency="8"), "must be a number"),
+        (lambda d: d["records"]["benchmark_duration"].update(avg=0), "above 0 seconds"),
+        (
+            lambda d: d["input_config"]["endpoint"].update(model_names="abc"),
+            "must be a list of names",
+        ),
+    ],
+)
+def test_an_aiperf_export_with_a_wrong_field_is_refused(tmp_path, edit, says):
+    import json
+
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(aiperf_with(edit)))
+    r = runner.invoke(app, ["import", "aiperf", str(path), "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split())
+
+
+def test_an_aiperf_export_in_seconds_reads_as_milliseconds(tmp_path):
+    import json
+
+    from capsim.probe.importers import import_aiperf
+
+    path = tmp_path / "export.json"
+    in_ms = aiperf_with(lambda d: None)
+    path.write_text(json.dumps(in_ms))
+    _, (ms_level,), _ = import_aiperf(path)
+    in_s = aiperf_with(
+        lambda d: d["records"]["time_to_first_token"].update(unit="s", avg=0.095, p50=0.09)
+    )
+    path.write_text(json.dumps(in_s))
+    _, (s_level,), _ = import_aiperf(path)
+    assert s_level.metrics.ttft_ms.mean == pytest.approx(ms_level.metrics.ttft_ms.mean)
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        (
+            "predict --gpu rtx3090 --model qwen3-coder-30b-a3b -c 1 --power-limit 1e30",
+            "above 2x rtx3090's TDP",
+        ),
+        (
+            "predict --gpu rtx3090 --model qwen3-coder-30b-a3b -c 1 --engine llama.cpp "
+            "--ubatch-size 1000000000000",
+            "less than or equal to 1048576",
+        ),
+        (
+            "predict --gpu rtx3090 --model qwen3-coder-30b-a3b -c 1 "
+            "--gpu-memory-utilization 1e-320",
+            "greater than or equal to 0.001",
+        ),
+        (
+            "fit --gpu rtx3090 --model llama-3.1-8b --context 100000 --max-model-len 1000",
+            "is longer than --max-model-len",
+        ),
+    ],
+)
+def test_values_past_what_a_server_takes_are_refused(line, says):
+    r = runner.invoke(app, line.split(), env={"COLUMNS": "200"})
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("name", ["", "../../x", "a,b", "with space", "vllm@1"])
+def test_a_catalog_name_a_command_line_cannot_carry_is_refused(tmp_path, name):
+    from pathlib import Path
+
+    import yaml
+
+    from capsim.catalog.loader import load_catalog
+
+    src = Path(__file__).resolve().parents[1] / "hardware_db" / "gpus" / "rtx3090.yaml"
+    data = yaml.safe_load(src.read_text())
+    data["name"] = name
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "x.yaml").write_text(yaml.safe_dump(data))
+    from capsim.errors import CapsimUserError
+
+    with pytest.raises(CapsimUserError):
+        load_catalog([tmp_path])

@@ -10,7 +10,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import Field, field_validator, model_validator
 
-from capsim.catalog.schemas import Source, Strict
+from capsim.catalog.schemas import Source, Strict, catalog_key
 
 
 class EfficiencyProfile(Strict):
@@ -21,7 +21,7 @@ class EfficiencyProfile(Strict):
     measurements; calibration profiles replace them.
     """
 
-    name: str = Field(description="The hardware_class these defaults apply to")
+    name: str = catalog_key("The hardware_class these defaults apply to")
     aliases: list[str] = Field(default_factory=list)
     params: dict[str, float] = Field(default_factory=dict)
     fit: list[str] = Field(
@@ -223,7 +223,7 @@ class Engine(Strict):
     priors with sources, like the hardware-class files; calibration profiles replace them.
     """
 
-    name: str = Field(description="Catalog key, e.g. 'vllm', 'llama.cpp'")
+    name: str = catalog_key("Catalog key, e.g. 'vllm', 'llama.cpp'")
     display_name: str
     aliases: list[str] = Field(default_factory=list)
     batch_defaults: list[BatchDefaults] = Field(

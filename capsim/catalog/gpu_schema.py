@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from capsim.catalog.schemas import DTYPES, Source, Strict
+from capsim.catalog.schemas import DTYPES, Source, Strict, catalog_key
 
 PLAUSIBLE = {
     "memory_gb": 100_000.0,
@@ -123,7 +123,7 @@ class TensorThroughput(Strict):
 class GPU(Strict):
     """One accelerator model (a GPU or an APU's integrated GPU)."""
 
-    name: str = Field(description="catalog key, lower-case, e.g. 'rtx3090'")
+    name: str = catalog_key("catalog key, lower-case, e.g. 'rtx3090'")
     display_name: str
     aliases: list[str] = Field(default_factory=list)
     vendor: Literal["nvidia", "amd", "intel", "apple", "generic"]

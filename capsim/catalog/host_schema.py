@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from capsim.catalog.schemas import Source, Strict
+from capsim.catalog.schemas import Source, Strict, catalog_key
 
 
 class HostMemory(Strict):
     """One measured host memory system: its DRAM, the CPU that read it and the bandwidth
     a benchmark measured (GB/s, 10^9 bytes a second, reading)."""
 
-    name: str = Field(description="Catalog key, e.g. 'ddr5-5600-2ch'")
+    name: str = catalog_key("Catalog key, e.g. 'ddr5-5600-2ch'")
     display_name: str = Field(description="Short label, e.g. 'DDR5-5600 2ch'")
     aliases: list[str] = Field(default_factory=list)
     memory: str = Field(description="The DRAM: type, speed and channels, as the source says")

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from capsim.catalog.schemas import Source, Strict
+from capsim.catalog.schemas import Source, Strict, catalog_key
 
 LayerType = Literal["full_attention", "sliding_attention", "linear_attention", "mamba", "none"]
 """A layer's token mixer: softmax attention over all context or a window (also used for
@@ -195,7 +195,7 @@ class PublishedParams(Strict):
 class Model(Strict):
     """One LLM's architecture, in the terms of its Hugging Face config.json."""
 
-    name: str
+    name: str = catalog_key()
     display_name: str
     aliases: list[str] = Field(default_factory=list)
     hf_id: str
@@ -344,7 +344,7 @@ class Model(Strict):
 class QuantFormat(Strict):
     """A weight format: how many bits a quantised parameter costs and what stays unquantised."""
 
-    name: str
+    name: str = catalog_key()
     display_name: str
     aliases: list[str] = Field(default_factory=list)
     weight_bits: float = Field(gt=0, description="Bits of the stored value itself")

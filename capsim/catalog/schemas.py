@@ -16,6 +16,17 @@ DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 """Tensor-core data types the catalog knows throughput figures for."""
 
 
+CATALOG_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$"
+"""What a catalog entry's name may be: a command line names it (``--gpu``, ``--model``,
+comma-separated lists, ``engine@version``) and a file is named after it, so no separator,
+comma, '@', space or path part ('' and '../../x' were taken from a --db overlay)."""
+
+
+def catalog_key(description: str = "Catalog key"):
+    """A pydantic Field for an entry's name (CATALOG_KEY_PATTERN)."""
+    return Field(pattern=CATALOG_KEY_PATTERN, description=description)
+
+
 class Strict(BaseModel):
     """Base: unknown fields are errors, so a typo in a YAML file is caught."""
 

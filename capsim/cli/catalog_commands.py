@@ -349,6 +349,17 @@ def models_import_hf(
     from capsim.physics.parameters import parameter_breakdown
 
     file_stem(name, "--name")
+    import re
+
+    from capsim.catalog.schemas import CATALOG_KEY_PATTERN
+    from capsim.errors import CapsimUserError
+
+    if not re.fullmatch(CATALOG_KEY_PATTERN, name):  # 'a,b' would be two --model names
+        raise CapsimUserError(
+            f"--name {name!r} cannot be a catalog name",
+            hint="letters, digits, '.', '_', '+' and '-', starting with a letter or digit "
+            "(no comma, '@', '/' or space: commands read those as separators)",
+        )
     model = model_from_hf_config(
         read_config(config),
         name,

@@ -495,6 +495,7 @@ UbatchOption = Annotated[
     typer.Option(
         "--ubatch-size",
         min=1,
+        max=2**20,  # 10**30 was taken; no engine's pass is a million tokens
         help="Tokens per forward pass of a large batch (llama.cpp's -ub; default: the "
         "engine's, 512 for llama.cpp, none for vLLM)",
     ),

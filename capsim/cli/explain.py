@@ -138,6 +138,12 @@ def fit_cmd(
             f"--context {context:,} is not a sequence length {m.name} takes",
             hint=f"1 to {longest:,} tokens" if longest else "at least 1 token",
         )
+    if context is not None and max_model_len is not None and context > max_model_len:
+        raise CapsimUserError(  # '0 sequences fit' said it in other words
+            f"--context {context:,} is longer than --max-model-len {max_model_len:,}: the "
+            "server refuses such a sequence",
+            hint=f"--context up to {max_model_len:,}, or a larger --max-model-len",
+        )
     # the drafter's weights and KV layers share the memory (--mtp: the MTP module alone)
     spec_cfg = spec_config(spec, None)
     mtp_flag = "--mtp"

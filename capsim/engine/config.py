@@ -67,7 +67,10 @@ class PredictConfig(BaseModel):
     )
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="Share of GPU memory the engine may use (None: its own)"
+        None,
+        ge=0.001,  # 1e-320 was taken, and answered '0.0 GiB is usable'
+        le=1,
+        description="Share of GPU memory the engine may use (None: its own)",
     )
     spec: SpecConfig | None = None
     prefix_caching: bool = True

@@ -20,6 +20,11 @@ from capsim.catalog.gpu_schema import GPU
 from capsim.errors import CapsimUserError
 from capsim.notices import notice
 
+MAX_UNSOURCED_POWER_FACTOR = 2.0
+"""Highest --power-limit taken for a GPU without a settable range in the catalog, as a
+multiple of its TDP (1e30 W ran at TDP with a note while a watt was refused); above TDP
+capsim runs it at TDP anyway."""
+
 MIN_UNSOURCED_POWER_FRACTION = 0.25
 """Where a GPU has no sourced settable minimum, the lowest limit accepted as a share of TDP:
 the lowest sourced minimum in the catalog is a quarter of TDP (A100 80GB: 100 of 400 W,
@@ -50,6 +55,13 @@ def power_scales(
             f"--power-limit {power_limit_w:g} W is outside the range {gpu.name} can be set "
             f"to: {low or '?'}-{high or '?'} W",
             hint=f"from {settable.source.title}" if settable is not None else "",
+        )
+    if high is None and power_limit_w > MAX_UNSOURCED_POWER_FACTOR * gpu.tdp_w:
+        raise CapsimUserError(
+            f"--power-limit {power_limit_w:g} W is above {MAX_UNSOURCED_POWER_FACTOR:g}x "
+            f"{gpu.name}'s TDP ({gpu.tdp_w:g} W)",
+            hint="the catalog has no settable range for this GPU; no board's driver lets it "
+            "draw that much (add power_limit_w.max_w with a source to the GPU's YAML)",
         )
     if power_limit_w > gpu.tdp_w:
         notice(

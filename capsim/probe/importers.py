@@ -69,8 +69,9 @@ def _measure(name: str, value: Any) -> float:
     """A measured count, time or rate from a result file: a finite number from 0 to
     MAX_MEASURED (a negative one would pass through to negative TTFTs and throughputs,
     1e300 tok/s to every figure calibration reads)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        # '"8"' read as 8: a result file writes its numbers as numbers
+        raise ValueError(f"{name} must be a number, not {value!r:.40}")
     number = float(value)
     if not (math.isfinite(number) and 0 <= number <= MAX_MEASURED):
         raise ValueError(
@@ -268,6 +269,8 @@ def import_guidellm(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Req
         concurrency = _whole(
             "the strategy's streams", strategy.get("streams") or strategy.get("max_concurrency")
         )
+        if "streams" in strategy and concurrency < 1:  # read as an open workload before
+            raise ValueError("the strategy's streams must be 1 or more")
         totals = m.get("request_totals") or {}
         completed = _whole("request_totals.successful", totals.get("successful"))
         failed = _whole("request_totals.errored", totals.get("errored")) + _whole(
@@ -321,9 +324,19 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
             f"'{path}' has no time_to_first_token; is it AIPerf's profile_export_aiperf.json?"
         )
 
-    def stat(name: str, scale: float = 1.0) -> Distribution:
+    def stat(name: str, scale: float = 1.0, timed: bool = False) -> Distribution:
         s = records.get(name) or {}
-        return _dist(s.get("avg"), s.get("p50"), s.get("p90"), s.get("p99"), scale)
+        if not isinstance(s, dict):
+            raise ValueError(f"{name} must be an object of statistics, not {s!r:.40}")
+        if timed:  # a latency in the unit AIPerf names; 'fortnights' was read as ms
+            unit = s.get("unit", "ms")
+            if unit not in AIPERF_MS_PER_UNIT:
+                raise ValueError(
+                    f"{name}.unit {unit!r:.20} is not a time unit AIPerf writes "
+                    f"({', '.join(AIPERF_MS_PER_UNIT)})"
+                )
+            scale *= AIPERF_MS_PER_UNIT[unit]
+        return _dist(s.get("avg"), s.get("p50"), s.get("p90"), s.get("p99"), scale, name)
 
     def scalar(name: str) -> float:
         s = records.get(name) or {}
@@ -333,7 +346,10 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
     concurrency = _whole("loadgen.concurrency", (config.get("loadgen") or {}).get("concurrency"))
     count = _whole("request_count", scalar("request_count"))
     duration = scalar("benchmark_duration")
-    latency_unit = (records.get("request_latency") or {}).get("unit", "ms")
+    if duration <= 0:
+        raise ValueError("benchmark_duration must be above 0 seconds: no run takes no time")
+    if "concurrency" in (config.get("loadgen") or {}) and concurrency < 1:
+        raise ValueError("loadgen.concurrency must be 1 or more")
     metrics = LevelMetrics(
         concurrency=concurrency or None,
         workload="closed" if concurrency else "open",
@@ -348,14 +364,18 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
         prefill_tok_s=0.0,
         request_throughput=scalar("request_throughput"),
         per_request_output_tok_s=stat("output_token_throughput_per_user"),
-        ttft_ms=stat("time_to_first_token"),
+        ttft_ms=stat("time_to_first_token", timed=True),
         # AIPerf's inter-token latency is (latency - TTFT) / (output - 1): capsim's TPOT
-        tpot_ms=stat("inter_token_latency"),
+        tpot_ms=stat("inter_token_latency", timed=True),
         itl_ms=_dist(),
-        e2e_s=stat("request_latency", 1e-3 if latency_unit == "ms" else 1.0),
+        e2e_s=stat("request_latency", 1e-3, timed=True),
         queueing_ms=_dist(),
     )
-    model = ((config.get("endpoint") or {}).get("model_names") or ["unknown"])[0]
+    names = (config.get("endpoint") or {}).get("model_names") or ["unknown"]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        # a string was read letter by letter: 'abc' became model 'a'
+        raise ValueError(f"endpoint.model_names must be a list of names, not {names!r:.40}")
+    model = names[0]
     header = RunHeader(
         url=str((config.get("endpoint") or {}).get("url") or "unknown"),
         model=str(model),
@@ -366,6 +386,9 @@ def import_aiperf(path: Path) -> tuple[RunHeader, list[LevelSummary], list[Reque
     )
     return header, [LevelSummary(concurrency=concurrency, run=0, metrics=metrics)], []
 
+
+AIPERF_MS_PER_UNIT = {"ms": 1.0, "s": 1000.0, "us": 1e-3, "ns": 1e-6}
+"""Milliseconds in each time unit an AIPerf export names a latency in."""
 
 IMPORTERS = {"vllm-bench": import_vllm_bench, "guidellm": import_guidellm, "aiperf": import_aiperf}
 
@@ -381,9 +404,11 @@ def unreadable(path: Path, kind: str, exc: Exception) -> CapsimUserError:
         detail = first_problem(exc)
     else:
         lines = str(exc).splitlines()
-        detail = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        first = lines[0] if lines else ""
+        # a ValueError raised here names the field; another is a field of the wrong shape
+        detail = first if type(exc) is ValueError else f"a field of the wrong kind ({first})"
     return CapsimUserError(
-        f"'{path}' is not a {kind} result file capsim can read: {detail}"[:300],
+        f"'{path}' is not a result file of {kind} capsim can read: {detail}"[:300],
         hint="pass the JSON the tool wrote, unedited",
     )
 
