@@ -154,3 +154,30 @@ def test_fields_capsim_cannot_honour_and_vllm_limits_are_400():
             check_sampling(body, chat=chat)
     check_sampling({"min_tokens": 4, "max_tokens": 4, "logprobs": None, "echo": False}, False)
     check_sampling({"logprobs": False}, chat=True)
+
+
+def test_logit_bias_ids_outside_the_vocabulary_are_a_400():
+    """vLLM answers 400 ('contain out-of-vocab token ids'); capsim served them (200)."""
+    from capsim.serve.requests import prompt_tokens_of
+
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert prompt_tokens_of({**body, "logit_bias": {"5": 1}}, True, 1000) > 0
+    for ids in ({"299999": 1}, {"-1": 1}, {"9" * 5000: 1}):
+        with pytest.raises(ApiError, match="out-of-vocab"):
+            prompt_tokens_of({**body, "logit_bias": ids}, True, 1000)
+
+
+def test_a_malformed_tool_call_in_the_history_is_a_400():
+    from capsim.serve.requests import message_tokens
+
+    good = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    assert message_tokens(good, None) > 0
+    for call in ({"id": 1}, {"id": "c", "function": {"name": "f"}}, "call", {"function": []}):
+        with pytest.raises(ApiError, match="tool call"):
+            message_tokens({**good, "tool_calls": [call]}, None)

@@ -57,12 +57,17 @@ had streamed its last token: 8 s, or forever at --speedup 1, after SIGTERM)."""
 def quiet_shutdown(record) -> bool:
     """A logging filter for uvicorn's error log: False (drop) for what stopping the server
     on purpose logs, the requests cut off after the grace period (a CancelledError or
-    KeyboardInterrupt traceback each, and 'Cancel N running task(s)'); everything else
-    passes."""
+    KeyboardInterrupt traceback each, and 'Cancel N running task(s)'), and h11's protocol
+    error after a malformed request was answered 400; everything else passes."""
     import asyncio
 
     kind = record.exc_info[0] if record.exc_info else None
     if kind is not None and issubclass(kind, (asyncio.CancelledError, KeyboardInterrupt)):
+        return False
+    if kind is not None and kind.__name__ == "LocalProtocolError":
+        # h11's, when a malformed request (a bad chunk size) was already answered 400 by
+        # uvicorn and the app's reply then finds the connection closing: the client got
+        # its 400, the log got a traceback for it
         return False
     return not str(record.msg).startswith("Cancel ")
 

@@ -403,12 +403,38 @@ def message_tokens(message: Any, limit: int | None) -> int:
     calls = message.get("tool_calls")
     if calls is not None and not isinstance(calls, list):
         raise bad("messages", "a message's tool_calls must be a list.")
+    for call in calls or []:  # vLLM types each call: {id, type, function: {name, arguments}}
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str)
+            and isinstance(call.get("id", ""), str)
+            and call.get("type", "function") == "function"
+        ):
+            raise bad(
+                "messages",
+                "a tool call must be an object with a string id, type 'function' and a "
+                f"function of a string name and arguments, got {short(call)}.",
+            )
     return CHAT_TOKENS_PER_MESSAGE + (count_tokens(content, limit) if content else 0)
 
 
 def prompt_tokens_of(body: dict, chat: bool, vocab_size: int, limit: int | None = None) -> int:
     """Prompt tokens of a completions or chat request (token ids are counted exactly and
-    must be in the vocabulary). With ``limit``, counting may stop once past it."""
+    must be in the vocabulary, as logit_bias's must). With ``limit``, counting may stop
+    once past it."""
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict):
+        ids = [k.strip() for k in bias if isinstance(k, str) and re.fullmatch(r"\s*[+-]?\d+\s*", k)]
+        # a 5,000-digit id is outside too (without int()'s digit limit raising)
+        outside = [k for k in ids if len(k) > 18 or not 0 <= int(k) < vocab_size]
+        if outside:
+            raise bad(
+                "logit_bias",
+                f"token_id(s) {short(outside[:5])} in logit_bias contain out-of-vocab token "
+                f"ids. Vocabulary size: {vocab_size}",
+            )
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
