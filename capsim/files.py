@@ -73,6 +73,12 @@ def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
     for path in paths:
         if not path.name or path.name in (".", ".."):
             raise CapsimUserError(f"{flag} '{path}' names no file", hint="give a file name")
+        if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
+            # a newline in a file name: every listing and script that reads it breaks
+            raise CapsimUserError(
+                f"{flag} {str(path)!r} holds a control character (a newline, a tab)",
+                hint="name the file with printable characters",
+            )
         if len(path.name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
             raise CapsimUserError(
                 f"{flag}: the file name is {len(path.name)} characters, longer than a file "

@@ -352,3 +352,32 @@ def test_a_catalog_name_a_command_line_cannot_carry_is_refused(tmp_path, name):
 
     with pytest.raises(CapsimUserError):
         load_catalog([tmp_path])
+
+
+def test_an_import_never_writes_over_its_own_input(tmp_path):
+    import json
+
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(AIPERF_EXPORT))
+    r = runner.invoke(app, ["import", "aiperf", str(path), "--out", str(path), "--force"])
+    assert r.exit_code == 2 and "would write over the result file" in r.output
+    assert json.loads(path.read_text()) == AIPERF_EXPORT
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--write-bands", "b.txt"], "is not a .yaml file"),
+        (["--plot", "a\nb.png"], "holds a control character"),
+    ],
+)
+def test_output_names_that_would_mislead_are_refused(tmp_path, monkeypatch, args, says):
+    monkeypatch.chdir(tmp_path)
+    from pathlib import Path
+
+    ds = Path(__file__).resolve().parents[1] / "calibration" / "published"
+    r = runner.invoke(
+        app, ["validate", str(ds / "corpus-client-rtx4090-vllm-mistral7b.yaml"), *args]
+    )
+    assert r.exit_code == 2 and says in r.output
+    assert list(tmp_path.iterdir()) == []

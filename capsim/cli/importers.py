@@ -11,6 +11,7 @@ import typer
 
 from capsim.cli.common import PLAIN_HELP, ForceOption, JsonOption, print_json, user_errors
 from capsim.cli.probe import print_run
+from capsim.errors import CapsimUserError
 
 import_app = typer.Typer(
     help="Import benchmark results from vLLM bench, GuideLLM or AIPerf.", **PLAIN_HELP
@@ -29,6 +30,13 @@ def _command(kind: str, tool: str):
         from capsim.probe.importers import import_results
 
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
+        written = [target.with_suffix(".json"), target.with_suffix(".jsonl")]
+        if any(w.resolve() == result.resolve() for w in written):
+            # with --force the result file was replaced by the run it was read into
+            raise CapsimUserError(
+                f"--out '{target}' would write over the result file being imported",
+                hint="name another --out",
+            )
         refuse_overwrite([target], "--out", True)  # a folder, a device, no name: never
         refuse_overwrite(
             [target.with_suffix(".json"), target.with_suffix(".jsonl")], "--out", force

@@ -400,6 +400,11 @@ def validate_cmd(
     check_plot_target(plot_path, force)
     refuse_force_without_output(force, plot_path, write_bands)
     if write_bands is not None:
+        if write_bands.suffix.lower() not in (".yaml", ".yml"):  # bands are read back as YAML
+            raise CapsimUserError(
+                f"--write-bands '{write_bands}' is not a .yaml file",
+                hint="e.g. calibration/bands/uncalibrated.yaml",
+            )
         refuse_overwrite([write_bands], "--write-bands", force)
     from capsim.calibration.compare import METRIC_KINDS, compare_or_skip, error_summary, mape
     from capsim.calibration.least_squares import check_fittable
