@@ -29,10 +29,10 @@ summarize to 1.26 GB), so 64 MB keeps a log under about 600 MB (issue 47: under 
 def file_stem(name: str, flag: str) -> str:
     """``name`` checked as a file name capsim writes inside the folder the user named
     (``--name``): no path separators, no leading dot (so no '..'), no control characters,
-    at most 200 characters; else a CapsimUserError (exit 2)."""
+    at most 200 bytes in UTF-8; else a CapsimUserError (exit 2)."""
     bad = (
         not name.strip()
-        or len(name) > 200
+        or len(name.encode("utf-8", "surrogateescape")) > 200  # bytes: a file system's unit
         or name.startswith(".")
         or any(c in name for c in "/\\")
         or any(ord(c) < 32 for c in name)
@@ -40,7 +40,8 @@ def file_stem(name: str, flag: str) -> str:
     if bad:
         raise CapsimUserError(
             f"{flag} {name!r} cannot name a file inside the output folder",
-            hint="use letters, digits, '-', '_' and '.', not starting with '.', no '/'",
+            hint="use letters, digits, '-', '_' and '.', not starting with '.', no '/', at "
+            "most 200 bytes",
         )
     return name
 

@@ -381,3 +381,35 @@ def test_output_names_that_would_mislead_are_refused(tmp_path, monkeypatch, args
     )
     assert r.exit_code == 2 and says in r.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_profile_from_a_pipe_is_named_as_given(tmp_path):
+    """--profile /dev/stdin was resolved to '/proc/N/fd/pipe:[M]' and called missing."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            *[sys.executable, "-m", "capsim", "predict", "--gpu", "rtx3090", "--model"],
+            *["qwen3-coder-30b-a3b", "-c", "1", "--profile", "/dev/stdin"],
+        ],
+        input="x\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "'/dev/stdin' is not a regular file" in done.stderr
+
+
+def test_a_name_too_long_in_bytes_is_blamed_on_the_name(tmp_path):
+    line = [
+        "calibrate",
+        "calibration/published/corpus-client-rtx4090-vllm-mistral7b.yaml",
+        "--out",
+        str(tmp_path / "cal"),
+        "--name",
+        "é" * 150,  # 150 characters, 300 bytes
+    ]
+    r = runner.invoke(app, line)
+    assert r.exit_code == 2 and "--name" in r.output and "200 bytes" in r.output

@@ -211,6 +211,11 @@ def check_profile_parameters(profile: Profile) -> None:
 def load_profile(path: Path) -> Profile:
     """Read and validate a profile YAML. Parsed once per file version (path, size and
     modification time): the planner resolves the same profile for every configuration."""
+    from capsim.files import MAX_INPUT_BYTES, read_input_text_checks
+
+    # checked as given, before resolving: /dev/stdin resolved to '/proc/N/fd/pipe:[M]',
+    # which the message then said did not exist
+    read_input_text_checks(path, "profile", MAX_INPUT_BYTES)
     try:
         stat = path.stat()
         return _load_profile_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
