@@ -413,3 +413,11 @@ def test_a_name_too_long_in_bytes_is_blamed_on_the_name(tmp_path):
     ]
     r = runner.invoke(app, line)
     assert r.exit_code == 2 and "--name" in r.output and "200 bytes" in r.output
+
+
+@pytest.mark.parametrize("flag", ["--requests", "--seed", "--max-num-batched-tokens"])
+def test_a_whole_number_with_an_underscore_is_refused_as_a_float_is(flag):
+    """'--port 1_000' bound port 1000 while '--rate 1_000' was refused: one reading."""
+    line = ["predict", "--gpu", "rtx3090", "--model", "qwen3-coder-30b-a3b", "-c", "1"]
+    r = runner.invoke(app, [*line, flag, "1_000"])
+    assert r.exit_code == 2 and "an '_' in it" in r.output

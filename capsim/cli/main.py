@@ -50,7 +50,8 @@ def _whole_numbers_only() -> None:
         from typer._coercion import AdapterRuntimeParam
     except ImportError:  # another typer: its own integer parsing stands
         return
-    whole = re.compile(r"\s*[+-]?\d+(_\d+)*\s*", re.ASCII)  # not '٣': digits as typed
+    # digits as typed: not '٣', and not '1_000' (float and length flags refuse '_' too)
+    whole = re.compile(r"\s*[+-]?\d+\s*", re.ASCII)
 
     def of_type(annotation, kind) -> bool:
         if annotation is kind:
@@ -75,7 +76,8 @@ def _whole_numbers_only() -> None:
 
     def coerce(self, value, param, ctx):
         if isinstance(value, str) and of_type(self.annotation, int) and not whole.fullmatch(value):
-            raise BadParameter(f"{value!r} is not a whole number", ctx=ctx, param=param)
+            why = " (an '_' in it)" if "_" in value else ""
+            raise BadParameter(f"{value!r} is not a whole number{why}", ctx=ctx, param=param)
         numeric = of_type(self.annotation, float) and not of_type(self.annotation, str)
         if isinstance(value, str) and numeric and "_" in value:
             # Python reads '0_9' as 9.0: a typo for 0.9 taken as a number ten times larger
