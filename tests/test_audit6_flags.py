@@ -7,8 +7,17 @@ import pytest
 from typer.testing import CliRunner
 
 from capsim.cli.main import app
+from tests.test_importers import AIPERF
 
 runner = CliRunner()
+
+
+def assert_refused(args: list[str], says: str) -> None:
+    """``capsim ARGS`` exits 2 with ``says`` in its message (wrapping ignored)."""
+    r = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output
 
 
 @pytest.mark.parametrize(
@@ -37,10 +46,7 @@ runner = CliRunner()
     ],
 )
 def test_a_flag_that_changes_nothing_is_refused(line, says):
-    r = runner.invoke(app, line.split(), env={"COLUMNS": "200"})
-    assert r.exit_code == 2, r.output
-    assert says in " ".join(r.output.split()), r.output
-    assert "Traceback" not in r.output
+    assert_refused(line.split(), says)
 
 
 def test_a_moe_parameter_with_one_moe_model_among_several_is_taken():
@@ -119,9 +125,7 @@ def small_dataset(tmp_path, edit) -> str:
     ],
 )
 def test_a_dataset_that_would_mislead_is_refused(tmp_path, edit, says):
-    r = runner.invoke(app, ["validate", small_dataset(tmp_path, edit)])
-    assert r.exit_code == 2, r.output
-    assert says in " ".join(r.output.split())
+    assert_refused(["validate", small_dataset(tmp_path, edit)], says)
 
 
 def test_yaml_with_a_key_twice_or_binary_data_is_refused():
@@ -168,9 +172,7 @@ def test_validate_counts_a_file_once(tmp_path):
     ],
 )
 def test_work_that_cannot_end_well_is_refused_before_it_starts(line, says):
-    r = runner.invoke(app, line.split(), env={"COLUMNS": "200"})
-    assert r.exit_code == 2, r.output
-    assert says in " ".join(r.output.split())
+    assert_refused(line.split(), says)
 
 
 def test_a_forced_plot_replaces_a_link_not_the_file_it_points_to(tmp_path):
@@ -227,9 +229,7 @@ def test_a_misspelt_trace_key_is_refused(tmp_path):
     ],
 )
 def test_a_flag_this_run_never_reads_is_refused(line, says):
-    r = runner.invoke(app, line.split(), env={"COLUMNS": "200"})
-    assert r.exit_code == 2, r.output
-    assert says in " ".join(r.output.split())
+    assert_refused(line.split(), says)
 
 
 def test_a_communication_parameter_with_a_tp_group_among_the_rows_is_taken():
@@ -238,27 +238,10 @@ def test_a_communication_parameter_with_a_tp_group_among_the_rows_is_taken():
     assert r.exit_code == 0, r.output
 
 
-AIPERF_EXPORT = {
-    "records": {
-        "request_count": {"unit": "requests", "avg": 64},
-        "benchmark_duration": {"unit": "sec", "avg": 32.0},
-        "time_to_first_token": {"unit": "ms", "avg": 95.0, "p50": 90.0, "p90": 130.0},
-        "inter_token_latency": {"unit": "ms", "avg": 11.0, "p50": 10.5, "p90": 12.0},
-        "request_latency": {"unit": "ms", "avg": 2900.0, "p50": 2800.0},
-        "output_token_throughput": {"unit": "tokens/sec", "avg": 1500.0},
-        "request_throughput": {"unit": "requests/sec", "avg": 2.0},
-    },
-    "input_config": {
-        "loadgen": {"concurrency": 8},
-        "endpoint": {"model_names": ["Qwen/Qwen3-8B"], "url": "http://x:8000"},
-    },
-}
-
-
 def aiperf_with(edit) -> dict:
     import copy
 
-    data = copy.deepcopy(AIPERF_EXPORT)
+    data = copy.deepcopy(AIPERF)
     edit(data)
     return data
 
@@ -284,9 +267,7 @@ def test_an_aiperf_export_with_a_wrong_field_is_refused(tmp_path, edit, says):
 
     path = tmp_path / "export.json"
     path.write_text(json.dumps(aiperf_with(edit)))
-    r = runner.invoke(app, ["import", "aiperf", str(path), "--out", str(tmp_path / "run")])
-    assert r.exit_code == 2, r.output
-    assert says in " ".join(r.output.split())
+    assert_refused(["import", "aiperf", str(path), "--out", str(tmp_path / "run")], says)
 
 
 def test_an_aiperf_export_in_seconds_reads_as_milliseconds(tmp_path):
@@ -330,9 +311,7 @@ def test_an_aiperf_export_in_seconds_reads_as_milliseconds(tmp_path):
     ],
 )
 def test_values_past_what_a_server_takes_are_refused(line, says):
-    r = runner.invoke(app, line.split(), env={"COLUMNS": "200"})
-    assert r.exit_code == 2, r.output
-    assert says in " ".join(r.output.split())
+    assert_refused(line.split(), says)
 
 
 @pytest.mark.parametrize("name", ["", "../../x", "a,b", "with space", "vllm@1"])
@@ -358,10 +337,10 @@ def test_an_import_never_writes_over_its_own_input(tmp_path):
     import json
 
     path = tmp_path / "export.json"
-    path.write_text(json.dumps(AIPERF_EXPORT))
+    path.write_text(json.dumps(AIPERF))
     r = runner.invoke(app, ["import", "aiperf", str(path), "--out", str(path), "--force"])
     assert r.exit_code == 2 and "would write over the result file" in r.output
-    assert json.loads(path.read_text()) == AIPERF_EXPORT
+    assert json.loads(path.read_text()) == AIPERF
 
 
 @pytest.mark.parametrize(

@@ -43,9 +43,9 @@ from capsim.cli.common import (
     PrefillTpOption,
     ProfileOption,
     TpOption,
-    attention_ranks,
     catalog,
     console,
+    dp_fields,
     exit_after_interrupt,
     finished_before_ctrl_c,
     fitted_table,
@@ -54,7 +54,6 @@ from capsim.cli.common import (
     predict_config,
     print_json,
     resolve_models,
-    vllm_ep_ranks,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -140,14 +139,7 @@ def capacity_cmd(
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
             expert_parallel=enable_expert_parallel,
-            dp=vllm_ep_ranks(engine, enable_expert_parallel, enable_dp_attention, dp),
-            dp_attention=attention_ranks(
-                enable_dp_attention,
-                dp,
-                replicas=False,
-                vllm_ep=vllm_ep_ranks(engine, enable_expert_parallel, enable_dp_attention, dp)
-                is not None,
-            ),
+            **dp_fields(engine, enable_expert_parallel, enable_dp_attention, dp),
             cpu_moe_layers=n_cpu_moe,
             host_memory_bandwidth_gbs=host_memory_bandwidth,
             host_link_gbs=host_link_bandwidth,

@@ -328,6 +328,17 @@ def vllm_ep_group(tp: int, ranks: int) -> int:
     return group
 
 
+def dp_fields(
+    engine: str, enable_expert_parallel: bool, enable_dp_attention: bool, dp: int | None
+) -> dict:
+    """PredictConfig's ``dp`` and ``dp_attention`` for a command whose --gpus sets the
+    replicas (capacity, serve): vLLM's DP+EP ranks as ``dp``, SGLang's DP-attention ranks
+    as ``dp_attention``, and --dp alone refused (attention_ranks)."""
+    ranks = vllm_ep_ranks(engine, enable_expert_parallel, enable_dp_attention, dp)
+    attention = attention_ranks(enable_dp_attention, dp, replicas=False, vllm_ep=ranks is not None)
+    return {"dp": ranks, "dp_attention": attention}
+
+
 def attention_ranks(
     enable_dp_attention: bool, dp: int | None, replicas: bool = True, vllm_ep: bool = False
 ) -> int:

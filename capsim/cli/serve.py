@@ -37,14 +37,13 @@ from capsim.cli.common import (
     SpecAcceptanceOption,
     SpecOption,
     TpOption,
-    attention_ranks,
     catalog,
+    dp_fields,
     err_console,
     predict_config,
     print_notices,
     resolve_models,
     spec_config,
-    vllm_ep_ranks,
 )
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
@@ -173,14 +172,7 @@ def serve_cmd(
         power_limit_w=power_limit,
         enforce_eager=enforce_eager,
         expert_parallel=enable_expert_parallel,
-        dp=vllm_ep_ranks(engine, enable_expert_parallel, enable_dp_attention, dp),
-        dp_attention=attention_ranks(
-            enable_dp_attention,
-            dp,
-            replicas=False,
-            vllm_ep=vllm_ep_ranks(engine, enable_expert_parallel, enable_dp_attention, dp)
-            is not None,
-        ),
+        **dp_fields(engine, enable_expert_parallel, enable_dp_attention, dp),
         cpu_moe_layers=n_cpu_moe,
         host_memory_bandwidth_gbs=host_memory_bandwidth,
         host_link_gbs=host_link_bandwidth,
