@@ -122,6 +122,8 @@ def small_dataset(tmp_path, edit) -> str:
             "that no point measures",
         ),
         (lambda d: d.update(name=""), "at least 1 character"),
+        (lambda d: d["workload"].update(decode_context_tokens=True), "valid integer"),
+        (lambda d: d["workload"].update(decode_context_tokens=0), "greater than or equal to 1"),
     ],
 )
 def test_a_dataset_that_would_mislead_is_refused(tmp_path, edit, says):

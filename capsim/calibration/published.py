@@ -296,6 +296,7 @@ class WorkloadDescription(Strict):
     )
     decode_context_tokens: int | None = Field(
         None,
+        strict=True,  # 'true' is not a token count
         ge=1,
         le=10_000_000,
         description="Where a source measured decoding apart from its prompts (llama-bench's "
