@@ -69,6 +69,11 @@ MAX_KERNEL_ROWS = 5_000
 """Most rows a kernel file may hold: a fit simulates every row at every evaluation (the
 largest measured files hold 432; 7,480 rows took minutes)."""
 
+MAX_KERNEL_FILE_BYTES = 8 * 2**20
+"""Largest kernel or fused-MoE file read, bytes: MAX_KERNEL_ROWS rows of a few hundred
+bytes each (the largest stored file, 432 rows, is 240 kB) fit in 8 MiB, and a 64 MiB
+file was parsed for seconds before its row count was refused."""
+
 
 class KernelRow(BaseModel):
     """One measured configuration; times in microseconds, sizes in bytes."""
@@ -123,7 +128,8 @@ def load_json_dataset(path: Path, schema: type[DatasetT], what: str) -> DatasetT
     from capsim.catalog.loader import format_validation_error
 
     try:
-        return schema.model_validate(loads_json(read_input_text(path, what)))
+        text = read_input_text(path, what, max_bytes=MAX_KERNEL_FILE_BYTES)
+        return schema.model_validate(loads_json(text))
     except ValidationError as exc:  # one line: the file, the field, the problem
         raise CapsimUserError(f"not a valid {what}: {format_validation_error(path, exc)}") from None
     except ValueError as exc:  # bad JSON (JSONDecodeError)

@@ -815,6 +815,109 @@ def refuse_overrides_no_config_reads(overrides: dict[str, float], configs) -> No
             )
 
 
+STEP_GROUPS = ("bandwidth", "compute", "overhead", "moe")
+"""Parameter groups that act through the step time alone: refuse_overrides_no_step_reads
+checks them by computing steps."""
+
+
+def probe_steps(max_len: int) -> list[tuple[list[int], list[float]]]:
+    """Steps that exercise every regime of the step model (decodes at batch 1 to 512 on
+    short and long contexts, prefill chunks of 16 to 8,192 tokens with and without earlier
+    context, a mixed step), as (new tokens, context) per sequence; contexts within
+    ``max_len`` tokens."""
+    steps: list[tuple[list[int], list[float]]] = []
+    for batch in (1, 8, 64, 512):
+        for ctx in (128, 4096, 32768):
+            steps.append(([1] * batch, [float(min(ctx, max_len - 1))] * batch))
+    for chunk in (16, 512, 8192):
+        for ctx in (0, 8192):
+            if chunk + ctx <= max_len:
+                steps.append(([chunk], [float(ctx)]))
+    steps.append(([1] * 32 + [512], [float(min(2048, max_len - 1))] * 32 + [0.0]))
+    return steps
+
+
+def moved_value(params, name: str) -> float:
+    """A value of parameter ``name`` other than the one in ``params``, inside the field's
+    bounds: half or twice it (a missing or zero value becomes the middle of its range)."""
+    field = type(params).model_fields[name]
+    low = next((m.ge for m in field.metadata if getattr(m, "ge", None) is not None), None)
+    high = next((m.le for m in field.metadata if getattr(m, "le", None) is not None), None)
+    value = getattr(params, name)
+    if not value:
+        lo = 0.0 if low is None else float(low)
+        hi = lo + 100.0 if high is None else float(high)
+        return (lo + hi) / 2 or 1.0
+    for candidate in (value * 0.5, value * 2.0, value * 0.9, value * 1.1):
+        inside = (low is None or candidate >= low) and (high is None or candidate <= high)
+        if inside and candidate != value:
+            return candidate
+    return value
+
+
+def refuse_overrides_no_step_reads(overrides: dict[str, float], configs, cat) -> None:
+    """A ``--set`` of a step-time parameter that none of ``configs`` reads (an eager launch
+    cost without --enforce-eager, a linear-attention term on a model without it, the int8
+    GEMM share for a format that never uses it) changed nothing and said nothing (issue 47):
+    refused, after checking it numerically, moving the parameter and computing steps of
+    every regime (probe_steps) for each configuration; a configuration that cannot be
+    built is left to the command to report."""
+    import numpy as np
+
+    from capsim.engine.setup import build_setup
+    from capsim.physics.efficiency import EfficiencyParams
+
+    groups = EfficiencyParams().groups
+    names = sorted(n for g in STEP_GROUPS for n in groups.get(g, []) if n in overrides)
+    if not names:
+        return
+    read: set[str] = set()
+    for config in configs:
+        base_config = config.model_copy(update={"efficiency_overrides": {}})
+        try:
+            setup = build_setup(base_config, cat)
+        except Exception:  # the command itself reports a bad configuration
+            return
+        params = setup.step_model.params
+        steps = probe_steps(setup.max_model_len)
+        base = [setup.step_model.step_time(np.array(n), np.array(c)) for n, c in steps]
+        for name in names:
+            if name in read:
+                continue
+            current = getattr(params, name)
+            # the value given, and one of its own: a term that counts only beyond some
+            # threshold (a launch cost above the GPU's time) counts at the value given
+            for moved in dict.fromkeys((overrides[name], moved_value(params, name))):
+                if moved is None or moved == current:
+                    continue
+                try:
+                    other = build_setup(
+                        base_config, cat, params=params.with_overrides({name: moved})
+                    )
+                except Exception:  # the command reports it
+                    read.add(name)
+                    break
+                times = [other.step_model.step_time(np.array(n), np.array(c)) for n, c in steps]
+                if any(
+                    not np.isclose(a, b, rtol=1e-12, atol=0)
+                    for a, b in zip(base, times, strict=True)
+                ):
+                    read.add(name)
+                    break
+            else:
+                if moved_value(params, name) == current:
+                    read.add(name)  # nothing to move it to: not judged
+        if read >= set(names):
+            return
+    unread = [n for n in names if n not in read]
+    raise CapsimUserError(
+        f"--set {unread[0]} changes no step of this configuration (its kernels or its "
+        "engine do not use it): it would change nothing",
+        hint="leave it out, or add the flag, model or format it belongs to "
+        "(capsim explain shows the terms a configuration uses)",
+    )
+
+
 def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
     """Resolve ``--model`` values (see capsim.catalog.resolve.resolve_into)."""
     from capsim.catalog.resolve import resolve_into

@@ -87,6 +87,15 @@ def _whole_numbers_only() -> None:
             # '--quant ""' read as no value, '--out ""' as the current folder: never meant
             raise BadParameter(f"{value!r} is empty", ctx=ctx, param=param)
         texts = value if isinstance(value, list | tuple) else [value]
+        for text in texts if textual and isinstance(value, list | tuple) else ():
+            if isinstance(text, str) and not text.strip():
+                # '--db ""' read as the current folder, '--set ""' as nothing
+                raise BadParameter(f"{text!r} is empty", ctx=ctx, param=param)
+        for text in texts if of_type(self.annotation, Path) else ():
+            if isinstance(text, str) and text.endswith("/") and text.strip("/"):
+                why = slash_on_a_file(text, param, ctx)
+                if why:
+                    raise BadParameter(why, ctx=ctx, param=param)
         for text in texts if of_type(self.annotation, str) else ():
             # text flags that hold numbers ('--input-tokens ٣', '--spec ngram:٣') read
             # them as Python does, any script's digits; whole-number flags refuse them
@@ -108,6 +117,40 @@ def _whole_numbers_only() -> None:
             raise
 
     AdapterRuntimeParam._coerce_value = coerce
+
+
+FILE_OUTPUT_FLAGS = frozenset({"--plot", "--out", "--write-bands"})
+"""Options that name a file capsim writes (``models import-hf --out`` names a folder)."""
+
+FOLDER_OUTPUT_COMMANDS = frozenset({"import-hf"})
+"""Commands whose ``--out`` is a folder to write into."""
+
+
+def slash_on_a_file(text: str, param, ctx) -> str | None:
+    """Why a path given with a trailing '/' is refused, or None: the '/' says "a folder",
+    but pathlib drops it, so 'runs.yaml/' read the file runs.yaml and '--plot out/'
+    wrote out.png beside the folder the user named (issue 47's sixth audit). Refused:
+    an existing file named with a '/', and a file output named with one."""
+    import os
+
+    bare = text.rstrip("/")
+    try:
+        exists, folder = os.path.exists(bare), os.path.isdir(bare)
+    except (OSError, ValueError):
+        return None  # the readers and writers say what is wrong with the path itself
+    if exists and not folder:
+        return f"'{text}' ends in '/', but '{bare}' is a file"
+    names = set(getattr(param, "opts", ()) or ())
+    command = getattr(getattr(ctx, "command", None), "name", None)
+    if names & FILE_OUTPUT_FLAGS and command not in FOLDER_OUTPUT_COMMANDS:
+        return (
+            f"'{text}' ends in '/', naming a folder: this option writes a "
+            f"file; give a file name, e.g. '{bare}/capsim.png'"
+            if "--plot" in names
+            else f"'{text}' ends in '/', naming a folder: this option writes "
+            "a file; give a file name"
+        )
+    return None
 
 
 _whole_numbers_only()

@@ -67,6 +67,7 @@ from capsim.cli.common import (
     refuse_links_without_tp,
     refuse_overrides_no_config_reads,
     refuse_overrides_no_model_reads,
+    refuse_overrides_no_step_reads,
     resolve_models,
     spec_config,
 )
@@ -458,6 +459,7 @@ def predict_cmd(
         )
         configs.append(config)
     refuse_overrides_no_config_reads(overrides, configs)
+    refuse_overrides_no_step_reads(overrides, configs, cat)
     simulations = len(configs) * max(len(levels), len(rates))
     if simulations > MAX_LEVELS:
         raise CapsimUserError(

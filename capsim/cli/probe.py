@@ -188,7 +188,49 @@ def parse_flags(values: list[str] | None) -> dict[str, str]:
                 f"--engine-flag {key}={value!r}: {key} takes a whole number of 1 or more"
             )
         flags[key] = value
+    note_unread_flags(flags)
     return flags
+
+
+READ_ENGINE_FLAGS = (
+    *PARALLEL_SIZE_FLAGS,
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "dtype",
+)
+"""Engine flags that calibration and validate read from a run file (by their names with
+underscores): the batch limits, the context length, the 16-bit dtype, the parallel sizes."""
+
+
+def note_unread_flags(flags: dict[str, str]) -> None:
+    """Say which ``--engine-flag`` names are recorded only: every flag the server was
+    started with belongs in the run file, but only READ_ENGINE_FLAGS change a simulation.
+    A name one typo away from one of those ('max_num_seq') is refused with the name it
+    resembles: recorded as given, it would be read as absent."""
+    import difflib
+
+    from capsim.notices import notice
+
+    unread = []
+    for key in flags:
+        name = key.lstrip("-").replace("-", "_").lower()
+        if name in READ_ENGINE_FLAGS:
+            continue
+        close = difflib.get_close_matches(name, READ_ENGINE_FLAGS, n=1, cutoff=0.85)
+        if close:
+            raise CapsimUserError(
+                f"--engine-flag {key}: not a flag capsim reads",
+                suggestions=[close[0].replace("_", "-")],
+            )
+        unread.append(key)
+    if unread:
+        notice(
+            f"--engine-flag {', '.join(unread)}: recorded in the run file as the server's "
+            "launch flags; calibration simulates only "
+            + ", ".join(n.replace("_", "-") for n in READ_ENGINE_FLAGS[-4:])
+            + " and the parallel sizes"
+        )
 
 
 @probe_app.callback()
