@@ -701,6 +701,7 @@ def explain_cmd(
                 "frontend_s_per_request": sm.frontend_seconds(chunk),
                 "api_server_serial_s_per_request": sm.api_server_seconds(chunk),
                 "api_server_round_s_at_batch": sm.stream_round_seconds(batch),
+                "admission_lag_s_at_batch": decode.t_total if sm.admits_a_step_late else 0.0,
                 "kv_transfer": kv_transfer_dict(transfer, prefill_context + chunk),
             }
         )
@@ -752,6 +753,14 @@ def explain_cmd(
             f"the API server spends {sm.params.api_server_us_per_stream_chunk:g} us on each "
             f"streamed chunk: with {batch:,} requests streaming, a client sees its last token "
             f"and its next request reaches the engine a round of {round_s * 1e3:.1f} ms later",
+            highlight=False,
+        )
+    if sm.admits_a_step_late:
+        console.print(
+            "async scheduling: each step is scheduled when the one before it is launched, so "
+            "a request that reaches a busy engine waits out the running step and one more "
+            f"before its prefill: {decode.t_total * 1e3:.1f} ms more (a decode step of "
+            f"{batch:,}) than without async scheduling",
             highlight=False,
         )
     if quant in (None, "auto"):

@@ -35,6 +35,7 @@ SimPy environment (never ``capsim serve``'s wall-clock one).
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,6 +192,13 @@ class PeriodSkipper:
             if req.replica < 0:
                 requests.append((sent - req.rid,))
                 _times(req, now, times)
+        rep = self.replica
+        requests.append(("held back",))  # by async scheduling (Replica.admits_a_step_late)
+        for at, req in rep._lagged:
+            requests.append(_request_key(req, sent, waiting=True))
+            _times(req, now, times)
+            times.append(now - at)
+        times.append(now - rep._step_start if math.isfinite(rep._step_start) else -1.0)
         events: list[tuple] = []
         for when, priority, _, event in sorted(env._queue, key=_event_order):
             callbacks = event.callbacks or ()
@@ -251,6 +259,8 @@ class PeriodSkipper:
         free_at = self.router._api_free_at
         for key in free_at:
             free_at[key] += shift_s
+        rep._lagged = [(at + shift_s, req) for at, req in rep._lagged]
+        rep._step_start += shift_s
         tokens = periods * (driver.output_tokens_sent - earlier.output_tokens_sent)
         driver.skip_ahead(shift_n, shift_s, tokens)
         sched.submitted += shift_n

@@ -13,11 +13,15 @@ not with tokens.
 Same-instant order: a client whose request finishes may send its next one at that very
 time. The replica lets such clients act before it schedules again (EndOfInstant), so a
 request sent at time t is always in the step scheduled at t, whichever way the
-simulation runs (tested against step-by-step simulation, across replicas too).
+simulation runs (tested against step-by-step simulation, across replicas too), unless
+the engine schedules asynchronously: then a request that reaches it while a step runs is
+held back until the step after that one (``admits_a_step_late``), as vLLM's batch queue
+and SGLang's overlap loop take it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -105,12 +109,20 @@ class Replica:
         self.recv_interval = max(1, config.recv_interval_steps)
         self._inbox: list[SimRequest] = []
         self._recv_count = self.recv_interval
+        # async scheduling (vLLM's batch queue of two steps, SGLang's overlap loop):
+        # step n+1 is scheduled as soon as step n is launched, so a request that reaches
+        # the engine while step n runs is taken into step n+2 at the earliest; until the
+        # start of the step after the one it arrived in it waits here, with its arrival
+        # time. The step that runs now, or ran last, started at ``_step_start`` (s).
+        self.admits_a_step_late = bool(getattr(step_model, "admits_a_step_late", False))
+        self._lagged: list[tuple[float, SimRequest]] = []
+        self._step_start = -math.inf
         self.process = env.process(self.run())
 
     @property
     def outstanding(self) -> int:
         s = self.scheduler
-        return len(s.waiting) + len(s.running) + len(self._inbox)
+        return len(s.waiting) + len(s.running) + len(self._inbox) + len(self._lagged)
 
     def submit(self, req: SimRequest) -> None:
         self._enter(req)
@@ -118,7 +130,10 @@ class Replica:
     def _enter(self, req: SimRequest) -> None:
         """``req`` reaches the engine's queue (or the socket it polls)."""
         req.replica = self.index
-        if self.recv_interval > 1 and self._wake is None:
+        if self.admits_a_step_late and self._wake is None:
+            # busy: the next step is already scheduled (admits_a_step_late)
+            self._lagged.append((self.env.now, req))
+        elif self.recv_interval > 1 and self._wake is None:
             # busy: the request waits on the socket until the scheduler next polls it
             self._inbox.append(req)
         else:
@@ -206,19 +221,50 @@ class Replica:
         interval for one with prefill work (SGLang weighs a prefill 1,000)."""
         return 1 if step.count == step.decoding else self.recv_interval
 
+    def _take_lagged(self) -> None:
+        """Hand the scheduler the requests held back by async scheduling that reached the
+        engine before the last step started (the step now being scheduled was, in the
+        engine, scheduled when that one was launched); every one of them when nothing
+        runs or waits (no step is in flight to wait behind)."""
+        sched = self.scheduler
+        if sched.running or sched.waiting:
+            cutoff = self._step_start
+            taken = next(
+                (i for i, (at, _) in enumerate(self._lagged) if at > cutoff), len(self._lagged)
+            )
+        else:
+            taken = len(self._lagged)
+        if not taken:
+            return
+        for _, req in self._lagged[:taken]:
+            if self.recv_interval > 1:
+                self._inbox.append(req)
+            else:
+                sched.submit(req)
+        del self._lagged[:taken]
+
+    def _lag_may_admit(self) -> bool:
+        """Whether a request held back by async scheduling could change the schedule once
+        taken (nobody waits ahead of it and there is room): then the steps run one by one
+        until it is, rather than as one decode run it would have to cut."""
+        sched = self.scheduler
+        return bool(self._lagged) and not sched.waiting and sched.can_admit_more()
+
     def run(self):
         env, sched, sm = self.env, self.scheduler, self.step_model
         while True:
             if self.settle_every_step:
                 self.events += 1
                 yield EndOfInstant(env)
+            if self._lagged:
+                self._take_lagged()
             if self.recv_interval > 1:
                 self._receive()
             if sched.idle:
                 sched.note_dry(env.now)
                 yield from self._wait_for_work()
                 continue
-            if self.fast_forward and sched.steady_decode(env.now):
+            if self.fast_forward and not self._lag_may_admit() and sched.steady_decode(env.now):
                 m = sched.run_length()
                 if self._inbox:
                     m = min(m, self._steps_to_receive())
@@ -230,6 +276,7 @@ class Replica:
                 # nothing fits (e.g. a prompt larger than the whole KV cache): wait for work
                 yield from self._wait_for_work()
                 continue
+            self._step_start = env.now
             spec = sm.deployment.spec is not None
             if step.moments is not None and sm.takes_moments:
                 duration = sm.moment_step_time(*step.moments)
@@ -255,7 +302,7 @@ class Replica:
                 # apply it now, and when identical decode steps follow, wait for the
                 # step and that run in one event
                 sched.complete(step, env.now + duration)
-                if sched.steady_decode(env.now):
+                if not self._lag_may_admit() and sched.steady_decode(env.now):
                     m = sched.run_length()
                     if self._inbox:
                         m = min(m, self._steps_to_receive(weight) - 1)
@@ -332,6 +379,8 @@ class Replica:
                 self._recv_count = since or self.recv_interval
         self.steps += done
         self.busy_time += float(ends[done - 1])
+        # the last step of the run started one step before its end
+        self._step_start = start + (float(ends[done - 2]) if done >= 2 else 0.0)
         if head is not None and head_decoding:
             self._record_itl_step(head, head_decoding)
         run_steps = done - lead

@@ -184,6 +184,11 @@ class StepModel(
             and dep.cuda_graphs
             and (spec is None or spec.method in ("mtp", "eagle"))
         )
+        # the scheduler runs a step ahead of the device (vLLM's batch queue, SGLang's
+        # overlap loop), so an arrival at a busy engine joins the step after next
+        # (engine/replica.py); not where nothing overlaps the device (the CPU backend
+        # schedules and computes on the same cores: async_host_overlap 0)
+        self.admits_a_step_late = self.async_host and self.params.async_host_overlap > 0
         self._context_free_cache: dict[
             tuple[float, int, int], tuple[float, float, float, float, float]
         ] = {}
