@@ -10,6 +10,7 @@ SIGTERM). ``run`` installs the handlers that keep finished work once the command
 from __future__ import annotations
 
 import _signal as signal  # the C module: 'signal' imports enum first, a window of its own
+import contextlib
 import os
 import sys
 
@@ -31,9 +32,24 @@ def _closed_streams_to_devnull() -> None:
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
 
 
+def _unencodable_as_replacement() -> None:
+    """A terminal or pipe whose encoding cannot show every character capsim prints (an
+    em dash in a table, under PYTHONIOENCODING=ascii or a C locale) made the first such
+    write fail with a UnicodeEncodeError traceback: those characters are written as '?'
+    instead, the rest as it is."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding not in ("utf8", "utf16", "utf32") and hasattr(stream, "reconfigure"):
+            # a stream that cannot be reconfigured keeps its own handling
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="replace")
+
+
 def run() -> None:
     """Console-script entry point (``capsim`` and ``python -m capsim``)."""
     _closed_streams_to_devnull()
+    _unencodable_as_replacement()
     interactive = signal.getsignal(signal.SIGINT)
     if interactive is not signal.SIG_IGN:  # a shell that started us in the background
         signal.signal(signal.SIGINT, _stopped_while_starting)

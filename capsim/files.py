@@ -116,6 +116,33 @@ def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
             )
 
 
+def refuse_writing_over_inputs(outputs: list[Path], inputs: list[Path] | None, flag: str) -> None:
+    """A CapsimUserError (exit 2) before any work when one of ``outputs`` (what ``flag``
+    writes) is one of the files the command reads: one of ``inputs`` or a file in one of
+    its folders (with --force, 'validate d.yaml --write-bands d.yaml' replaced the dataset
+    with a band table, 'calibrate d.yaml --out d.yaml' with a profile)."""
+    read: set[Path] = set()
+    for path in inputs or []:
+        try:
+            if path.is_dir():
+                read.update(p.resolve() for p in path.rglob("*") if p.is_file())
+            elif path.exists():
+                read.add(path.resolve())
+        except OSError:
+            continue  # the reader reports a path it cannot read
+    for out in outputs:
+        try:
+            target = out.resolve()
+        except OSError:
+            continue
+        if target in read:
+            raise CapsimUserError(
+                f"{flag} '{out}' is one of the files this command reads: writing it would "
+                "replace the input",
+                hint=f"give {flag} another file",
+            )
+
+
 def file_in_the_way(path: Path) -> Path | None:
     """The nearest existing ancestor of ``path`` when it is not a folder (a file where a
     folder of the path should be: '/etc/hostname/b.yaml'), else None; checked before any

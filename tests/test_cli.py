@@ -108,7 +108,7 @@ def test_fit_with_gpus_and_tp():
         (("fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--kv-dtype", "int2"), "KV cache"),
         (
             ("fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--gpu-memory-utilization", "2"),
-            "gpu_memory_utilization",
+            "--gpu-memory-utilization 2.0: input should be less than or equal to 1",
         ),
         (("gpus", "show", "h1000"), "unknown gpu"),
         (

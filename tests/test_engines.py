@@ -215,18 +215,19 @@ def test_unknown_engine_is_exit_2_with_suggestion():
 
 
 def test_engine_changes_the_prediction():
-    def run(engine):
+    def run(engine, quant):
         r = runner.invoke(
             app,
             [
-                *("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--quant", "awq-int4"),
+                *("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--quant", quant),
                 *("--concurrency", "4", "--requests", "24", "--engine", engine, "--json"),
             ],
         )
         assert r.exit_code == 0, r.output
         return json.loads(r.stdout)["results"][0]
 
-    vllm, llama = run("vllm"), run("llama.cpp")
+    # a 4-bit checkpoint in the format each engine loads (llama.cpp loads GGUF files only)
+    vllm, llama = run("vllm", "awq-int4"), run("llama.cpp", "gguf-q4_k_m")
     assert llama["config"]["engine"] == "llama.cpp"
     assert vllm["points"][0]["output_tok_s"] != llama["points"][0]["output_tok_s"]
 

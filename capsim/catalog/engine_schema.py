@@ -238,6 +238,17 @@ class Engine(Strict):
         "layer_overhead_compiled_us a layer), or 'eager', PyTorch operator by operator "
         "(layer_overhead_eager_us a layer)",
     )
+    weight_formats: list[str] | None = Field(
+        None,
+        description="The weight formats the engine loads, as shell patterns over capsim's "
+        "format names (llama.cpp: gguf-* and the 16-bit formats a GGUF file also holds); "
+        "None: every format. A format outside them is refused, and not picked by --quant auto",
+    )
+    auto_formats: list[str] | None = Field(
+        None,
+        description="The formats --quant auto falls back to, in order, when the release "
+        "format does not fit; None: capsim's own order (FP8 where native, then AWQ 4-bit)",
+    )
     ubatch_tokens: int | None = Field(
         None,
         ge=1,
@@ -328,6 +339,14 @@ class Engine(Strict):
     rationale: str = Field(description="Why these values: what they were read or derived from")
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None
+
+    def loads(self, weight_format: str) -> bool:
+        """Whether the engine loads checkpoints in ``weight_format`` (a format name)."""
+        import fnmatch
+
+        if self.weight_formats is None:
+            return True
+        return any(fnmatch.fnmatchcase(weight_format, p) for p in self.weight_formats)
 
     def chunks_prefill(self, max_model_len: int, mla: bool = False) -> bool:
         """Whether this engine chunks prompts by default at ``max_model_len`` (tokens) for a

@@ -422,9 +422,24 @@ def fetch_hub_file(repo: str, filename: str, optional: bool = False) -> dict[str
         return read_config(cached)
     endpoint = os.environ.get(HF_ENDPOINT_ENV, DEFAULT_HF_ENDPOINT).rstrip("/")
     url = f"{endpoint}/{repo}/resolve/main/{filename}"
+    try:
+        if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
+            raise httpx.InvalidURL("not an http(s) URL with a host")
+    except httpx.InvalidURL as exc:
+        raise CapsimUserError(
+            f"{HF_ENDPOINT_ENV}={endpoint!r} is not a URL capsim can fetch from ({exc})",
+            hint=f"unset {HF_ENDPOINT_ENV} for {DEFAULT_HF_ENDPOINT}, or set it to an "
+            "http(s) URL such as https://hf-mirror.com",
+        ) from None
     headers = {}
-    if os.environ.get("HF_TOKEN"):
-        headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
+    token = os.environ.get("HF_TOKEN", "")
+    if token:
+        if not (token.isascii() and token.isprintable()):
+            raise CapsimUserError(
+                "HF_TOKEN holds a character an HTTP header cannot carry (only printable ASCII)",
+                hint="check HF_TOKEN, or unset it for public repos",
+            )
+        headers["Authorization"] = f"Bearer {token}"
     offline_hint = (
         "this machine cannot reach the Hub: download the model's config.json and pass its "
         "path, e.g. --model ./config.json"

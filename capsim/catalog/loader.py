@@ -17,6 +17,7 @@ built-in ones: an entry with the same ``name`` replaces the built-in entry.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -461,7 +462,39 @@ def user_db_dirs(explicit: list[Path] | None = None) -> list[Path]:
                 f"catalog directory '{d}' {what}",
                 hint=f"pass an existing directory to --db or fix {ENV_VAR}",
             )
+        check_overlay_layout(d)
     return dirs
+
+
+def check_overlay_layout(directory: Path) -> None:
+    """A CatalogError for a directory that cannot be a catalog overlay: one that holds
+    entries but none of the section folders (gpus/, models/, ...) capsim reads, so nothing
+    in it would be read ('--db /usr' was taken without a word, '--db mydb/models' then
+    called the model unknown). An empty directory is fine: models import-hf fills it."""
+    sections = [kind for kind in SECTIONS if (directory / kind).is_dir()]
+    if sections:
+        return
+    try:
+        entries = [p.name for p in itertools.islice(directory.iterdir(), 10_000)]
+    except OSError:
+        return  # unreadable: nothing is read from it, and reading says so where it matters
+    if not entries:
+        return
+    folders = ", ".join(f"{kind}/" for kind in SECTIONS)
+    yaml_here = any(name.endswith((".yaml", ".yml")) for name in entries)
+    if directory.name in SECTIONS or yaml_here:
+        raise CatalogError(
+            f"catalog directory '{directory}' holds entry files itself, not in the folders "
+            f"a catalog has ({folders})",
+            hint=f"pass the folder above it, '{directory.parent}', to --db or {ENV_VAR}"
+            if directory.name in SECTIONS
+            else f"move each file into the folder of its kind ({folders})",
+        )
+    raise CatalogError(
+        f"'{directory}' is not a catalog directory: it has none of {folders}, so nothing in "
+        "it would be read",
+        hint=f"pass a folder laid out as capsim's hardware_db to --db or {ENV_VAR}",
+    )
 
 
 def load_catalog(extra_dirs: list[Path] | None = None) -> Catalog:

@@ -112,13 +112,14 @@ def calibrate_cmd(
             hint="pass a folder to --out and leave out --name, or datasets of one hardware "
             "class and engine",
         )
-    from capsim.files import file_stem, refuse_overwrite
+    from capsim.files import file_stem, refuse_overwrite, refuse_writing_over_inputs
 
     if name is not None:
         file_stem(name, "--name")
 
     targets = [out if out.suffix == ".yaml" else out / f"{name or key}.yaml" for key in groups]
     refuse_overwrite(targets, "--out", force)
+    refuse_writing_over_inputs(targets, datasets or [Path("calibration/published")], "--out")
     profiles = []
     skipped = []
     stopped = None  # after Ctrl-C: the class that was being fitted

@@ -360,6 +360,12 @@ def models_import_hf(
             hint="letters, digits, '.', '_', '+' and '-', starting with a letter or digit "
             "(no comma, '@', '/' or space: commands read those as separators)",
         )
+    if hf_id is not None and not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", hf_id):
+        # written into the YAML and offered as the checkpoint to serve: it must be an id
+        raise CapsimUserError(
+            f"--hf-id {hf_id!r} is not a Hugging Face repo id",
+            hint="ORG/NAME, e.g. Qwen/Qwen3-8B",
+        )
     model = model_from_hf_config(
         read_config(config),
         name,
@@ -382,7 +388,9 @@ def models_import_hf(
     if out is None:
         env_dirs = user_db_dirs()
         out = env_dirs[0] if env_dirs else Path("capsim-db")
-    refuse_overwrite([out / "models" / f"{model.name}.yaml"], "--name", force)
+    target = out / "models" / f"{model.name}.yaml"
+    refuse_overwrite([target], "--out", True)  # the folder: a file, a device, not writable
+    refuse_overwrite([target], "--name", force)  # the file: there already
     # a name the built-in catalog already answers to: the new file replaces that model
     # wherever --db names this directory, which the user should hear of
     shadowed = built_in.models.find(model.name)

@@ -197,7 +197,23 @@ def fit_cmd(
         expert_parallel=enable_expert_parallel,
         dp_attention=dp_ranks,
         enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_dtype=kv_dtype,
     )
+    counterpart = f"gguf-{m.dtype}"
+    if (
+        not (quant or ref.quant)
+        and not eng.loads(fmt.name)
+        and counterpart in cat.quant_formats.entries
+    ):
+        fmt = cat.quant(counterpart)  # the release format as the engine loads it (GGUF)
+    if not eng.loads(fmt.name):
+        raise CapsimUserError(
+            f"{eng.name} does not load {fmt.name} checkpoints (it loads "
+            f"{', '.join(eng.weight_formats or [])})",
+            hint="pick a format it loads with --quant (capsim quants), or another --engine",
+        )
+    loadable = [f for f in cat.quant_formats if eng.loads(f.name)]
     fit_options = engine_fit_options(eng, g, expert_parallel=enable_expert_parallel, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
     offload = None
@@ -208,7 +224,7 @@ def fit_cmd(
         from capsim.planner.offload import propose_offload
 
         chosen = quant is not None or ref.quant is not None
-        if chosen or not formats_that_fit(g, m, list(cat.quant_formats), tp, **fit_options):
+        if chosen or not formats_that_fit(g, m, loadable, tp, **fit_options):
             offload = propose_offload(
                 cat, g, m, fmt, tp, options, host_memory_bandwidth, chosen=chosen
             )
@@ -226,7 +242,7 @@ def fit_cmd(
         print_fit(result, g, m, replicas, enable_expert_parallel)
     if result.fits:
         return
-    hint = fit_hint(g, m, fmt, list(cat.quant_formats), tp, **fit_options)
+    hint = fit_hint(g, m, fmt, loadable, tp, **fit_options)
     if offload is None:
         require_fit(result, hint)
     elif not json_out:
@@ -601,6 +617,9 @@ def explain_cmd(
         prefill_tp=prefill_tp,
         kv_transfer_gbs=kv_transfer_bandwidth,
         ubatch_tokens=ubatch_size,
+        async_scheduling=async_scheduling,
+        custom_allreduce=False if disable_custom_all_reduce else None,
+        kv_dtype=kv_dtype,
     )
     longest = m.max_position_embeddings
     if longest and context >= longest:
@@ -625,7 +644,7 @@ def explain_cmd(
         expert_parallel=enable_expert_parallel,
         pp=pp,
     )
-    fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, **fit_options)
+    fmt, quant_reason, fit = resolve_format(cat, g, m, quant, tp, eng, **fit_options)
     fit_note = None if fit.fits else f"does not fit on {tp}x {g.name}: {fit.reason}"
     dep = engine_deployment(
         eng,

@@ -354,6 +354,14 @@ def probe_cmd(
             hint=f"export {api_key_env}=... first, or leave the flag out to send no key "
             "where OPENAI_API_KEY is unset",
         )
+    key = os.environ.get(api_key_env or "", "") if api_key_env else ""
+    if key and not (key.isascii() and key.isprintable()):
+        # an HTTP header carries ASCII: httpx ended in UnicodeEncodeError
+        raise CapsimUserError(
+            f"the API key in {api_key_env} holds a character an HTTP header cannot carry "
+            "(only printable ASCII)",
+            hint=f"check {api_key_env}, or unset it to send no key",
+        )
     # a bad distribution fails before the run file exists, not after it was created
     parse_length(str(output_tokens), "--output-tokens", minimum=1)
     if workload not in ("closed", "batch"):

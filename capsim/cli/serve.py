@@ -151,6 +151,12 @@ def serve_cmd(
         )
     if tp < 1 or (gpus is not None and gpus < 1):
         raise CapsimUserError("--tp and --gpus must be at least 1")
+    if max_model_len is not None and max_model_len < 2:
+        raise CapsimUserError(
+            f"--max-model-len {max_model_len} leaves no room for any request (a prompt of one "
+            "token and one generated token take 2)",
+            hint="leave it out for the model's own context length, or give at least 2",
+        )
     default_max_tokens = max_new_tokens_of(override_generation_config)
     cat, (ref,) = resolve_models(catalog(db), [model])
     cat.engine(engine)
@@ -198,8 +204,17 @@ def serve_cmd(
             f"--served-model-name names {', '.join(repeated)} more than once",
             hint="each name once, comma-separated",
         )
+    unprintable = next((n for n in names if not n.isprintable()), None)
+    if unprintable is not None:
+        # a terminal escape in the banner and in every /v1/models answer
+        raise CapsimUserError(
+            f"--served-model-name {unprintable!r} holds a control character",
+            hint="name the model with printable characters",
+        )
     if not names:
         names = list(dict.fromkeys([setup.model.hf_id, setup.model.name, model]))
+    check_listen(host, port)
+    port = port or free_port(host)  # --port 0: one the system hands out, shown as it is
     print_notices()
     err_console.print(
         f"capsim serve: {setup.model.name} ({setup.fmt.name}) on {setup.gpus}x "
@@ -224,7 +239,7 @@ def serve_cmd(
         + "), "
         f"max_model_len {setup.max_model_len:,}, KV cache "
         f"{setup.num_blocks * setup.scheduler.block_size:,} tokens, speedup {speedup:g}x; "
-        f"serving {', '.join(names)} at http://{host}:{port}/v1\n"
+        f"serving {', '.join(names)} at {base_url(host, port)}/v1\n"
         f"simulated, not a model: {LIMITS}; a chat request without max_tokens generates "
         + (
             f"at most {default_max_tokens:,} tokens (--override-generation-config)"
@@ -297,6 +312,27 @@ def check_listen(host: str, port: int) -> None:
             ) from None
 
 
+def base_url(host: str, port: int) -> str:
+    """The URL a client on this machine reaches the server at: a wildcard address as the
+    loopback one, an IPv6 address in brackets ('http://[::1]:8000')."""
+    local = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    if ":" in local and not local.startswith("["):
+        local = f"[{local}]"
+    return f"http://{local}:{port}"
+
+
+def free_port(host: str) -> int:
+    """A TCP port the system hands out on ``host`` now (for --port 0, so the banner and
+    /v1/models name the port clients must use; another process could take it in the
+    moment before the server binds it, which then fails with a message)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host or "0.0.0.0", 0))
+        return int(sock.getsockname()[1])
+
+
 def run_server(
     setup,
     names: list[str],
@@ -313,10 +349,7 @@ def run_server(
     from capsim.serve.live import LiveDeployment
     from capsim.serve.transport import stamped_protocol
 
-    local = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
-    if ":" in local and not local.startswith("["):
-        local = f"[{local}]"
-    self_url = f"http://{local}:{port}" if port else None  # port 0: not known in advance
+    self_url = base_url(host, port) if port else None  # port 0: not known in advance
     check_listen(host, port)
     app = create_app(
         LiveDeployment(setup, speedup), names, __version__, self_url, default_max_tokens

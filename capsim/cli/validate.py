@@ -395,7 +395,7 @@ def validate_cmd(
     db: DbOption = None,
 ) -> None:
     """Predict every published measurement and report the error."""
-    from capsim.files import refuse_overwrite
+    from capsim.files import refuse_overwrite, refuse_writing_over_inputs
 
     check_plot_target(plot_path, force)
     refuse_force_without_output(force, plot_path, write_bands)
@@ -406,6 +406,9 @@ def validate_cmd(
                 hint="e.g. calibration/bands/uncalibrated.yaml",
             )
         refuse_overwrite([write_bands], "--write-bands", force)
+        refuse_writing_over_inputs(
+            [write_bands], datasets or [Path("calibration/published")], "--write-bands"
+        )
     from capsim.calibration.compare import METRIC_KINDS, compare_or_skip, error_summary, mape
     from capsim.calibration.least_squares import check_fittable
     from capsim.calibration.published import load_published

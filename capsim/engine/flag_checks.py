@@ -125,6 +125,10 @@ def refuse_flags_the_engine_lacks(config: PredictConfig, engine: str) -> None:
                 config.custom_allreduce is not None,
                 "has no custom all-reduce kernel to turn off",
             ),
+            "--enable-expert-parallel": (
+                config.expert_parallel,
+                "splits tensors or layers over GPUs (-sm row, -sm layer), never the experts",
+            ),
             f"--kv-dtype {config.kv_dtype}": (
                 config.kv_dtype.lower().startswith("fp8"),
                 "has no FP8 KV cache (its -ctk/-ctv types are f16, bf16, q8_0, q4_0, ...)",

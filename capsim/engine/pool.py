@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -19,9 +20,30 @@ _IN_WORKER = False
 """True in a worker process of a ``worker_pool``."""
 
 
-def _worker_start(initializer: Callable | None, initargs: tuple) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this worker when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG): a command killed outright (SIGKILL, a caller's timeout) left its
+    workers waiting forever on their queue, holding the command's stdout pipe open, so a
+    pipeline reading it never ended. Elsewhere nothing is set up."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request was made
+        os._exit(1)
+
+
+def _worker_start(initializer: Callable | None, initargs: tuple, parent: int = 0) -> None:
     global _IN_WORKER
     _IN_WORKER = True
+    if parent:
+        _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
@@ -62,7 +84,9 @@ def worker_pool(
     when the block raises; on a normal exit, work still queued is cancelled (a sweep
     that derived the levels above a saturated one no longer needs them)."""
     pool = ProcessPoolExecutor(
-        max_workers=max_workers, initializer=_worker_start, initargs=(initializer, initargs)
+        max_workers=max_workers,
+        initializer=_worker_start,
+        initargs=(initializer, initargs, os.getpid()),
     )
     try:
         yield pool

@@ -25,6 +25,7 @@ from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
 from capsim.physics.kv_transfer import KVTransfer
 from capsim.physics.memory import (
+    AUTO_FORMAT_ORDER,
     MemoryFit,
     auto_format,
     check_tensor_parallel,
@@ -82,16 +83,34 @@ class Setup:
 
 
 def resolve_format(
-    cat: Catalog, gpu: GPU, model: Model, quant: str | None, tp: int, **fit_options
+    cat: Catalog,
+    gpu: GPU,
+    model: Model,
+    quant: str | None,
+    tp: int,
+    engine: Engine | None = None,
+    **fit_options,
 ) -> tuple[QuantFormat, str, MemoryFit]:
     """The weight format a deployment runs (``quant``, or with None or "auto" the release
     format if it fits, else the first that does), why, and its memory fit
     (``fit_options`` as memory_fit's)."""
     if quant in (None, "auto"):
         check_tensor_parallel(model, tp)
-        fmt, reason = auto_format(gpu, model, cat.quant_formats.entries, tp, **fit_options)
+        formats = cat.quant_formats.entries
+        order = AUTO_FORMAT_ORDER
+        if engine is not None and engine.weight_formats is not None:
+            formats = {k: v for k, v in formats.items() if engine.loads(k)}
+        if engine is not None and engine.auto_formats is not None:
+            order = tuple(engine.auto_formats)
+        fmt, reason = auto_format(gpu, model, formats, tp, order, **fit_options)
     else:
         fmt, reason = cat.quant(quant), "as requested"
+        if engine is not None and not engine.loads(fmt.name):
+            loads = ", ".join(engine.weight_formats or [])
+            raise CapsimUserError(
+                f"{engine.name} does not load {fmt.name} checkpoints (it loads {loads})",
+                hint=f"pick a format it loads (capsim quants), or another --engine for {fmt.name}",
+            )
     return fmt, reason, memory_fit(gpu, model, fmt, tp=tp, **fit_options)
 
 
@@ -398,9 +417,12 @@ def build_setup(
         cpu_offload_gb=config.cpu_offload_gb,
         dense_in_ranks=dense_in_ranks(config, engine.name),
     )
-    fmt, quant_reason, fit = resolve_format(cat, gpu, model, config.quant, tp, **fit_options)
+    fmt, quant_reason, fit = resolve_format(
+        cat, gpu, model, config.quant, tp, engine, **fit_options
+    )
     if not fit.fits:
-        require_fit(fit, fit_hint(gpu, model, fmt, list(cat.quant_formats), tp, **fit_options))
+        loadable = [f for f in cat.quant_formats if engine.loads(f.name)]
+        require_fit(fit, fit_hint(gpu, model, fmt, loadable, tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     # a pipeline's batches in flight share its cache and sequence limit in equal parts
     num_blocks = capacity // BLOCK_SIZE_TOKENS // config.pp

@@ -680,31 +680,48 @@ NVIDIA GPU since Ampere)."""
 
 
 def auto_format(
-    gpu: GPU, model: Model, formats: dict[str, QuantFormat], tp: int = 1, **kwargs
+    gpu: GPU,
+    model: Model,
+    formats: dict[str, QuantFormat],
+    tp: int = 1,
+    order: tuple[str, ...] | list[str] = AUTO_FORMAT_ORDER,
+    **kwargs,
 ) -> tuple[QuantFormat, str]:
     """Pick a weight format: the model's release format if it fits, else the first of
-    AUTO_FORMAT_ORDER that fits (FP8 only where native). Returns (format, why)."""
-    release = formats[model.dtype]
-    candidates = [release]
-    for name in AUTO_FORMAT_ORDER:
+    ``order`` (AUTO_FORMAT_ORDER, or the engine's) that fits (FP8 only where native).
+    ``formats`` holds the formats the engine loads: a release format not among them is
+    replaced by its GGUF counterpart where there is one (mxfp4: gguf-mxfp4). Returns
+    (format, why)."""
+    release = formats.get(model.dtype) or formats.get(f"gguf-{model.dtype}")
+    candidates = [release] if release is not None else []
+    for name in order:
         fmt = formats.get(name)
-        if fmt is None or fmt.name == release.name:
+        if fmt is None or fmt in candidates:
             continue
         if fmt.compute_dtype not in gpu.native_formats and not fmt.weight_only:
             continue
         candidates.append(fmt)
+    if not candidates:
+        raise CapsimUserError(
+            f"no weight format capsim knows for {model.name} is one this engine loads",
+            hint="name one with --quant (capsim quants), or another --engine",
+        )
     fits = [(fmt, memory_fit(gpu, model, fmt, tp=tp, **kwargs)) for fmt in candidates]
     for fmt, fit in fits:
         if fit.fits:
-            if fmt is release:
+            if fmt is release and fmt.name == model.dtype:
                 return fmt, f"{fmt.name}, the release format"
-            return fmt, f"{fmt.name}, because the release format ({release.name}) does not fit"
+            if fmt is release:
+                return fmt, f"{fmt.name}, the release format ({model.dtype}) as the engine loads it"
+            shown = release.name if release is not None else model.dtype
+            return fmt, f"{fmt.name}, because the release format ({shown}) does not fit"
     # Nothing fits: report against the first format whose weights fit, so the error names
     # the constraint that binds (KV cache, max_model_len) rather than the weights.
     for fmt, fit in fits:
         if fit.weight_bytes + fit.runtime_reserve_bytes <= fit.budget_bytes:
             return fmt, f"{fmt.name} (its weights fit, but the deployment does not)"
-    return release, f"{release.name}, the release format (nothing smaller fits either)"
+    first = candidates[0]
+    return first, f"{first.name}, the release format (nothing smaller fits either)"
 
 
 def require_fit(fit: MemoryFit, hint: str = "") -> MemoryFit:

@@ -43,8 +43,8 @@ event loop got to it (their work, up to this long, is not counted as the server'
 LIMITS = (
     "generated text is filler (the word 'tok' per token), clearly not a model's output; "
     "every request generates exactly its max_tokens (there is no end-of-sequence token); "
-    "a non-streaming request whose client disconnects runs to the end (a streaming one is "
-    "aborted at the next step boundary, as vLLM aborts it)"
+    "a request whose client disconnects is aborted at the next step boundary, as vLLM "
+    "aborts it"
 )
 
 
