@@ -355,3 +355,16 @@ def test_import_hf_checks_the_hub_id_and_names_out_for_a_bad_folder(tmp_path):
     base = ["models", "import-hf", str(config), "--name", "x1"]
     assert_refused([*base, "--hf-id", "not an id", "--out", str(tmp_path)], "not a Hugging Face")
     assert_refused([*base, "--out", "/dev/full"], "--out '/dev/full/models/x1.yaml'")
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--gpus", "apple-m4-max", "--power-limits", "0.8"], "the catalog gives none for"),
+        (["--gpus", "rtx3090", "--router", "prefix_aware"], "every deployment searched here"),
+        (["--gpus", "rtx3090", "--router-latency-ms", "2"], "every deployment searched here"),
+    ],
+)
+def test_plan_refuses_a_flag_no_searched_deployment_can_take(extra, says):
+    line = "plan --model qwen3-0.6b --agents 2 --counts 1 --min-agent-tok-s 5"
+    assert_refused([*line.split(), *extra], says)

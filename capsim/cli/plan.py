@@ -177,6 +177,7 @@ def short_misses(e: Evaluated, req: PlanRequest) -> str:
 
 
 def plan_cmd(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
     agents: Annotated[int, typer.Option("--agents", help="Concurrent agents (clients)")],
     input_tokens: InputTokensOption = "1024",
@@ -311,7 +312,32 @@ def plan_cmd(
             "most 1e9), finite numbers",
             hint="e.g. --router-latency-ms 2 --router-capacity-rps 500",
         )
+    router_given = getattr(ctx.get_parameter_source("router"), "name", None) == "COMMANDLINE"
+    router_flags = router_given or router_latency_ms or router_capacity_rps is not None
+    if router_flags and max(gpu_counts) == 1 and max(node_counts) == 1:
+        # one GPU, one node: no searched deployment has two replicas to route between
+        raise CapsimUserError(
+            "--router, --router-latency-ms and --router-capacity-rps spread requests over "
+            "replicas, and every deployment searched here (--counts 1, one node) has one",
+            hint="add GPU counts above 1 (--counts 1,2,4) or nodes, or leave the router out",
+        )
     cat, refs = resolve_models(cat, split_list(model))
+    if gpus and any(f < 1 for f in power_fractions):
+        no_tdp = [g.name for g in (cat.gpu(n) for n in split_list(gpus)) if g.tdp_w is None]
+        if len(no_tdp) == len(split_list(gpus)):
+            # the limits were dropped without a word (predict refuses --power-limit there)
+            raise CapsimUserError(
+                f"--power-limits are fractions of a GPU's TDP, and the catalog gives none for "
+                f"{', '.join(no_tdp)}",
+                hint="leave --power-limits out, or search GPUs with a TDP (capsim gpus)",
+            )
+        if no_tdp:
+            from capsim.notices import notice
+
+            notice(
+                f"--power-limits: {', '.join(no_tdp)} ha{'s' if len(no_tdp) == 1 else 've'} "
+                "no TDP in the catalog and run without a limit"
+            )
     req = PlanRequest(
         models=tuple(r.name for r in refs),
         agents=agents,
