@@ -70,6 +70,13 @@ most about a sixth of what it could save. A level far shorter than its transient
 times without the state repeating) stops looking instead of spending most of its time
 reading states of a thousand requests."""
 
+MAX_STATE_VALUES = 1_000_000
+"""At most this much reading of whole states in one level, whatever its size: the states
+read are kept as checkpoints, each holding every request in flight, so the per-request
+budget alone grows with clients x requests (tens of thousands of clients, each state tens
+of thousands of requests); a million times and their keys stay near 100 MB, and a level of
+that many clients is saturated, where the period search seldom pays."""
+
 
 @dataclass
 class Checkpoint:
@@ -150,7 +157,8 @@ class PeriodSkipper:
             self.rows_seen.add(seen)
             return
         if self.state_values_left is None:
-            self.state_values_left = STATE_VALUES_PER_REQUEST * (left + driver.sent)
+            budget = STATE_VALUES_PER_REQUEST * (left + driver.sent)
+            self.state_values_left = min(budget, MAX_STATE_VALUES)
         key, times = self._state(rows)
         self.state_values_left -= len(times)
         if self.state_values_left <= 0:
