@@ -32,8 +32,9 @@ def test_an_existing_file_named_with_a_trailing_slash_is_refused():
     assert_refused(["validate", f"{SEED002}/"], "ends in '/', but")
 
 
-def test_a_folder_with_a_trailing_slash_is_still_a_folder():
-    r = runner.invoke(app, ["validate", f"{SEED002.parent}/", "--json"])
+def test_a_folder_with_a_trailing_slash_is_still_a_folder(tmp_path):
+    (tmp_path / SEED002.name).write_bytes(SEED002.read_bytes())
+    r = runner.invoke(app, ["validate", f"{tmp_path}/", "--json"])
     assert r.exit_code == 0, r.output[-2000:]
 
 
