@@ -85,6 +85,12 @@ PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", 
 """Image formats matplotlib's Agg backend writes, by suffix (plot_path_written)."""
 
 
+PLOT_HELP = (
+    "Write {what}: PNG, or PDF, SVG and the other formats matplotlib writes by the file's "
+    "suffix (a name with none of them gets .png added: out.txt writes out.txt.png)"
+)
+
+
 def check_plot_target(path: Path | None, force: bool) -> None:
     """Refuse, before any work, a --plot target that exists (without --force), names a
     folder, a device or nothing, or lies in a folder that does not exist."""

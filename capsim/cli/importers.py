@@ -22,7 +22,15 @@ def _command(kind: str, tool: str):
     @user_errors
     def command(
         result: Annotated[Path, typer.Argument(help=f"The {tool} result JSON")],
-        out: Annotated[Path | None, typer.Option("--out", help="Run file to write")] = None,
+        out: Annotated[
+            Path | None,
+            typer.Option(
+                "--out",
+                help="Run file to write: NAME.json (the summary) and NAME.jsonl (the "
+                "requests), whatever suffix NAME has (default: "
+                f"calibration/runs/RESULT-{kind}.json under the current folder)",
+            ),
+        ] = None,
         json_out: JsonOption = False,
         force: ForceOption = False,
     ) -> None:

@@ -10,6 +10,7 @@ import typer
 from rich import box
 
 from capsim.cli.common import (
+    PLOT_HELP,
     DbOption,
     ForceOption,
     InputTokensOption,
@@ -256,7 +257,9 @@ def plan_cmd(
             "million output tokens first)",
         ),
     ] = "cost",
-    plot_path: Annotated[Path | None, typer.Option("--plot", help="Write frontier plots")] = None,
+    plot_path: Annotated[
+        Path | None, typer.Option("--plot", help=PLOT_HELP.format(what="the frontier plots"))
+    ] = None,
     dask_scheduler: Annotated[
         str | None,
         typer.Option(

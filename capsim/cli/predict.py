@@ -15,6 +15,7 @@ from capsim.cli.common import (
     DP_FLAGS,
     KV_DTYPE_FLAGS,
     OBJECTIVE_FLAGS,
+    PLOT_HELP,
     QUANT_FLAGS,
     TP_FLAGS,
     AsyncSchedulingOption,
@@ -309,7 +310,9 @@ def predict_cmd(
     set_values: SetOption = None,
     json_out: JsonOption = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout")] = False,
-    plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG chart")] = None,
+    plot_path: Annotated[
+        Path | None, typer.Option("--plot", help=PLOT_HELP.format(what="a chart"))
+    ] = None,
     min_agent_tok_s: Annotated[
         float | None,
         typer.Option(

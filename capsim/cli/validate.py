@@ -12,6 +12,7 @@ from rich.table import Table
 
 from capsim.cli.common import (
     EXIT_INTERRUPTED,
+    PLOT_HELP,
     AcceptFailuresOption,
     DbOption,
     ForceOption,
@@ -371,7 +372,8 @@ def validate_cmd(
     prior_weight: PriorWeightOption = 0.0,
     set_values: SetOption = None,
     plot_path: Annotated[
-        Path | None, typer.Option("--plot", help="Write a parity plot (PNG) of every point")
+        Path | None,
+        typer.Option("--plot", help=PLOT_HELP.format(what="a parity plot of every point")),
     ] = None,
     write_bands: Annotated[
         Path | None,
