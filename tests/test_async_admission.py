@@ -110,3 +110,36 @@ def test_the_lag_lengthens_a_loaded_closed_loops_ttft_and_not_a_single_clients()
     # alone, a request always finds the engine idle: no step is in flight to wait behind
     single_async, single_sync = ttft_p50(1, True), ttft_p50(1, False)
     assert single_async <= single_sync * 1.0001
+
+
+@pytest.mark.parametrize(
+    "args, steps",
+    [
+        (["--gpu", "h200", "--model", "llama-3.1-8b"], 1),
+        (["--gpu", "h200", "--model", "llama-3.1-8b", "--engine", "sglang"], 1),
+        (["--gpu", "h200", "--model", "llama-3.1-8b", "--no-async-scheduling"], 0),
+        (
+            [
+                "--gpu",
+                "rtx3090",
+                "--model",
+                "llama-3.1-8b",
+                "--quant",
+                "gguf-q4_k_m",
+                "--engine",
+                "llama.cpp",
+            ],
+            0,
+        ),
+    ],
+)
+def test_predict_json_says_how_many_steps_an_arrival_waits_beyond_the_running_one(args, steps):
+    import json
+
+    from typer.testing import CliRunner
+
+    from capsim.cli.main import app
+
+    r = CliRunner().invoke(app, ["predict", *args, "-c", "2", "--requests", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["results"][0]["admission_lag_steps"] == steps

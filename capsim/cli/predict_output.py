@@ -66,6 +66,7 @@ def result_dict(result: PredictResult) -> dict[str, Any]:
         "kv_capacity_tokens": result.kv_capacity_tokens,
         "max_model_len": result.max_model_len,
         "disaggregation": result.disaggregation,
+        "admission_lag_steps": result.admission_lag_steps,
         "notes": result.notes,
         "config": result.config.model_dump(mode="json"),
         "points": [point_dict(result, lv) for lv in result.levels],

@@ -62,6 +62,12 @@ class PredictResult(BaseModel):
         "their KV cache (tokens each), the link prompts' KV crosses (GB/s per GPU, one "
         "direction) and a transfer's time (ms per 1,000 prompt tokens, and fixed ms)",
     )
+    admission_lag_steps: int = Field(
+        0,
+        description="Steps beyond the running one that a request reaching a busy engine "
+        "waits before its prefill: 1 with async scheduling (vLLM's batch queue, SGLang's "
+        "overlap loop schedule each step when the one before it is launched), else 0",
+    )
     notes: list[str] = Field(
         default_factory=list,
         description="What the reader should know about how far to trust these figures",
@@ -456,6 +462,7 @@ def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResul
         max_model_len=setup.max_model_len,
         levels=results,
         disaggregation=disaggregation_facts(setup),
+        admission_lag_steps=int(bool(getattr(setup.step_model, "admits_a_step_late", False))),
         notes=[
             n
             for n in (
