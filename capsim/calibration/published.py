@@ -147,12 +147,12 @@ kind of value each takes (a flag capsim does not simulate was dropped without a 
 max_num_seqs 2.5 ran as 2)."""
 
 MAX_POWER_LIMIT_W = 10_000.0
+"""Largest board power limit a scenario may state, W (the largest GPU's TDP is about 1.4 kW)."""
 
 MAX_DATASET_REQUESTS = 50_000
 """Most requests per level a dataset may state: validate simulates every one, and 10
 million at each level ran for hours (issue 47); the corpus's largest is 5,400, and a
 measured level's median and mean settle long before 50,000."""
-"""Largest board power limit a scenario may state, W (the largest GPU's TDP is about 1.4 kW)."""
 
 OutputMean = Annotated[float, Field(gt=0, le=MAX_CONTEXT_TOKENS, allow_inf_nan=False)]
 """A mean output length, tokens: positive and at most the longest context."""
