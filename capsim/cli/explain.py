@@ -102,9 +102,9 @@ def fit_cmd(
     db: DbOption = None,
 ) -> None:
     """Does MODEL fit on GPU? Weights, activations, KV cache capacity per GPU."""
-    from capsim.engine.setup import engine_fit_options
+    from capsim.engine.setup import engine_fit_options, loadable_formats, refuse_unloadable
     from capsim.physics.drafter_memory import drafter_for
-    from capsim.physics.memory import fit_hint, memory_fit, require_fit
+    from capsim.physics.memory import fit_hint, memory_fit, release_format, require_fit
 
     cat, (ref,) = resolve_models(catalog(db), [model])
     g = cat.gpu(gpu)
@@ -200,20 +200,11 @@ def fit_cmd(
         gpu_memory_utilization=gpu_memory_utilization,
         kv_dtype=kv_dtype,
     )
-    counterpart = f"gguf-{m.dtype}"
-    if (
-        not (quant or ref.quant)
-        and not eng.loads(fmt.name)
-        and counterpart in cat.quant_formats.entries
-    ):
-        fmt = cat.quant(counterpart)  # the release format as the engine loads it (GGUF)
-    if not eng.loads(fmt.name):
-        raise CapsimUserError(
-            f"{eng.name} does not load {fmt.name} checkpoints (it loads "
-            f"{', '.join(eng.weight_formats or [])})",
-            hint="pick a format it loads with --quant (capsim quants), or another --engine",
-        )
-    loadable = [f for f in cat.quant_formats if eng.loads(f.name)]
+    formats = loadable_formats(cat, eng)
+    if not (quant or ref.quant):  # the release format as the engine loads it (GGUF)
+        fmt = release_format(formats, m.dtype) or fmt
+    refuse_unloadable(eng, fmt)
+    loadable = list(formats.values())
     fit_options = engine_fit_options(eng, g, expert_parallel=enable_expert_parallel, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
     offload = None

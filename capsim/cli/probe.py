@@ -192,32 +192,25 @@ def parse_flags(values: list[str] | None) -> dict[str, str]:
     return flags
 
 
-READ_ENGINE_FLAGS = (
-    *PARALLEL_SIZE_FLAGS,
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "dtype",
-)
-"""Engine flags that calibration and validate read from a run file (by their names with
-underscores): the batch limits, the context length, the 16-bit dtype, the parallel sizes."""
-
-
 def note_unread_flags(flags: dict[str, str]) -> None:
     """Say which ``--engine-flag`` names are recorded only: every flag the server was
-    started with belongs in the run file, but only READ_ENGINE_FLAGS change a simulation.
-    A name one typo away from one of those ('max_num_seq') is refused with the name it
-    resembles: recorded as given, it would be read as absent."""
+    started with belongs in the run file, but only the ones calibration and validate read
+    (the parallel sizes, runfile.COUNTED_ENGINE_FLAGS and the 16-bit ``dtype``) change a
+    simulation. A name one typo away from one of those ('max_num_seq') is refused with the
+    name it resembles: recorded as given, it would be read as absent."""
     import difflib
 
     from capsim.notices import notice
+    from capsim.probe.runfile import COUNTED_ENGINE_FLAGS
 
+    simulated = (*COUNTED_ENGINE_FLAGS, "dtype")
+    read = (*PARALLEL_SIZE_FLAGS, *simulated)
     unread = []
     for key in flags:
         name = key.lstrip("-").replace("-", "_").lower()
-        if name in READ_ENGINE_FLAGS:
+        if name in read:
             continue
-        close = difflib.get_close_matches(name, READ_ENGINE_FLAGS, n=1, cutoff=0.85)
+        close = difflib.get_close_matches(name, read, n=1, cutoff=0.85)
         if close:
             raise CapsimUserError(
                 f"--engine-flag {key}: not a flag capsim reads",
@@ -228,7 +221,7 @@ def note_unread_flags(flags: dict[str, str]) -> None:
         notice(
             f"--engine-flag {', '.join(unread)}: recorded in the run file as the server's "
             "launch flags; calibration simulates only "
-            + ", ".join(n.replace("_", "-") for n in READ_ENGINE_FLAGS[-4:])
+            + ", ".join(n.replace("_", "-") for n in simulated)
             + " and the parallel sizes"
         )
 

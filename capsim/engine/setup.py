@@ -82,6 +82,27 @@ class Setup:
         return gpus
 
 
+def loadable_formats(cat: Catalog, engine: Engine | None) -> dict[str, QuantFormat]:
+    """The catalog's weight formats that ``engine`` loads (every one where it states none,
+    or with no engine), by name."""
+    formats = cat.quant_formats.entries
+    if engine is None or engine.weight_formats is None:
+        return formats
+    return {k: v for k, v in formats.items() if engine.loads(k)}
+
+
+def refuse_unloadable(engine: Engine | None, fmt: QuantFormat) -> None:
+    """A CapsimUserError (exit 2) when ``engine`` does not load checkpoints in ``fmt``
+    (llama.cpp and an AWQ checkpoint)."""
+    if engine is not None and not engine.loads(fmt.name):
+        raise CapsimUserError(
+            f"{engine.name} does not load {fmt.name} checkpoints (it loads "
+            f"{', '.join(engine.weight_formats or [])})",
+            hint=f"pick a format it loads with --quant (capsim quants), or another --engine "
+            f"for {fmt.name}",
+        )
+
+
 def resolve_format(
     cat: Catalog,
     gpu: GPU,
@@ -96,21 +117,14 @@ def resolve_format(
     (``fit_options`` as memory_fit's)."""
     if quant in (None, "auto"):
         check_tensor_parallel(model, tp)
-        formats = cat.quant_formats.entries
         order = AUTO_FORMAT_ORDER
-        if engine is not None and engine.weight_formats is not None:
-            formats = {k: v for k, v in formats.items() if engine.loads(k)}
         if engine is not None and engine.auto_formats is not None:
             order = tuple(engine.auto_formats)
+        formats = loadable_formats(cat, engine)
         fmt, reason = auto_format(gpu, model, formats, tp, order, **fit_options)
     else:
         fmt, reason = cat.quant(quant), "as requested"
-        if engine is not None and not engine.loads(fmt.name):
-            loads = ", ".join(engine.weight_formats or [])
-            raise CapsimUserError(
-                f"{engine.name} does not load {fmt.name} checkpoints (it loads {loads})",
-                hint=f"pick a format it loads (capsim quants), or another --engine for {fmt.name}",
-            )
+        refuse_unloadable(engine, fmt)
     return fmt, reason, memory_fit(gpu, model, fmt, tp=tp, **fit_options)
 
 
@@ -421,7 +435,7 @@ def build_setup(
         cat, gpu, model, config.quant, tp, engine, **fit_options
     )
     if not fit.fits:
-        loadable = [f for f in cat.quant_formats if engine.loads(f.name)]
+        loadable = list(loadable_formats(cat, engine).values())
         require_fit(fit, fit_hint(gpu, model, fmt, loadable, tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     # a pipeline's batches in flight share its cache and sequence limit in equal parts

@@ -679,6 +679,12 @@ FP8 where the GPU runs it natively, then AWQ 4-bit (the W4A16 format vLLM serves
 NVIDIA GPU since Ampere)."""
 
 
+def release_format(formats: dict[str, QuantFormat], dtype: str) -> QuantFormat | None:
+    """The model's release format (``dtype``) among ``formats`` (those an engine loads),
+    or its GGUF counterpart where only that is there (mxfp4: gguf-mxfp4); None: neither."""
+    return formats.get(dtype) or formats.get(f"gguf-{dtype}")
+
+
 def auto_format(
     gpu: GPU,
     model: Model,
@@ -692,7 +698,7 @@ def auto_format(
     ``formats`` holds the formats the engine loads: a release format not among them is
     replaced by its GGUF counterpart where there is one (mxfp4: gguf-mxfp4). Returns
     (format, why)."""
-    release = formats.get(model.dtype) or formats.get(f"gguf-{model.dtype}")
+    release = release_format(formats, model.dtype)
     candidates = [release] if release is not None else []
     for name in order:
         fmt = formats.get(name)
