@@ -890,10 +890,10 @@ def refuse_overrides_no_step_reads(overrides: dict[str, float], configs, cat) ->
         for name in names:
             if name in read:
                 continue
-            current = getattr(params, name)
+            current, own = getattr(params, name), moved_value(params, name)
             # the value given, and one of its own: a term that counts only beyond some
             # threshold (a launch cost above the GPU's time) counts at the value given
-            for moved in dict.fromkeys((overrides[name], moved_value(params, name))):
+            for moved in dict.fromkeys((overrides[name], own)):
                 if moved is None or moved == current:
                     continue
                 try:
@@ -911,7 +911,7 @@ def refuse_overrides_no_step_reads(overrides: dict[str, float], configs, cat) ->
                     read.add(name)
                     break
             else:
-                if moved_value(params, name) == current:
+                if own == current:
                     read.add(name)  # nothing to move it to: not judged
         if read >= set(names):
             return

@@ -341,7 +341,8 @@ def run_server(
     port: int,
     default_max_tokens: int | None = None,
 ) -> None:
-    """Serve until interrupted (Ctrl-C stops it cleanly)."""
+    """Serve until interrupted (Ctrl-C stops it cleanly) on ``host``:``port``, checked
+    by check_listen and a port of its own (not 0)."""
     import uvicorn
 
     from capsim import __version__
@@ -349,8 +350,8 @@ def run_server(
     from capsim.serve.live import LiveDeployment
     from capsim.serve.transport import stamped_protocol
 
-    self_url = base_url(host, port) if port else None  # port 0: not known in advance
-    check_listen(host, port)
+    # serve_cmd checked the address (check_listen) and gave --port 0 a port (free_port)
+    self_url = base_url(host, port)
     app = create_app(
         LiveDeployment(setup, speedup), names, __version__, self_url, default_max_tokens
     )
