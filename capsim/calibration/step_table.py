@@ -62,6 +62,9 @@ class MeasuredStepModel:
         # it tells decoding from prefilling sequences by their tokens: steps are costed
         # from the arrays, not from the scheduler's token moments
         self.takes_moments = False
+        # arrivals join the next step: the measured server (vLLM's CPU build) schedules each
+        # step after the last one ends (physics.step.StepModel.admits_a_step_late)
+        self.admits_a_step_late = False
 
     def frontend_seconds(self, prompt_tokens: float) -> float:
         """The front end's latency outside the engine's steps (seconds): only the API

@@ -114,7 +114,7 @@ class Replica:
         # the engine while step n runs is taken into step n+2 at the earliest; until the
         # start of the step after the one it arrived in it waits here, with its arrival
         # time. The step that runs now, or ran last, started at ``_step_start`` (s).
-        self.admits_a_step_late = bool(getattr(step_model, "admits_a_step_late", False))
+        self.admits_a_step_late = step_model.admits_a_step_late
         self._lagged: list[tuple[float, SimRequest]] = []
         self._step_start = -math.inf
         self.process = env.process(self.run())
@@ -133,6 +133,8 @@ class Replica:
         if self.admits_a_step_late and self._wake is None:
             # busy: the next step is already scheduled (admits_a_step_late)
             self._lagged.append((self.env.now, req))
+            if self._held_back_admissible():
+                self.scheduler.note_held_back_room()
         elif self.recv_interval > 1 and self._wake is None:
             # busy: the request waits on the socket until the scheduler next polls it
             self._inbox.append(req)
@@ -250,6 +252,20 @@ class Replica:
         sched = self.scheduler
         return bool(self._lagged) and not sched.waiting and sched.can_admit_more()
 
+    def _held_back_admissible(self) -> bool:
+        """Whether the first request held back by async scheduling would be admitted now
+        were it in the queue (nobody waits ahead of it, and the sequence limit, the step's
+        budget and the KV cache take it): only then does its being held back change what
+        the engine does (Scheduler.note_held_back_room)."""
+        sched = self.scheduler
+        if not self._lag_may_admit():
+            return False
+        sched.waiting.appendleft(self._lagged[0][1])
+        try:
+            return not sched.head_blocked()
+        finally:
+            sched.waiting.popleft()
+
     def run(self):
         env, sched, sm = self.env, self.scheduler, self.step_model
         while True:
@@ -258,6 +274,8 @@ class Replica:
                 yield EndOfInstant(env)
             if self._lagged:
                 self._take_lagged()
+                if self._held_back_admissible():
+                    sched.note_held_back_room()
             if self.recv_interval > 1:
                 self._receive()
             if sched.idle:

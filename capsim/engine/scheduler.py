@@ -181,6 +181,15 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
             return True
         return self.head_blocked()
 
+    def note_held_back_room(self) -> None:
+        """A request held back by async scheduling (Replica.admits_a_step_late) met room
+        and an empty queue after the first burst: at a higher level it would have been
+        sent earlier and waiting, and admitted where here it was not, so this run's service
+        is not that of the levels above it (engine/saturation.py): it counts as having run
+        dry before its last request was sent."""
+        if self.submitted >= self.dry_counts_from:
+            self.dry_at = -math.inf
+
     def note_dry(self, now: float) -> None:
         """Record that at ``now`` (s) the scheduler had room for another request and none
         was waiting (ignored before ``dry_counts_from`` requests have arrived)."""

@@ -462,7 +462,7 @@ def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResul
         max_model_len=setup.max_model_len,
         levels=results,
         disaggregation=disaggregation_facts(setup),
-        admission_lag_steps=int(bool(getattr(setup.step_model, "admits_a_step_late", False))),
+        admission_lag_steps=int(setup.step_model.admits_a_step_late),
         notes=[
             n
             for n in (
