@@ -15,6 +15,23 @@ short). Misses between TOLERANCE and this carry the host's drift between the swe
 the bursts as much as the model's error."""
 
 
+EQUAL_OVER_SPREAD = 1.3
+"""How many times a spread-length run's second-wave ratio (second_wave_ratio) every
+equal-length run of the same live attempt must reach. The fixed thresholds the stored runs
+meet (equal over 0.5, spread under 0.3: 0.69-0.74 and 0.10-0.11 there) carry the host's
+timing: the clean-clone CI run of 2026-12-01 measured equal 0.58-0.80 and spread 0.18-0.37
+(0.076 s against 0.207 s), a structural miss of a run whose figures held. Measured in the
+same minutes, the two workloads keep their order by 1.56x or more in every run on record;
+were the waves gone (a server that admits the second wave step by step), the equal runs
+would fall to the spread runs' ratios and fail this."""
+
+
+def second_wave_ratio(meas: list[np.ndarray]) -> float:
+    """The second wave's median TTFT over the first's (1 when the waves persist at full
+    depth, near 0 when the later requests meet no queue)."""
+    return float(np.median(meas[1]) / np.median(meas[0]))
+
+
 def quantile_band(values: np.ndarray, q: float) -> tuple[float, float]:
     """The order statistics that bound the ``q`` quantile of ``values``' population with
     about 95% confidence (binomial: rank n q +- 1.96 sqrt(n q (1 - q)))."""
@@ -86,10 +103,13 @@ def compare_waves(
     meas: list[np.ndarray],
     sim: list[np.ndarray],
     tolerance: float = TOLERANCE,
+    measured_structure: bool = True,
 ) -> str:
     """Check the wave structure of one measured run against the simulation's, each
     statistic within ``tolerance``; returns the line of figures it checked and raises
-    WaveMiss naming them when one does not hold."""
+    WaveMiss naming them when one does not hold. ``measured_structure=False`` leaves the
+    measured run's own structure (its second wave against its first) to the caller, which
+    compares it across runs (second_wave_ratio, EQUAL_OVER_SPREAD)."""
     meas_all, sim_all = np.concatenate(meas), np.concatenate(sim)
     line = (
         f"{name} run {run}: TTFT mean {meas_all.mean():.3f} s measured, "
@@ -117,7 +137,8 @@ def compare_waves(
         # several prefill steps, not one
         quantile_check(float(np.median(sim_all)), meas_all, 0.5)
         quantile_check(float(np.median(sim[1])), meas[1], 0.5)
-        structure_check(np.median(meas[1]) > 0.5 * np.median(meas[0]))
+        if measured_structure:
+            structure_check(np.median(meas[1]) > 0.5 * np.median(meas[0]))
         structure_check(np.median(sim[1]) > 0.5 * np.median(sim[0]))
     else:
         # Spread lengths: the later waves arrive one by one and meet no queue. The median
@@ -126,6 +147,7 @@ def compare_waves(
         # on 2026-11-28 6-8 of the 32 later requests waited on the server and 9-10 in the
         # simulation, so the median was 0.19 s measured and 0.32 s simulated while the
         # mean and p90 agreed within 8%.
-        structure_check(np.median(meas[1]) < 0.3 * np.median(meas[0]))
+        if measured_structure:
+            structure_check(np.median(meas[1]) < 0.3 * np.median(meas[0]))
         structure_check(np.median(sim[1]) < 0.3 * np.median(sim[0]))
     return line

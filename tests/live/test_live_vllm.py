@@ -188,6 +188,20 @@ keeps its scatter: the stored CI loop above comes out at C=16 TPOT +6.7%, and al
 loops at most 23.9% (median 13.7%)."""
 
 
+LOOP_SHAPES: dict[str, tuple[int | None, int]] = {
+    "dense": (32, 128),
+    "moe": (32, 128),
+    "llama": (None, 64),
+}
+"""Requests a level (None: the probe's own max(4C, 16)) and output tokens of each model's
+loop (512 prompt tokens, three runs). tiny-llama's twelve layers decode at about 12 ms a
+token at C=1 on the AMX host (84 tok/s, calibration/runs/loops-2026-11-27), so at 32 x 128
+a pass took 136 s a run and the loop 9-14 of the 27-35 minutes of the clean-clone CI runs
+of 2026-12-01 (AMX host), over the 25-minute budget; at the probe's default counts (16, 16,
+16, 32, 64) and 64 tokens a run is about 50 s, C=16 sees four waves instead of two, and
+C=1's TPOT is still a mean over 1,000 token intervals."""
+
+
 def loop_attempt(kind: str, out: Path) -> tuple[list[str], list[str], list[str]]:
     """One pass of the calibration loop on ``kind``'s server, its probe written to ``out``:
     the misses beyond REGRESSION_LIMITS, those beyond LOOP_LIMITS only, and every figure."""
@@ -205,14 +219,15 @@ def loop_attempt(kind: str, out: Path) -> tuple[list[str], list[str], list[str]]
     # within minutes (the same server's C=8 measured 1,956 tok/s when recorded and
     # 1,438-1,555 tok/s in a CI run), and measured one after the other the two halves of
     # the loop saw different machines. The fit sees only C=1, 2 and 4.
+    requests, output_tokens = LOOP_SHAPES[kind]
     cfg = ProbeConfig(
         url=url,
         model=MODELS[kind],
         concurrency=[1, 2, 4, 8, 16],
-        requests=32,
+        requests=requests,
         runs=3,
         input_tokens=512,
-        output_tokens=128,
+        output_tokens=output_tokens,
         deployment=Deployment(gpu="cpu-host", quant="bf16"),
     )
     run = run_probe(cfg, out)
@@ -263,7 +278,8 @@ def host_has_bf16_matrix_units() -> bool:
 
 @pytest.mark.parametrize("kind", ["dense", "moe", "llama"])
 def test_calibration_loop_predicts_unseen_levels(kind, tmp_path):
-    """Issue 19's loop on each tiny model: probe C=1,2,4 (512 in / 128 out, three runs),
+    """Issue 19's loop on each tiny model: probe C=1,2,4 (512 in / 128 out, three runs;
+    tiny-llama: LOOP_SHAPES),
     calibrate on every metric the run holds (capsim chooses the parameters), predict C=8
     and C=16, probe them, and compare output tok/s, TPOT and TTFT p50.
 
