@@ -125,7 +125,8 @@ def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
     measures a miss again misses by more than WIDE_TOLERANCE (50%): without the serial
     front end the stored runs' second wave is simulated 52-59% short (tests/test_waves.py),
     so the mechanism the test is about still fails it; a miss within that is an expected
-    failure that prints its figures. A miss is measured once more from a fresh sweep;
+    failure that prints its figures. A miss beyond it is measured once more from a fresh
+    sweep (another sweep and four bursts, not spent on a result already decided);
     misses beyond 50% are expected failures too when the host was measured busy
     (tests/wall_clock.py) or when the two attempts missed both ways (the same simulated
     figures cannot be wrong both ways)."""
@@ -135,7 +136,7 @@ def test_dense_closed_loop_burst_queues_in_waves(tmp_path):
         misses, wide, directions = measure_and_compare(url, tmp_path / "first")
     others.append(meter.cores)
     shares.append(cpu_share())
-    if misses:
+    if wide:  # a miss within WIDE_TOLERANCE is an expected failure however the next goes
         print(f"first attempt missed: {misses}; measuring again")
         first_directions = directions
         with OthersCores() as meter:
