@@ -341,7 +341,7 @@ def test_an_import_never_writes_over_its_own_input(tmp_path):
     path = tmp_path / "export.json"
     path.write_text(json.dumps(AIPERF))
     r = runner.invoke(app, ["import", "aiperf", str(path), "--out", str(path), "--force"])
-    assert r.exit_code == 2 and "would write over the result file" in r.output
+    assert r.exit_code == 2 and "is one of the files this command reads" in r.output
     assert json.loads(path.read_text()) == AIPERF
 
 

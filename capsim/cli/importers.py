@@ -11,7 +11,6 @@ import typer
 
 from capsim.cli.common import PLAIN_HELP, ForceOption, JsonOption, print_json, user_errors
 from capsim.cli.probe import print_run
-from capsim.errors import CapsimUserError
 
 import_app = typer.Typer(
     help="Import benchmark results from vLLM bench, GuideLLM or AIPerf.", **PLAIN_HELP
@@ -34,21 +33,15 @@ def _command(kind: str, tool: str):
         json_out: JsonOption = False,
         force: ForceOption = False,
     ) -> None:
-        from capsim.files import refuse_overwrite
+        from capsim.files import refuse_overwrite, refuse_writing_over_inputs
         from capsim.probe.importers import import_results
 
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
         written = [target.with_suffix(".json"), target.with_suffix(".jsonl")]
-        if any(w.resolve() == result.resolve() for w in written):
-            # with --force the result file was replaced by the run it was read into
-            raise CapsimUserError(
-                f"--out '{target}' would write over the result file being imported",
-                hint="name another --out",
-            )
+        # with --force the result file was replaced by the run it was read into
+        refuse_writing_over_inputs(written, [result], "--out")
         refuse_overwrite([target], "--out", True)  # a folder, a device, no name: never
-        refuse_overwrite(
-            [target.with_suffix(".json"), target.with_suffix(".jsonl")], "--out", force
-        )
+        refuse_overwrite(written, "--out", force)
         summary = import_results(kind, result, target)
         if json_out:
             print_json(summary.model_dump(mode="json"))
