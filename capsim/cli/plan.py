@@ -180,7 +180,14 @@ def short_misses(e: Evaluated, req: PlanRequest) -> str:
 def plan_cmd(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="Model name(s), comma-separated")],
-    agents: Annotated[int, typer.Option("--agents", help="Concurrent agents (clients)")],
+    agents: Annotated[
+        int,
+        typer.Option(
+            "--agents",
+            "--concurrency",
+            help="Concurrent agents (clients; --concurrency as in predict and capacity)",
+        ),
+    ],
     input_tokens: InputTokensOption = "1024",
     output_tokens: OutputTokensOption = "512",
     min_agent_tok_s: MinAgentTokSOption = None,
