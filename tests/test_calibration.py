@@ -516,20 +516,72 @@ def test_a_level_fold_chooses_its_parameters_from_the_full_fits_simulations(monk
 def test_validate_calibrated_fits_its_parts_on_every_core_with_the_serial_answer(monkeypatch):
     """validate --calibrated spreads dataset parts over worker processes (one a core, each
     fitting in series); the rows are those of fitting them one after another."""
-    from capsim.cli.validate import calibrated_part_rows
+    from capsim.calibration.part_fits import calibrated_part_rows
 
     one = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.2)
     two = synthetic({"step_overhead_us": 500.0}).model_copy(update={"name": "another"})
     parts, fit = [one, two], ("step_overhead_us",)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    pooled = dict(calibrated_part_rows(parts, CAT, fit, 0.0, "linearised"))
+    runs = {"pooled": [], "serial": []}  # (part, seconds) of each scenario simulation
+    pooled = dict(
+        calibrated_part_rows(
+            parts, CAT, fit, 0.0, "linearised", None, lambda i, s: runs["pooled"].append((i, s))
+        )
+    )
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     heard = []
-    serial = dict(calibrated_part_rows(parts, CAT, fit, 0.0, "linearised", heard.append))
+    serial = dict(
+        calibrated_part_rows(
+            parts,
+            CAT,
+            fit,
+            0.0,
+            "linearised",
+            heard.append,
+            lambda i, s: runs["serial"].append((i, s)),
+        )
+    )
     assert sorted(pooled) == [0, 1] and heard  # in series, each step is told
     for i in (0, 1):
         assert [r["dataset"] for r in pooled[i]] == [parts[i].name] * 8
         assert pooled[i] == serial[i]  # the same simulations, to the bit
+    # every simulation of each part reaches the parent, from the workers too (the pooled
+    # parts simulate in fresh processes, the serial ones partly from the kept results)
+    for name, heard_runs in runs.items():
+        assert {i for i, _ in heard_runs} == {0, 1}, name
+        assert all(s >= 0 for _, s in heard_runs)
+    assert len(runs["pooled"]) >= len(runs["serial"]) > 2
+
+
+def test_fit_progress_counts_seconds_of_simulation_and_never_passes_the_total():
+    """validate --calibrated's bar (FitProgress): a part's work is its expected
+    simulations times the length of its own (the mean of the others before its first),
+    held below CAP of that until it finishes, when it becomes what the part took."""
+    from capsim.calibration.part_fits import FitProgress, expected_simulations
+
+    one = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.2)
+    two = synthetic({"step_overhead_us": 500.0}).model_copy(update={"name": "another"})
+    work = FitProgress([one, two], ("step_overhead_us",), "linearised")
+    expected = [expected_simulations(ds, ("step_overhead_us",), "linearised") for ds in (one, two)]
+    assert work.expected == expected and all(n > 0 for n in expected)
+    assert work.total() == pytest.approx(sum(expected))  # 1 s a simulation before any
+    assert work.completed() == 0
+    work.simulated(0, 2.0)
+    work.simulated(0, 4.0)  # part 0: 3 s a simulation; part 1 not started takes the mean
+    assert work.total() == pytest.approx(3.0 * sum(expected))
+    assert work.completed() == pytest.approx(6.0)
+    for _ in range(10 * expected[0]):  # far more than expected: held below the total
+        work.simulated(0, 3.0)
+        assert work.completed() < work.total()
+    work.finish(0)
+    took = 6.0 + 30.0 * expected[0]
+    assert work.completed() == pytest.approx(took)
+    assert work.total() == pytest.approx(took + 3.0 * expected[1])
+    work.simulated(0, 100.0)  # heard after the part finished (the queue lags): ignored
+    assert work.completed() == pytest.approx(took)
+    work.simulated(1, 1.0)
+    work.finish(1)
+    assert work.completed() == pytest.approx(work.total()) == pytest.approx(took + 1.0)
 
 
 def test_a_scenario_simulated_again_with_the_same_parameters_is_not_run_again(monkeypatch):

@@ -8,7 +8,9 @@ and for unknowns the assumption the dataset states.
 from __future__ import annotations
 
 import math
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -36,6 +38,21 @@ capsim averages over more rounds, with the same seed in every evaluation of a fi
 stratified draws, seed 002's uncalibrated MAPE moves by about 1 point between seeds at 16
 rounds (20.1-21.1%, measured when eager launches still added to GPU time); at 2 rounds of
 independent draws it moved by 4 (20.3-23.9%)."""
+
+
+SimulationListener = Callable[[float], None]
+"""Told the wall-clock seconds of each scenario simulation (a long command's progress:
+validate --calibrated counts its fits' simulations with it)."""
+
+_simulation_listener: SimulationListener | None = None
+
+
+def listen_to_simulations(listener: SimulationListener | None) -> SimulationListener | None:
+    """Have ``listener`` told of every scenario simulation this process runs from now on
+    (None: no one); returns the listener it replaces."""
+    global _simulation_listener
+    previous, _simulation_listener = _simulation_listener, listener
+    return previous
 
 
 @dataclass
@@ -245,6 +262,7 @@ def compare_scenario(
         and any(p.metric in DECODE_APART_METRICS for p in sc.points)
     )
     by_level, decode_by_level = {}, {}
+    started = time.perf_counter()
     for (mean, alone), levels in sweeps.items():
         config = scenario_config(ds, sc, levels, mean, overrides)
         if alone is not None:
@@ -255,6 +273,9 @@ def compare_scenario(
             apart = config.model_copy(update={"input_tokens": str(w.decode_context_tokens)})
             result = predict(apart, catalog, params=params, workers=workers)
             decode_by_level.update({int(lv.level): lv.metrics for lv in result.levels})
+
+    if _simulation_listener is not None:
+        _simulation_listener(time.perf_counter() - started)
 
     def metrics_for(p):
         if decode_apart and p.metric in DECODE_APART_METRICS:
@@ -434,7 +455,12 @@ def compare_datasets(
     else:
         dirs = catalog_dirs(catalog)
         args = [(*jobs[i], dirs, params, overrides) for i in missing]
+        started = time.perf_counter()
         found.update(zip(missing, pool.map(compare_in_worker, args), strict=True))
+        if _simulation_listener is not None:  # the workers' simulations, told here
+            share = (time.perf_counter() - started) / len(missing)
+            for _ in missing:
+                _simulation_listener(share)
     for i in missing:
         _simulated[keys[i]] = (list(found[i]), (*jobs[i], catalog))
         while len(_simulated) > SIMULATIONS_KEPT:

@@ -1194,26 +1194,29 @@ def exit_after_interrupt(stopped: str | None):
             raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def progress_bar():
+def progress_bar(counts: bool = True):
     """The bar long commands show on stderr while they work: description, bar, done of
-    total and time remaining; it disappears when done."""
+    total (``counts``; else the share done, for a bar that measures estimated work) and
+    time remaining; it disappears when done."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskProgressColumn,
         TextColumn,
         TimeRemainingColumn,
     )
     from rich.table import Column
 
     whole = dict(no_wrap=True, overflow="fold")  # the counts and the time are never cut
+    done = MofNCompleteColumn if counts else TaskProgressColumn
     return Progress(
         TextColumn(
             "[progress.description]{task.description}",
             table_column=Column(no_wrap=True, overflow="ellipsis", max_width=34),
         ),
         BarColumn(bar_width=20),
-        MofNCompleteColumn(table_column=Column(**whole)),
+        done(table_column=Column(**whole)),
         TimeRemainingColumn(table_column=Column(**whole)),
         console=err_console,
         transient=True,

@@ -10,6 +10,11 @@ import typer
 from rich import box
 from rich.table import Table
 
+from capsim.calibration.part_fits import (
+    FitProgress,
+    calibrated_part_rows,
+    calibration_parts,
+)
 from capsim.cli.common import (
     EXIT_INTERRUPTED,
     PLOT_HELP,
@@ -36,6 +41,10 @@ from capsim.cli.common import (
 from capsim.cli.parity_plot import metric_panels, plot_parity
 from capsim.cli.predict import split_list
 from capsim.errors import CapsimUserError
+
+SHARE_STEPS = 1000
+"""Steps of the bar of ``validate --calibrated``, which shows the share of the estimated
+work done (part_fits.FitProgress)."""
 
 
 class CrossValidationMethod(StrEnum):
@@ -90,167 +99,6 @@ def markdown(points: list[ComparedPoint]) -> str:
     return "\n".join(lines)
 
 
-def calibration_parts(datasets, cat, skipped: list | None = None) -> list:
-    """The datasets as ``validate --calibrated`` fits them, by name: a dataset spanning
-    hardware classes is fitted per class, as a calibration would; scenarios capsim cannot
-    simulate are left out, and appended to ``skipped`` (SkippedScenario) if given."""
-    from capsim.calibration.compare import SkippedScenario, skip_reason
-    from capsim.calibration.crossval import group_by_class
-
-    kept = []
-    for ds in datasets:
-        scenarios = []
-        for sc in ds.scenarios:
-            reason = skip_reason(ds, sc, cat)
-            if reason is None:
-                scenarios.append(sc)
-            elif skipped is not None:
-                skipped.append(SkippedScenario(ds.name, sc.name, len(sc.points), reason))
-        if scenarios:
-            kept.append(ds.model_copy(update={"scenarios": scenarios}))
-    parts = [part for group in group_by_class(kept, cat).values() for part in group]
-    return sorted(parts, key=lambda d: d.name)
-
-
-LINEARISED_POINTS_PER_PARAMETER = 3
-"""``validate --calibrated`` leaves points out by refitting a dataset of at most this many
-points a fitted parameter, and linearises the fit above it."""
-
-
-def part_errors(
-    ds,
-    cat,
-    fit: tuple[str, ...] | None = None,
-    prior_weight: float = 0.0,
-    status=None,
-    cv: str = "linearised",
-) -> list[dict]:
-    """Uncalibrated, in-sample (fitted on the dataset) and cross-validated (leave one
-    concurrency level out; leave one point out) errors of every point of one dataset
-    part, every fit pulled towards the priors by ``prior_weight``; ``status(text)``, if
-    given, hears which step runs. Each level left out is refitted; each point left out is
-    refitted (``cv`` 'refit', or a dataset of few points a parameter) or predicted from
-    the full fit linearised at its optimum ('linearised',
-    crossval.linearised_cross_validation)."""
-    from capsim.calibration.compare import compare_dataset
-    from capsim.calibration.crossval import (
-        cross_validate,
-        leave_one_point_out,
-        linearised_cross_validation,
-    )
-    from capsim.calibration.fit import Sensitivities, fit_profile
-
-    say = status or (lambda text: None)
-    say(f"{ds.name}: simulating")
-    raw = compare_dataset(ds, cat)
-    say(f"{ds.name}: fitting")
-    sensitivities = Sensitivities({})
-    fitted = fit_profile(
-        [ds],
-        cat,
-        f"{ds.name}-fit",
-        fit,
-        prior_weight=prior_weight,
-        sensitivities=sensitivities,
-        record=True,
-    )
-    inside = fitted.residuals  # every point at the fitted values, in dataset order
-    start = fitted.fitted_values
-    options = dict(start=start, prior_weight=prior_weight)
-    say(f"{ds.name}: leaving levels out")
-    levels = cross_validate([ds], cat, fit, scheme="level", sensitivities=sensitivities, **options)
-    by_level = {point_key(p): p for p in levels}
-    # a few points a parameter are cheap to refit, and the linear picture of the fit is
-    # poor there (seed 000: three points, 31.7% linearised against 73.7% refitted)
-    if cv == "linearised" and points_of(ds) > LINEARISED_POINTS_PER_PARAMETER * max(len(start), 1):
-        say(f"{ds.name}: leaving points out (linearised)")
-        _, by_point, high = linearised_cross_validation([ds], cat, start, fitted.held, prior_weight)
-        if high:  # points that decide a parameter alone are refitted
-            say(f"{ds.name}: refitting {len(high)} point(s) of high leverage")
-            again = leave_one_point_out([ds], cat, fit, only=high, **options)
-            for k, point in zip(high, again, strict=True):
-                by_point[k] = point
-    else:
-        say(f"{ds.name}: leaving points out")
-        by_point = cross_validate([ds], cat, fit, scheme="point", **options)
-    rows = []
-    for r, i, pt in zip(raw, inside, by_point, strict=True):
-        c = by_level.get(point_key(r))
-        rows.append(
-            {
-                "dataset": ds.name,
-                "scenario": r.scenario,
-                "concurrency": r.concurrency,
-                "metric": r.metric,
-                "statistic": r.statistic,
-                "measured": r.measured,
-                "uncalibrated": r.error,
-                "in_sample": i.error,
-                "cross_validated": None if c is None else c.error,
-                "cross_validated_point": pt.error,
-            }
-        )
-    return rows
-
-
-def part_errors_in_worker(args) -> list[dict]:
-    """``part_errors`` in a worker process (the catalog read there once, by directory)."""
-    from capsim.catalog.loader import process_catalog
-
-    ds, dirs, fit, prior_weight, cv = args
-    return part_errors(ds, process_catalog(dirs), fit, prior_weight, cv=cv)
-
-
-def calibrated_part_rows(parts, cat, fit, prior_weight: float, cv: str, status=None):
-    """Yield (index, rows) of each dataset part's ``part_errors`` as it finishes: one part
-    a core, each fitted in series within its process (a part's own scenarios are too few
-    to keep the cores busy; a pool's worker starts no pool), in series on one core or with
-    one part. ``status(text)``, if given, hears which step runs where the parts run in
-    series."""
-    from concurrent.futures import FIRST_COMPLETED, wait
-
-    from capsim.calibration.compare import catalog_dirs
-    from capsim.engine.pool import cores_for, worker_pool
-
-    workers = cores_for(len(parts))
-    if workers < 2:
-        for i, ds in enumerate(parts):
-            yield i, part_errors(ds, cat, fit, prior_weight, status, cv)
-        return
-    dirs = catalog_dirs(cat)
-    with worker_pool(workers) as pool:
-        # the parts with the most points first: points stand in for a part's cost, so
-        # that the last to finish is likely a small one (not always: the Gemma-4 cells
-        # are few points of slow simulations)
-        order = sorted(range(len(parts)), key=lambda i: -points_of(parts[i]))
-        futures = {
-            pool.submit(part_errors_in_worker, (parts[i], dirs, fit, prior_weight, cv)): i
-            for i in order
-        }
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                yield futures[future], future.result()
-
-
-def calibrated_errors(
-    datasets,
-    cat,
-    fit: tuple[str, ...] | None = None,
-    prior_weight: float = 0.0,
-    cv: str = "linearised",
-) -> list[dict]:
-    """``part_errors`` of every dataset part (``calibration_parts``), in order."""
-    parts = calibration_parts(datasets, cat)
-    found = dict(calibrated_part_rows(parts, cat, fit, prior_weight, cv))
-    return [row for i in range(len(parts)) for row in found[i]]
-
-
-def points_of(ds) -> int:
-    return sum(len(sc.points) for sc in ds.scenarios)
-
-
 SUMMARY_TITLES = {
     "every_point": "every point (reference only included)",
 }
@@ -297,10 +145,6 @@ def loso_markdown(rows: list[dict]) -> str:
             f"{r['left_out_median_signed_error_percent']:+.1f}% |"
         )
     return "\n".join(lines)
-
-
-def point_key(p: ComparedPoint) -> tuple[str, int, str]:
-    return p.scenario, p.concurrency, p.metric
 
 
 UNITS = "each metric in the unit its name ends in (_s: seconds, _tok_s: tokens/s)"
@@ -461,18 +305,36 @@ def validate_cmd(
                     highlight=False,
                 )
             found: dict[int, list[dict]] = {}
-            # the bar counts points: a dataset part's fits take time in proportion to them
-            with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
-                task = bar.add_task("fitting", total=sum(points_of(ds) for ds in parts))
-                status = lambda text: bar.update(task, description=text)  # noqa: E731
+            # the bar measures seconds of simulation (FitProgress): a part's cost is its
+            # simulations' count times their length, which points alone did not foretell
+            # (its time left read -:-- until the largest part had finished)
+            work = FitProgress(parts, names, cv.value)
+            with stop_on_ctrl_c() as ctrl_c, progress_bar(counts=False) as bar:
+                # a fixed total (rich forgets the speed it measured when the total
+                # changes), the share done never moving back when an estimate grows
+                task = bar.add_task(f"fitting {len(parts)} datasets", total=SHARE_STEPS)
+
+                def status(text: str) -> None:
+                    bar.update(task, description=text)
+
+                def share() -> float:
+                    done = SHARE_STEPS * work.completed() / work.total()
+                    return max(bar.tasks[0].completed, min(done, SHARE_STEPS))
+
+                def simulated(index: int, seconds: float) -> None:
+                    work.simulated(index, seconds)
+                    bar.update(task, completed=share())
+
                 try:
                     for i, part_rows in calibrated_part_rows(
-                        parts, cat, names, prior_weight, cv.value, status
+                        parts, cat, names, prior_weight, cv.value, status, simulated
                     ):
                         found[i] = part_rows
-                        bar.advance(task, points_of(parts[i]))
+                        work.finish(i)
                         bar.update(
-                            task, description=f"fitted {len(found)} of {len(parts)} datasets"
+                            task,
+                            completed=share(),
+                            description=f"fitted {len(found)} of {len(parts)} datasets",
                         )
                 except BaseException as exc:
                     if not ctrl_c.stopped(exc):
