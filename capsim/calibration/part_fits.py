@@ -36,6 +36,15 @@ LINEARISED_POINTS_PER_PARAMETER = 3
 points a fitted parameter, and linearises the fit above it."""
 
 
+def refits_points(ds, parameters: int, cv: str) -> bool:
+    """Whether ``part_errors`` leaves each point of a part out by a refit (``cv`` 'refit',
+    or at most LINEARISED_POINTS_PER_PARAMETER points a fitted parameter) rather than
+    from the fit linearised at its optimum."""
+    return cv != "linearised" or (
+        points_of(ds) <= LINEARISED_POINTS_PER_PARAMETER * max(parameters, 1)
+    )
+
+
 def part_errors(
     ds,
     cat,
@@ -81,7 +90,7 @@ def part_errors(
     by_level = {point_key(p): p for p in levels}
     # a few points a parameter are cheap to refit, and the linear picture of the fit is
     # poor there (seed 000: three points, 31.7% linearised against 73.7% refitted)
-    if cv == "linearised" and points_of(ds) > LINEARISED_POINTS_PER_PARAMETER * max(len(start), 1):
+    if not refits_points(ds, len(start), cv):
         say(f"{ds.name}: leaving points out (linearised)")
         _, by_point, high = linearised_cross_validation([ds], cat, start, fitted.held, prior_weight)
         if high:  # points that decide a parameter alone are refitted
@@ -114,7 +123,8 @@ def part_errors(
 
 _simulations_queue = None
 """In a worker of ``calibrated_part_rows``: the queue it tells of each scenario it
-simulates (the index of the part it works on), for the parent's progress bar."""
+simulates (the index of the part it works on and the simulation's seconds), for the
+parent's progress bar."""
 
 
 def _hear_simulations_on(queue) -> None:
@@ -199,19 +209,6 @@ def calibrated_part_rows(
                 yield futures[future], future.result()
 
 
-def calibrated_errors(
-    datasets,
-    cat,
-    fit: tuple[str, ...] | None = None,
-    prior_weight: float = 0.0,
-    cv: str = "linearised",
-) -> list[dict]:
-    """``part_errors`` of every dataset part (``calibration_parts``), in order."""
-    parts = calibration_parts(datasets, cat)
-    found = dict(calibrated_part_rows(parts, cat, fit, prior_weight, cv))
-    return [row for i in range(len(parts)) for row in found[i]]
-
-
 def points_of(ds) -> int:
     return sum(len(sc.points) for sc in ds.scenarios)
 
@@ -238,8 +235,7 @@ def expected_simulations(ds, fit: tuple[str, ...] | None, cv: str) -> int:
     scenarios = len(ds.scenarios)
     levels = len({p.concurrency for sc in ds.scenarios for p in sc.points})
     fits = 1 + (levels if levels >= 2 else 0)
-    parameters = len(fit) if fit else DEFAULT_FITTED_PARAMETERS
-    if cv != "linearised" or points_of(ds) <= LINEARISED_POINTS_PER_PARAMETER * parameters:
+    if refits_points(ds, len(fit) if fit else DEFAULT_FITTED_PARAMETERS, cv):
         fits += points_of(ds)
     return scenarios * SIMULATIONS_PER_FIT * fits
 
@@ -287,11 +283,6 @@ class FitProgress:
         return sum(self._work(i, mean) for i in range(len(self.expected)))
 
     def completed(self) -> float:
-        mean = self._per_simulation()
-        done = 0.0
-        for i in range(len(self.expected)):
-            if i in self.finished:
-                done += self.seconds[i]
-            else:
-                done += min(self.seconds[i], self.CAP * self._work(i, mean))
-        return done
+        """Seconds simulated so far: a running part's stay below CAP of its work, which
+        ``_work`` never lets fall under its seconds / CAP."""
+        return sum(self.seconds)
