@@ -633,3 +633,55 @@ def test_llama_bench_decode_is_simulated_from_an_empty_context():
     joined = {p.metric: p.predicted for p in compare_dataset(after_prompt, cat)}
     assert apart["prompt_tok_s"] == joined["prompt_tok_s"]
     assert apart["decode_tok_s"] > 1.03 * joined["decode_tok_s"]
+
+
+def test_fixed_length_batch_rounds_are_simulated_once_with_the_same_figures():
+    # every round of fixed lengths starts on an idle engine, so the source's one round
+    # gives the figures that EXPECTED_VALUE_ROUNDS rounds gave; drawn lengths keep them
+    from capsim.calibration import compare
+    from capsim.calibration.compare import EXPECTED_VALUE_ROUNDS, compare_scenario, rounds_for
+
+    assert rounds_for(None, "512", "32") == 1
+    assert rounds_for(3, "512", "32") == 3
+    assert rounds_for(None, "512", "lognormal:100,0.3") == EXPECTED_VALUE_ROUNDS
+    assert rounds_for(None, "uniform:100,200", "32") == EXPECTED_VALUE_ROUNDS
+    (ds,) = [d for d in load_published() if d.name.endswith("batched-pp512")]
+    sc = min(ds.scenarios, key=lambda s: len(s.points))
+    assert compare.scenario_config(ds, sc, [2]).batch_rounds == 1
+    once = compare_scenario(ds, sc, CAT)
+    many_config = compare.scenario_config(ds, sc, sorted({p.concurrency for p in sc.points}))
+    many_config = many_config.model_copy(update={"batch_rounds": EXPECTED_VALUE_ROUNDS})
+    from capsim.engine.simulate import predict
+
+    levels = {int(lv.level): lv.metrics for lv in predict(many_config, CAT).levels}
+    for p in once:
+        assert p.predicted == pytest.approx(
+            compare.point_value(levels[p.concurrency], p.metric, p.statistic), rel=1e-9
+        )
+
+
+def test_a_point_refit_fits_what_the_fit_on_every_point_chose(monkeypatch):
+    # without --fit, each point's refit fits the parameters of the fit on every point
+    # (its start) over the values that fit held, not every candidate of the class, which
+    # the remaining points cannot pin down
+    from capsim.calibration import crossval
+    from capsim.calibration.crossval import leave_one_point_out
+
+    ds = scaled_point(synthetic({"step_overhead_us": 1200.0}), "moe", 1, 1.1)
+    full = fit_profile([ds], CAT, "in-sample", ("step_overhead_us",), max_evaluations=20)
+    sizes, bases = [], []
+    real = crossval.solve
+
+    def spy(problem, x0, *args, **kwargs):
+        sizes.append((tuple(problem.names), len(x0)))
+        bases.append(problem.base)
+        return real(problem, x0, *args, **kwargs)
+
+    monkeypatch.setattr(crossval, "solve", spy)
+    held = {"per_sequence_overhead_us": 77.0}
+    out = leave_one_point_out(
+        [ds], CAT, None, max_evaluations=8, start=full.fitted_values, only=[0], held=held
+    )
+    assert sizes == [(("step_overhead_us",), 1)]
+    assert bases[0].per_sequence_overhead_us == 77.0
+    assert len(out) == 1
