@@ -417,8 +417,8 @@ def test_linearised_leave_one_point_out_agrees_with_refitting():
     fit = ("step_overhead_us",)
     full = fit_profile([ds], CAT, "in-sample", fit, max_evaluations=20)
     refit = cross_validate([ds], CAT, fit, max_evaluations=8, scheme="point")
-    levels, points, high = linearised_cross_validation([ds], CAT, full.fitted_values)
-    assert high == []  # eight points, one parameter: none decides it alone
+    levels, points, high, high_levels = linearised_cross_validation([ds], CAT, full.fitted_values)
+    assert high == [] and high_levels == []  # eight points, one parameter: none decides it
     assert [(p.scenario, p.concurrency) for p in points] == [
         (p.scenario, p.concurrency) for p in refit
     ]

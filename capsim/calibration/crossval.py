@@ -106,6 +106,7 @@ def cross_validate(
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     sensitivities: Sensitivities | None = None,
     held: dict[str, float] | None = None,
+    only_levels: list[int] | None = None,
 ) -> list[ComparedPoint]:
     """Out-of-sample predictions of every point of ``datasets`` (one hardware class).
 
@@ -117,6 +118,8 @@ def cross_validate(
     fit on every point (fit_profile's ``record``), from which each level's fold chooses
     its parameters on its own points' rows without simulating them again. ``held``: for
     ``point``, the values the fit on every point held (leave_one_point_out).
+    ``only_levels``: for ``level``, leave out these levels only (their points alone come
+    back), e.g. those the linearised scheme cannot answer for.
     """
     if scheme == "point":
         return leave_one_point_out(
@@ -126,7 +129,7 @@ def cross_validate(
     levels = sorted({p.concurrency for ds in datasets for sc in ds.scenarios for p in sc.points})
     if len(levels) < 2:
         return out
-    for level in levels:
+    for level in levels if only_levels is None else [v for v in levels if v in only_levels]:
         train = [t for t in (without_level(ds, level) for ds in datasets) if t is not None]
         profile = fit_profile(
             train,
@@ -235,7 +238,9 @@ def linearised_cross_validation(
     refits start. Parameters at a bound stay there. One Jacobian serves every group, so
     both schemes cost p + 1 simulations of the datasets instead of a fit a group. The third
     list holds the points (indices) of leverage above LEVERAGE_CEILING, whose linearised
-    prediction is not to be trusted (refit them)."""
+    prediction is not to be trusted (refit them); the fourth the levels (concurrencies)
+    whose group of points has a leverage above it (the largest eigenvalue of H_gg: the
+    level alone decides a direction of the parameters), to be refitted likewise."""
     _, _, base = fit_setup(datasets, catalog, tuple(fitted) or None)
     base = base.with_overrides(held or {})
     names = list(fitted)
@@ -262,12 +267,19 @@ def linearised_cross_validation(
     for k, pt in enumerate(points):
         groups_level.setdefault(pt.concurrency, []).append(k)
     by_level = _left_out(points, r, jac[:, free], span[free], prior_weight, groups_level)
+    high_levels = [
+        level
+        for level, h in _group_leverage(
+            r, jac[:, free], span[free], prior_weight, groups_level
+        ).items()
+        if h > LEVERAGE_CEILING
+    ]
     if len(groups_level) < 2:  # nothing is left to fit a level from
-        by_level = []
+        by_level, high_levels = [], []
     singles = {k: [k] for k in range(r.size)}
     by_point = _left_out(points, r, jac[:, free], span[free], prior_weight, singles)
     high = np.flatnonzero(_leverage(r, jac[:, free], span[free], prior_weight) > LEVERAGE_CEILING)
-    return by_level, by_point, high.tolist()
+    return by_level, by_point, high.tolist(), sorted(high_levels)
 
 
 def _whitened(r: np.ndarray, jac: np.ndarray, span: np.ndarray, prior_weight: float):
@@ -288,6 +300,25 @@ def _leverage(r: np.ndarray, jac: np.ndarray, span: np.ndarray, prior_weight: fl
     """Each point's leverage h_ii in the linearised, soft-L1-whitened fit."""
     _, jw, inverse = _whitened(r, jac, span, prior_weight)
     return np.einsum("ij,jk,ik->i", jw, inverse, jw)
+
+
+def _group_leverage(
+    r: np.ndarray,
+    jac: np.ndarray,
+    span: np.ndarray,
+    prior_weight: float,
+    groups: dict[int, list[int]],
+) -> dict[int, float]:
+    """Each group's leverage in the linearised, soft-L1-whitened fit: the largest
+    eigenvalue of its block H_gg of the hat matrix (1 where the group alone decides a
+    direction of the parameters; a single point's is its h_ii)."""
+    _, jw, inverse = _whitened(r, jac, span, prior_weight)
+    out = {}
+    for key, rows in groups.items():
+        block = jw[np.array(rows)]
+        h = block @ inverse @ block.T
+        out[key] = float(np.linalg.eigvalsh((h + h.T) / 2).max()) if h.size else 0.0
+    return out
 
 
 def _left_out(

@@ -4,9 +4,10 @@ spread over the cores, and each scenario simulation told to the parent's progres
 from __future__ import annotations
 
 
-def point_key(p) -> tuple[str, int, str]:
-    """A compared point's place in its dataset part: scenario, level and metric."""
-    return p.scenario, p.concurrency, p.metric
+def point_key(p) -> tuple[str, int, str, str]:
+    """A compared point's place in its dataset part: scenario, level, metric and statistic
+    (a source may quote a level's TTFT as a mean, a median and a p99)."""
+    return p.scenario, p.concurrency, p.metric, p.statistic
 
 
 def calibration_parts(datasets, cat, skipped: list | None = None) -> list:
@@ -52,14 +53,16 @@ def part_errors(
     prior_weight: float = 0.0,
     status=None,
     cv: str = "linearised",
+    level_cv: str = "linearised",
 ) -> list[dict]:
     """Uncalibrated, in-sample (fitted on the dataset) and cross-validated (leave one
     concurrency level out; leave one point out) errors of every point of one dataset
     part, every fit pulled towards the priors by ``prior_weight``; ``status(text)``, if
-    given, hears which step runs. Each level left out is refitted; each point left out is
-    refitted (``cv`` 'refit', or a dataset of few points a parameter) or predicted from
-    the full fit linearised at its optimum ('linearised',
-    crossval.linearised_cross_validation)."""
+    given, hears which step runs. Each level (``level_cv``) and each point (``cv``) left
+    out is refitted ('refit') or predicted from the full fit linearised at its optimum
+    ('linearised', crossval.linearised_cross_validation), where the levels and points
+    that alone decide a parameter, and every one of a dataset of few points a parameter,
+    are refitted."""
     from capsim.calibration.compare import compare_dataset
     from capsim.calibration.crossval import (
         cross_validate,
@@ -85,15 +88,39 @@ def part_errors(
     inside = fitted.residuals  # every point at the fitted values, in dataset order
     start = fitted.fitted_values
     options = dict(start=start, prior_weight=prior_weight)
-    say(f"{ds.name}: leaving levels out")
-    levels = cross_validate([ds], cat, fit, scheme="level", sensitivities=sensitivities, **options)
-    options["held"] = fitted.held  # a point's refit fits what the fit on every point chose
-    by_level = {point_key(p): p for p in levels}
     # a few points a parameter are cheap to refit, and the linear picture of the fit is
     # poor there (seed 000: three points, 31.7% linearised against 73.7% refitted)
-    if not refits_points(ds, len(start), cv):
-        say(f"{ds.name}: leaving points out (linearised)")
-        _, by_point, high = linearised_cross_validation([ds], cat, start, fitted.held, prior_weight)
+    linear = not refits_points(ds, len(start), "linearised")
+    by_level_linear = by_point = None
+    high: list[int] = []
+    high_levels: list[int] = []
+    if linear and "linearised" in (cv, level_cv):
+        say(f"{ds.name}: leaving out (linearised)")
+        by_level_linear, by_point, high, high_levels = linearised_cross_validation(
+            [ds], cat, start, fitted.held, prior_weight
+        )
+    if level_cv == "linearised" and by_level_linear is not None:
+        by_level = {point_key(p): p for p in by_level_linear}
+        if high_levels:  # levels that decide a parameter alone are refitted
+            say(f"{ds.name}: refitting {len(high_levels)} level(s) of high leverage")
+            again = cross_validate(
+                [ds],
+                cat,
+                fit,
+                scheme="level",
+                sensitivities=sensitivities,
+                only_levels=high_levels,
+                **options,
+            )
+            by_level.update({point_key(p): p for p in again})
+    else:
+        say(f"{ds.name}: leaving levels out")
+        levels = cross_validate(
+            [ds], cat, fit, scheme="level", sensitivities=sensitivities, **options
+        )
+        by_level = {point_key(p): p for p in levels}
+    options["held"] = fitted.held  # a point's refit fits what the fit on every point chose
+    if cv == "linearised" and by_point is not None:
         if high:  # points that decide a parameter alone are refitted
             say(f"{ds.name}: refitting {len(high)} point(s) of high leverage")
             again = leave_one_point_out([ds], cat, fit, only=high, **options)
@@ -139,11 +166,11 @@ def part_errors_in_worker(args) -> list[dict]:
     from capsim.calibration.compare import listen_to_simulations
     from capsim.catalog.loader import process_catalog
 
-    index, ds, dirs, fit, prior_weight, cv = args
+    index, ds, dirs, fit, prior_weight, cv, level_cv = args
     queue = _simulations_queue
     listen_to_simulations(None if queue is None else lambda s: queue.put((index, s)))
     try:
-        return part_errors(ds, process_catalog(dirs), fit, prior_weight, cv=cv)
+        return part_errors(ds, process_catalog(dirs), fit, prior_weight, cv=cv, level_cv=level_cv)
     finally:
         listen_to_simulations(None)
 
@@ -153,7 +180,14 @@ SIMULATION_POLL_S = 0.25
 
 
 def calibrated_part_rows(
-    parts, cat, fit, prior_weight: float, cv: str, status=None, simulated=None
+    parts,
+    cat,
+    fit,
+    prior_weight: float,
+    cv: str,
+    status=None,
+    simulated=None,
+    level_cv: str = "linearised",
 ):
     """Yield (index, rows) of each dataset part's ``part_errors`` as it finishes: one part
     a core, each fitted in series within its process (a part's own scenarios are too few
@@ -176,7 +210,7 @@ def calibrated_part_rows(
                 None if simulated is None else lambda s, i=i: simulated(i, s)
             )
             try:
-                rows = part_errors(ds, cat, fit, prior_weight, status, cv)
+                rows = part_errors(ds, cat, fit, prior_weight, status, cv, level_cv)
             finally:
                 listen_to_simulations(previous)
             yield i, rows
@@ -197,7 +231,9 @@ def calibrated_part_rows(
         # are few points of slow simulations)
         order = sorted(range(len(parts)), key=lambda i: -points_of(parts[i]))
         futures = {
-            pool.submit(part_errors_in_worker, (i, parts[i], dirs, fit, prior_weight, cv)): i
+            pool.submit(
+                part_errors_in_worker, (i, parts[i], dirs, fit, prior_weight, cv, level_cv)
+            ): i
             for i in order
         }
         pending = set(futures)
@@ -228,17 +264,26 @@ DEFAULT_FITTED_PARAMETERS = 3
 a part's points are left out by refits or linearised)."""
 
 
-def expected_simulations(ds, fit: tuple[str, ...] | None, cv: str) -> int:
+def expected_simulations(
+    ds, fit: tuple[str, ...] | None, cv: str, level_cv: str = "linearised"
+) -> int:
     """About how many scenario simulations ``part_errors`` runs for a dataset part
     (SIMULATIONS_PER_FIT a fit and scenario): the fit on every point, one refit a level
-    left out where there are two levels or more, and one a point where points are
-    refitted (``cv`` 'refit', or few points a parameter)."""
+    left out where there are two levels or more and levels are refitted (``level_cv``
+    'refit', or few points a parameter), one a point where points are refitted (``cv``
+    'refit', or few points a parameter), and one simulation a parameter and one more where
+    the fit is linearised."""
     scenarios = len(ds.scenarios)
     levels = len({p.concurrency for sc in ds.scenarios for p in sc.points})
-    fits = 1 + (levels if levels >= 2 else 0)
-    if refits_points(ds, len(fit) if fit else DEFAULT_FITTED_PARAMETERS, cv):
+    parameters = len(fit) if fit else DEFAULT_FITTED_PARAMETERS
+    few = refits_points(ds, parameters, "linearised")
+    fits = 1
+    if levels >= 2 and (level_cv != "linearised" or few):
+        fits += levels
+    if refits_points(ds, parameters, cv):
         fits += points_of(ds)
-    return scenarios * SIMULATIONS_PER_FIT * fits
+    linearised = not few and "linearised" in (cv, level_cv)
+    return scenarios * (SIMULATIONS_PER_FIT * fits + (parameters + 1 if linearised else 0))
 
 
 class FitProgress:
@@ -251,8 +296,8 @@ class FitProgress:
 
     CAP = 0.95
 
-    def __init__(self, parts, fit: tuple[str, ...] | None, cv: str):
-        self.expected = [expected_simulations(ds, fit, cv) for ds in parts]
+    def __init__(self, parts, fit: tuple[str, ...] | None, cv: str, level_cv: str = "linearised"):
+        self.expected = [expected_simulations(ds, fit, cv, level_cv) for ds in parts]
         self.simulations = [0] * len(parts)
         self.seconds = [0.0] * len(parts)
         self.finished: set[int] = set()

@@ -205,11 +205,21 @@ def validate_cmd(
         CrossValidationMethod,
         typer.Option(
             "--point-cv",
-            help="With --calibrated: how each point is left out (a level left out is always "
-            "refitted). linearised: the fit on every point linearised at its optimum, one "
-            "simulation a parameter, with the points that alone decide a parameter (and every "
-            "one of a dataset of at most 3 points a parameter) refitted; refit: a fit for "
-            "every point (hours on the corpus)",
+            help="With --calibrated: how each point is left out. linearised: the fit on "
+            "every point linearised at its optimum, one simulation a parameter, with the "
+            "points that alone decide a parameter (and every one of a dataset of at most 3 "
+            "points a parameter) refitted; refit: a fit for every point (hours on the corpus)",
+        ),
+    ] = CrossValidationMethod.linearised,
+    level_cv: Annotated[
+        CrossValidationMethod,
+        typer.Option(
+            "--level-cv",
+            help="With --calibrated: how each concurrency level is left out. linearised: "
+            "from the same linearised fit as --point-cv's, with the levels that alone decide "
+            "a parameter (and every one of a dataset of at most 3 points a parameter) "
+            "refitted; refit: a fit for every level, choosing its own parameters as "
+            "capsim calibrate would (about 3x longer)",
         ),
     ] = CrossValidationMethod.linearised,
     md: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table")] = False,
@@ -274,6 +284,8 @@ def validate_cmd(
         raise CapsimUserError("--fit applies to fits: add --calibrated")
     if cv is not CrossValidationMethod.linearised and not calibrated:
         raise CapsimUserError("--point-cv applies to fits: add --calibrated")
+    if level_cv is not CrossValidationMethod.linearised and not calibrated:
+        raise CapsimUserError("--level-cv applies to fits: add --calibrated")
     for flag, given in (("--coverage", coverage), ("--write-bands", write_bands is not None)):
         if given and calibrated:
             raise CapsimUserError(
@@ -308,7 +320,7 @@ def validate_cmd(
             # the bar measures seconds of simulation (FitProgress): a part's cost is its
             # simulations' count times their length, which points alone did not foretell
             # (its time left read -:-- until the largest part had finished)
-            work = FitProgress(parts, names, cv.value)
+            work = FitProgress(parts, names, cv.value, level_cv.value)
             with stop_on_ctrl_c() as ctrl_c, progress_bar(counts=False) as bar:
                 # a fixed total (rich forgets the speed it measured when the total
                 # changes), the share done never moving back when an estimate grows
@@ -327,7 +339,14 @@ def validate_cmd(
 
                 try:
                     for i, part_rows in calibrated_part_rows(
-                        parts, cat, names, prior_weight, cv.value, status, simulated
+                        parts,
+                        cat,
+                        names,
+                        prior_weight,
+                        cv.value,
+                        status,
+                        simulated,
+                        level_cv.value,
                     ):
                         found[i] = part_rows
                         work.finish(i)
