@@ -53,7 +53,7 @@ def part_errors(
     prior_weight: float = 0.0,
     status=None,
     cv: str = "linearised",
-    level_cv: str = "linearised",
+    level_cv: str = "refit",
 ) -> list[dict]:
     """Uncalibrated, in-sample (fitted on the dataset) and cross-validated (leave one
     concurrency level out; leave one point out) errors of every point of one dataset
@@ -187,7 +187,7 @@ def calibrated_part_rows(
     cv: str,
     status=None,
     simulated=None,
-    level_cv: str = "linearised",
+    level_cv: str = "refit",
 ):
     """Yield (index, rows) of each dataset part's ``part_errors`` as it finishes: one part
     a core, each fitted in series within its process (a part's own scenarios are too few
@@ -264,9 +264,7 @@ DEFAULT_FITTED_PARAMETERS = 3
 a part's points are left out by refits or linearised)."""
 
 
-def expected_simulations(
-    ds, fit: tuple[str, ...] | None, cv: str, level_cv: str = "linearised"
-) -> int:
+def expected_simulations(ds, fit: tuple[str, ...] | None, cv: str, level_cv: str = "refit") -> int:
     """About how many scenario simulations ``part_errors`` runs for a dataset part
     (SIMULATIONS_PER_FIT a fit and scenario): the fit on every point, one refit a level
     left out where there are two levels or more and levels are refitted (``level_cv``
@@ -296,7 +294,7 @@ class FitProgress:
 
     CAP = 0.95
 
-    def __init__(self, parts, fit: tuple[str, ...] | None, cv: str, level_cv: str = "linearised"):
+    def __init__(self, parts, fit: tuple[str, ...] | None, cv: str, level_cv: str = "refit"):
         self.expected = [expected_simulations(ds, fit, cv, level_cv) for ds in parts]
         self.simulations = [0] * len(parts)
         self.seconds = [0.0] * len(parts)
