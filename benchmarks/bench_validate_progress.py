@@ -5,7 +5,7 @@ Run:  .venv/bin/python benchmarks/bench_validate_progress.py [DATASET_NAME ...]
 (default: five datasets of different shapes; every part runs in this process, in series)
 
 Prints, per dataset part: scenarios, levels, points, simulations counted, the estimate,
-and the seconds the part took. SIMULATIONS_PER_FIT was set from this output.
+and the seconds the part took. The SIMULATIONS_PER_* constants were set from this output.
 """
 
 from __future__ import annotations

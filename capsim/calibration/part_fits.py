@@ -53,7 +53,7 @@ def part_errors(
     prior_weight: float = 0.0,
     status=None,
     cv: str = "linearised",
-    level_cv: str = "refit",
+    level_cv: str = "linearised",
 ) -> list[dict]:
     """Uncalibrated, in-sample (fitted on the dataset) and cross-validated (leave one
     concurrency level out; leave one point out) errors of every point of one dataset
@@ -187,7 +187,7 @@ def calibrated_part_rows(
     cv: str,
     status=None,
     simulated=None,
-    level_cv: str = "refit",
+    level_cv: str = "linearised",
 ):
     """Yield (index, rows) of each dataset part's ``part_errors`` as it finishes: one part
     a core, each fitted in series within its process (a part's own scenarios are too few
@@ -250,38 +250,51 @@ def points_of(ds) -> int:
     return sum(len(sc.points) for sc in ds.scenarios)
 
 
-SIMULATIONS_PER_FIT = 25
-"""Scenario simulations one fit of a dataset part takes, each scenario counted once (its
-evaluations, least_squares' Jacobians and the held-value search). Counted on 2026-12-01
-(benchmarks/bench_validate_progress.py): 161 simulations for the RTX 4090 Mistral part (one
-scenario, 5 levels, so six fits: 27 a fit), 166 for NIM's Llama-3.3-70B (one scenario, 8
-levels: 18 a fit), 342 for InferenceX's gpt-oss-120b 1k/1k (3 scenarios, 5 levels: 19),
-1,344 and 1,188 for the M3 Ultra and TTIS A100 parts (4 scenarios, one level, every point
-refitted: 42). The estimate a progress bar needs, not a figure of capsim's."""
+SIMULATIONS_PER_FIT = 50
+"""Scenario simulations the fit on every point of a dataset part takes, each scenario
+counted once (its choice of parameters, the stagewise start, the joint fit with its
+Jacobians and the held-value search). Counted on 2026-12-01 with
+benchmarks/bench_validate_progress.py, levels and points linearised: 50 for the RTX 4090
+Mistral part (one scenario, 5 levels), 165 for InferenceX's gpt-oss-120b 1k/1k (3
+scenarios: 55 each), 94 for NIM's Llama-3.3-70B (one scenario, 8 levels). The estimate a
+progress bar needs, not a figure of capsim's."""
+
+SIMULATIONS_PER_LEVEL_REFIT = 20
+"""Scenario simulations one level's refit takes (its fold starts at the fit on every
+point and reuses that fit's choice of parameters): the RTX 4090 Mistral part's five folds
+took about 110 simulations (2026-12-01, before the default became linearised)."""
+
+SIMULATIONS_PER_POINT_REFIT = 6
+"""Scenario simulations one point's refit takes (the parameters the fit on every point
+chose, from its optimum): the TTIS A100 Qwen3-1.7B part, 4 scenarios of one level and
+6 points every one refitted, took 328 simulations with its fit (2026-12-01)."""
 
 DEFAULT_FITTED_PARAMETERS = 3
 """Parameters a fit is taken to choose where --fit does not say (the estimate of whether
 a part's points are left out by refits or linearised)."""
 
 
-def expected_simulations(ds, fit: tuple[str, ...] | None, cv: str, level_cv: str = "refit") -> int:
-    """About how many scenario simulations ``part_errors`` runs for a dataset part
-    (SIMULATIONS_PER_FIT a fit and scenario): the fit on every point, one refit a level
-    left out where there are two levels or more and levels are refitted (``level_cv``
-    'refit', or few points a parameter), one a point where points are refitted (``cv``
-    'refit', or few points a parameter), and one simulation a parameter and one more where
-    the fit is linearised."""
+def expected_simulations(
+    ds, fit: tuple[str, ...] | None, cv: str, level_cv: str = "linearised"
+) -> int:
+    """About how many scenario simulations ``part_errors`` runs for a dataset part, per
+    scenario: the fit on every point (SIMULATIONS_PER_FIT), a refit a level left out where
+    there are two levels or more and levels are refitted (``level_cv`` 'refit', or few
+    points a parameter; SIMULATIONS_PER_LEVEL_REFIT), a refit a point where points are
+    refitted (``cv`` 'refit', or few points a parameter; SIMULATIONS_PER_POINT_REFIT), and
+    one simulation a parameter and one more where the fit is linearised."""
     scenarios = len(ds.scenarios)
     levels = len({p.concurrency for sc in ds.scenarios for p in sc.points})
     parameters = len(fit) if fit else DEFAULT_FITTED_PARAMETERS
     few = refits_points(ds, parameters, "linearised")
-    fits = 1
+    each = SIMULATIONS_PER_FIT
     if levels >= 2 and (level_cv != "linearised" or few):
-        fits += levels
+        each += SIMULATIONS_PER_LEVEL_REFIT * levels
     if refits_points(ds, parameters, cv):
-        fits += points_of(ds)
-    linearised = not few and "linearised" in (cv, level_cv)
-    return scenarios * (SIMULATIONS_PER_FIT * fits + (parameters + 1 if linearised else 0))
+        each += SIMULATIONS_PER_POINT_REFIT * points_of(ds)
+    if not few and "linearised" in (cv, level_cv):
+        each += parameters + 1
+    return scenarios * each
 
 
 class FitProgress:
@@ -294,7 +307,7 @@ class FitProgress:
 
     CAP = 0.95
 
-    def __init__(self, parts, fit: tuple[str, ...] | None, cv: str, level_cv: str = "refit"):
+    def __init__(self, parts, fit: tuple[str, ...] | None, cv: str, level_cv: str = "linearised"):
         self.expected = [expected_simulations(ds, fit, cv, level_cv) for ds in parts]
         self.simulations = [0] * len(parts)
         self.seconds = [0.0] * len(parts)
