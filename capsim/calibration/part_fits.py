@@ -226,10 +226,9 @@ def calibrated_part_rows(
                 return
 
     with worker_pool(workers, _hear_simulations_on, (heard,)) as pool:
-        # the parts with the most points first: points stand in for a part's cost, so
-        # that the last to finish is likely a small one (not always: the Gemma-4 cells
-        # are few points of slow simulations)
-        order = sorted(range(len(parts)), key=lambda i: -points_of(parts[i]))
+        # the costliest parts first, so that the last to finish is a small one (ordered by
+        # points, the Gemma-4 cells' 6 points of 1-3 s simulations ran last, alone)
+        order = sorted(range(len(parts)), key=lambda i: -part_cost(parts[i], fit, cv))
         futures = {
             pool.submit(
                 part_errors_in_worker, (i, parts[i], dirs, fit, prior_weight, cv, level_cv)
@@ -244,6 +243,32 @@ def calibrated_part_rows(
             tell()
             for future in finished:
                 yield futures[future], future.result()
+
+
+def part_cost(ds, fit: tuple[str, ...] | None = None, cv: str = "linearised") -> float:
+    """A dataset part's relative cost in ``validate --calibrated``: its expected scenario
+    simulations (``expected_simulations``) times the tokens a simulation of its scenarios
+    sends (requests x (prompt + output) a level, summed over levels; a scenario capsim
+    refuses counts one token). Only the order of the parts reads it."""
+    from capsim.calibration.compare import output_mean_for, scenario_config
+    from capsim.engine.lengths import parse_length
+    from capsim.errors import CapsimUserError
+
+    tokens = 0.0
+    for sc in ds.scenarios:
+        for level in sorted({p.concurrency for p in sc.points}):
+            try:
+                config = scenario_config(ds, sc, [level], output_mean_for(sc, level))
+                requests = config.requests or (
+                    config.default_requests(level) if config.workload != "open" else 200
+                )
+                each = (
+                    parse_length(config.input_tokens).mean + parse_length(config.output_tokens).mean
+                )
+            except (CapsimUserError, ValueError):
+                requests, each = 1, 1.0
+            tokens += requests * each
+    return expected_simulations(ds, fit, cv) / max(len(ds.scenarios), 1) * max(tokens, 1.0)
 
 
 def points_of(ds) -> int:
