@@ -712,3 +712,19 @@ def test_a_left_out_level_is_predicted_over_its_engine_releases_priors():
     cv = cross_validate([old], CAT, ("bandwidth_efficiency",), max_evaluations=8)
     assert {p.concurrency for p in cv} == {1, 2, 3, 4}
     assert max(abs(p.error) for p in cv) < 0.02, [p.error for p in cv]
+
+
+def test_validate_calibrated_runs_the_costliest_parts_first():
+    # a part's cost is its expected simulations times the tokens a simulation sends: the
+    # SGLang cookbook's high-throughput cells (8k prompts, thousands of requests a level)
+    # lead, however few their points; a synthetic batch part's cost grows with its prompts
+    from capsim.calibration.part_fits import calibration_parts, part_cost
+
+    parts = calibration_parts(load_published(), CAT)
+    first = max(parts, key=part_cost)
+    assert first.name.startswith("corpus-sglang-cookbook") and first.name.endswith("-ht")
+    ds = synthetic({})
+    longer = ds.model_copy(
+        update={"workload": ds.workload.model_copy(update={"input_tokens": "2048"})}
+    )
+    assert part_cost(longer) == pytest.approx(part_cost(ds) * (2048 + 200) / (512 + 200))

@@ -228,7 +228,7 @@ def calibrated_part_rows(
     with worker_pool(workers, _hear_simulations_on, (heard,)) as pool:
         # the costliest parts first, so that the last to finish is a small one (ordered by
         # points, the Gemma-4 cells' 6 points of 1-3 s simulations ran last, alone)
-        order = sorted(range(len(parts)), key=lambda i: -part_cost(parts[i], fit, cv))
+        order = sorted(range(len(parts)), key=lambda i: -part_cost(parts[i], fit, cv, level_cv))
         futures = {
             pool.submit(
                 part_errors_in_worker, (i, parts[i], dirs, fit, prior_weight, cv, level_cv)
@@ -245,7 +245,9 @@ def calibrated_part_rows(
                 yield futures[future], future.result()
 
 
-def part_cost(ds, fit: tuple[str, ...] | None = None, cv: str = "linearised") -> float:
+def part_cost(
+    ds, fit: tuple[str, ...] | None = None, cv: str = "linearised", level_cv: str = "linearised"
+) -> float:
     """A dataset part's relative cost in ``validate --calibrated``: its expected scenario
     simulations (``expected_simulations``) times the tokens a simulation of its scenarios
     sends (requests x (prompt + output) a level, summed over levels; a scenario capsim
@@ -268,7 +270,8 @@ def part_cost(ds, fit: tuple[str, ...] | None = None, cv: str = "linearised") ->
             except (CapsimUserError, ValueError):
                 requests, each = 1, 1.0
             tokens += requests * each
-    return expected_simulations(ds, fit, cv) / max(len(ds.scenarios), 1) * max(tokens, 1.0)
+    simulations = expected_simulations(ds, fit, cv, level_cv)
+    return simulations / max(len(ds.scenarios), 1) * max(tokens, 1.0)
 
 
 def points_of(ds) -> int:
