@@ -728,3 +728,19 @@ def test_validate_calibrated_runs_the_costliest_parts_first():
         update={"workload": ds.workload.model_copy(update={"input_tokens": "2048"})}
     )
     assert part_cost(longer) == pytest.approx(part_cost(ds) * (2048 + 200) / (512 + 200))
+
+
+def test_a_level_that_alone_decides_a_parameter_has_group_leverage_one():
+    # a level's leverage is the largest eigenvalue of its block of the hat matrix: 1 when a
+    # parameter moves only that level's points (left out, the linear picture has no answer
+    # and validate refits the level), below the ceiling for levels sharing the parameters
+    from capsim.calibration.crossval import LEVERAGE_CEILING, _group_leverage
+
+    rng = np.random.default_rng(7)
+    jac = np.column_stack([rng.normal(size=9), np.r_[1.0, 0.5, 0.0, np.zeros(6)]])
+    groups = {1: [0, 1], 2: [2, 3, 4], 4: [5, 6, 7, 8]}
+    h = _group_leverage(np.full(9, 1e-6), jac, np.ones(2), 0.0, groups)
+    assert h[1] == pytest.approx(1.0) and h[1] > LEVERAGE_CEILING
+    assert h[2] < LEVERAGE_CEILING and h[4] < LEVERAGE_CEILING
+    hat = jac @ np.linalg.pinv(jac.T @ jac) @ jac.T
+    assert h[4] == pytest.approx(np.linalg.eigvalsh(hat[np.ix_([5, 6, 7, 8], [5, 6, 7, 8])]).max())
