@@ -594,8 +594,10 @@ def test_validate_calibrated_reports_both_cross_validations(tmp_path):
     assert r.exit_code == 2 and "--point-cv applies to fits" in r.stderr
     r = invoke("validate", str(path), "--calibrated", "--point-cv", "exact")
     assert r.exit_code == 2 and "linearised" in r.stderr
-    r = invoke("validate", str(path), "--level-cv", "refit")
-    assert r.exit_code == 2 and "--level-cv applies to fits" in r.stderr
+    for flag in ("--level-cv", "--point-cv"):  # either value, the default's too
+        for value in ("refit", "linearised"):
+            r = invoke("validate", str(path), flag, value)
+            assert r.exit_code == 2 and f"{flag} applies to fits" in r.stderr, r.output
     # each level refitted (calibrate's choice of parameters a fold) recovers the truth too
     r = invoke(*args[:-2], "--level-cv", "refit", "--json")
     assert r.exit_code == 0, r.output

@@ -202,27 +202,29 @@ def validate_cmd(
         ),
     ] = None,
     cv: Annotated[
-        CrossValidationMethod,
+        CrossValidationMethod | None,
         typer.Option(
             "--point-cv",
-            help="With --calibrated: how each point is left out. linearised: the fit on "
-            "every point linearised at its optimum, one simulation a parameter, with the "
-            "points that alone decide a parameter (and every one of a dataset of at most 3 "
-            "points a parameter) refitted; refit: a fit for every point (hours on the corpus)",
+            help="With --calibrated: how each point is left out (default: linearised). "
+            "linearised: the fit on every point linearised at its optimum, one simulation a "
+            "parameter, with the points that alone decide a parameter (and every one of a "
+            "dataset of at most 3 points a parameter) refitted; refit: a fit of the same "
+            "parameters for every point",
         ),
-    ] = CrossValidationMethod.linearised,
+    ] = None,
     level_cv: Annotated[
-        CrossValidationMethod,
+        CrossValidationMethod | None,
         typer.Option(
             "--level-cv",
-            help="With --calibrated: how each concurrency level is left out. linearised: "
-            "from the same linearised fit as --point-cv's (the parameters the fit on every "
-            "point chose), with the levels that alone decide a parameter (and every one of "
-            "a dataset of at most 3 points a parameter) refitted; refit: a fit for every "
-            "level, choosing its own parameters as capsim calibrate would (its medians "
-            "within a few points of linearised's, the run about twice as long)",
+            help="With --calibrated: how each concurrency level is left out (default: "
+            "linearised). linearised: from the same linearised fit as --point-cv's (the "
+            "parameters the fit on every point chose), with the levels that alone decide a "
+            "parameter (and every one of a dataset of at most 3 points a parameter) "
+            "refitted; refit: a fit for every level, choosing its own parameters as capsim "
+            "calibrate would (its medians within a few points of linearised's, the run "
+            "about twice as long)",
         ),
-    ] = CrossValidationMethod.linearised,
+    ] = None,
     md: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table")] = False,
     prior_weight: PriorWeightOption = 0.0,
     set_values: SetOption = None,
@@ -283,10 +285,12 @@ def validate_cmd(
         raise CapsimUserError("--prior-weight applies to fits: add --calibrated")
     if fit is not None and not calibrated:  # it was ignored, its value unchecked
         raise CapsimUserError("--fit applies to fits: add --calibrated")
-    if cv is not CrossValidationMethod.linearised and not calibrated:
+    if cv is not None and not calibrated:
         raise CapsimUserError("--point-cv applies to fits: add --calibrated")
-    if level_cv is not CrossValidationMethod.linearised and not calibrated:
+    if level_cv is not None and not calibrated:
         raise CapsimUserError("--level-cv applies to fits: add --calibrated")
+    cv = cv or CrossValidationMethod.linearised
+    level_cv = level_cv or CrossValidationMethod.linearised
     for flag, given in (("--coverage", coverage), ("--write-bands", write_bands is not None)):
         if given and calibrated:
             raise CapsimUserError(
