@@ -690,7 +690,7 @@ def test_a_point_refit_fits_what_the_fit_on_every_point_chose(monkeypatch):
 def test_a_left_out_level_is_predicted_over_its_engine_releases_priors():
     # a fold's fitted values lie over the base it was fitted on: the GPU's defaults with
     # the scenarios' engine release's priors (vLLM 0.7's host loop here), not the newest
-    # vLLM's (the dstack vLLM 0.7 folds predicted their left-out levels 40-200% off)
+    # vLLM's (the dstack vLLM 0.7 folds predicted their left-out levels up to 207% off)
     from capsim.calibration.compare import compare_dataset
 
     ds = synthetic({})

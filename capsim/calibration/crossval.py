@@ -145,7 +145,7 @@ def cross_validate(
         # over the same base the fold was fitted on: the GPU's defaults with the datasets'
         # engine's priors (its release's generation); Profile.params without an engine
         # laid the fold's values over the newest vLLM's (the dstack vLLM 0.7 DeepSeek-R1
-        # folds predicted their left-out levels 40-200% off with a 14% in-sample fit)
+        # folds predicted their left-out levels up to 207% off with a 14% in-sample fit)
         _, _, base = fit_setup(train, catalog, fit)
         params = base.with_overrides({**profile.held, **profile.fitted_values})
         for ds in datasets:
