@@ -19,7 +19,7 @@ import numpy as np
 
 import capsim.calibration.selection as selection
 from capsim.calibration.compare import compare_dataset
-from capsim.calibration.fit import fit_profile
+from capsim.calibration.fit import fit_profile, fitted_params
 from capsim.calibration.published import dataset_from_run
 from capsim.catalog.loader import load_catalog
 
@@ -47,7 +47,8 @@ def main() -> None:
         measured = dataset_from_run(path)
         profile = fit_profile([measured.at_levels({1, 2, 4})], catalog, path.stem)
         held_out = measured.at_levels({8, 16})
-        predicted = compare_dataset(held_out, catalog, profile.params(catalog, "cpu-host"))
+        train = measured.at_levels({1, 2, 4})
+        predicted = compare_dataset(held_out, catalog, fitted_params(profile, [train], catalog))
         groups: dict[tuple, list] = {}
         for p in predicted:
             if (p.metric, p.statistic) in FIGURES:

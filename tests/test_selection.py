@@ -11,7 +11,7 @@ import pytest
 
 import capsim
 from capsim.calibration.compare import compare_dataset
-from capsim.calibration.fit import HOLD_STEPS, fit_profile, nearest_allowed
+from capsim.calibration.fit import HOLD_STEPS, fit_profile, fitted_params, nearest_allowed
 from capsim.calibration.published import MeasuredPoint, dataset_from_run
 from capsim.calibration.selection import (
     COLLINEARITY,
@@ -321,7 +321,7 @@ def test_a_run_from_another_host_is_refitted_from_the_optimum():
     assert profile.held["compute_efficiency"] > 0.2, profile.held_reasons
     assert "nearest its prior" in profile.held_reasons["compute_efficiency"]
     assert "per_sequence_overhead_us" in profile.parameters
-    predicted = compare_dataset(ds, CAT, profile.params(CAT, "cpu-host"))
+    predicted = compare_dataset(ds, CAT, fitted_params(profile, [ds.at_levels(range(1, 5))], CAT))
     for metric, statistic in (("output_tok_s", "mean"), ("tpot_s", "mean"), ("ttft_s", "median")):
         pts = [
             p
@@ -346,7 +346,8 @@ def test_a_host_whose_every_run_wanders_keeps_its_scatter_in_the_noise_test():
     profile = fit_profile([ds.at_levels({1, 2, 4})], cat, "ci-moe")
     assert "per_sequence_overhead_us" not in profile.parameters
     assert "scatter" in profile.held_reasons["per_sequence_overhead_us"]
-    predicted = compare_dataset(ds.at_levels({16}), cat, profile.params(cat, "cpu-host"))
+    train = ds.at_levels({1, 2, 4})
+    predicted = compare_dataset(ds.at_levels({16}), cat, fitted_params(profile, [train], cat))
     tpot = [p for p in predicted if p.metric == "tpot_s" and p.statistic == "mean"]
     measured = sum(p.measured for p in tpot) / len(tpot)
     assert abs(tpot[0].predicted / measured - 1) < 0.2, (tpot[0].predicted, measured)

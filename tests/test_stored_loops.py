@@ -11,6 +11,9 @@ same figures, for the 29 other stored loops too; all 44 took 62 s, these 15 take
 2026-12-01 the worst figure of a loop had a median of 12.5% and a maximum of 43.5% (the MoE
 CI loop whose C=1-4 runs rose more steeply than its C=8-16: C=16 TPOT); over all 44 stored
 loops a median of 12.1% and a maximum of 48.4% (four MoE loops of CI runs beyond 40%).
+Predicted over the base the fits were made on (fit.fitted_params: the runs' vLLM release's
+priors, with its API server's 140 us a streamed chunk, which Profile.params without an
+engine left at 0), the same day: 12.0% and 43.5% on these 15, 11.1% and 43.5% on all 44.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from capsim.calibration.compare import compare_dataset
-from capsim.calibration.fit import fit_profile
+from capsim.calibration.fit import fit_profile, fitted_params
 from capsim.calibration.published import dataset_from_run
 from capsim.catalog.loader import load_catalog
 
@@ -29,7 +32,7 @@ FIGURES = {("output_tok_s", "mean"), ("tpot_s", "mean"), ("ttft_s", "median")}
 
 MEDIAN_WORST_LIMIT = 0.16
 """The median over the stored loops of each loop's worst held-out figure (12.5% on
-2026-12-01) must stay under this."""
+2026-12-01, 12.0% over the fits' own base) must stay under this."""
 
 BEYOND_40_LIMIT = 2
 """Loops whose worst figure may be beyond 40% (one on 2026-12-01, the MoE CI loop above)."""
@@ -46,8 +49,9 @@ def worst_error(path: Path, catalog) -> float:
     """The largest relative miss of a loop's held-out figures (C=8 and 16)."""
     measured = dataset_from_run(path)
     profile = fit_profile([measured.at_levels({1, 2, 4})], catalog, path.stem)
+    train = measured.at_levels({1, 2, 4})
     predicted = compare_dataset(
-        measured.at_levels({8, 16}), catalog, profile.params(catalog, "cpu-host")
+        measured.at_levels({8, 16}), catalog, fitted_params(profile, [train], catalog)
     )
     groups: dict[tuple, list] = {}
     for p in predicted:

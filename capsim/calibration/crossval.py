@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from capsim.calibration.compare import ComparedPoint, compare_dataset
-from capsim.calibration.fit import Sensitivities, fit_profile, fit_setup
+from capsim.calibration.fit import Sensitivities, fit_profile, fit_setup, fitted_params
 from capsim.calibration.least_squares import (
     AT_BOUND,
     DEFAULT_PRIOR_WEIGHT,
@@ -142,12 +142,7 @@ def cross_validate(
             sensitivities,
             tolerance=CV_TOLERANCE,
         )
-        # over the same base the fold was fitted on: the GPU's defaults with the datasets'
-        # engine's priors (its release's generation); Profile.params without an engine
-        # laid the fold's values over the newest vLLM's (the dstack vLLM 0.7 DeepSeek-R1
-        # folds predicted their left-out levels up to 207% off with a 14% in-sample fit)
-        _, _, base = fit_setup(train, catalog, fit)
-        params = base.with_overrides({**profile.held, **profile.fitted_values})
+        params = fitted_params(profile, train, catalog, fit)  # over the fold's own base
         for ds in datasets:
             test = only_level(ds, level)
             if test.scenarios:

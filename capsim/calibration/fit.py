@@ -123,6 +123,21 @@ def fit_setup(
     return hw_class, list(fit), base
 
 
+def fitted_params(
+    profile: Profile,
+    datasets: list[PublishedDataset],
+    catalog: Catalog,
+    fit: tuple[str, ...] | None = None,
+) -> EfficiencyParams:
+    """What a profile fitted on ``datasets`` predicts with: its held and fitted values over
+    the base it was fitted on (``fit_setup``'s: the GPU's defaults with the datasets'
+    engine release's priors). ``Profile.params`` without an engine lays them over the
+    engine-less defaults instead (a cross-validation fold of vLLM 0.7 runs predicted its
+    left-out level up to 207% off that way)."""
+    _, _, base = fit_setup(datasets, catalog, fit)
+    return base.with_overrides({**profile.held, **profile.fitted_values})
+
+
 @dataclass
 class JointFit:
     """The joint fit of chosen parameters, dropping (holding) those it cannot pin."""

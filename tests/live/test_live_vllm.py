@@ -218,7 +218,7 @@ def loop_attempt(kind: str, out: Path) -> tuple[list[str], list[str], list[str],
     the misses beyond REGRESSION_LIMITS, those beyond LOOP_LIMITS only, every figure, and
     the misses beyond GROSS_FACTOR."""
     from capsim.calibration.compare import compare_dataset
-    from capsim.calibration.fit import fit_profile
+    from capsim.calibration.fit import fit_profile, fitted_params
     from capsim.calibration.published import dataset_from_run
     from capsim.catalog.loader import load_catalog
     from capsim.probe.runfile import Deployment
@@ -254,7 +254,7 @@ def loop_attempt(kind: str, out: Path) -> tuple[list[str], list[str], list[str],
     )
     print("held:", profile.held_reasons, "warnings:", profile.warnings)
     test = measured.at_levels({8, 16})
-    predicted = compare_dataset(test, cat, profile.params(cat, "cpu-host"))
+    predicted = compare_dataset(test, cat, fitted_params(profile, [train], cat))
     groups: dict[tuple, list] = {}
     for p in predicted:  # one point per level, metric and run
         if (p.metric, p.statistic) in LOOP_LIMITS:
