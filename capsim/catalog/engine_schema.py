@@ -29,6 +29,13 @@ class EfficiencyProfile(Strict):
         description="Parameters 'capsim calibrate' fits for this class by default "
         "(empty: the generic set)",
     )
+    reference_gpu: str | None = Field(
+        default=None,
+        description="The GPU the class's compute efficiencies were measured on: a GPU of "
+        "the class whose tensor rate stands in another ratio to its other units "
+        "(vector_fp32_tflops) has them rescaled (physics/tensor_throttle.py); None: "
+        "never rescaled",
+    )
     rationale: str = Field(description="Why these values: what they were read or derived from")
     sources: list[Source] = Field(min_length=1)
 

@@ -156,6 +156,16 @@ class GPU(Strict):
         default=None, gt=0, le=PLAUSIBLE["cache_mb"], description="L2 or last-level cache, MB"
     )
     tensor_tflops: TensorThroughput = Field(description="Dense peak tensor throughput")
+    vector_fp32_tflops: float | None = Field(
+        default=None,
+        gt=0,
+        le=PLAUSIBLE["tflops"],
+        description="Peak non-tensor FP32 throughput (the SMs' FMA units), TFLOPS: the "
+        "rate of the units beside the tensor cores, which a compute-bound kernel also keeps "
+        "busy (softmax, epilogues, address arithmetic). Against the tensor rate it says "
+        "whether a part's tensor cores are throttled relative to its class's reference "
+        "(physics/tensor_throttle.py); None: unknown",
+    )
     native_formats: list[str] = Field(
         description="Data types the tensor cores execute natively (subset of bf16, fp16, fp8, "
         "int8, int4, fp4)"

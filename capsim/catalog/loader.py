@@ -592,6 +592,17 @@ def check_references(sections: dict[str, Section]) -> None:
                 "its efficiency file beside the GPU in your --db folder",
                 suggestions=close_matches(gpu.hardware_class, list(classes)),
             )
+    efficiency = sections["efficiency"]
+    for name, profile in classes.items():
+        ref = profile.reference_gpu
+        if ref is not None and (
+            ref not in gpus.entries or gpus.entries[ref].hardware_class != name
+        ):
+            raise CatalogError(
+                f"{efficiency.origin[name]}: reference_gpu '{ref}' is not a GPU of class '{name}'",
+                hint="name the GPU of this class its compute efficiencies were measured on",
+                suggestions=close_matches(ref, list(gpus.entries)),
+            )
     formats = sections["quant_formats"].entries
     models = sections["models"]
     for name, model in models.entries.items():

@@ -713,6 +713,7 @@ def explain_cmd(
                 "api_server_round_s_at_batch": sm.stream_round_seconds(batch),
                 "admission_lag_s_at_batch": decode.t_total if sm.admits_a_step_late else 0.0,
                 "kv_transfer": kv_transfer_dict(transfer, prefill_context + chunk),
+                "tensor_throttle_ratio": throttle_ratio_of(g, cat),
             }
         )
         return
@@ -773,6 +774,9 @@ def explain_cmd(
             f"{batch:,}) than without async scheduling",
             highlight=False,
         )
+    throttle = throttle_line(g, cat)
+    if throttle:
+        console.print(throttle, highlight=False)
     if quant in (None, "auto"):
         console.print(f"weight format {quant_reason}", highlight=False)
     for warning in (fit_note, kv_note):
@@ -780,6 +784,47 @@ def explain_cmd(
             console.print(
                 f"[bold yellow]warning:[/] {escape(warning)}", markup=True, highlight=False
             )
+
+
+def throttle_ratio_of(gpu, catalog) -> float | None:
+    """k of physics/tensor_throttle.py for this GPU (None: not rescaled)."""
+    from capsim.physics.deployment import tensor_throttle_ratio
+
+    return tensor_throttle_ratio(gpu, catalog)
+
+
+def throttle_line(gpu, catalog) -> str | None:
+    """The tensor-rate throttle term in words, where it changes anything
+    (physics/tensor_throttle.py): the two balances, the ratio and the class's compute
+    efficiencies before and after."""
+    from capsim.physics.deployment import tensor_throttle_ratio
+    from capsim.physics.efficiency import EfficiencyParams
+    from capsim.physics.tensor_throttle import rescaled_efficiency
+
+    ratio = tensor_throttle_ratio(gpu, catalog)
+    if ratio is None or ratio == 1.0:
+        return None
+    cls = catalog.efficiency.entries[gpu.hardware_class]
+    ref = catalog.gpu(cls.reference_gpu)
+    base = EfficiencyParams().with_overrides(cls.params)
+    shown = ", ".join(
+        f"{label} {value:.2f} -> {rescaled_efficiency(value, ratio):.2f}"
+        for name, label in (
+            ("attention_compute_efficiency", "attention"),
+            ("prefill_compute_efficiency", "prefill GEMMs"),
+            ("moe_compute_efficiency", "grouped experts"),
+        )
+        if (value := getattr(base, name)) is not None
+    )
+    peak = gpu.tensor_tflops.bf16 or gpu.tensor_tflops.fp16
+    ref_peak = ref.tensor_tflops.bf16 or ref.tensor_tflops.fp16
+    return (
+        f"tensor-rate throttle: {gpu.name} has {peak:g} dense 16-bit tensor TFLOPS beside "
+        f"{gpu.vector_fp32_tflops:g} FP32 TFLOPS, its class reference {ref.name} {ref_peak:g} "
+        f"beside {ref.vector_fp32_tflops:g}; ratio k = {ratio:.3f}, so compute-bound kernels "
+        f"spend less of their time outside the tensor math and the class's compute "
+        f"efficiencies are rescaled to e / (e + (1 - e) x k): {shown}"
+    )
 
 
 def explained_kv_transfer(

@@ -11,6 +11,7 @@ from capsim.catalog.loader import Catalog
 from capsim.catalog.model_schema import QuantFormat
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.speculative import SpecConfig
+from capsim.physics.tensor_throttle import throttle_ratio, throttled
 
 
 class Deployment(BaseModel):
@@ -120,7 +121,10 @@ def default_efficiency(
 ) -> EfficiencyParams:
     """Generic efficiency parameters overlaid with the GPU's hardware-class file, then what
     was measured on the GPU itself (its YAML's ``efficiency``), then the serving engine's
-    priors for that class (hardware_db/engines/)."""
+    priors for that class (hardware_db/engines/). The class's and the engine's compute
+    efficiencies, measured on the class's reference GPU, are rescaled to a GPU whose tensor
+    cores are throttled against its other units (physics/tensor_throttle.py); the ones
+    measured on the GPU itself are kept."""
     params = EfficiencyParams()
     if catalog is not None and gpu.hardware_class in catalog.efficiency.entries:
         where = catalog.efficiency.origin.get(gpu.hardware_class), "params"
@@ -133,7 +137,21 @@ def default_efficiency(
         if extra:
             where = (catalog.engines.origin.get(engine.name) if catalog else None), "params"
             params = _laid_over(params, extra, where)
+    ratio = tensor_throttle_ratio(gpu, catalog)
+    if ratio is not None and ratio != 1.0:
+        params = throttled(params, ratio, keep=set(gpu.efficiency))
     return params
+
+
+def tensor_throttle_ratio(gpu: GPU, catalog: Catalog | None) -> float | None:
+    """The GPU's tensor-to-vector balance over its class reference's (physics/
+    tensor_throttle.py): None where the class names no reference or a rate is unknown."""
+    if catalog is None or gpu.hardware_class not in catalog.efficiency.entries:
+        return None
+    reference = catalog.efficiency.entries[gpu.hardware_class].reference_gpu
+    if reference is None or reference not in catalog.gpus.entries:
+        return None
+    return throttle_ratio(gpu, catalog.gpus.entries[reference])
 
 
 def _laid_over(params: EfficiencyParams, overrides: dict, where: tuple) -> EfficiencyParams:
