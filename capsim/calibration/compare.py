@@ -172,6 +172,7 @@ def _scenario_config(ds, sc, levels, output, flags, dp_attention, overrides) -> 
             float(flags["gpu_memory_utilization"]) if "gpu_memory_utilization" in flags else None
         ),
         enforce_eager=bool(flags.get("enforce_eager", False)),
+        attention_backend=flags.get("attention_backend"),
         async_scheduling=bool(flags["async_scheduling"]) if "async_scheduling" in flags else None,
         custom_allreduce=(
             not bool(flags["disable_custom_all_reduce"])

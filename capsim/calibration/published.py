@@ -141,6 +141,7 @@ SCENARIO_FLAGS: dict[str, type] = {
     "prefill_replicas": int,
     "prefill_tp": int,
     "kv_transfer_gbs": float,
+    "attention_backend": str,
 }
 """The server flags a scenario may record, as compare.scenario_config applies them, and the
 kind of value each takes (a flag capsim does not simulate was dropped without a word, and
@@ -180,7 +181,7 @@ class Scenario(Strict):
         None, description="Acceptance rate, or one per draft position (as --spec-acceptance)"
     )
     power_limit_w: float | None = Field(None, gt=0, le=MAX_POWER_LIMIT_W, allow_inf_nan=False)
-    flags: dict[str, float | int | bool] = Field(default_factory=dict)
+    flags: dict[str, float | int | bool | str] = Field(default_factory=dict)
     output_mean_tokens: OutputMean | None = None
     output_mean_tokens_by_level: dict[int, OutputMean] = Field(
         default_factory=dict,
@@ -277,6 +278,8 @@ class Scenario(Strict):
                 raise ValueError(f"flag {name} is a whole number, not {value!r}")
             if kind is float and not finite:
                 raise ValueError(f"flag {name} is a finite number, not {value!r}")
+            if kind is str and not (isinstance(value, str) and value.strip()):
+                raise ValueError(f"flag {name} is a name, not {value!r}")
         return flags
 
     @model_validator(mode="after")

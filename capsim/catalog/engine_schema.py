@@ -80,6 +80,49 @@ class SlidingWindowPool(Strict):
         return model_type in self.model_types
 
 
+class AttentionBackendRule(Strict):
+    """Which attention backend an engine picks by itself for a model type (and, where
+    given, only on some hardware classes): the first rule that matches applies."""
+
+    model_types: list[str] = Field(
+        min_length=1, description="config.json model_type values the rule is for"
+    )
+    hardware_classes: list[str] | None = Field(
+        None, description="Hardware classes the rule is for (None: every class)"
+    )
+    backend: str = Field(description="The backend's name as the engine's flag spells it")
+
+    def applies_to(self, model_type: str, hardware_class: str) -> bool:
+        return model_type in self.model_types and (
+            self.hardware_classes is None or hardware_class in self.hardware_classes
+        )
+
+
+class AttentionBackends(Strict):
+    """The engine's attention-backend flag (SGLang's and vLLM's --attention-backend): the
+    names it takes, which of them run Triton attention kernels (costed with the
+    triton_attention_* parameters, physics/attention_backend.py), and the defaults it
+    picks per model type. A backend not named here is the engine's own default kernels."""
+
+    flag: str = Field(description="The engine's flag, e.g. --attention-backend")
+    names: list[str] = Field(min_length=1, description="Values the flag takes")
+    triton: list[str] = Field(
+        default_factory=list, description="The values that run Triton attention kernels"
+    )
+    defaults: list[AttentionBackendRule] = Field(
+        default_factory=list,
+        description="What the engine picks without the flag, per model type, first match",
+    )
+
+    def default_for(self, model_type: str, hardware_class: str) -> str | None:
+        """The backend the engine picks by itself for this model and class (None: its
+        default kernels)."""
+        for rule in self.defaults:
+            if rule.applies_to(model_type, hardware_class):
+                return rule.backend
+        return None
+
+
 class StatePool(Strict):
     """Where a hybrid model's fixed-size recurrent state (Gated DeltaNet, Mamba) lives.
 
@@ -329,6 +372,11 @@ class Engine(Strict):
         None,
         description="Decode tokens reserved in the KV pool before admitting a request "
         "(SGLang's new_token_ratio); None: a request is admitted when its prompt fits (vLLM)",
+    )
+    attention_backends: AttentionBackends | None = Field(
+        None,
+        description="The engine's attention-backend flag and defaults (None: the engine "
+        "has no such flag)",
     )
     params: dict[str, float] = Field(default_factory=dict)
     class_params: dict[str, dict[str, float]] = Field(default_factory=dict)

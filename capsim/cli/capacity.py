@@ -14,6 +14,7 @@ from rich.markup import escape
 from capsim.cli.common import (
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
+    AttentionBackendOption,
     AttentionRanksOption,
     CpuOffloadOption,
     DbOption,
@@ -80,6 +81,7 @@ def capacity_cmd(
     max_num_seqs: MaxNumSeqsOption = None,
     max_model_len: MaxModelLenOption = None,
     enforce_eager: EnforceEagerOption = False,
+    attention_backend: AttentionBackendOption = None,
     enable_expert_parallel: ExpertParallelOption = False,
     dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
@@ -138,6 +140,7 @@ def capacity_cmd(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
+            attention_backend=attention_backend,
             expert_parallel=enable_expert_parallel,
             **dp_fields(engine, enable_expert_parallel, enable_dp_attention, dp),
             cpu_moe_layers=n_cpu_moe,

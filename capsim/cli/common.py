@@ -174,6 +174,18 @@ EnforceEagerOption = Annotated[
         "SGLang's --disable-cuda-graph)",
     ),
 ]
+AttentionBackendOption = Annotated[
+    str | None,
+    typer.Option(
+        "--attention-backend",
+        help="Attention kernels the server runs (SGLang's and vLLM's flag: triton, fa3, "
+        "flashinfer, trtllm_mha, ... for SGLang; TRITON_ATTN, FLASH_ATTN, FLASHINFER, ... "
+        "for vLLM). Default: the engine's choice for the model (SGLang runs Gemma 4 on "
+        "triton off SM100 Blackwell). A Triton backend reads the KV cache slower "
+        "(capsim explain shows the term)",
+        show_default=False,
+    ),
+]
 InputTokensOption = Annotated[
     str,
     typer.Option(

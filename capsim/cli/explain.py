@@ -13,6 +13,7 @@ from capsim.cli.common import (
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
     AsyncSchedulingOption,
+    AttentionBackendOption,
     AttentionRanksOption,
     CpuOffloadOption,
     DbOption,
@@ -533,6 +534,7 @@ def explain_cmd(
         str, typer.Option("--interconnect", help="GPU links: auto, pcie or nvlink")
     ] = "auto",
     enforce_eager: EnforceEagerOption = False,
+    attention_backend: AttentionBackendOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     engine: EngineOption = "vllm",
@@ -656,6 +658,7 @@ def explain_cmd(
         expert_parallel=enable_expert_parallel,
         dp_attention=fit.dp_attention,
         pp=pp,
+        attention_backend=attention_backend,
     )
     from capsim.calibration.profiles import find_profile
 
@@ -714,6 +717,16 @@ def explain_cmd(
                 "admission_lag_s_at_batch": decode.t_total if sm.admits_a_step_late else 0.0,
                 "kv_transfer": kv_transfer_dict(transfer, prefill_context + chunk),
                 "tensor_throttle_ratio": throttle_ratio_of(g, cat),
+                "attention_backend": {
+                    "name": sm.deployment.attention_backend,
+                    "triton": sm.deployment.triton_attention,
+                    "kv_read_share": (
+                        sm.params.triton_attention_kv_share
+                        if sm.deployment.triton_attention
+                        else 1.0
+                    ),
+                    "extra_us_per_step": sm.triton_attention_floor_us,
+                },
             }
         )
         return
@@ -774,9 +787,9 @@ def explain_cmd(
             f"{batch:,}) than without async scheduling",
             highlight=False,
         )
-    throttle = throttle_line(g, cat)
-    if throttle:
-        console.print(throttle, highlight=False)
+    for line in (throttle_line(g, cat), attention_backend_line(sm, attention_backend)):
+        if line:
+            console.print(line, highlight=False)
     if quant in (None, "auto"):
         console.print(f"weight format {quant_reason}", highlight=False)
     for warning in (fit_note, kv_note):
@@ -784,6 +797,26 @@ def explain_cmd(
             console.print(
                 f"[bold yellow]warning:[/] {escape(warning)}", markup=True, highlight=False
             )
+
+
+def attention_backend_line(sm, asked: str | None) -> str | None:
+    """The attention backend in words where it is named (asked for, or the engine's own
+    choice for the model), with what a Triton backend costs beyond the default kernels."""
+    dep = sm.deployment
+    if dep.attention_backend is None:
+        return None
+    how = "asked for" if asked else f"{dep.engine}'s choice for {sm.model.name} on {sm.gpu.name}"
+    p = sm.params
+    if not dep.triton_attention or (
+        p.triton_attention_kv_share == 1.0 and p.triton_attention_layer_us == 0.0
+    ):
+        return f"attention backend: {dep.attention_backend} ({how}), costed as the default kernels"
+    return (
+        f"attention backend: {dep.attention_backend} ({how}): Triton kernels read the KV "
+        f"cache at {p.triton_attention_kv_share:.2f} of the default kernels' rate and add "
+        f"{p.triton_attention_layer_us:g} us for each attention layer, "
+        f"{sm.triton_attention_floor_us / 1e3:.2f} ms a step"
+    )
 
 
 def throttle_ratio_of(gpu, catalog) -> float | None:

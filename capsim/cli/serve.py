@@ -11,6 +11,7 @@ import typer
 from capsim.cli.common import (
     KV_DTYPE_FLAGS,
     QUANT_FLAGS,
+    AttentionBackendOption,
     AttentionRanksOption,
     CpuOffloadOption,
     DbOption,
@@ -94,6 +95,7 @@ def serve_cmd(
     spec_acceptance: SpecAcceptanceOption = None,
     power_limit: PowerLimitOption = None,
     enforce_eager: EnforceEagerOption = False,
+    attention_backend: AttentionBackendOption = None,
     enable_expert_parallel: ExpertParallelOption = False,
     dp: AttentionRanksOption = None,
     enable_dp_attention: DpAttentionOption = False,
@@ -177,6 +179,7 @@ def serve_cmd(
         spec=spec_config(spec, spec_acceptance),
         power_limit_w=power_limit,
         enforce_eager=enforce_eager,
+        attention_backend=attention_backend,
         expert_parallel=enable_expert_parallel,
         **dp_fields(engine, enable_expert_parallel, enable_dp_attention, dp),
         cpu_moe_layers=n_cpu_moe,

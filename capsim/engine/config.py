@@ -76,6 +76,11 @@ class PredictConfig(BaseModel):
     prefix_caching: bool = True
     power_limit_w: float | None = None
     enforce_eager: bool = False
+    attention_backend: str | None = Field(
+        None,
+        description="--attention-backend (SGLang's and vLLM's names); None: the engine's "
+        "choice for the model",
+    )
     async_scheduling: bool | None = Field(
         None,
         description="False = --no-async-scheduling (host work runs between steps); None: "

@@ -183,6 +183,7 @@ def engine_deployment(
     pp: int = 1,
     weights_in_host_share: float = 0.0,
     dense_in_ranks: bool = False,
+    attention_backend: str | None = None,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -216,6 +217,7 @@ def engine_deployment(
         pp=pp,
         weights_in_host_share=weights_in_host_share,
         dense_in_ranks=dense_in_ranks,
+        attention_backend=attention_backend,
     )
 
 
@@ -469,6 +471,7 @@ def build_setup(
         pp=config.pp,
         weights_in_host_share=weights_in_host_share(fit),
         dense_in_ranks=dense_in_ranks(config, engine.name),
+        attention_backend=config.attention_backend,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

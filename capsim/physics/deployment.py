@@ -109,6 +109,17 @@ class Deployment(BaseModel):
         "are whole on each rank too (vLLM's --data-parallel-size with "
         "--enable-expert-parallel); False: split over the TP group (SGLang's)",
     )
+    attention_backend: str | None = Field(
+        None,
+        description="The attention backend asked for (SGLang's and vLLM's "
+        "--attention-backend); None: the engine's choice for the model "
+        "(physics/attention_backend.py)",
+    )
+    triton_attention: bool = Field(
+        False,
+        description="Whether the step's attention runs a Triton backend's kernels (resolved "
+        "from attention_backend and the engine's defaults by build_step_model)",
+    )
 
     @property
     def attention_tp(self) -> int:

@@ -71,6 +71,15 @@ class EfficiencyParams(BaseModel):
         le=1,
         description="Fraction of peak bandwidth attention kernels achieve reading KV cache",
     )
+    triton_attention_kv_share: float = Field(
+        1.0,
+        ge=MIN_SHARE,
+        le=1,
+        description="Share of kv_bandwidth_efficiency an attention backend of Triton "
+        "kernels reaches reading the KV cache, against the engine's default kernels "
+        "(FlashInfer, FA3, trtllm-gen); set per engine from backend A/B benchmarks "
+        "(physics/attention_backend.py). 1: no different",
+    )
     elementwise_bandwidth_efficiency: float = Field(
         0.45,
         ge=MIN_SHARE,
@@ -286,6 +295,13 @@ class EfficiencyParams(BaseModel):
         "(calibration/kernels/h100-sxm-fused-layers.json) is 27 us, 0.75 of the floor. "
         "0 in the first DeepSeek stacks, whose mla_layer_overhead_us holds it",
     )
+    triton_attention_layer_us: float = Field(
+        0.0,
+        ge=0,
+        description="Extra GPU time a Triton attention backend's decode costs an attention "
+        "layer each step, us (its split-KV kernel and the reduction after it, where the "
+        "default backend runs one kernel); set per engine from backend A/B benchmarks",
+    )
     moe_layer_overhead_us: float = Field(
         15.0, ge=0, description="Extra per MoE layer per step: routing, token permutation (us)"
     )
@@ -473,6 +489,7 @@ class EfficiencyParams(BaseModel):
                 "linear_attention_state_bandwidth_efficiency",
                 "elementwise_bandwidth_efficiency",
                 "non_native_bandwidth_factor",
+                "triton_attention_kv_share",
             ],
             "compute": [
                 "compute_efficiency",
@@ -505,6 +522,7 @@ class EfficiencyParams(BaseModel):
                 "moe_layer_overhead_us",
                 "moe_expert_overhead_us",
                 "moe_replaced_ffn_floor_us",
+                "triton_attention_layer_us",
             ],
             "communication": [
                 "allreduce_efficiency",

@@ -8,6 +8,8 @@ deployment and CUDA-graph sizes.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 
@@ -60,13 +62,26 @@ class HostTerms:
         off the layer floor), unless it has shared experts: those are a dense FFN beside
         the routed ones (vLLM's SharedFusedMoE runs their gate/up GEMM, activation and down
         GEMM as a dense layer does), so their kernels stay in the floor. An MLA model's
-        layers add mla_layer_floor_us each (their attention block's extra kernels)."""
+        layers add mla_layer_floor_us each (their attention block's extra kernels), and a
+        Triton attention backend its own (triton_attention_floor_us)."""
         p = self.params
         moe_spec = self.model.moe
         replaced = 0.0 if moe_spec and moe_spec.num_shared_experts else p.moe_replaced_ffn_floor_us
         moe = p.moe_layer_overhead_us - replaced
         mla = self.layers * self.mla_layer_floor_us
-        return max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe) + mla
+        floor = max(0.0, self.layers * p.layer_overhead_graph_us + self.moe_layers * moe) + mla
+        return floor + self.triton_attention_floor_us
+
+    @cached_property
+    def triton_attention_floor_us(self) -> float:
+        """What a Triton attention backend's kernels add to a step beyond the default
+        backend's, us: triton_attention_layer_us for each softmax-attention layer
+        (physics/attention_backend.py); 0 on the default kernels."""
+        if not self.deployment.triton_attention:
+            return 0.0
+        kinds = ("full_attention", "sliding_attention")
+        layers = sum(1 for kind in self.model.layer_types if kind in kinds)
+        return layers * self.params.triton_attention_layer_us
 
     @property
     def dispatch_layer(self) -> tuple[float, str]:

@@ -46,7 +46,10 @@ class RateTerms:
         self.native = native
         self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
         self.expert_bw = bandwidth * p.moe_bandwidth_efficiency * format_bw
-        self.kv_bw = bandwidth * p.kv_bandwidth_efficiency
+        # a Triton attention backend reads the cache at its share of the default kernels'
+        # rate (physics/attention_backend.py)
+        triton = p.triton_attention_kv_share if dep.triton_attention else 1.0
+        self.kv_bw = bandwidth * p.kv_bandwidth_efficiency * triton
         # the recurrent linear-attention kernel's state stream (decode and verify)
         self.state_bw = bandwidth * (
             p.linear_attention_state_bandwidth_efficiency or p.kv_bandwidth_efficiency

@@ -62,6 +62,7 @@ from capsim.catalog.loader import Catalog
 from capsim.catalog.model_schema import Model, QuantFormat
 from capsim.errors import CapsimUserError
 from capsim.physics.allreduce_terms import AllReduceTerms
+from capsim.physics.attention_backend import attention_backend, runs_triton
 from capsim.physics.cuda_graphs import graph_sizes, padded_tokens
 from capsim.physics.decode_run import DecodeRuns
 from capsim.physics.deployment import Deployment, default_efficiency
@@ -552,6 +553,18 @@ class StepModel(
         return cached
 
 
+def with_attention_backend(catalog: Catalog, gpu: GPU, model: Model, dep: Deployment):
+    """``dep`` with its attention backend resolved (the one asked for, else the engine's
+    choice for this model and GPU) and whether it runs Triton kernels
+    (physics/attention_backend.py)."""
+    engine = catalog.engines.find(dep.engine)
+    backend = attention_backend(engine, model, gpu, dep.attention_backend)
+    triton = runs_triton(engine, backend)
+    if backend == dep.attention_backend and triton == dep.triton_attention:
+        return dep
+    return dep.model_copy(update={"attention_backend": backend, "triton_attention": triton})
+
+
 def build_step_model(
     catalog: Catalog,
     gpu: GPU | str,
@@ -562,7 +575,7 @@ def build_step_model(
     """A StepModel from catalog names, with the GPU's default efficiency parameters."""
     g = catalog.gpu(gpu) if isinstance(gpu, str) else gpu
     m = catalog.model(model) if isinstance(model, str) else model
-    dep = deployment or Deployment()
+    dep = with_attention_backend(catalog, g, m, deployment or Deployment())
     fmt = catalog.quant(dep.quant or m.dtype)
     p = params or default_efficiency(g, catalog)
     draft = None

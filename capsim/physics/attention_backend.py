@@ -1,0 +1,68 @@
+"""Which attention kernels a step runs, and what a Triton attention backend costs beyond an
+engine's default kernels.
+
+SGLang and vLLM take ``--attention-backend``; without it they choose per model and GPU
+(hardware_db/engines/*.yaml, ``attention_backends``): SGLang serves Gemma 4 with its Triton
+backend except on SM100 Blackwell, where it takes trtllm_mha (SGLang PR 25006), because
+Gemma 4's 512-wide global heads are beyond FA3's and FlashInfer's kernels. capsim's
+attention terms are the default kernels' (``kv_bandwidth_efficiency``,
+``attention_compute_efficiency``, the layer floor). A backend the engine's data lists as
+Triton reads the KV cache at ``triton_attention_kv_share`` of that bandwidth (a decode step
+is bound by those reads) and pays ``triton_attention_layer_us`` more for each softmax
+attention layer and step (its split-KV decode kernel and the reduction after it); both are
+engine parameters from published A/B runs of the two backends (SGLang's in
+hardware_db/engines/sglang.yaml; vLLM's Triton kernels are at parity with its FlashAttention
+ones, so vLLM keeps 1 and 0). Prefill attention keeps the default kernels' rate: no
+published A/B isolates it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from capsim.errors import CapsimUserError, close_matches
+
+if TYPE_CHECKING:
+    from capsim.catalog.engine_schema import Engine
+    from capsim.catalog.gpu_schema import GPU
+    from capsim.catalog.model_schema import Model
+
+
+def attention_backend(
+    engine: Engine | None, model: Model, gpu: GPU, asked: str | None
+) -> str | None:
+    """The backend a step runs: ``asked`` (checked against the engine's names), else the
+    engine's default for this model type and GPU class; None: the engine's default
+    kernels."""
+    backends = engine.attention_backends if engine is not None else None
+    if asked is not None:
+        check_attention_backend(engine, asked)
+        return asked
+    if backends is None:
+        return None
+    return backends.default_for(model.architecture, gpu.hardware_class)
+
+
+def check_attention_backend(engine: Engine | None, asked: str) -> None:
+    """Refuse a backend name the engine's flag does not take (or an engine without the
+    flag), naming the flag and the values it takes."""
+    backends = engine.attention_backends if engine is not None else None
+    name = engine.name if engine is not None else "this engine"
+    if backends is None:
+        raise CapsimUserError(
+            f"--attention-backend: {name} has no attention-backend flag",
+            hint="SGLang and vLLM take --attention-backend; llama.cpp picks its kernels "
+            "itself (-fa turns flash attention on or off)",
+        )
+    if asked not in backends.names:
+        raise CapsimUserError(
+            f"--attention-backend {asked!r} is not one of {name}'s backends",
+            hint=f"{backends.flag} takes {', '.join(backends.names)}",
+            suggestions=close_matches(asked, backends.names),
+        )
+
+
+def runs_triton(engine: Engine | None, backend: str | None) -> bool:
+    """Whether ``backend`` is one of the engine's Triton attention backends."""
+    backends = engine.attention_backends if engine is not None else None
+    return backend is not None and backends is not None and backend in backends.triton
