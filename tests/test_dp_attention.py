@@ -44,9 +44,12 @@ def test_mla_kv_is_not_replicated_per_rank():
     extra = attention - weight_bytes(DSR1, FP8, 8)["attention"]
     assert dp8.dense_weight_bytes - tp8.dense_weight_bytes == pytest.approx(extra)
     assert extra == pytest.approx(attention * 7 / 8)
-    # FLOPs a GPU computes are the same: 1/8 of the tokens, all of the heads
+    # FLOPs a GPU computes are the same: 1/8 of the tokens, all of the heads; executed in
+    # FlashMLA's 64-row tiles, TP8's 16 heads a GPU pad each tile four times over, a rank's
+    # 128 fill two (physics/work_counts.py, mla_decode_padding)
     assert dp8.dense_flops_per_token == tp8.dense_flops_per_token
-    assert dp8.full_pair_flops == tp8.full_pair_flops
+    assert (tp8.mla_decode_padding, dp8.mla_decode_padding) == (4.0, 1.0)
+    assert dp8.full_pair_flops * 4 == pytest.approx(tp8.full_pair_flops)
 
 
 def test_kv_capacity_is_the_ranks_pools_together():

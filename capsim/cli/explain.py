@@ -717,6 +717,7 @@ def explain_cmd(
                 "admission_lag_s_at_batch": decode.t_total if sm.admits_a_step_late else 0.0,
                 "kv_transfer": kv_transfer_dict(transfer, prefill_context + chunk),
                 "tensor_throttle_ratio": throttle_ratio_of(g, cat),
+                "mla_decode_padding": sm.mla_decode_padding,
                 "attention_backend": {
                     "name": sm.deployment.attention_backend,
                     "triton": sm.deployment.triton_attention,
@@ -787,7 +788,12 @@ def explain_cmd(
             f"{batch:,}) than without async scheduling",
             highlight=False,
         )
-    for line in (throttle_line(g, cat), attention_backend_line(sm, attention_backend)):
+    lines = (
+        throttle_line(g, cat),
+        attention_backend_line(sm, attention_backend),
+        mla_tile_line(sm),
+    )
+    for line in lines:
         if line:
             console.print(line, highlight=False)
     if quant in (None, "auto"):
@@ -797,6 +803,21 @@ def explain_cmd(
             console.print(
                 f"[bold yellow]warning:[/] {escape(warning)}", markup=True, highlight=False
             )
+
+
+def mla_tile_line(sm) -> str | None:
+    """The MLA decode kernel's row tile in words, where it pads (physics/work_counts.py)."""
+    if sm.mla_decode_padding == 1.0:
+        return None
+    dep = sm.deployment
+    heads = sm.model.num_attention_heads / dep.attention_tp
+    rows = heads * sm.decode_width
+    return (
+        f"MLA decode tile: {rows:g} query rows a sequence ({heads:g} heads a GPU x "
+        f"{sm.decode_width} token{'s' if sm.decode_width > 1 else ''}) fill tiles of "
+        f"{sm.params.mla_decode_row_tile} rows, so decode attention runs "
+        f"{sm.mla_decode_padding:g}x the FLOPs it counts (prefill keeps its own)"
+    )
 
 
 def attention_backend_line(sm, asked: str | None) -> str | None:

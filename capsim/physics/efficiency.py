@@ -71,6 +71,15 @@ class EfficiencyParams(BaseModel):
         le=1,
         description="Fraction of peak bandwidth attention kernels achieve reading KV cache",
     )
+    mla_decode_row_tile: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Query rows an MLA decode kernel's MMA tile holds (the heads a GPU "
+        "holds x the tokens a sequence decodes fill it; a partly empty tile costs what a "
+        "full one does): 64 for FlashMLA on Hopper, so DeepSeek's 16 heads a GPU at TP 8 "
+        "cost the FLOPs of 64. 1: no tile (the attention FLOPs as counted)",
+    )
     triton_attention_kv_share: float = Field(
         1.0,
         ge=MIN_SHARE,
@@ -500,6 +509,7 @@ class EfficiencyParams(BaseModel):
                 "attention_compute_efficiency",
                 "linear_attention_compute_efficiency",
                 "linear_attention_prefill_token_ns",
+                "mla_decode_row_tile",
                 "weight_only_compute_factor",
                 "weight_only_int8_gemm_efficiency",
             ],

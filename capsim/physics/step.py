@@ -251,7 +251,7 @@ class StepModel(
         ranks = self.deployment.dp_attention
         tokens, seqs, total, windowed, pairs, pairs_windowed = sums
         total = max(total, ranks * float((c + n).max()))
-        each = self._mla_pairs(n, c) if self.mla_context_upproj_pairs else n * c + 0.5 * (n * n + n)
+        each = self._mla_pairs(n, c) if self.mla_two_forms else n * c + 0.5 * (n * n + n)
         pairs = max(pairs, ranks * float(each.max()))
         window = self.kv.sliding_window
         if window is None:
@@ -279,7 +279,7 @@ class StepModel(
         tokens = float(np.add.reduce(n))
         sum_total = float(np.add.reduce(c)) + tokens
         # sum of n*c + n*(n+1)/2: the causal query-key pairs of each sequence
-        if self.mla_context_upproj_pairs:
+        if self.mla_two_forms:
             pairs = float(self._mla_pairs(n, c).sum())
         else:
             pairs = float(n @ c) + 0.5 * (float(n @ n) + tokens)
@@ -468,7 +468,7 @@ class StepModel(
             self.kv.sliding_window is None
             and dep.spec is None
             and dep.dp_attention == 1
-            and not self.mla_context_upproj_pairs  # MLA: prefill pairs cost their own
+            and not self.mla_two_forms  # MLA: prefill pairs cost their own
         )
 
     def moment_step_time(

@@ -9,6 +9,8 @@ docstring.
 
 from __future__ import annotations
 
+import math
+
 from capsim.physics.elementwise import elementwise_bytes_per_token
 from capsim.physics.memory import weight_bytes
 from capsim.physics.parameters import parameter_breakdown
@@ -80,6 +82,22 @@ class WorkCounts:
         # the absorbed latent form the pair FLOPs above count. In those units: a prefill
         # pair's FLOPs, and the up-projection of one cached context token per step
         self.mla_prefill_pair_ratio, self.mla_context_upproj_pairs = _mla_prefill_units(model, tp)
+        # an MLA decode kernel runs a sequence's query rows (the heads this GPU holds x the
+        # tokens it decodes) in tiles of mla_decode_row_tile rows, a partly empty tile at
+        # the cost of a full one: the decode pair's FLOPs as executed. Prefill pairs (the
+        # up-projected form, ordinary attention kernels) keep their own FLOPs
+        self.mla_decode_padding = mla_decode_padding(
+            model, attention_tp, self.decode_width, self.params.mla_decode_row_tile
+        )
+        if self.mla_decode_padding != 1.0:
+            self.full_pair_flops *= self.mla_decode_padding
+            self.mla_prefill_pair_ratio /= self.mla_decode_padding
+            self.mla_context_upproj_pairs /= self.mla_decode_padding
+        # whether a prefill pair costs other than a decode pair (MLA's two forms, or the
+        # decode tile's padding): the step then sums its sequences' pairs form by form
+        self.mla_two_forms = (
+            bool(self.mla_context_upproj_pairs) or self.mla_prefill_pair_ratio != 1.0
+        )
         self.linear_layers = model.count_layers("linear_attention")
         la = model.linear_attention
         # Gated DeltaNet: the state update and read-out, 6 x dk x dv FLOPs a head and token
@@ -113,6 +131,16 @@ def _pair_flops(model, kind: str, tp: int) -> float:
         return float(2 * heads * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * heads * m.kv_lora_rank)
     head_dim, _ = model.attention_shape(kind)
     return float(4 * heads * head_dim)
+
+
+def mla_decode_padding(model, attention_tp: int, rows_per_head: int, tile: int) -> float:
+    """Executed over counted FLOPs of an MLA decode step's attention (dimensionless): the
+    query rows of one sequence, heads a GPU x ``rows_per_head`` (tokens decoded a step),
+    rounded up to whole tiles of ``tile`` rows; 1 without MLA or without a tile."""
+    if model.mla is None or tile <= 1:
+        return 1.0
+    rows = model.num_attention_heads / attention_tp * rows_per_head
+    return math.ceil(rows / tile) * tile / rows
 
 
 def _mla_prefill_units(model, tp: int) -> tuple[float, float]:
