@@ -661,6 +661,7 @@ def explain_cmd(
         attention_backend=attention_backend,
     )
     from capsim.calibration.profiles import find_profile
+    from capsim.physics.deployment import tensor_throttle_ratio
 
     fitted = find_profile(profile, g.hardware_class, eng.name)
     params = resolve_params(cat, g, overrides, engine=eng, profile=fitted)
@@ -716,7 +717,7 @@ def explain_cmd(
                 "api_server_round_s_at_batch": sm.stream_round_seconds(batch),
                 "admission_lag_s_at_batch": decode.t_total if sm.admits_a_step_late else 0.0,
                 "kv_transfer": kv_transfer_dict(transfer, prefill_context + chunk),
-                "tensor_throttle_ratio": throttle_ratio_of(g, cat),
+                "tensor_throttle_ratio": tensor_throttle_ratio(g, cat),
                 "mla_decode_padding": sm.mla_decode_padding,
                 "attention_backend": {
                     "name": sm.deployment.attention_backend,
@@ -838,13 +839,6 @@ def attention_backend_line(sm, asked: str | None) -> str | None:
         f"{p.triton_attention_layer_us:g} us for each attention layer, "
         f"{sm.triton_attention_floor_us / 1e3:.2f} ms a step"
     )
-
-
-def throttle_ratio_of(gpu, catalog) -> float | None:
-    """k of physics/tensor_throttle.py for this GPU (None: not rescaled)."""
-    from capsim.physics.deployment import tensor_throttle_ratio
-
-    return tensor_throttle_ratio(gpu, catalog)
 
 
 def throttle_line(gpu, catalog) -> str | None:

@@ -23,9 +23,13 @@ from typing import TYPE_CHECKING
 from capsim.errors import CapsimUserError, close_matches
 
 if TYPE_CHECKING:
-    from capsim.catalog.engine_schema import Engine
+    from capsim.catalog.engine_schema import AttentionBackends, Engine
     from capsim.catalog.gpu_schema import GPU
     from capsim.catalog.model_schema import Model
+
+
+def _backends(engine: Engine | None) -> AttentionBackends | None:
+    return engine.attention_backends if engine is not None else None
 
 
 def attention_backend(
@@ -34,10 +38,10 @@ def attention_backend(
     """The backend a step runs: ``asked`` (checked against the engine's names), else the
     engine's default for this model type and GPU class; None: the engine's default
     kernels."""
-    backends = engine.attention_backends if engine is not None else None
     if asked is not None:
         check_attention_backend(engine, asked)
         return asked
+    backends = _backends(engine)
     if backends is None:
         return None
     return backends.default_for(model.architecture, gpu.hardware_class)
@@ -46,7 +50,7 @@ def attention_backend(
 def check_attention_backend(engine: Engine | None, asked: str) -> None:
     """Refuse a backend name the engine's flag does not take (or an engine without the
     flag), naming the flag and the values it takes."""
-    backends = engine.attention_backends if engine is not None else None
+    backends = _backends(engine)
     name = engine.name if engine is not None else "this engine"
     if backends is None:
         raise CapsimUserError(
@@ -64,5 +68,5 @@ def check_attention_backend(engine: Engine | None, asked: str) -> None:
 
 def runs_triton(engine: Engine | None, backend: str | None) -> bool:
     """Whether ``backend`` is one of the engine's Triton attention backends."""
-    backends = engine.attention_backends if engine is not None else None
+    backends = _backends(engine)
     return backend is not None and backends is not None and backend in backends.triton

@@ -79,8 +79,7 @@ class HostTerms:
         (physics/attention_backend.py); 0 on the default kernels."""
         if not self.deployment.triton_attention:
             return 0.0
-        kinds = ("full_attention", "sliding_attention")
-        layers = sum(1 for kind in self.model.layer_types if kind in kinds)
+        layers = self.full_layers + self.sliding_layers  # WorkCounts' softmax layers
         return layers * self.params.triton_attention_layer_us
 
     @property

@@ -66,8 +66,6 @@ def throttle_ratio(gpu: GPU, reference: GPU | None) -> float | None:
 def rescaled_efficiency(efficiency: float, ratio: float) -> float:
     """The share of the tensor peak a kernel that reaches ``efficiency`` on the reference
     reaches on a part with throttle ratio ``ratio`` (dimensionless, in (0, 1])."""
-    if efficiency <= 0:
-        return efficiency
     return 1.0 / (1.0 + (1.0 / efficiency - 1.0) * ratio)
 
 
