@@ -21,7 +21,9 @@ from capsim.calibration.published import PublishedDataset, Scenario
 from capsim.catalog.engine_schema import parse_engine_version
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.config import PredictConfig
+from capsim.engine.lengths import parse_length
 from capsim.engine.levels import catalog_dirs
+from capsim.engine.pool import cores_for
 from capsim.engine.simulate import predict
 from capsim.errors import CapsimUserError
 from capsim.metrics import LevelMetrics
@@ -353,24 +355,95 @@ def compare_or_skip(
     catalog: Catalog,
     overrides: dict[str, float] | None = None,
     advance=None,
+    workers: int | None = 1,
+    finished: Callable[[Scenario, list[ComparedPoint], list[SkippedScenario]], None] | None = None,
 ) -> tuple[list[ComparedPoint], list[SkippedScenario]]:
     """Every scenario compared, except those capsim cannot simulate (an unknown GPU,
     model or format, a deployment that does not fit, prompts longer than the context),
     which are returned with the reason instead of stopping the whole comparison.
-    ``advance()``, if given, is called after each scenario (a progress bar)."""
-    from capsim.errors import CapsimUserError
+    ``advance()``, if given, is called after each scenario (a progress bar). With
+    ``workers`` above 1 (None: one a core) the scenarios run in that many processes,
+    the costliest first (``scenario_cost``); the points come back in the datasets'
+    order either way. ``finished(sc, points, skipped)``, if given, is called as each
+    scenario is done, so a caller stopped part-way keeps those."""
+    jobs = [(ds, sc) for ds in datasets for sc in ds.scenarios]
+    workers = cores_for(len(jobs)) if workers is None else min(workers, cores_for(len(jobs)))
+    outcomes: dict[int, list[ComparedPoint] | SkippedScenario] = {}
 
+    def done(i: int, outcome) -> None:
+        outcomes[i] = outcome
+        if advance is not None:
+            advance()
+        if finished is not None:
+            finished(jobs[i][1], *_gathered(outcomes, [i]))
+
+    if workers <= 1:
+        for i, (ds, sc) in enumerate(jobs):
+            done(i, _compared_or_skipped(ds, sc, catalog, overrides))
+    else:
+        from concurrent.futures import as_completed
+
+        from capsim.engine.pool import worker_pool
+
+        dirs = catalog_dirs(catalog)
+        order = sorted(range(len(jobs)), key=lambda i: -scenario_cost(*jobs[i]))
+        with worker_pool(workers) as pool:
+            futures = {
+                pool.submit(_compared_or_skipped_in_worker, (*jobs[i], dirs, overrides)): i
+                for i in order
+            }
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+    return _gathered(outcomes, range(len(jobs)))
+
+
+def _gathered(outcomes: dict, indices) -> tuple[list[ComparedPoint], list[SkippedScenario]]:
+    """The points and skipped scenarios of jobs ``indices``, in that order."""
     points: list[ComparedPoint] = []
     skipped: list[SkippedScenario] = []
-    for ds in datasets:
-        for sc in ds.scenarios:
-            try:
-                points += compare_scenario(ds, sc, catalog, overrides=overrides)
-            except CapsimUserError as exc:
-                skipped.append(SkippedScenario(ds.name, sc.name, len(sc.points), exc.message))
-            if advance is not None:
-                advance()
+    for i in indices:
+        outcome = outcomes[i]
+        if isinstance(outcome, SkippedScenario):
+            skipped.append(outcome)
+        else:
+            points += outcome
     return points, skipped
+
+
+def _compared_or_skipped(ds, sc, catalog, overrides) -> list[ComparedPoint] | SkippedScenario:
+    try:
+        return compare_scenario(ds, sc, catalog, overrides=overrides)
+    except CapsimUserError as exc:
+        return SkippedScenario(ds.name, sc.name, len(sc.points), exc.message)
+
+
+def _compared_or_skipped_in_worker(args) -> list[ComparedPoint] | SkippedScenario:
+    ds, sc, extra_dirs, overrides = args
+    return _compared_or_skipped(ds, sc, process_catalog(extra_dirs), overrides)
+
+
+DEFAULT_REQUESTS_PER_CLIENT = 8
+"""Requests a closed level runs per client where a dataset states no count (predict's
+default), for ``scenario_cost``."""
+
+
+def scenario_cost(ds: PublishedDataset, sc: Scenario) -> float:
+    """A rough measure of how long a scenario takes to simulate: requests x mean output
+    tokens summed over its levels (only the order of scenarios is read from it, to hand a
+    pool the long ones first so that no process is left with one at the end)."""
+    w = ds.workload
+    try:
+        default_output = parse_length(sc.output_tokens or w.output_tokens or "1").mean
+    except CapsimUserError:
+        default_output = 1.0
+    cost = 0.0
+    for level in {p.concurrency for p in sc.points}:
+        if w.requests_per_level:
+            requests = w.requests_per_level
+        else:
+            requests = (w.rounds_per_level or DEFAULT_REQUESTS_PER_CLIENT) * level
+        cost += requests * (output_mean_for(sc, level) or default_output)
+    return cost
 
 
 METRIC_KINDS = {

@@ -446,27 +446,39 @@ def validate_cmd(
             console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
             return
         scenarios = sum(len(ds.scenarios) for ds in loaded)
-        points, skipped = [], []
-        done = 0
+        kept: dict[int, tuple[list, list]] = {}  # what a scenario finished, past Ctrl-C
+        cut_short = False
+
+        def keep(sc, found, missed) -> None:
+            kept[id(sc)] = (found, missed)
+
         with stop_on_ctrl_c() as ctrl_c, progress_bar() as bar:
             task = bar.add_task("simulating measured scenarios", total=scenarios)
             try:
-                for ds in loaded:  # what a dataset finished is kept past Ctrl-C
-                    found, missed = compare_or_skip(
-                        [ds], cat, overrides=overrides, advance=lambda: bar.advance(task)
-                    )
-                    points += found
-                    skipped += missed
-                    done += len(ds.scenarios)
+                compare_or_skip(
+                    loaded,
+                    cat,
+                    overrides=overrides,
+                    advance=lambda: bar.advance(task),
+                    workers=None,
+                    finished=keep,
+                )
             except BaseException as exc:
                 if not ctrl_c.stopped(exc):
                     raise
-                stopped = (
-                    f"{done} of {scenarios} scenarios compared; the results cover those"
-                    + ("" if plot_path is None else " (no plot written)")
-                    if points
-                    else f"before the first of {len(loaded)} datasets was compared"
-                )
+                cut_short = True
+        # in the datasets' order, whichever finished first
+        finished = [sc for ds in loaded for sc in ds.scenarios if id(sc) in kept]
+        points = [p for sc in finished for p in kept[id(sc)][0]]
+        skipped = [s for sc in finished for s in kept[id(sc)][1]]
+        done = len(finished)
+        if cut_short:
+            stopped = (
+                f"{done} of {scenarios} scenarios compared; the results cover those"
+                + ("" if plot_path is None else " (no plot written)")
+                if points
+                else f"before the first of {scenarios} scenarios was compared"
+            )
         if stopped and not points:
             return
         if not points:  # it printed 'MAPE over 0 points: nan%' and exited 0
