@@ -422,28 +422,23 @@ def _compared_or_skipped_in_worker(args) -> list[ComparedPoint] | SkippedScenari
     return _compared_or_skipped(ds, sc, process_catalog(extra_dirs), overrides)
 
 
-DEFAULT_REQUESTS_PER_CLIENT = 8
-"""Requests a closed level runs per client where a dataset states no count (predict's
-default), for ``scenario_cost``."""
-
-
 def scenario_cost(ds: PublishedDataset, sc: Scenario) -> float:
-    """A rough measure of how long a scenario takes to simulate: requests x mean output
-    tokens summed over its levels (only the order of scenarios is read from it, to hand a
-    pool the long ones first so that no process is left with one at the end)."""
-    w = ds.workload
-    try:
-        default_output = parse_length(sc.output_tokens or w.output_tokens or "1").mean
-    except CapsimUserError:
-        default_output = 1.0
-    cost = 0.0
-    for level in {p.concurrency for p in sc.points}:
-        if w.requests_per_level:
-            requests = w.requests_per_level
-        else:
-            requests = (w.rounds_per_level or DEFAULT_REQUESTS_PER_CLIENT) * level
-        cost += requests * (output_mean_for(sc, level) or default_output)
-    return cost
+    """A rough measure of how long a scenario takes to simulate: the tokens its levels
+    send, requests x (prompt + output) summed over its levels (a level capsim refuses
+    counts one token). Only the order of scenarios is read from it, to hand a pool the
+    long ones first so that no process is left with one at the end."""
+    tokens = 0.0
+    for level in sorted({p.concurrency for p in sc.points}):
+        try:
+            config = scenario_config(ds, sc, [level], output_mean_for(sc, level))
+            requests = config.requests or (
+                config.default_requests(level) if config.workload != "open" else 200
+            )
+            each = parse_length(config.input_tokens).mean + parse_length(config.output_tokens).mean
+        except (CapsimUserError, ValueError):
+            requests, each = 1, 1.0
+        tokens += requests * each
+    return max(tokens, 1.0)
 
 
 METRIC_KINDS = {

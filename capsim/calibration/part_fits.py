@@ -252,24 +252,9 @@ def part_cost(
     simulations (``expected_simulations``) times the tokens a simulation of its scenarios
     sends (requests x (prompt + output) a level, summed over levels; a scenario capsim
     refuses counts one token). Only the order of the parts reads it."""
-    from capsim.calibration.compare import output_mean_for, scenario_config
-    from capsim.engine.lengths import parse_length
-    from capsim.errors import CapsimUserError
+    from capsim.calibration.compare import scenario_cost
 
-    tokens = 0.0
-    for sc in ds.scenarios:
-        for level in sorted({p.concurrency for p in sc.points}):
-            try:
-                config = scenario_config(ds, sc, [level], output_mean_for(sc, level))
-                requests = config.requests or (
-                    config.default_requests(level) if config.workload != "open" else 200
-                )
-                each = (
-                    parse_length(config.input_tokens).mean + parse_length(config.output_tokens).mean
-                )
-            except (CapsimUserError, ValueError):
-                requests, each = 1, 1.0
-            tokens += requests * each
+    tokens = sum(scenario_cost(ds, sc) for sc in ds.scenarios)
     simulations = expected_simulations(ds, fit, cv, level_cv)
     return simulations / max(len(ds.scenarios), 1) * max(tokens, 1.0)
 
