@@ -152,9 +152,12 @@ def test_llama_cpp_multiplies_gguf_weights_on_int8_tensor_cores_on_geforce(
     """On GeForce Ampere and Ada llama.cpp's MMQ kernels run a GGUF model's dense GEMMs on
     int8 tensor cores (4x the FP16/FP32-accumulate rate there): at the shares fitted to
     llama.cpp PR 8062's June 2024 rows, a pp2048 of Llama 3 8B in 512-token passes lands
-    within 5% of them, 1.6-2.2x what the 16-bit dequantising path gives; today's default
-    share (0.35, the scoreboard's builds of 2025-2026) is faster. vLLM on the same card
-    keeps the 16-bit path, and a routed expert's GEMM keeps its rate."""
+    within 5% of them; the 16-bit path it replaced (dequantise to FP16, cuBLAS with FP16
+    accumulate, 2x the FP32-accumulate rate on GeForce) comes close at these sizes (PR 8075
+    made MMQ the default; its users found cuBLAS faster only at large batches); today's
+    default share (0.35, the scoreboard's builds of 2025-2026) is faster. vLLM on the same
+    card keeps the 16-bit path; off the int8 path a routed expert's GEMM runs at the
+    FP16-accumulate rate too."""
     eng, g = CAT.engine("llama.cpp"), CAT.gpu(gpu)
     dep = engine_deployment(eng, g, tp=1, quant=quant, max_num_seqs=1)
     params = default_efficiency(g, CAT, eng)
@@ -170,9 +173,9 @@ def test_llama_cpp_multiplies_gguf_weights_on_int8_tensor_cores_on_geforce(
 
     (int8, sm), (dequantised, sm16) = rate(june_2024), rate(sixteen)
     assert int8 == pytest.approx(measured_tok_s, rel=0.05)
-    assert 1.5 < int8 / dequantised < 2.5
+    assert 0.8 < int8 / dequantised < 1.6
     assert rate(params)[0] > int8
-    assert sm.expert_gemm_rate(512, 8) == sm16.expert_gemm_rate(512, 8)
+    assert sm16.expert_gemm_rate(512, 8) == pytest.approx(2 * sm.expert_gemm_rate(512, 8))
 
 
 def test_one_mmq_share_serves_geforce_ampere_ada_and_blackwell():

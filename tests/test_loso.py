@@ -122,7 +122,8 @@ def test_a_malformed_registry_is_a_clear_error(tmp_path):
 def test_a_prior_put_back_to_unset_takes_the_path_its_absence_gives():
     """A prior whose 'without' is null (llama.cpp's MMQ share on GeForce Blackwell, which
     ran the 16-bit path before): the source left out is predicted on that path (its
-    prompts about 60% slower), not refused as 'not a valid number'."""
+    prompts slower: FP16 cuBLAS at the FP16-accumulate rate instead of int8 MMQ), not
+    refused as 'not a valid number'."""
     from pathlib import Path
 
     from capsim.calibration.compare import compare_dataset
@@ -139,4 +140,4 @@ def test_a_prior_put_back_to_unset_takes_the_path_its_absence_gives():
     prompt = [(p, q) for p, q in zip(points, left, strict=True) if p.metric == "prompt_tok_s"]
     assert len(prompt) == 1
     in_sample, without = prompt[0]
-    assert without.predicted < 0.6 * in_sample.predicted
+    assert without.predicted < 0.85 * in_sample.predicted

@@ -43,7 +43,9 @@ class PriorInView(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prior: str = Field(description="Which prior, and the catalog file that holds it")
-    chosen: dict[str, float] = Field(min_length=1, description="Parameter values it set")
+    chosen: dict[str, float | None] = Field(
+        min_length=1, description="Parameter values it set (null: it unset an optional one)"
+    )
     without: dict[str, float | None] = Field(
         min_length=1,
         description="The values each parameter would have without the sources (null: "
@@ -82,7 +84,10 @@ class PriorInView(BaseModel):
         if self.engines is not None and engine not in self.engines:
             return False
         return all(
-            math.isclose(getattr(params, name), value, rel_tol=1e-9)
+            getattr(params, name) is None
+            if value is None
+            else getattr(params, name) is not None
+            and math.isclose(getattr(params, name), value, rel_tol=1e-9)
             for name, value in self.chosen.items()
         )
 

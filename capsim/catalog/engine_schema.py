@@ -4,6 +4,7 @@ admission reserve, state pool) and of a hardware class's efficiency priors
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -222,7 +223,11 @@ class EngineGeneration(Strict):
     async_scheduling: bool | None = None
     custom_allreduce: bool | None = None
     params: dict[str, float] = Field(default_factory=dict)
-    class_params: dict[str, dict[str, float]] = Field(default_factory=dict)
+    class_params: dict[str, dict[str, float | None]] = Field(
+        default_factory=dict,
+        description="Parameters laid over one hardware class's for these releases; null "
+        "unsets an optional one the engine's own entry sets (a kernel path they lacked)",
+    )
     rationale: str = Field(description="What changed, and from which release")
     sources: list[Source] = Field(min_length=1)
 
@@ -256,11 +261,21 @@ GENERATION_FIELDS = (
 """The Engine fields a generation may replace (params and class_params lay over)."""
 
 
+LLAMA_CPP_BUILD = re.compile(r"^b(\d{1,6})(?:\s*\([0-9a-fA-F]{6,40}\))?$")
+"""llama.cpp's release tags: a build number, 'b6918', as llama-bench prints it with its
+commit, 'b6918 (2f68ce7cf)'."""
+
+
 def parse_engine_version(text: str) -> Version | None:
-    """``text`` as a release number ('0.7.3', 'v0.7.4.dev181+gf35f8e22'); None when it is
-    not one (a commit, a container tag, 'main')."""
+    """``text`` as a release number ('0.7.3', 'v0.7.4.dev181+gf35f8e22'; llama.cpp's build
+    'b6918' or 'b6918 (2f68ce7cf)' as 6918); None when it is not one (a commit, a
+    container tag, 'main')."""
+    text = text.strip()
+    build = LLAMA_CPP_BUILD.match(text)
+    if build:
+        return Version(build.group(1))
     try:
-        return Version(text.strip())
+        return Version(text)
     except InvalidVersion:
         return None
 

@@ -719,6 +719,7 @@ def explain_cmd(
                 "kv_transfer": kv_transfer_dict(transfer, prefill_context + chunk),
                 "tensor_throttle_ratio": tensor_throttle_ratio(g, cat),
                 "mla_decode_padding": sm.mla_decode_padding,
+                "fp16_accumulate_speedup": sm.fp16_accumulate_speedup,
                 "attention_backend": {
                     "name": sm.deployment.attention_backend,
                     "triton": sm.deployment.triton_attention,
@@ -793,6 +794,7 @@ def explain_cmd(
         throttle_line(g, cat),
         attention_backend_line(sm, attention_backend),
         mla_tile_line(sm),
+        fp16_accumulate_line(sm),
     )
     for line in lines:
         if line:
@@ -838,6 +840,19 @@ def attention_backend_line(sm, asked: str | None) -> str | None:
         f"cache at {p.triton_attention_kv_share:.2f} of the default kernels' rate and add "
         f"{p.triton_attention_layer_us:g} us for each attention layer, "
         f"{sm.triton_attention_floor_us / 1e3:.2f} ms a step"
+    )
+
+
+def fp16_accumulate_line(sm) -> str | None:
+    """The FP16-accumulate term in words, where it applies (fp16_accumulate_speedup)."""
+    speedup = sm.fp16_accumulate_speedup
+    if speedup == 1.0:
+        return None
+    peak = sm.gpu.tensor_tflops.fp16
+    return (
+        f"FP16 GEMMs accumulate in FP16 ({sm.deployment.engine}'s cuBLAS path): {sm.gpu.name} runs "
+        f"them at {speedup:g}x its {peak:g} dense FP16-with-FP32-accumulate TFLOPS "
+        f"(fp16_accumulate_speedup)"
     )
 
 

@@ -158,6 +158,16 @@ class EfficiencyParams(BaseModel):
         "path (compute_efficiency x weight_only_compute_factor). Routed experts keep their "
         "own rate (moe_compute_efficiency). Set per engine and class from kernel benchmarks",
     )
+    fp16_accumulate_speedup: float = Field(
+        1.0,
+        ge=1,
+        le=4,
+        description="How much faster than the catalog's 16-bit tensor peak (FP16 with FP32 "
+        "accumulate) the engine's FP16 GEMMs run because they accumulate in FP16 (llama.cpp's "
+        "cuBLAS path, CUBLAS_COMPUTE_16F), on a GPU whose FP16-accumulate rate is higher "
+        "(GeForce: twice). Applies to FP16 weights on the 16-bit path, not to BF16 (cuBLAS "
+        "accumulates BF16 in FP32) or the int8 path. 1: no such speedup",
+    )
     attention_compute_efficiency: float = Field(
         0.45, ge=MIN_SHARE, le=1, description="Fraction of tensor peak prefill attention achieves"
     )
@@ -512,6 +522,7 @@ class EfficiencyParams(BaseModel):
                 "mla_decode_row_tile",
                 "weight_only_compute_factor",
                 "weight_only_int8_gemm_efficiency",
+                "fp16_accumulate_speedup",
             ],
             "moe": ["moe_routing_skew", "l2_reuse_strength"],
             "frontend": [

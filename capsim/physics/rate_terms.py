@@ -55,8 +55,16 @@ class RateTerms:
             p.linear_attention_state_bandwidth_efficiency or p.kv_bandwidth_efficiency
         )
         self.elementwise_bw = bandwidth * p.elementwise_bandwidth_efficiency
-        # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency)
-        self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor
+        # weight-only dense GEMMs on int8 tensor cores (activations quantised to 8 bits, as
+        # llama.cpp's MMQ does) where the engine and class say so and the GPU has the rate
+        int8_peak = gpu.tensor_tflops.int8 if "int8" in gpu.native_formats else None
+        int8_path = bool(weight_only and int8_peak and p.weight_only_int8_gemm_efficiency)
+        # GEMM peak of this format before the row-dependent efficiency (gemm_efficiency);
+        # FP16 GEMMs that accumulate in FP16 run at that rate (fp16_accumulate_speedup): FP16
+        # weights, or weight-only ones the engine dequantises to FP16 off the int8 path
+        on_fp16 = self.compute_dtype == "fp16" or (weight_only and not int8_path)
+        self.fp16_accumulate_speedup = p.fp16_accumulate_speedup if on_fp16 else 1.0
+        self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor * self.fp16_accumulate_speedup
         # fused-MoE grouped GEMMs: the format's GEMM peak x moe_compute_efficiency when set
         # (W8A8 experts on 8-bit tensor cores: moe_compute_efficiency_8bit where the class
         # sets it)
@@ -64,12 +72,9 @@ class RateTerms:
         if self.compute_dtype in ("fp8", "int8") and not weight_only:
             moe_efficiency = p.moe_compute_efficiency_8bit or moe_efficiency
         self.moe_gemm_rate = self.gemm_peak * moe_efficiency if moe_efficiency else None
-        # weight-only dense GEMMs on int8 tensor cores (activations quantised to 8 bits, as
-        # llama.cpp's MMQ does) where the engine and class say so and the GPU has the rate
-        int8_peak = gpu.tensor_tflops.int8 if "int8" in gpu.native_formats else None
         self.int8_gemm_rate = (
             int8_peak * 1e12 * compute_scale * p.weight_only_int8_gemm_efficiency
-            if weight_only and int8_peak and p.weight_only_int8_gemm_efficiency
+            if int8_path
             else None
         )
         self.attention_flops_rate = sixteen * 1e12 * compute_scale * p.attention_compute_efficiency
