@@ -225,9 +225,10 @@ def simulated_engine(sc: Scenario) -> str:
     engine capsim has no entry for (whose version says nothing about vLLM's)."""
     if sc.engine in ENGINE_SIMULATED:
         return ENGINE_SIMULATED[sc.engine]
+    engine = f"{sc.engine}:{sc.backend}" if sc.backend else sc.engine
     if sc.engine_version and parse_engine_version(sc.engine_version) is not None:
-        return f"{sc.engine}@{sc.engine_version.strip()}"
-    return sc.engine
+        return f"{engine}@{sc.engine_version.strip()}"
+    return engine
 
 
 LATENCY_METRICS = {"ttft_s": "ttft_ms", "tpot_s": "tpot_ms", "itl_s": "itl_ms", "e2e_s": "e2e_s"}

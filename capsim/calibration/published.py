@@ -163,6 +163,14 @@ class Scenario(Strict):
     name: str = Field(min_length=1, max_length=200, pattern=r"\S")
     engine: str = Field("vllm", description="Serving engine that was measured (see ENGINES)")
     engine_version: str | None = None
+    backend: str | None = Field(
+        None,
+        min_length=1,
+        max_length=40,
+        description="The compute backend the engine was built for where it has a choice "
+        "(llama.cpp: vulkan, cuda, rocm, sycl, metal; as --engine ENGINE:BACKEND); None: "
+        "the GPU vendor's own",
+    )
     input_tokens: str | None = Field(
         None, description="This scenario's prompt length where it differs from the workload's"
     )

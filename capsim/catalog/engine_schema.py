@@ -261,6 +261,20 @@ GENERATION_FIELDS = (
 """The Engine fields a generation may replace (params and class_params lay over)."""
 
 
+class EngineBackend(Strict):
+    """A compute backend an engine can be built for (llama.cpp's CUDA, ROCm/HIP, Vulkan,
+    SYCL or Metal), with the efficiency parameters it lays over the engine's own: the
+    engine's entry describes the backend each vendor's GPUs take by default, and another
+    backend is asked for as ``ENGINE:BACKEND`` (``--engine llama.cpp:vulkan``)."""
+
+    label: str = Field(description="A few words naming it, e.g. 'Vulkan'")
+    vendors: list[str] = Field(min_length=1, description="GPU vendors it runs on")
+    params: dict[str, float] = Field(default_factory=dict)
+    class_params: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    rationale: str = Field(description="What differs on it, and from which measurements")
+    sources: list[Source] = Field(min_length=1)
+
+
 LLAMA_CPP_BUILD = re.compile(r"^b(\d{1,6})(?:\s*\([0-9a-fA-F]{6,40}\))?$")
 """llama.cpp's release tags: a build number, 'b6918', as llama-bench prints it with its
 commit, 'b6918 (2f68ce7cf)'."""
@@ -400,6 +414,14 @@ class Engine(Strict):
         description="Older releases that behaved differently, newest first; the first whose "
         "range holds a version is the one used",
     )
+    backends: dict[str, EngineBackend] = Field(
+        default_factory=dict,
+        description="Compute backends the engine can be built for, by name (ENGINE:NAME); "
+        "none: the engine has one per vendor and no choice",
+    )
+    backend: str | None = Field(
+        None, description="The backend this entry describes (None: each vendor's default)"
+    )
     version: str | None = Field(
         None, description="The release this entry describes (None: the newest)"
     )
@@ -483,6 +505,43 @@ class Engine(Strict):
             if row.applies_to(gpu_name, memory_gb):
                 return row
         return self.batch_defaults[-1]
+
+    def on_backend(self, name: str) -> Engine:
+        """This engine built for backend ``name``: the backend's params and class_params
+        laid over the engine's (a ValueError names the backends there are)."""
+        import difflib
+
+        key = name.strip().lower()
+        if key not in self.backends:
+            known = ", ".join(sorted(self.backends)) or "none"
+            close = difflib.get_close_matches(key, list(self.backends), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(f"unknown backend '{name}'{hint}; {self.name} has: {known}")
+        chosen = self.backends[key]
+        class_params = {c: dict(v) for c, v in self.class_params.items()}
+        for c, v in chosen.class_params.items():
+            class_params.setdefault(c, {}).update(v)
+        return self.model_copy(
+            update={
+                "params": {**self.params, **chosen.params},
+                "class_params": class_params,
+                "backend": key,
+            }
+        )
+
+    def check_backend_runs_on(self, vendor: str) -> None:
+        """A CapsimUserError where the chosen backend does not run on a GPU of ``vendor``."""
+        if self.backend is None:
+            return
+        vendors = self.backends[self.backend].vendors
+        if vendor not in vendors:
+            from capsim.errors import CapsimUserError
+
+            raise CapsimUserError(
+                f"{self.name}'s {self.backend} backend does not run on {vendor} GPUs",
+                hint=f"it runs on {', '.join(vendors)}; drop ':{self.backend}' for the "
+                "GPU's own backend",
+            )
 
     def efficiency_overrides(self, hardware_class: str) -> dict[str, float]:
         """Efficiency parameters this engine sets on a GPU of ``hardware_class``."""

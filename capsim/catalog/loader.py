@@ -423,30 +423,47 @@ class Catalog:
 
     def engine(self, name: str) -> Engine:
         """An engine by name, or as one of its releases ran it: 'vllm@0.7.3' lays the
-        generation that covers 0.7.3 over the newest release's entry (Engine.at_version)."""
-        _, at, version = name.partition("@")
+        generation that covers 0.7.3 over the newest release's entry (Engine.at_version);
+        'llama.cpp:vulkan' the Vulkan backend's parameters (Engine.on_backend), and
+        'llama.cpp:vulkan@b6918' both."""
+        base, at, version = name.partition("@")
         engine = self.engines.get(engine_base(name))
-        if not at:
+        if at:
+            if not version.strip():
+                raise CapsimUserError(
+                    f"engine '{name}' names no release after '@'",
+                    hint=f"write {engine.name}@VERSION (e.g. {engine.name}@0.7.3), or "
+                    f"{engine.name} alone for its newest release",
+                )
+            try:
+                engine = engine.at_version(version.strip())
+            except ValueError as e:
+                raise CapsimUserError(
+                    f"engine '{name}': {e}",
+                    hint=f"'capsim engines' lists each engine's generations; {engine.name} "
+                    "alone is its newest release",
+                ) from None
+        _, colon, backend = base.partition(":")
+        if not colon:
             return engine
-        if not version.strip():
+        if not backend.strip():
             raise CapsimUserError(
-                f"engine '{name}' names no release after '@'",
-                hint=f"write {engine.name}@VERSION (e.g. {engine.name}@0.7.3), or "
-                f"{engine.name} alone for its newest release",
+                f"engine '{name}' names no backend after ':'",
+                hint=f"write {engine.name}:BACKEND (e.g. {engine.name}:vulkan), or "
+                f"{engine.name} alone for each GPU's own backend",
             )
-        try:
-            return engine.at_version(version.strip())
+        try:  # the backend's parameters lay over the release's
+            return engine.on_backend(backend)
         except ValueError as e:
             raise CapsimUserError(
-                f"engine '{name}': {e}",
-                hint=f"'capsim engines' lists each engine's generations; {engine.name} alone "
-                "is its newest release",
+                f"engine '{name}': {e}", hint="'capsim engines' lists each engine's backends"
             ) from None
 
 
 def engine_base(reference: str) -> str:
-    """The engine an engine reference names, without its release ('vllm@0.7.3': vllm)."""
-    return reference.partition("@")[0].strip()
+    """The engine an engine reference names, without its backend or release
+    ('vllm@0.7.3': vllm; 'llama.cpp:vulkan@b6918': llama.cpp)."""
+    return reference.partition("@")[0].partition(":")[0].strip()
 
 
 def user_db_dirs(explicit: list[Path] | None = None) -> list[Path]:

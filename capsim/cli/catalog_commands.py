@@ -512,6 +512,21 @@ def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
                 soft_wrap=True,
                 highlight=False,
             )
+    backends = [(e.name, key, b) for e in cat.engines for key, b in e.backends.items()]
+    if backends:
+        console.print(
+            "Backends (--engine NAME:BACKEND, e.g. llama.cpp:vulkan; default: the GPU "
+            "vendor's own):",
+            soft_wrap=True,
+        )
+        for name, key, b in backends:
+            classes = ", ".join(sorted(b.class_params))
+            console.print(
+                f"  {name}:{key}: {b.label}, on {', '.join(b.vendors)} GPUs"
+                + (f" (sets parameters for {classes})" if classes else ""),
+                soft_wrap=True,
+                highlight=False,
+            )
 
 
 def generation_changes(gen) -> str:
@@ -531,5 +546,10 @@ def generation_changes(gen) -> str:
             parts.append(f"{field} {value}")
     parts += [f"{k} {v:g}" for k, v in gen.params.items()]
     for hw_class, params in gen.class_params.items():
-        parts.append(f"{hw_class}: " + ", ".join(f"{k} {v:g}" for k, v in params.items()))
+        parts.append(
+            f"{hw_class}: "
+            + ", ".join(
+                f"{k} {'unset' if v is None else format(v, 'g')}" for k, v in params.items()
+            )
+        )
     return "; ".join(parts)

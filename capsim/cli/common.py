@@ -286,8 +286,10 @@ EngineOption = Annotated[
     str,
     typer.Option(
         "--engine",
-        help="Serving engine: vllm, sglang or llama.cpp (list: capsim engines). Sets the "
-        "batch defaults, CUDA-graph sizes and kernel priors",
+        help="Serving engine: vllm, sglang or llama.cpp (list: capsim engines), with a "
+        "release (vllm@0.7.3, llama.cpp@b6918) and for llama.cpp a backend "
+        "(llama.cpp:vulkan; default the GPU vendor's own). Sets the batch defaults, "
+        "CUDA-graph sizes and kernel priors",
     ),
 ]
 ExpertParallelOption = Annotated[

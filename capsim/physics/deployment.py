@@ -144,6 +144,7 @@ def default_efficiency(
         where = (catalog.gpus.origin.get(gpu.name) if catalog else None), "efficiency"
         params = _laid_over(params, gpu.efficiency, where)
     if engine is not None:
+        engine.check_backend_runs_on(gpu.vendor)
         extra = engine.efficiency_overrides(gpu.hardware_class)
         if extra:
             where = (catalog.engines.origin.get(engine.name) if catalog else None), "params"
