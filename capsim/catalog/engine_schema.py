@@ -275,6 +275,16 @@ class EngineBackend(Strict):
     sources: list[Source] = Field(min_length=1)
 
 
+def class_params_laid_over(base: dict, extra: dict) -> dict:
+    """Per-class parameters ``base`` with ``extra``'s laid over, class by class (a new
+    dict; neither argument is changed): how a generation or a backend adds to an
+    engine's."""
+    merged = {c: dict(v) for c, v in base.items()}
+    for c, v in extra.items():
+        merged.setdefault(c, {}).update(v)
+    return merged
+
+
 LLAMA_CPP_BUILD = re.compile(r"^b(\d{1,6})(?:\s*\([0-9a-fA-F]{6,40}\))?$")
 """llama.cpp's release tags: a build number, 'b6918', as llama-bench prints it with its
 commit, 'b6918 (2f68ce7cf)'."""
@@ -484,14 +494,13 @@ class Engine(Strict):
             return self.model_copy(update={"version": version})
         update: dict = {}
         params = dict(self.params)
-        class_params = {c: dict(v) for c, v in self.class_params.items()}
+        class_params = self.class_params
         for gen in covering:
             update.update(
                 {f: getattr(gen, f) for f in GENERATION_FIELDS if getattr(gen, f) is not None}
             )
             params.update(gen.params)
-            for c, v in gen.class_params.items():
-                class_params.setdefault(c, {}).update(v)
+            class_params = class_params_laid_over(class_params, gen.class_params)
         update["params"] = params
         update["class_params"] = class_params
         update["version"] = version
@@ -509,22 +518,19 @@ class Engine(Strict):
     def on_backend(self, name: str) -> Engine:
         """This engine built for backend ``name``: the backend's params and class_params
         laid over the engine's (a ValueError names the backends there are)."""
-        import difflib
+        from capsim.errors import close_matches
 
         key = name.strip().lower()
         if key not in self.backends:
             known = ", ".join(sorted(self.backends)) or "none"
-            close = difflib.get_close_matches(key, list(self.backends), n=1)
+            close = close_matches(key, self.backends, limit=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ValueError(f"unknown backend '{name}'{hint}; {self.name} has: {known}")
         chosen = self.backends[key]
-        class_params = {c: dict(v) for c, v in self.class_params.items()}
-        for c, v in chosen.class_params.items():
-            class_params.setdefault(c, {}).update(v)
         return self.model_copy(
             update={
                 "params": {**self.params, **chosen.params},
-                "class_params": class_params,
+                "class_params": class_params_laid_over(self.class_params, chosen.class_params),
                 "backend": key,
             }
         )
