@@ -848,10 +848,10 @@ def fp16_accumulate_line(sm) -> str | None:
     speedup = sm.fp16_accumulate_speedup
     if speedup == 1.0:
         return None
-    peak = sm.gpu.tensor_tflops.fp16
+    peak = getattr(sm.gpu.tensor_tflops, sm.compute_dtype)  # the peak the GEMM rate scales
     return (
         f"FP16 GEMMs accumulate in FP16 ({sm.deployment.engine}'s cuBLAS path): {sm.gpu.name} runs "
-        f"them at {speedup:g}x its {peak:g} dense FP16-with-FP32-accumulate TFLOPS "
+        f"them at {speedup:g}x its {peak:g} dense 16-bit (FP32-accumulate) TFLOPS "
         f"(fp16_accumulate_speedup)"
     )
 
