@@ -211,6 +211,29 @@ def test_two_config_files_side_by_side_are_two_models(tmp_path):
     assert load_catalog([wide.overlay]).model(wide.name).hidden_size == 8192
 
 
+def test_resolving_a_config_again_keeps_its_entry_and_the_cached_catalog(tmp_path):
+    """The overlay entry's modification time is part of the cached catalog's key: resolving
+    the same config.json again must leave the file alone (a rewrite made every simulation
+    of a stored run parse the whole catalog again), and an edited config rewrites it."""
+    config = tmp_path / "m" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(MISTRAL_LIKE))
+    first = resolve_model(str(config), CAT)
+    entry = first.overlay / "models" / f"{first.name}.yaml"
+    stamp = entry.stat().st_mtime_ns
+    os.utime(entry, ns=(stamp - 10**9, stamp - 10**9))  # a rewrite would move it on
+    load_catalog([first.overlay])
+    cached = sorted((tmp_path / "cache").glob("catalog-*.json"))
+    again = resolve_model(str(config), CAT)
+    assert again.name == first.name
+    assert entry.stat().st_mtime_ns == stamp - 10**9
+    load_catalog([again.overlay])
+    assert sorted((tmp_path / "cache").glob("catalog-*.json")) == cached  # no new parse
+    config.write_text(json.dumps({**MISTRAL_LIKE, "vocab_size": 65536}))
+    edited = resolve_model(str(config), CAT)
+    assert load_catalog([edited.overlay]).model(edited.name).vocab_size == 65536
+
+
 def test_predict_with_an_id_says_what_it_inferred():
     out = CliRunner().invoke(
         app,
