@@ -219,7 +219,9 @@ def test_cached_catalog_equals_the_parsed_one_and_follows_every_edit(cat, tmp_pa
     gpu = {**_gpu_data(cat), "name": "my-gpu", "aliases": []}
     path = write(overlay / "gpus" / "my-gpu.yaml", gpu)
     first = load_catalog([overlay])
-    assert len(list(cache.glob("catalog-*.json"))) == 1
+    # the built-in catalog and the one with the overlay laid over it, each under its key
+    # (an overlay's catalog parses only the overlay's files over the built-in one)
+    assert len(list(cache.glob("catalog-*.json"))) == 2
     again = load_catalog([overlay])  # read back from the cache
     assert again is not first
     for section in ("gpus", "models", "quant_formats", "efficiency", "engines"):
@@ -297,3 +299,31 @@ def test_a_file_planted_in_the_cache_folder_never_runs_code(cat, tmp_path, monke
         (cache / name).unlink()
         (cache / name).mkdir()
     assert load_catalog().gpus.entries == cat.gpus.entries
+
+
+def test_an_overlay_is_parsed_over_the_cached_built_in_catalog(cat, tmp_path, monkeypatch):
+    """With an overlay (--db, the models imported from config.json files) only the overlay's
+    files are parsed, over the built-in catalog read from the cache: the same entries, in
+    the same order, with the same origins as parsing every file, and an overlay entry named
+    as a built-in one replaces it."""
+    from capsim.catalog import loader
+
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", str(tmp_path / "cache"))
+    overlay = tmp_path / "db"
+    gpu = {**_gpu_data(cat), "name": "my-gpu", "aliases": []}
+    write(overlay / "gpus" / "my-gpu.yaml", gpu)
+    replaced = cat.gpus.names()[0]
+    write(overlay / "gpus" / f"{replaced}.yaml", {**_gpu_data(cat), "name": replaced})
+    load_catalog()  # the built-in catalog, now in the cache
+    parsed: list[Path] = []
+    real = loader.load_entry
+    monkeypatch.setattr(loader, "load_entry", lambda p, k: parsed.append(p) or real(p, k))
+    laid = load_catalog([overlay])
+    assert sorted(p.name for p in parsed) == sorted(["my-gpu.yaml", f"{replaced}.yaml"])
+    dirs = tuple(laid.directories)
+    whole = loader._parse(dirs, loader._catalog_files(dirs))
+    for section in loader.SECTIONS:
+        assert list(getattr(laid, section).entries) == list(getattr(whole, section).entries)
+        assert getattr(laid, section).entries == getattr(whole, section).entries
+        assert getattr(laid, section).origin == getattr(whole, section).origin
+    assert laid.gpus.origin[replaced].parent == overlay / "gpus"

@@ -17,6 +17,7 @@ read or written is ignored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -32,7 +33,7 @@ NO_CACHE_ENV = "CAPSIM_NO_CACHE"
 """Set to 1 to parse the catalog on every run instead of reading the cached one."""
 
 KEEP_CATALOGS = 4
-"""Cached files of each kind kept (the newest catalogs, profiles, band tables); older ones
+"""Cached files of each kind kept (the catalogs, profiles, band tables used last); older ones
 are removed when a new one is written."""
 
 
@@ -114,6 +115,10 @@ def _cached(
         return parse()
     loaded = _read(path, load)
     if loaded is not None:
+        # a hit counts as a use, so pruning keeps the files used last, not the ones written
+        # last: the built-in catalog, written once and read under every overlay, stays
+        with contextlib.suppress(OSError):
+            os.utime(path)
         return loaded
     parsed = parse()
     try:
