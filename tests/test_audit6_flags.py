@@ -112,7 +112,15 @@ def small_dataset(tmp_path, edit) -> str:
             lambda d: d["scenarios"][0].setdefault("flags", {}).update(max_num_seqs=float("inf")),
             "flag max_num_seqs is a whole number",
         ),
-        (lambda d: d["scenarios"][0]["points"][0].update(concurrency=True), "valid integer"),
+        (
+            lambda d: d["scenarios"][0]["points"][0].update(concurrency=True),
+            "a boolean where a number goes",
+        ),
+        # pydantic reads true as 1: a measurement of 1.0, TP 1 (issue 47's fuzzing)
+        (lambda d: d["scenarios"][0]["points"][0].update(value=True), "a boolean where a number"),
+        (lambda d: d["scenarios"][0].update(tp=True), "a boolean where a number goes"),
+        (lambda d: d["scenarios"][0].update(dp=False), "a boolean where a number goes"),
+        (lambda d: d["workload"].update(requests_per_level=True), "a boolean where a number"),
         (
             lambda d: d["scenarios"][0]["points"][0].update(metric="output_tok_s", statistic="p99"),
             "applies to a latency",
@@ -122,7 +130,7 @@ def small_dataset(tmp_path, edit) -> str:
             "that no point measures",
         ),
         (lambda d: d.update(name=""), "at least 1 character"),
-        (lambda d: d["workload"].update(decode_context_tokens=True), "valid integer"),
+        (lambda d: d["workload"].update(decode_context_tokens=True), "a boolean where a number"),
         (lambda d: d["workload"].update(decode_context_tokens=0), "greater than or equal to 1"),
     ],
 )
