@@ -254,3 +254,54 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(monkeypatch):
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_a_chunk_declared_larger_than_sent_is_answered_408_within_the_body_limit(monkeypatch):
+    """A chunked body whose chunk header declares 2**80 bytes and sends three held the
+    connection past 20 s (issue 47's fuzzing): the body's limit (BODY_SECONDS, under the
+    10 s a request may hang) answers it 408."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from capsim.serve import app as serve_app
+    from capsim.serve import transport
+
+    assert serve_app.BODY_SECONDS <= 10
+    monkeypatch.setattr(serve_app, "BODY_SECONDS", 0.5)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        serve_app.create_app(live_deployment(1000.0), ["m"]),
+        host="127.0.0.1",
+        port=port,
+        http=transport.stamped_protocol(),
+        log_level="error",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            started = time.monotonic()
+            client.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"ffffffffffffffffffff\r\nabc\r\n0\r\n\r\n"
+            )
+            answer = b""
+            while chunk := client.recv(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert time.monotonic() - started < 8
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
