@@ -141,3 +141,15 @@ def test_calibrate_refuses_a_fit_that_misses_by_more_than_any_calibration_bridge
     out = run(["calibrate", str(path), "--out", str(tmp_path / "profiles")])
     assert out.exit_code == 2 and "no calibration bridges" in out.output, out.output
     assert not list((tmp_path / "profiles").glob("*.yaml"))
+
+
+def test_a_cache_folder_of_only_spaces_counts_as_unset(tmp_path, monkeypatch):
+    """CAPSIM_CACHE_DIR='  ' made a folder named two spaces in the current directory and
+    filled it (issue 47's fuzzing); CAPSIM_DB of spaces was already read as unset."""
+    from capsim.catalog.cache import cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", "  ")
+    assert cache_dir().name == "capsim" and cache_dir().is_absolute()
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_dir() == tmp_path / "c"

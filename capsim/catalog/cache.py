@@ -38,9 +38,11 @@ are removed when a new one is written."""
 
 
 def cache_dir() -> Path:
-    """capsim's cache folder: ``CAPSIM_CACHE_DIR`` or the platform's user cache dir."""
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
+    """capsim's cache folder: ``CAPSIM_CACHE_DIR`` or the platform's user cache dir (a value
+    of only spaces counts as unset, as CAPSIM_DB's does: it made a folder named '  ' in the
+    current directory)."""
+    explicit = os.environ.get(CACHE_ENV, "")
+    if explicit.strip():
         return Path(explicit)
     import platformdirs
 
