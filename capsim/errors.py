@@ -66,3 +66,15 @@ def close_matches(name: str, candidates: Iterable[str], limit: int = 3) -> list[
             if (key in n or n in key) and original not in found:
                 found.append(original)
     return found[:limit]
+
+
+def plain_float(text: str) -> float:
+    """``text`` as a number written the plain way: Python's float() also reads '1_000' as
+    1000 and full-width or other scripts' digits ('１０') as 10, which every numeric flag
+    refuses (a typo '0_9' for 0.9 ran ten times larger). ValueError says which it is."""
+    stripped = text.strip()
+    if "_" in stripped:
+        raise ValueError(f"'{stripped}' is not a number (an '_' in it)")
+    if not stripped.isascii():
+        raise ValueError(f"'{stripped}' is not a number (a character outside 0-9 in it)")
+    return float(stripped)

@@ -612,3 +612,42 @@ def test_the_batch_rounds_error_names_the_flag_the_user_typed():
     """'--rounds 0' was reported as '--batch-rounds 0', a flag that does not exist."""
     r = CliRunner().invoke(app, [*SMALL_PREDICT, "--workload", "batch", "--rounds", "0"])
     assert r.exit_code == 2 and "--rounds 0:" in r.stderr and "--batch-rounds" not in r.stderr
+
+
+PREDICT = "predict --gpu rtx3090 --model qwen3-8b --requests 4"
+
+
+@pytest.mark.parametrize(
+    ("args", "file_text", "words"),
+    [
+        ("--workload open --rate 1_0 --output-tokens 32", None, "malformed --rate '1_0'"),
+        ("-c 2 --set step_overhead_us=1_0", None, "needs a number, not '1_0'"),
+        ("--workload agents -c 2 --turns 2 --think-time 1_000", None, "an '_' in it"),
+        ("-c 2 --input-tokens uniform:1_0,20", None, "an '_' in it"),
+        ("-c 2 --output-tokens file:{f}", "1_000\n", "holds something other than numbers"),
+        ("-c 2 --output-tokens file:{f}", "１０\n", "holds something other than numbers"),
+        ("-c 2 --output-tokens file:{f}", '[10, "20"]', "holds the text '20', not a number"),
+    ],
+)
+def test_numbers_written_with_underscores_other_digits_or_quotes_are_refused(
+    args, file_text, words, tmp_path
+):
+    """Python's float() reads '1_000' as 1000 and '１０' as 10: every numeric flag refused
+    them but --rate, --set, --think-time, a distribution's numbers and a lengths file took
+    them (issue 47's fuzzing), and a JSON list's "20" was read as 20."""
+    f = tmp_path / "lengths.txt"
+    if file_text is not None:
+        f.write_text(file_text, encoding="utf-8")
+    r = CliRunner().invoke(app, [*PREDICT.split(), *args.format(f=f).split()])
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and "Traceback" not in r.output, r.stderr
+
+
+def test_a_rate_given_twice_is_one_level():
+    import json
+
+    args = [*PREDICT.split(), "--output-tokens", "32", "--workload", "open", "--rate", "1,1"]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    (result,) = json.loads(r.stdout)["results"]
+    assert len(result["points"]) == 1

@@ -89,7 +89,8 @@ def test_a_large_lengths_file_is_kept_as_its_order_statistics(tmp_path):
 @pytest.mark.parametrize("text", ["1e3", "1000.0", "+1000", "1_000", "１０００"])
 def test_a_token_count_is_written_in_digits(text):
     """'--input-tokens 1e3' ran as 1000; vLLM's --random-input-len (an int) refuses it."""
-    with pytest.raises(CapsimUserError, match="in digits"):
+    # '1_000' and full-width digits are refused before they are read as numbers at all
+    with pytest.raises(CapsimUserError, match=r"in digits|an '_' in it|a character outside 0-9"):
         parse_length(text, "--input-tokens")
 
 

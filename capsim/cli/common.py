@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
 from capsim.engine.limits import MAX_ENGINE_COUNT, MAX_TP
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, plain_float
 
 if TYPE_CHECKING:
     from capsim.catalog.loader import Catalog
@@ -619,7 +619,7 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
                 f"--set {name} is given more than once", hint="give each parameter once"
             )
         try:
-            overrides[name] = float(text)
+            overrides[name] = plain_float(text)
         except ValueError:
             raise CapsimUserError(f"--set {name} needs a number, not '{text}'") from None
         if not math.isfinite(overrides[name]):

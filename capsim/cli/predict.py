@@ -75,7 +75,7 @@ from capsim.cli.common import (
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
 from capsim.engine.limits import MAX_CONCURRENCY
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, plain_float
 
 if TYPE_CHECKING:
     from capsim.engine.simulate import PredictResult
@@ -135,7 +135,7 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
 
 def parse_rates(text: str) -> list[float]:
     try:
-        rates = [float(v) for v in text.split(",")]
+        rates = [plain_float(v) for v in text.split(",")]
     except ValueError:
         raise CapsimUserError(f"malformed --rate '{text}'", hint="e.g. --rate 0.5,1,2") from None
     if not all(0 < r <= MAX_RATE for r in rates):  # NaN fails too
@@ -148,7 +148,8 @@ def parse_rates(text: str) -> list[float]:
             f"--rate lists {len(rates):,} rates; at most {MAX_LEVELS:,} are simulated in one run",
             hint="thin the list out",
         )
-    return rates  # the slowest rate taken is the workload's (MIN_RATE_PER_S)
+    # a rate given twice is one level, as a concurrency given twice is
+    return list(dict.fromkeys(rates))  # the slowest rate taken is the workload's (MIN_RATE_PER_S)
 
 
 MAX_RATE = 1_000_000.0

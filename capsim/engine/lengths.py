@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from capsim.engine.limits import MAX_CONTEXT_TOKENS
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, plain_float
 from capsim.files import loads_json, read_input_text
 
 MAX_LENGTHS_FILE_BYTES = 8 * 2**20
@@ -153,7 +153,7 @@ def parse_length(
     hint = "use N, uniform:A,B, normal:MEAN,SD, lognormal:MEDIAN,SIGMA or file:PATH"
     try:
         if ":" not in raw:
-            value = float(raw)
+            value = plain_float(raw)
             if not math.isfinite(value) or value < minimum:
                 raise ValueError(f"must be a number >= {minimum:g}")
             if whole and not value.is_integer():
@@ -178,7 +178,7 @@ def parse_length(
         a_text, comma, b_text = rest.partition(",")
         if not comma:
             raise ValueError(f"{kind} needs two numbers, {kind}:A,B")
-        a, b = float(a_text), float(b_text)
+        a, b = plain_float(a_text), plain_float(b_text)
         if not (math.isfinite(a) and math.isfinite(b)):
             raise ValueError("needs finite numbers")
         if kind == "uniform" and not minimum <= a <= b:
@@ -231,16 +231,25 @@ def _file_values(
     configuration it builds, and re-reading a large file each time took minutes."""
     content = read_input_text(Path(path), f"{what} file", MAX_LENGTHS_FILE_BYTES)
     try:
-        numbers = loads_json(content)
+        numbers = parsed = loads_json(content)
     except json.JSONDecodeError:
-        numbers = content.split()
+        numbers, parsed = content.split(), None
     if not isinstance(numbers, list):
         numbers = [numbers]
     try:
         if any(isinstance(v, bool) for v in numbers):  # JSON true is not the number 1
             raise TypeError
-        values = [float(v) for v in numbers]
+        if isinstance(parsed, list) and any(isinstance(v, str) for v in numbers):
+            raise TypeError  # a JSON list's "20" is text, not the number 20
+        values = [plain_float(v) if isinstance(v, str) else float(v) for v in numbers]
     except (TypeError, ValueError, OverflowError):
+        if isinstance(parsed, list):
+            quoted = next((v for v in numbers if isinstance(v, str)), None)
+            if quoted is not None:
+                shown = quoted if len(quoted) <= 40 else quoted[:37] + "..."
+                raise ValueError(
+                    f"holds the text {shown!r}, not a number: write it without quotes"
+                ) from None
         bad = next(str(v) for v in numbers if not _is_number(v))
         shown = bad if len(bad) <= 40 else bad[:37] + "..."
         raise ValueError(f"holds something other than numbers: {shown!r}") from None
@@ -257,7 +266,7 @@ def _is_number(value: object) -> bool:
     if isinstance(value, bool):
         return False
     try:
-        float(value)  # type: ignore[arg-type]
+        plain_float(value) if isinstance(value, str) else float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
         return False
     return True
