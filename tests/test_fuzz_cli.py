@@ -651,3 +651,18 @@ def test_a_rate_given_twice_is_one_level():
     assert r.exit_code == 0, r.output
     (result,) = json.loads(r.stdout)["results"]
     assert len(result["points"]) == 1
+
+
+def test_levels_above_the_request_count_say_they_measure_that_many_clients():
+    """-c 1..100000:x10 with --requests 8 printed five identical rows labelled C=10 to
+    100,000 without a word (issue 47's fuzzing)."""
+    import json
+
+    base = "predict --gpu rtx3090 --model qwen3-8b --requests 8 --output-tokens 32 --json -c"
+    r = CliRunner().invoke(app, [*base.split(), "2,8,10,100"])
+    assert r.exit_code == 0, r.output
+    (result,) = json.loads(r.stdout)["results"]
+    (note,) = [n for n in result["notes"] if "--requests" in n]
+    assert note.startswith("C=10, 100: above --requests 8") and "load of C=8" in note
+    r = CliRunner().invoke(app, [*base.split(), "2,8"])
+    assert not [n for n in json.loads(r.stdout)["results"][0]["notes"] if "--requests" in n]

@@ -471,10 +471,28 @@ def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResul
                 state_cap_note(setup),
                 disaggregation_note(setup),
                 offload_note(setup),
+                clients_note(config),
             )
             if n
         ]
         + profile_warnings(setup.profile),
+    )
+
+
+def clients_note(config: PredictConfig) -> str | None:
+    """Where a closed loop's level asks for more clients than the level sends requests:
+    only that many are ever in flight, so those levels measure the same load (a sweep of
+    -c 1..100000 with --requests 8 printed five identical rows labelled 10 to 100,000)."""
+    n = config.requests
+    if config.workload != "closed" or n is None:
+        return None
+    above = sorted(c for c in config.concurrency if c > n)
+    if not above:
+        return None
+    shown = ", ".join(f"{c:,}" for c in above[:4]) + (", ..." if len(above) > 4 else "")
+    return (
+        f"C={shown}: above --requests {n:,}, at most {n:,} clients ever send a request, so "
+        f"these levels measure the load of C={n:,}; raise --requests to load them"
     )
 
 
