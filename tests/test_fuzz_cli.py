@@ -666,3 +666,14 @@ def test_levels_above_the_request_count_say_they_measure_that_many_clients():
     assert note.startswith("C=10, 100: above --requests 8") and "load of C=8" in note
     r = CliRunner().invoke(app, [*base.split(), "2,8"])
     assert not [n for n in json.loads(r.stdout)["results"][0]["notes"] if "--requests" in n]
+
+
+@pytest.mark.parametrize("command", ["explain", "predict"])
+def test_a_draft_model_of_another_tokenizer_is_refused(command):
+    """--spec draft:llama-3.2-1b:3 on Qwen3-8B costed a drafter whose tokens the target
+    cannot verify (issue 47's fuzzing); a drafter of the same family is taken."""
+    base = [command, "--gpu", "h100-sxm", "--model", "qwen3-8b", "--spec"]
+    extra = [] if command == "explain" else ["--requests", "4", "--output-tokens", "16"]
+    r = CliRunner().invoke(app, [*base, "draft:llama-3.2-1b:3", *extra])
+    assert r.exit_code == 2 and "a vocabulary of 128,256 tokens" in r.stderr, r.output
+    assert CliRunner().invoke(app, [*base, "draft:qwen3-0.6b:3", *extra]).exit_code == 0

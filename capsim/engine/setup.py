@@ -425,7 +425,7 @@ def build_setup(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         enforce_eager=config.enforce_eager,
-        drafter=drafter_for(cat, spec, config.quant),
+        drafter=drafter_for(cat, spec, config.quant, model),
         cpu_moe_layers=config.cpu_moe_layers,
         dp_attention=config.dp_attention,
         expert_parallel=config.expert_parallel,

@@ -50,15 +50,43 @@ def draft_format(catalog: Catalog, quant: str | None, draft_model: Model) -> Qua
     return catalog.quant(quant or draft_model.dtype)
 
 
-def drafter_for(catalog: Catalog, spec, quant: str | None) -> Drafter | None:
+VOCABULARY_PADDING = 0.01
+"""How far a draft model's vocabulary size may differ from the target's and still be the
+same tokenizer's: checkpoints of one family pad the embedding differently (Qwen2.5's 0.5B
+has 151,936 rows, its 72B 152,064: 0.08%), a different tokenizer differs by far more
+(Llama 3's 128,256 against Qwen3's 151,936: 16%)."""
+
+
+def drafter_for(
+    catalog: Catalog, spec, quant: str | None, target: Model | None = None
+) -> Drafter | None:
     """The drafter ``spec`` (a SpecConfig, or None) loads on the GPU; None for none or
-    n-gram lookup (which runs on the CPU)."""
+    n-gram lookup (which runs on the CPU). A draft model whose vocabulary is not the
+    ``target``'s (where given) is refused: its tokens are not the target's, so vLLM and
+    SGLang cannot verify them."""
     if spec is None or spec.method == "ngram":
         return None
     if spec.method == "draft":
         model = catalog.model(spec.draft_model)
+        if target is not None:
+            check_draft_vocabulary(model, target)
         return Drafter("draft", model, draft_format(catalog, quant, model))
     return Drafter(spec.method)
+
+
+def check_draft_vocabulary(draft: Model, target: Model) -> None:
+    """A draft model must share the target's tokenizer; sizes further apart than
+    VOCABULARY_PADDING are two tokenizers."""
+    from capsim.errors import CapsimUserError
+
+    if abs(draft.vocab_size - target.vocab_size) > VOCABULARY_PADDING * target.vocab_size:
+        raise CapsimUserError(
+            f"draft model {draft.name} has a vocabulary of {draft.vocab_size:,} tokens and "
+            f"{target.name} one of {target.vocab_size:,}: a draft model must use the "
+            "target's tokenizer, or its tokens cannot be verified",
+            hint=f"draft with a smaller model of {target.name}'s family, or use "
+            "--spec ngram:K, eagle:K or mtp:K",
+        )
 
 
 def eagle_layer_weight_count(model: Model) -> float:

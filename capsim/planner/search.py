@@ -288,7 +288,7 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                             cat.quant(quant),
                             tp=tp * ranks,
                             kv_dtype=kv,
-                            drafter=drafter_for(cat, spec, quant),
+                            drafter=drafter_for(cat, spec, quant, model),
                             dp_attention=ranks,
                         )
                         if not fit.fits:
