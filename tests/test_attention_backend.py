@@ -157,3 +157,108 @@ def test_a_scenario_records_the_backend_by_name():
     for bad in (3, True, "  "):
         with pytest.raises(ValueError, match="attention_backend"):
             Scenario.model_validate({**base, "flags": {"attention_backend": bad}})
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["--gpu", "mi300x", "--model", "qwen3-8b", "--attention-backend", "FLASHINFER"],
+            "run on nvidia GPUs, not on the amd mi300x",
+        ),
+        (
+            ["--gpu", "h100-sxm", "--model", "qwen3-8b", "--attention-backend", "ROCM_ATTN"],
+            "run on amd GPUs, not on the nvidia h100-sxm",
+        ),
+        (
+            ["--gpu", "h100-sxm", "--model", "qwen3-8b", "--attention-backend", "TRITON_MLA"],
+            "is for models with multi-head latent attention",
+        ),
+        (
+            [
+                "--gpu",
+                "h200",
+                "--model",
+                "deepseek-v3",
+                "--tp",
+                "8",
+                "--attention-backend",
+                "FLASH_ATTN",
+            ],
+            "cannot run deepseek-v3's multi-head latent attention",
+        ),
+        (
+            [
+                "--gpu",
+                "h200",
+                "--model",
+                "deepseek-v3",
+                "--tp",
+                "8",
+                "--attention-backend",
+                "CUTLASS_MLA",
+            ],
+            "built for datacenter-blackwell GPUs",
+        ),
+        (
+            [
+                "--gpu",
+                "mi300x",
+                "--model",
+                "qwen3-8b",
+                "--engine",
+                "sglang",
+                "--attention-backend",
+                "fa3",
+            ],
+            "run on nvidia GPUs",
+        ),
+        (
+            [
+                "--gpu",
+                "rtx3090",
+                "--model",
+                "qwen3-8b",
+                "--engine",
+                "sglang",
+                "--attention-backend",
+                "trtllm_mha",
+            ],
+            "built for datacenter-blackwell GPUs",
+        ),
+    ],
+)
+def test_a_backend_the_engine_would_refuse_on_this_gpu_or_model_is_exit_2(args, words):
+    """Issue 47's fuzzing: a ROCm backend on an H100, FlashInfer on an MI300X, an MLA
+    backend for a model without MLA (and the reverse) and SM100 kernels on an RTX 3090 were
+    costed as if they ran; vLLM and SGLang refuse them at start-up."""
+    r = runner.invoke(
+        app, ["predict", "-c", "1", "--requests", "4", "--output-tokens", "16", *args]
+    )
+    assert r.exit_code == 2, r.output
+    assert words in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--gpu", "h200", "--model", "deepseek-v3", "--tp", "8", "--attention-backend", "FLASHMLA"],
+        ["--gpu", "mi300x", "--model", "qwen3-8b", "--attention-backend", "ROCM_AITER_FA"],
+        ["--gpu", "h100-sxm", "--model", "qwen3-8b", "--attention-backend", "TRITON_ATTN"],
+        [
+            "--gpu",
+            "b200",
+            "--model",
+            "gemma-4-e4b",
+            "--engine",
+            "sglang",
+            "--attention-backend",
+            "trtllm_mha",
+        ],
+    ],
+)
+def test_a_backend_that_runs_there_is_taken(args):
+    r = runner.invoke(
+        app, ["predict", "-c", "1", "--requests", "4", "--output-tokens", "16", *args]
+    )
+    assert r.exit_code == 0, r.output

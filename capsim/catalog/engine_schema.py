@@ -114,6 +114,24 @@ class AttentionBackends(Strict):
         default_factory=list,
         description="What the engine picks without the flag, per model type, first match",
     )
+    vendors: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Values whose kernels run only on these GPU vendors' GPUs (a CUDA-only "
+        "or ROCm-only library); a value not listed runs on any",
+    )
+    hardware_classes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Values whose kernels are built for these hardware classes only (an "
+        "SM100 or SM90 kernel); a value not listed runs on any of its vendors' classes",
+    )
+    mla_only: list[str] = Field(
+        default_factory=list,
+        description="Values for models with multi-head latent attention only",
+    )
+    not_mla: list[str] = Field(
+        default_factory=list,
+        description="Values that cannot run multi-head latent attention",
+    )
 
     def default_for(self, model_type: str, hardware_class: str) -> str | None:
         """The backend the engine picks by itself for this model and class (None: its

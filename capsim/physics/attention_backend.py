@@ -40,6 +40,7 @@ def attention_backend(
     kernels."""
     if asked is not None:
         check_attention_backend(engine, asked)
+        check_backend_fits(engine, asked, model, gpu)
         return asked
     backends = _backends(engine)
     if backends is None:
@@ -63,6 +64,41 @@ def check_attention_backend(engine: Engine | None, asked: str) -> None:
             f"--attention-backend {asked!r} is not one of {name}'s backends",
             hint=f"{backends.flag} takes {', '.join(backends.names)}",
             suggestions=close_matches(asked, backends.names),
+        )
+
+
+def check_backend_fits(engine: Engine, asked: str, model: Model, gpu: GPU) -> None:
+    """Refuse a backend whose kernels do not run on this GPU's vendor, an MLA backend for a
+    model without multi-head latent attention, or the reverse: the engines refuse them at
+    start-up, and capsim costed them as if they ran (issue 47's fuzzing)."""
+    backends = engine.attention_backends
+    flag = backends.flag
+    vendors = backends.vendors.get(asked)
+    if vendors is not None and gpu.vendor not in vendors:
+        raise CapsimUserError(
+            f"{flag} {asked}: {engine.name}'s {asked} kernels run on {', '.join(vendors)} "
+            f"GPUs, not on the {gpu.vendor} {gpu.name}",
+            hint=f"leave {flag} out for {engine.name}'s own choice on this GPU",
+        )
+    classes = backends.hardware_classes.get(asked)
+    if classes is not None and gpu.hardware_class not in classes:
+        raise CapsimUserError(
+            f"{flag} {asked}: {engine.name}'s {asked} kernels are built for "
+            f"{', '.join(classes)} GPUs, not the {gpu.name} ({gpu.hardware_class})",
+            hint=f"leave {flag} out for {engine.name}'s own choice on this GPU",
+        )
+    mla = model.mla is not None
+    if mla and asked in backends.not_mla:
+        raise CapsimUserError(
+            f"{flag} {asked} cannot run {model.name}'s multi-head latent attention",
+            hint=f"one of its MLA backends ({', '.join(backends.mla_only)}), or leave "
+            f"{flag} out",
+        )
+    if not mla and asked in backends.mla_only:
+        raise CapsimUserError(
+            f"{flag} {asked} is for models with multi-head latent attention (DeepSeek, "
+            f"Kimi); {model.name} has none",
+            hint=f"leave {flag} out for {engine.name}'s own choice",
         )
 
 
