@@ -677,3 +677,25 @@ def test_a_draft_model_of_another_tokenizer_is_refused(command):
     r = CliRunner().invoke(app, [*base, "draft:llama-3.2-1b:3", *extra])
     assert r.exit_code == 2 and "a vocabulary of 128,256 tokens" in r.stderr, r.output
     assert CliRunner().invoke(app, [*base, "draft:qwen3-0.6b:3", *extra]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        (
+            '{"arrival_time": 0, "input_tokens": 9, "output_tokens": 5, "session_id": NaN}',
+            "session_id must be a string or a finite number",
+        ),
+        ('{"arrival_time": 0, "output_tokens": 5}', "the key 'input_tokens' is missing"),
+        ('{"arrival_time": 0,', "not JSON: Expecting property name"),
+    ],
+)
+def test_a_trace_line_says_what_is_wrong_in_words(line, words, tmp_path):
+    """A NaN session_id was taken, and the errors named Python's exception classes
+    ('TypeError: ...', issue 47's fuzzing)."""
+    f = tmp_path / "t.jsonl"
+    f.write_text(line + "\n")
+    args = ["predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--workload", "trace"]
+    r = CliRunner().invoke(app, [*args, "--trace", str(f)])
+    assert r.exit_code == 2 and words in r.stderr, r.output
+    assert "Error" not in r.stderr.split("error:", 1)[1]

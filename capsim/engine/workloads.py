@@ -93,7 +93,7 @@ def read_trace(path: Path) -> list[TraceEntry]:
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CapsimUserError(
-                f"{path}:{number}: not a trace record ({exc.__class__.__name__}: {exc})",
+                f"{path}:{number}: not a trace record ({trace_problem(exc)})",
                 hint='each line: {"arrival_time": 0.5, "input_tokens": 900, '
                 '"output_tokens": 200, "session_id": "a1"}',
             ) from None
@@ -127,12 +127,23 @@ def trace_number(obj: dict, key: str, low: float, high: float, whole: bool = Fal
     return number
 
 
+def trace_problem(exc: Exception) -> str:
+    """What is wrong with a trace line, in words (no Python exception class names)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON: {exc.msg} at column {exc.colno}"
+    if isinstance(exc, KeyError):
+        return f"the key {exc.args[0]!r} is missing"
+    return str(exc)
+
+
 def trace_session(value) -> str | None:
     """A record's session_id: a string or number naming the conversation, or none."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TypeError(f"session_id must be a string or a number, got {value!r:.40}")
+    if isinstance(value, float) and not math.isfinite(value):  # NaN names no conversation
+        raise ValueError(f"session_id must be a string or a finite number, got {value!r}")
     return str(value)
 
 
