@@ -699,3 +699,14 @@ def test_a_trace_line_says_what_is_wrong_in_words(line, words, tmp_path):
     r = CliRunner().invoke(app, [*args, "--trace", str(f)])
     assert r.exit_code == 2 and words in r.stderr, r.output
     assert "Error" not in r.stderr.split("error:", 1)[1]
+
+
+def test_a_step_too_large_for_the_gpu_is_named_as_the_cause():
+    """--max-num-batched-tokens 2147483648 needs 180,000 GiB of activations, and the hint
+    said no weight format fits on one GPU (issue 47's fuzzing)."""
+    args = ["fit", "--gpu", "rtx3090", "--model", "qwen3-8b", "--max-num-batched-tokens"]
+    r = CliRunner().invoke(app, [*args, "2147483648"])
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.stderr.split())
+    assert "a 2,147,483,648-token step" in text and "lower --max-num-batched-tokens" in text
+    assert "no weight format fits" not in text

@@ -91,8 +91,7 @@ def check_backend_fits(engine: Engine, asked: str, model: Model, gpu: GPU) -> No
     if mla and asked in backends.not_mla:
         raise CapsimUserError(
             f"{flag} {asked} cannot run {model.name}'s multi-head latent attention",
-            hint=f"one of its MLA backends ({', '.join(backends.mla_only)}), or leave "
-            f"{flag} out",
+            hint=f"one of its MLA backends ({', '.join(backends.mla_only)}), or leave {flag} out",
         )
     if not mla and asked in backends.mla_only:
         raise CapsimUserError(

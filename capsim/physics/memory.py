@@ -658,8 +658,26 @@ def formats_that_fit(
 def fit_hint(
     gpu: GPU, model: Model, fmt: QuantFormat, formats: list[QuantFormat], tp: int, **kwargs
 ) -> str:
-    """What would make a deployment fit: more GPUs, or a smaller weight format."""
+    """What would make a deployment fit: fewer batched tokens when their activations alone
+    fill the memory, more GPUs, or a smaller weight format."""
     hints = []
+    try:
+        here = memory_fit(gpu, model, fmt, tp=tp, **kwargs)
+    except CapsimUserError:
+        here = None
+    if (
+        here is not None
+        and here.weight_bytes < here.budget_bytes
+        and here.activation_bytes > 0.5 * here.budget_bytes
+    ):
+        # a profiling pass of --max-num-batched-tokens 2**31 tokens needs 180,000 GiB: no
+        # format or TP size helps, and the hint said none fits (issue 47's fuzzing)
+        tokens = kwargs.get("max_num_batched_tokens")
+        step = f"{tokens:,}-token step" if tokens else "step of the default batched tokens"
+        return (
+            f"the activations of a {step} ({here.activation_bytes / 2**30:,.1f} GiB) leave "
+            "no room for the KV cache: lower --max-num-batched-tokens"
+        )
     need_tp = smallest_fitting_tp(gpu, model, fmt, **kwargs)
     if need_tp and need_tp > tp:
         hints.append(f"in {fmt.name} it fits with --tp {need_tp} ({need_tp}x {gpu.name})")
