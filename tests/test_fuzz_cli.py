@@ -710,3 +710,41 @@ def test_a_step_too_large_for_the_gpu_is_named_as_the_cause():
     text = " ".join(r.stderr.split())
     assert "a 2,147,483,648-token step" in text and "lower --max-num-batched-tokens" in text
     assert "no weight format fits" not in text
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            [
+                "explain",
+                "--gpu",
+                "h100-sxm",
+                "--model",
+                "qwen3-8b",
+                "--spec",
+                "eagle:3:topk=4:topk=5",
+            ],
+            "option 'topk' given twice",
+        ),
+        (
+            [
+                "serve",
+                "--gpu",
+                "rtx3090",
+                "--model",
+                "qwen3-8b",
+                "--port",
+                "9",
+                "--override-generation-config",
+                '{"temperature": NaN}',
+            ],
+            "temperature must be a finite number",
+        ),
+    ],
+)
+def test_a_repeated_spec_option_or_a_nan_sampling_setting_is_refused(args, words):
+    """Both were taken without a word (issue 47's fuzzing): the last topk won, and serve
+    started with a NaN temperature."""
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and words in r.stderr, r.output

@@ -4,6 +4,7 @@ preemption and queueing)."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -275,6 +276,9 @@ def max_new_tokens_of(text: str | None) -> int | None:
         ) from None
     if not isinstance(value, dict):
         raise CapsimUserError(f"{flag} must be a JSON object, not {type(value).__name__}")
+    odd = next((k for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)), None)
+    if odd is not None:  # NaN or Infinity, which JSON does not have: no sampler takes it
+        raise CapsimUserError(f"{flag}: {odd} must be a finite number, not {value[odd]!r}")
     tokens = value.get("max_new_tokens")
     if tokens is None:
         return None

@@ -223,6 +223,8 @@ def parse_spec(
             key, sep, value = option.partition("=")
             if not sep or key not in SPEC_OPTIONS:
                 raise ValueError(f"unknown option '{option}' (topk=N or verify=N)")
+            if SPEC_OPTIONS[key] in values:  # the last one took over without a word
+                raise ValueError(f"option '{key}' given twice")
             values[SPEC_OPTIONS[key]] = int(value)
         if acceptance is not None:
             values["acceptance"] = tuple(acceptance) if isinstance(acceptance, list) else acceptance
