@@ -313,7 +313,9 @@ def test_an_overlay_is_parsed_over_the_cached_built_in_catalog(cat, tmp_path, mo
     gpu = {**_gpu_data(cat), "name": "my-gpu", "aliases": []}
     write(overlay / "gpus" / "my-gpu.yaml", gpu)
     replaced = cat.gpus.names()[0]
-    write(overlay / "gpus" / f"{replaced}.yaml", {**_gpu_data(cat), "name": replaced})
+    write(
+        overlay / "gpus" / f"{replaced}.yaml", {**_gpu_data(cat), "name": replaced, "aliases": []}
+    )
     load_catalog()  # the built-in catalog, now in the cache
     parsed: list[Path] = []
     real = loader.load_entry

@@ -577,6 +577,28 @@ def test_a_boolean_where_the_catalog_wants_a_number_is_refused(tmp_path):
     assert r.exit_code == 2 and "num_layers: a number, not true" in r.output, r.output
 
 
+def test_a_quoted_number_or_an_alias_that_another_name_shadows_is_refused(tmp_path):
+    """An overlay GPU's 'memory_gb: "24"' was read as 24, and its alias 'h100-sxm' never
+    reached it (the built-in entry of that name answers first): both were silent (issue
+    47's fuzzing)."""
+    import yaml
+
+    text = (ROOT / "hardware_db" / "gpus" / "rtx3090.yaml").read_text()
+    assert "memory_gb: 24" in text
+    folder = tmp_path / "db" / "gpus"
+    folder.mkdir(parents=True)
+    mine = folder / "my-gpu.yaml"
+    mine.write_text(text.replace("memory_gb: 24", 'memory_gb: "24"'))
+    r = runner.invoke(app, ["--db", str(tmp_path / "db"), "gpus"])
+    assert r.exit_code == 2 and "memory_gb: a number, not the text '24'" in r.output, r.output
+    data = yaml.safe_load(text)
+    data.update(name="my-gpu", aliases=["h100-sxm"])
+    mine.write_text(yaml.safe_dump(data, sort_keys=False))
+    r = runner.invoke(app, ["--db", str(tmp_path / "db"), "gpus"])
+    assert r.exit_code == 2, r.output
+    assert "alias 'h100-sxm' of my-gpu is the name of another entry" in " ".join(r.output.split())
+
+
 def test_a_kernel_fit_of_a_term_no_row_depends_on_is_refused():
     """--fit frontend_request_ms on fused-MoE timings 'fitted' it to its prior with a
     standard error of 0 (issue 47's fourth audit)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -239,10 +240,15 @@ def _text_for_lines(path: Path) -> str | None:
         return None
 
 
+_YAML11_EXPONENT = re.compile(r"[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+")
+"""A number in exponent form that PyYAML (YAML 1.1) leaves a string unless it has a dot
+('1e30', '1e-300'): written unquoted, it is a number, and pydantic reads it as one."""
+
+
 def boolean_for_number(data: Any, schema: Any, where: str = "") -> str | None:
-    """The first field (its dotted path) of ``data`` where a YAML true or false stands for
-    a number ``schema`` takes, or None: pydantic reads true as 1 (issue 47: 'num_layers:
-    true' ran as one layer)."""
+    """The first field (its dotted path) of ``data`` where a YAML true or false, or a quoted
+    text, stands for a number ``schema`` takes, or None: pydantic reads true as 1 and "24"
+    as 24 (issue 47: 'num_layers: true' ran as one layer)."""
     import types
     from typing import Union, get_args, get_origin
 
@@ -261,10 +267,13 @@ def boolean_for_number(data: Any, schema: Any, where: str = "") -> str | None:
         allowed = kinds(field.annotation)
         path = f"{where}{key}"
         if (
-            isinstance(value, bool)
-            and bool not in allowed
+            isinstance(value, bool | str)
+            and type(value) not in allowed
             and any(k in (int, float) for k in allowed)
+            and not (isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value.strip()))
         ):
+            # pydantic reads true as 1 and "24" as 24: a quoted number in an overlay, or a
+            # boolean, passed as a number without a word (issue 47's fuzzing)
             return path
         for kind in allowed:  # a nested entry of its own schema
             if isinstance(kind, type) and hasattr(kind, "model_fields"):
@@ -279,8 +288,14 @@ def load_entry(path: Path, schema: type[T]) -> T:
     data = read_yaml(path)
     flipped = boolean_for_number(data, schema)
     if flipped:
+        value = _field_value(data, flipped)
+        if isinstance(value, str):
+            raise CatalogError(
+                f"{path}: {flipped}: a number, not the text {value[:40]!r}",
+                hint="write the number without quotes",
+            )
         raise CatalogError(
-            f"{path}: {flipped}: a number, not {str(_field_value(data, flipped)).lower()}",
+            f"{path}: {flipped}: a number, not {str(value).lower()}",
             hint="write the number (YAML reads true and false, yes and no as booleans)",
         )
     try:
@@ -621,6 +636,22 @@ def check_references(sections: dict[str, Section]) -> None:
     (physics.deployment.default_efficiency), naming the file."""
     from capsim.errors import close_matches
 
+    builtin = builtin_db_dir().resolve()
+    for section in sections.values():
+        names = {normalise_name(n): n for n in section.entries}
+        for name, entry in section.entries.items():
+            if section.origin[name].resolve().is_relative_to(builtin):
+                continue  # an overlay named as a built-in alias takes it, with a notice
+            for alias in getattr(entry, "aliases", None) or ():
+                other = names.get(normalise_name(alias))
+                if other is not None and other != name:
+                    # a lookup finds the other entry by its name first: an overlay entry's
+                    # alias never reached it (a GPU aliased 'h100-sxm', issue 47)
+                    raise CatalogError(
+                        f"{section.origin[name]}: alias '{alias}' of {name} is the name of "
+                        f"another entry ({section.origin[other]}), which '{alias}' finds",
+                        hint=f"drop the alias, or name the entry '{other}' to replace it",
+                    )
     classes = sections["efficiency"].entries
     gpus = sections["gpus"]
     for name, gpu in gpus.entries.items():
