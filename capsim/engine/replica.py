@@ -290,6 +290,13 @@ class Replica:
                     yield from self._decode_run(m)
                     continue
             step = sched.schedule(env.now)
+            if self._lagged and self._held_back_admissible():
+                # the step admitted everyone waiting and still had room: a request held
+                # back by async scheduling would have joined it had it been sent earlier,
+                # as it is at a higher level (a hypothesis example of 2026-12-01: C=9 with
+                # 11 requests admitted request 9 alone where C=10 admitted 9 and 10), so
+                # this run's service is not the levels' above (Scheduler.note_held_back_room)
+                sched.note_held_back_room()
             if step.empty:
                 # nothing fits (e.g. a prompt larger than the whole KV cache): wait for work
                 yield from self._wait_for_work()
