@@ -22,7 +22,12 @@ from pydantic import (
 )
 
 from capsim.calibration.paths import calibration_dir
-from capsim.catalog.loader import format_validation_error, load_yaml_text
+from capsim.catalog.loader import (
+    annotation_kinds,
+    format_validation_error,
+    load_yaml_text,
+    stands_for_a_number,
+)
 from capsim.catalog.schemas import Source
 from capsim.engine.lengths import length_field
 from capsim.engine.limits import MAX_CONTEXT_TOKENS, MAX_ENGINE_COUNT, MAX_GPUS
@@ -72,28 +77,14 @@ class Strict(BaseModel):
     def _no_boolean_for_a_number(cls, value, info):
         """A YAML true or false where a number goes is refused: pydantic reads true as 1, so
         'value: true' was a measurement of 1.0 and 'tp: true' ran at TP 1 (issue 47)."""
-        if isinstance(value, bool) and _takes_a_number_not_a_boolean(
-            cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and stands_for_a_number(
+            value, annotation_kinds(cls.model_fields[info.field_name].annotation)
         ):
             raise ValueError(
                 "a boolean where a number goes (YAML reads true and false, yes and no as "
                 "booleans): write the number"
             )
         return value
-
-
-def _takes_a_number_not_a_boolean(annotation) -> bool:
-    """Whether a field of this annotation takes an int or a float and no bool."""
-    import types
-    from typing import Union, get_args, get_origin
-
-    def kinds(a) -> tuple:
-        if get_origin(a) in (Union, types.UnionType, Annotated):
-            return tuple(k for arg in get_args(a) for k in kinds(arg))
-        return (a,)
-
-    allowed = kinds(annotation)
-    return bool not in allowed and any(k in (int, float) for k in allowed)
 
 
 def short_text(text: str, most: int = 24) -> str:

@@ -245,18 +245,34 @@ _YAML11_EXPONENT = re.compile(r"[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+")
 ('1e30', '1e-300'): written unquoted, it is a number, and pydantic reads it as one."""
 
 
+def annotation_kinds(annotation) -> tuple:
+    """The types a field annotation admits: the members of a union (an Annotated type's
+    own), else the annotation itself."""
+    import types
+    from typing import Annotated, Union, get_args, get_origin
+
+    if get_origin(annotation) in (Union, types.UnionType, Annotated):
+        return tuple(k for a in get_args(annotation) for k in annotation_kinds(a))
+    return (annotation,)
+
+
+def stands_for_a_number(value: Any, allowed: tuple) -> bool:
+    """Whether ``value``, a YAML true or false or a text, stands where a field of the types
+    ``allowed`` (annotation_kinds) takes a number and not that kind of value: pydantic
+    reads true as 1 and "24" as 24. An exponent number YAML 1.1 left a string ('1e30') is a
+    number."""
+    return (
+        isinstance(value, bool | str)
+        and type(value) not in allowed
+        and any(k in (int, float) for k in allowed)
+        and not (isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value.strip()))
+    )
+
+
 def boolean_for_number(data: Any, schema: Any, where: str = "") -> str | None:
     """The first field (its dotted path) of ``data`` where a YAML true or false, or a quoted
     text, stands for a number ``schema`` takes, or None: pydantic reads true as 1 and "24"
     as 24 (issue 47: 'num_layers: true' ran as one layer)."""
-    import types
-    from typing import Union, get_args, get_origin
-
-    def kinds(annotation) -> tuple:
-        if get_origin(annotation) in (Union, types.UnionType):
-            return tuple(k for a in get_args(annotation) for k in kinds(a))
-        return (annotation,)
-
     fields = getattr(schema, "model_fields", None)
     if not isinstance(data, dict) or fields is None:
         return None
@@ -264,16 +280,11 @@ def boolean_for_number(data: Any, schema: Any, where: str = "") -> str | None:
         field = fields.get(key)
         if field is None:
             continue
-        allowed = kinds(field.annotation)
+        allowed = annotation_kinds(field.annotation)
         path = f"{where}{key}"
-        if (
-            isinstance(value, bool | str)
-            and type(value) not in allowed
-            and any(k in (int, float) for k in allowed)
-            and not (isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value.strip()))
-        ):
-            # pydantic reads true as 1 and "24" as 24: a quoted number in an overlay, or a
-            # boolean, passed as a number without a word (issue 47's fuzzing)
+        if stands_for_a_number(value, allowed):
+            # a quoted number in an overlay, or a boolean, passed as a number without a
+            # word (issue 47's fuzzing)
             return path
         for kind in allowed:  # a nested entry of its own schema
             if isinstance(kind, type) and hasattr(kind, "model_fields"):
@@ -618,14 +629,14 @@ def _parse_over_base(dirs: tuple[Path, ...], files: list[tuple[str, Path]]) -> C
     if len(dirs) < 2:
         return _parse(dirs, files)
     base = _load_dirs(dirs[:1])
-    own = {p for _, p in _catalog_files(dirs[:1])}
     sections: dict[str, Section] = {}
     for kind in SECTIONS:
         section = getattr(base, kind)
         sections[kind] = Section(
             kind=kind, entries=dict(section.entries), origin=dict(section.origin)
         )
-    return _parse(dirs, [(k, p) for k, p in files if p not in own], sections)
+    # an entry file is DIRECTORY/SECTION/NAME.yaml (_catalog_files)
+    return _parse(dirs, [(k, p) for k, p in files if p.parent.parent != dirs[0]], sections)
 
 
 def check_references(sections: dict[str, Section]) -> None:
