@@ -234,7 +234,7 @@ def fit_cmd(
         print_fit(result, g, m, replicas, enable_expert_parallel)
     if result.fits:
         return
-    hint = fit_hint(g, m, fmt, loadable, tp, **fit_options)
+    hint = fit_hint(result, g, m, fmt, loadable, tp, **fit_options)
     if offload is None:
         require_fit(result, hint)
     elif not json_out:

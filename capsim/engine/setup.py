@@ -438,7 +438,7 @@ def build_setup(
     )
     if not fit.fits:
         loadable = list(loadable_formats(cat, engine).values())
-        require_fit(fit, fit_hint(gpu, model, fmt, loadable, tp, **fit_options))
+        require_fit(fit, fit_hint(fit, gpu, model, fmt, loadable, tp, **fit_options))
     capacity = config.kv_capacity_tokens or fit.kv_capacity_tokens
     # a pipeline's batches in flight share its cache and sequence limit in equal parts
     num_blocks = capacity // BLOCK_SIZE_TOKENS // config.pp

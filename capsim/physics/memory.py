@@ -656,20 +656,19 @@ def formats_that_fit(
 
 
 def fit_hint(
-    gpu: GPU, model: Model, fmt: QuantFormat, formats: list[QuantFormat], tp: int, **kwargs
+    here: MemoryFit,
+    gpu: GPU,
+    model: Model,
+    fmt: QuantFormat,
+    formats: list[QuantFormat],
+    tp: int,
+    **kwargs,
 ) -> str:
-    """What would make a deployment fit: fewer batched tokens when their activations alone
-    fill the memory, more GPUs, or a smaller weight format."""
+    """What would make ``here`` (the fit of ``fmt`` at ``tp``, which failed) fit: fewer
+    batched tokens when their activations alone fill the memory, more GPUs, or a smaller
+    weight format."""
     hints = []
-    try:
-        here = memory_fit(gpu, model, fmt, tp=tp, **kwargs)
-    except CapsimUserError:
-        here = None
-    if (
-        here is not None
-        and here.weight_bytes < here.budget_bytes
-        and here.activation_bytes > 0.5 * here.budget_bytes
-    ):
+    if here.weight_bytes < here.budget_bytes and here.activation_bytes > 0.5 * here.budget_bytes:
         # a profiling pass of --max-num-batched-tokens 2**31 tokens needs 180,000 GiB: no
         # format or TP size helps, and the hint said none fits (issue 47's fuzzing)
         tokens = kwargs.get("max_num_batched_tokens")
