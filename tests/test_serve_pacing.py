@@ -6,6 +6,7 @@ wall clock is tests/test_serve.py's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -217,21 +218,38 @@ def test_a_body_that_stalls_is_answered_408(monkeypatch):
 def test_a_connection_that_never_finishes_its_headers_is_closed(monkeypatch):
     """A client that sends half a request line and headers and stops held its connection
     for good (uvicorn times only idle keep-alive connections, issue 47's third audit)."""
-    import socket
-    import threading
     import time
 
-    import uvicorn
     from starlette.applications import Starlette
 
     from capsim.serve import transport
 
     monkeypatch.setattr(transport, "HEADER_SECONDS", 0.5)
+    with connected_to(Starlette()) as client:
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # no blank line: never whole
+        started = time.monotonic()
+        assert client.recv(100) == b""  # closed by the server
+        assert time.monotonic() - started < 5
+
+
+@contextlib.contextmanager
+def connected_to(application):
+    """``application`` served by uvicorn on a free local port (capsim serve's HTTP
+    protocol) in a thread; yields a client socket connected to it (10 s timeout), and
+    stops the server on the way out."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from capsim.serve import transport
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = uvicorn.Config(
-        Starlette(),
+        application,
         host="127.0.0.1",
         port=port,
         http=transport.stamped_protocol(),
@@ -247,10 +265,7 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(monkeypatch):
                 break
             time.sleep(0.05)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
-            client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # no blank line: never whole
-            started = time.monotonic()
-            assert client.recv(100) == b""  # closed by the server
-            assert time.monotonic() - started < 5
+            yield client
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -260,48 +275,21 @@ def test_a_chunk_declared_larger_than_sent_is_answered_408_within_the_body_limit
     """A chunked body whose chunk header declares 2**80 bytes and sends three held the
     connection past 20 s (issue 47's fuzzing): the body's limit (BODY_SECONDS, under the
     10 s a request may hang) answers it 408."""
-    import socket
-    import threading
     import time
 
-    import uvicorn
-
     from capsim.serve import app as serve_app
-    from capsim.serve import transport
 
     assert serve_app.BODY_SECONDS <= 10
     monkeypatch.setattr(serve_app, "BODY_SECONDS", 0.5)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn.Config(
-        serve_app.create_app(live_deployment(1000.0), ["m"]),
-        host="127.0.0.1",
-        port=port,
-        http=transport.stamped_protocol(),
-        log_level="error",
-        lifespan="off",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(100):
-            if server.started:
-                break
-            time.sleep(0.05)
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
-            started = time.monotonic()
-            client.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                b"ffffffffffffffffffff\r\nabc\r\n0\r\n\r\n"
-            )
-            answer = b""
-            while chunk := client.recv(4096):
-                answer += chunk
-            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-            assert time.monotonic() - started < 8
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with connected_to(serve_app.create_app(live_deployment(1000.0), ["m"])) as client:
+        started = time.monotonic()
+        client.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"ffffffffffffffffffff\r\nabc\r\n0\r\n\r\n"
+        )
+        answer = b""
+        while chunk := client.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert time.monotonic() - started < 8
