@@ -322,6 +322,52 @@ def parse_engine_version(text: str) -> Version | None:
         return None
 
 
+class EngineReleases(Strict):
+    """The releases an engine's entry was read from: a version outside them is predicted
+    with the nearest entry's terms, and capsim says so (Catalog.engine)."""
+
+    oldest: str | None = Field(
+        None,
+        description="The oldest release the engine's generations describe; older ones "
+        "differed in ways not modelled (None: not stated)",
+    )
+    newest: str = Field(
+        description="The newest release the engine's entry was read from or checked against"
+    )
+    rationale: str = Field(description="Where each bound was read")
+
+    @field_validator("oldest", "newest")
+    @classmethod
+    def _release(cls, v: str | None) -> str | None:
+        if v is not None and parse_engine_version(v) is None:
+            raise ValueError(f"'{v}' is not a release number (e.g. '0.7.3', 'b6918')")
+        return v
+
+    def outside(self, reference: str, version: Version) -> str | None:
+        """A note when ``version`` (as ``reference`` wrote it, e.g. 'vllm@0.99') lies
+        outside the releases read, else None. Patch releases of the newest minor count as
+        read (0.24.3 when 0.24.0 was)."""
+        newest = parse_engine_version(self.newest)
+        if newest is not None and _minor(version) > _minor(newest):
+            return (
+                f"{reference} is newer than {self.newest}, the newest release capsim's "
+                "data for this engine were read from: predicted as that release"
+            )
+        oldest = parse_engine_version(self.oldest) if self.oldest else None
+        if oldest is not None and version < oldest:
+            return (
+                f"{reference} is older than {self.oldest}, the oldest release capsim's "
+                "data for this engine describe: predicted as its oldest generation, which "
+                "that release may not match"
+            )
+        return None
+
+
+def _minor(version: Version) -> tuple[int, ...]:
+    """A release's major and minor numbers (a llama.cpp build's single number)."""
+    return version.release[:2]
+
+
 class Engine(Strict):
     """A serving engine (hardware_db/engines/): how it batches, launches and overlaps work.
 
@@ -449,6 +495,9 @@ class Engine(Strict):
     )
     backend: str | None = Field(
         None, description="The backend this entry describes (None: each vendor's default)"
+    )
+    releases: EngineReleases | None = Field(
+        None, description="The releases the entry was read from (None: not recorded)"
     )
     version: str | None = Field(
         None, description="The release this entry describes (None: the newest)"

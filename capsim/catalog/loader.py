@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from capsim.catalog import ENV_VAR
-from capsim.catalog.engine_schema import EfficiencyProfile, Engine
+from capsim.catalog.engine_schema import EfficiencyProfile, Engine, parse_engine_version
 from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.host_schema import HostMemory
 from capsim.catalog.model_schema import Model, QuantFormat
@@ -469,6 +469,11 @@ class Catalog:
                     hint=f"'capsim engines' lists each engine's generations; {engine.name} "
                     "alone is its newest release",
                 ) from None
+            parsed = parse_engine_version(version.strip())
+            if engine.releases is not None and parsed is not None:
+                outside = engine.releases.outside(f"{engine.name}@{version.strip()}", parsed)
+                if outside is not None:
+                    notice(outside)
         _, colon, backend = base.partition(":")
         if not colon:
             return engine

@@ -512,6 +512,20 @@ def engines_list(json_out: JsonOption = False, db: DbOption = None) -> None:
                 soft_wrap=True,
                 highlight=False,
             )
+    read = [(e.name, e.releases) for e in cat.engines if e.releases is not None]
+    if read:
+        console.print(
+            "Releases read (a version outside them is predicted as the nearest, with a note):",
+            soft_wrap=True,
+        )
+        for name, r in read:
+            console.print(
+                f"  {name}: {r.oldest} to {r.newest}"
+                if r.oldest
+                else f"  {name}: up to {r.newest} (oldest not stated)",
+                soft_wrap=True,
+                highlight=False,
+            )
     backends = [(e.name, key, b) for e in cat.engines for key, b in e.backends.items()]
     if backends:
         console.print(

@@ -1,0 +1,69 @@
+"""A release outside those an engine's entry was read from is predicted as the nearest,
+and capsim says so (issue 47: nothing runs silently on a version it knows nothing of)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from capsim.catalog.engine_schema import EngineReleases, parse_engine_version
+from capsim.catalog.loader import load_catalog
+from capsim.notices import take_notices
+
+
+@pytest.fixture(scope="module")
+def cat():
+    return load_catalog()
+
+
+def notes_for(cat, reference: str) -> list[str]:
+    take_notices()
+    cat.engine(reference)
+    return take_notices()
+
+
+def test_a_newer_release_is_predicted_as_the_newest_read_with_a_note(cat):
+    (note,) = notes_for(cat, "vllm@0.99")
+    assert "vllm@0.99 is newer than 0.24.0" in note
+    assert "predicted as that release" in note
+    # the same engine as the newest release's entry
+    assert cat.engine("vllm@0.99").async_scheduling == cat.engine("vllm").async_scheduling
+    (note,) = notes_for(cat, "llama.cpp@b99999")
+    assert "newer than b9174" in note
+    (note,) = notes_for(cat, "sglang@0.6.0")
+    assert "newer than 0.5.19" in note
+
+
+def test_an_older_release_than_described_is_named(cat):
+    (note,) = notes_for(cat, "vllm@0.5.4")
+    assert "older than 0.6.0" in note and "oldest generation" in note
+    assert cat.engine("vllm@0.5.4").generation == "V0 engine"
+
+
+@pytest.mark.parametrize(
+    "reference",
+    ["vllm@0.24.0", "vllm@0.24.3", "vllm@0.7.3", "vllm@0.6.0", "sglang@0.5.19", "llama.cpp@b6918"],
+)
+def test_releases_read_pass_without_a_note(cat, reference):
+    assert notes_for(cat, reference) == []
+
+
+def test_an_engine_without_a_version_has_no_note(cat):
+    assert notes_for(cat, "vllm") == []
+
+
+@given(minor=st.integers(0, 24), patch=st.integers(0, 30))
+def test_every_vllm_release_from_0_6_to_0_24_is_read(minor, patch):
+    releases = EngineReleases(oldest="0.6.0", newest="0.24.0", rationale="test")
+    version = parse_engine_version(f"0.{minor}.{patch}")
+    note = releases.outside(f"vllm@0.{minor}.{patch}", version)
+    assert (note is None) == (minor >= 6)
+
+
+def test_bounds_must_be_release_numbers():
+    with pytest.raises(ValidationError, match="not a release number"):
+        EngineReleases(newest="main", rationale="test")
+    with pytest.raises(ValidationError, match="not a release number"):
+        EngineReleases(oldest="latest", newest="0.24.0", rationale="test")
