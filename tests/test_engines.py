@@ -404,7 +404,7 @@ def test_engine_at_release_on_the_command_line():
         for gen in engine.generations:
             version = next(
                 v
-                for v in ("0.1.0", "0.4.3", "0.7.3", "0.9.2", "0.10.1", "0.11.0")
+                for v in ("0.1.0", "0.4.3", "0.7.3", "0.8.5", "0.9.2", "0.10.1", "0.11.0")
                 if gen.covers(Version(v))
             )
             labels = CAT.engine(f"{engine.name}@{version}").generation.split(" + ")

@@ -339,6 +339,20 @@ def print_fit(r, g: GPU, m: Model, replicas: int, expert_parallel: bool = False)
 # ----------------------------------------------------------------------------- explain
 
 
+def launch_text(sm, tokens: float) -> str:
+    """How a step of ``tokens`` launches what no CUDA graph holds: the MLA attention ops
+    piecewise graphs leave out (mla_attention_eager_us a layer) where the graphs hold the
+    step, else every layer (eager or compiled, us a layer) and the all-reduces."""
+    mla_us = sm.params.mla_attention_eager_us if sm.mla_attention_outside_us else 0.0
+    if tokens <= sm.graph_max_tokens:
+        return f"MLA attention outside the CUDA graphs, {mla_us:g} us x {sm.layers} layers"
+    per_layer_us, kind = sm.dispatch_layer
+    text = f"{kind}, {per_layer_us:g} us x {sm.layers} layers + all-reduces"
+    if mla_us and kind != "eager":
+        text += f" + MLA attention {mla_us:g} us x {sm.layers}"
+    return text
+
+
 def step_rows(
     step: StepBreakdown,
     tokens_out: float,
@@ -351,8 +365,8 @@ def step_rows(
     """The rows of one step's table. ``mla_floor``: (us a layer, layers) of what MLA
     layers pay beyond a GQA layer's floor (mla_layer_floor_share of the layer floor, and
     the early kernel stacks' mla_layer_overhead_us), shown as part of the overhead;
-    ``launch``: (us a layer, layers, 'eager' or 'compiled') of a step's launches outside
-    CUDA graphs, shown beside them."""
+    ``launch``: how a step's launches outside CUDA graphs are made up (launch_text),
+    shown beside them."""
     from capsim.physics.memory import GB
 
     ms = 1e3
@@ -479,10 +493,7 @@ def step_rows(
             )
         )
     if step.t_dispatch:
-        how = ""
-        if launch:
-            per_layer_us, layers, kind = launch
-            how = f" ({kind}, {per_layer_us:g} us x {layers} layers + all-reduces)"
+        how = f" ({launch})" if launch else ""
         rows.append(
             ("eager launches (CPU, overlap the GPU)", f"{step.t_dispatch * ms:.3f} ms{how}")
         )
@@ -739,8 +750,6 @@ def explain_cmd(
     title += f", profile {fitted.name}" if fitted else ", uncalibrated"
     note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
     mla_floor = (sm.mla_layer_floor_us, sm.layers) if sm.mla_layer_floor_us else None
-    per_layer_us, kind = sm.dispatch_layer
-    launch = (per_layer_us, sm.layers, kind)
     for label, step, out in (
         (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
         (
@@ -753,6 +762,7 @@ def explain_cmd(
         table = Table(title=f"{title}: {label}{note}", show_header=False)
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
+        launch = launch_text(sm, step.tokens)
         rows = step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor, launch, pp > 1)
         for row in rows:
             table.add_row(*row)

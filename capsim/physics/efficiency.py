@@ -280,6 +280,17 @@ class EfficiencyParams(BaseModel):
         "trace, an eager prefill forward of one new token at 82.6 ms against 23.1 ms in a "
         "CUDA graph, over 61 layers",
     )
+    mla_attention_eager_us: float = Field(
+        0.0,
+        ge=0,
+        description="CPU time to launch one MLA layer's attention op outside the CUDA "
+        "graphs (us) in a step the graphs otherwise hold: vLLM V1's piecewise graphs "
+        "(the default before 0.11) leave the attention op of every layer out of the graph "
+        "and run it from Python; the launches overlap the GPU's work like eager ones. Set "
+        "by the vLLM generations that ran piecewise decode (hardware_db/engines/vllm.yaml: "
+        "216 us before 0.9, 149 us from it, vLLM PR 17668's profile); 0 where decode "
+        "replays one full graph",
+    )
     launch_overlap: float = Field(
         1.0,
         ge=0,

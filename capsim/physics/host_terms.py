@@ -119,18 +119,34 @@ class HostTerms:
 
     def dispatch_seconds(self, tokens: float) -> float:
         """CPU time to launch one step's kernels layer by layer, and its all-reduces,
-        seconds: 0 when the step replays a CUDA graph; ``layer_overhead_eager_us`` a layer
-        in eager mode (``--enforce-eager``, a platform without graphs, or a step above the
-        largest captured size on an engine that runs those op by op: SGLang, vLLM V0);
+        seconds: 0 when the step replays a CUDA graph (but for the MLA attention ops that
+        piecewise graphs leave out, ``mla_attention_outside_us``);
+        ``layer_overhead_eager_us`` a layer in eager mode (``--enforce-eager``, a platform
+        without graphs, or a step above the largest captured size on an engine that runs
+        those op by op: SGLang, vLLM V0);
         ``layer_overhead_compiled_us`` for such a step on an engine that runs compiled
         (fused) code without a graph (vLLM V1). The GPU works while the CPU launches, so a
         step takes the longer of this and its GPU time."""
+        mla_outside = self.mla_attention_outside_us
         if tokens <= self.graph_max_tokens:
-            return 0.0
+            return mla_outside * 1e-6
         p = self.params
-        per_layer, _ = self.dispatch_layer
+        per_layer, kind = self.dispatch_layer
+        if kind == "eager":  # the eager layer's launches hold its attention's
+            mla_outside = 0.0
         allreduces = self.allreduces_per_step if self.link is not None else 0
-        return (self.layers * per_layer + allreduces * p.allreduce_eager_launch_us) * 1e-6
+        launches = self.layers * per_layer + allreduces * p.allreduce_eager_launch_us
+        return (launches + mla_outside) * 1e-6
+
+    @property
+    def mla_attention_outside_us(self) -> float:
+        """CPU time a step spends launching its MLA layers' attention ops outside the CUDA
+        graphs (``mla_attention_eager_us`` a layer; vLLM V1's piecewise graphs before
+        0.11), us; 0 without MLA, without graphs, or where decode replays a full graph."""
+        us = self.params.mla_attention_eager_us
+        if not us or self.model.mla is None or not self.deployment.cuda_graphs:
+            return 0.0
+        return self.layers * us
 
     def _overlapped(self, gpu, dispatch):
         """A step's GPU work and eager launches together (s, scalars or arrays): the longer
