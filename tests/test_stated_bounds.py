@@ -153,3 +153,24 @@ def test_a_cache_folder_of_only_spaces_counts_as_unset(tmp_path, monkeypatch):
     assert cache_dir().name == "capsim" and cache_dir().is_absolute()
     monkeypatch.setenv("CAPSIM_CACHE_DIR", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c"
+
+
+def test_a_relative_cache_folder_is_ignored_with_a_note(tmp_path, monkeypatch):
+    """CAPSIM_CACHE_DIR=rel/cache made a cache folder in whatever directory each command
+    ran from; a relative path is ignored with a note (as XDG's variables are), '~' is the
+    home folder (it made a folder named '~')."""
+    from capsim.catalog.cache import cache_dir
+    from capsim.notices import take_notices
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the fallback: not the real one
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
+    take_notices()
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", "rel/cache")
+    assert cache_dir().is_absolute() and cache_dir().name == "capsim"
+    assert any("not an absolute path" in n for n in take_notices())
+    out = run([*PREDICT], CAPSIM_CACHE_DIR="rel/cache")
+    assert out.exit_code == 0 and "not an absolute path" in out.output, out.output
+    assert not (tmp_path / "rel").exists()
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", "~/capsim-cache")
+    assert cache_dir() == tmp_path / "home" / "capsim-cache"

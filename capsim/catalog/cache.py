@@ -40,10 +40,19 @@ are removed when a new one is written."""
 def cache_dir() -> Path:
     """capsim's cache folder: ``CAPSIM_CACHE_DIR`` or the platform's user cache dir (a value
     of only spaces counts as unset, as CAPSIM_DB's does: it made a folder named '  ' in the
-    current directory)."""
+    current directory). A relative path is ignored with a note, as the XDG base directory
+    specification has it for its own variables: it named a new cache folder in whatever
+    directory each command ran from."""
     explicit = os.environ.get(CACHE_ENV, "")
     if explicit.strip():
-        return Path(explicit)
+        if Path(explicit).expanduser().is_absolute():
+            return Path(explicit).expanduser()
+        from capsim.notices import notice
+
+        notice(
+            f"{CACHE_ENV}='{explicit}' is not an absolute path: ignored, the user cache "
+            f"folder is used (write e.g. $PWD/{explicit} for a folder here)"
+        )
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("capsim"))
