@@ -100,6 +100,16 @@ def test_a_number_given_as_a_number_is_read_and_a_think_time_may_be_fractional()
     assert parse_length("uniform:1e3,2e3").b == 2000  # a distribution's numbers are floats
 
 
+def test_a_uniform_range_of_tokens_has_whole_ends_and_a_think_time_need_not():
+    """'uniform:1.5,2.5' drew 2 tokens every time (issue 47's fuzzing)."""
+    with pytest.raises(CapsimUserError, match="whole-number ends"):
+        parse_length("uniform:1.5,2.5", "--input-tokens")
+    with pytest.raises(CapsimUserError, match="whole-number ends"):
+        parse_length("uniform:10,20.5", "--output-tokens")
+    assert parse_length("uniform:0.1,1", whole=False).b == 1.0
+    assert parse_length("lognormal:198.5,0.652").a == 198.5  # a centre, not a draw
+
+
 def test_the_python_api_takes_token_counts_as_numbers():
     from capsim.engine.config import PredictConfig
 

@@ -145,7 +145,8 @@ def parse_length(
     """Parse a distribution string (see the module docstring); a fixed value, a uniform
     range's low end and a normal or lognormal centre must be at least ``minimum``. With
     ``whole`` (token counts; not a think time) a fixed value and a file's values must be
-    whole numbers ('--output-tokens 1.5' ran as 2); a distribution's draws are rounded."""
+    whole numbers ('--output-tokens 1.5' ran as 2), and so must a uniform range's ends; a
+    normal or lognormal distribution's draws are rounded."""
     spelled = isinstance(text, str)
     if isinstance(text, int | float):
         text = number_text(text)
@@ -183,6 +184,9 @@ def parse_length(
             raise ValueError("needs finite numbers")
         if kind == "uniform" and not minimum <= a <= b:
             raise ValueError(f"uniform needs {minimum:g} <= A <= B")
+        if kind == "uniform" and whole and not (a.is_integer() and b.is_integer()):
+            # 'uniform:1.5,2.5' drew 2 tokens each time (draws are whole numbers in [A, B])
+            raise ValueError("a uniform range of tokens has whole-number ends")
         if kind in ("normal", "lognormal") and (a <= 0 or a < minimum or b < 0):
             raise ValueError(
                 f"needs a centre of at least {max(minimum, 0):g} and a non-negative spread"
