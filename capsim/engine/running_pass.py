@@ -142,12 +142,13 @@ class RunningPass:
 
     def _running_parts_decode_head(
         self,
-    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray] | None:
+    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray, tuple] | None:
         """``_running_parts`` when a few requests still prefill: the decoding rows ahead of
         the first prefilling one take one vector pass, the short tail after it the loop
-        one by one. None when that does not apply (the budget runs out among the decoding
-        head, the tail is long, or the KV cache cannot serve every row without a
-        preemption); the general path then schedules the step."""
+        one by one, and the token moments of the rows are summed on the way (see
+        ScheduledStep.moments). None when that does not apply (the budget runs out among
+        the decoding head, the tail is long, or the KV cache cannot serve every row
+        without a preemption); the general path then schedules the step."""
         cfg = self.config
         n = len(self.running)
         width, bs = cfg.decode_width, cfg.block_size
@@ -186,19 +187,30 @@ class RunningPass:
         context = np.empty(count)
         grant[:head] = width
         context[:head] = kv_tokens[:head]
+        head_context = float(_sum(context[:head]))
+        tokens_sum, context_sum = float(head * width), head_context
+        dot, square = width * head_context, float(head * width * width)
         for i, tokens, ctx, more in tail:
             grant[i] = tokens
             context[i] = ctx
+            tokens_sum += tokens
+            context_sum += ctx
+            dot += tokens * ctx
+            square += tokens * tokens
             if more > 0:
                 blocks[i] += more
-        return False, np.arange(count), grant, context
+        moments = (tokens_sum, count, context_sum, dot, square)
+        return False, np.arange(count), grant, context, moments
 
-    def _running_parts(self) -> tuple[bool, np.ndarray | None, np.ndarray, np.ndarray]:
+    def _running_parts(
+        self,
+    ) -> tuple[bool, np.ndarray | None, np.ndarray, np.ndarray, tuple | None]:
         """The same loop in vector form between preemptions: the rows before the first one
         the KV cache cannot serve get their blocks at once; that row preempts from the
         tail as vLLM does, and the scan goes on. Returns (preempted, rows, tokens,
-        contexts); the scheduled rows are always a prefix of ``running``, and rows None
-        means every running request decodes this step."""
+        contexts, their token moments where summed on the way, else None); the scheduled
+        rows are always a prefix of ``running``, and rows None means every running
+        request decodes this step."""
         if self._prefilling and self._prefilling <= SHORT_TAIL:
             parts = self._running_parts_decode_head()
             if parts is not None:
@@ -210,7 +222,7 @@ class RunningPass:
             total = float(_sum(more))
             if total <= kv.allocatable:  # the common case: no preemption
                 self._grow_leading(more, total)
-                return False, None, grant, context
+                return False, None, grant, context, None
         granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
         need = np.maximum(need[:granted], 0.0)
         preempted = False
@@ -235,4 +247,4 @@ class RunningPass:
                 break
             self._blocks[i] += k
             i += 1
-        return preempted, np.arange(i), grant[:i], context[:i]
+        return preempted, np.arange(i), grant[:i], context[:i], None

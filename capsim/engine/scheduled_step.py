@@ -89,9 +89,11 @@ class ScheduledStep:
 
     @property
     def count(self) -> int:
+        """Sequences the step runs (without joining the admitted ones to the arrays)."""
         if self.moments is not None:
             return self.moments[1]
-        return int(self.new_tokens.size)
+        admitted = 0 if self._admitted is None else len(self._admitted[0])
+        return int(self._new_tokens.size) + admitted
 
     @property
     def empty(self) -> bool:

@@ -251,7 +251,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         if 0 < n_running <= SMALL_BATCH:
             preempted, rows, grant, context, moments = self._running_parts_slow()
         elif n_running:
-            preempted, rows, grant, context = self._running_parts()
+            preempted, rows, grant, context, moments = self._running_parts()
         else:
             rows = np.zeros(0, dtype=np.int64)
             grant = context = np.zeros(0)
