@@ -140,15 +140,14 @@ class RunningPass:
         moments = token_moments(tokens, contexts)
         return preempted, rows, np.array(tokens, dtype=float), np.array(contexts), moments
 
-    def _running_parts_decode_head(
-        self,
-    ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray, tuple] | None:
+    def _running_parts_decode_head(self) -> tuple | None:
         """``_running_parts`` when a few requests still prefill: the decoding rows ahead of
         the first prefilling one take one vector pass, the short tail after it the loop
         one by one, and the token moments of the rows are summed on the way (see
-        ScheduledStep.moments). None when that does not apply (the budget runs out among
-        the decoding head, the tail is long, or the KV cache cannot serve every row
-        without a preemption); the general path then schedules the step."""
+        ScheduledStep.moments), as is their split (``_running_parts``). None when that
+        does not apply (the budget runs out among the decoding head, the tail is long, or
+        the KV cache cannot serve every row without a preemption); the general path then
+        schedules the step."""
         cfg = self.config
         n = len(self.running)
         width, bs = cfg.decode_width, cfg.block_size
@@ -158,15 +157,20 @@ class RunningPass:
         if budget < 0 or n - head > SHORT_TAIL_ROWS:
             return None
         kv_tokens, blocks = self._kv, self._blocks
-        need = np.ceil((kv_tokens[:head] + width) / bs) - blocks[:head]
-        short = (need > 0).nonzero()[0]
-        counts = need[short]
-        total = float(_sum(counts))
-        tail: list[tuple[int, float, float, float]] = []  # (row, tokens, context, blocks)
+        # blocks each head row needs (0 where it has room), in place
+        need = kv_tokens[:head] + width
+        need /= bs
+        np.ceil(need, out=need)
+        need -= blocks[:head]
+        np.maximum(need, 0.0, out=need)
+        total = float(_sum(need))
+        # (row, tokens, context, blocks it needs, whether it decodes)
+        tail: list[tuple[int, float, float, float, bool]] = []
         for i in range(head, n):
             if budget <= 0:
                 break
-            if dec[i]:
+            decodes = bool(dec[i])
+            if decodes:
                 if width > budget:
                     break
                 tokens, context = float(width), float(kv_tokens[i])
@@ -176,23 +180,26 @@ class RunningPass:
             more = math.ceil((context + tokens) / bs) - float(blocks[i])
             if more > 0:
                 total += more
-            tail.append((i, tokens, context, more))
+            tail.append((i, tokens, context, more, decodes))
             budget -= tokens
         if total > self.kv.allocatable:
             return None
         self.kv.reserve(int(total))
-        blocks[short] += counts
+        blocks[:head] += need
         count = head + len(tail)
-        grant = np.empty(count)
-        context = np.empty(count)
-        grant[:head] = width
-        context[:head] = kv_tokens[:head]
+        # every row's tokens and context as a decode's, then the prefill chunks' set
+        grant = self._decode_widths[:count].copy()
+        context = kv_tokens[:count].copy()
         head_context = float(_sum(context[:head]))
         tokens_sum, context_sum = float(head * width), head_context
         dot, square = width * head_context, float(head * width * width)
-        for i, tokens, ctx, more in tail:
-            grant[i] = tokens
-            context[i] = ctx
+        running = self.running
+        prefills = []
+        for i, tokens, ctx, more, decodes in tail:
+            if not decodes:
+                grant[i] = tokens
+                context[i] = ctx
+                prefills.append((running[i], int(tokens), i))
             tokens_sum += tokens
             context_sum += ctx
             dot += tokens * ctx
@@ -200,17 +207,25 @@ class RunningPass:
             if more > 0:
                 blocks[i] += more
         moments = (tokens_sum, count, context_sum, dot, square)
-        return False, np.arange(count), grant, context, moments
+        decoding = dec[:count].copy()
+        if len(prefills) == len(tail):  # the tail all prefills: the head decodes
+            decode_rows = self._row_numbers[:head]
+        else:
+            decode_rows = self._row_numbers[:count][decoding]
+        split = (decoding, decode_rows, prefills, int(tokens_sum))
+        return False, self._row_numbers[:count], grant, context, moments, split
 
     def _running_parts(
         self,
-    ) -> tuple[bool, np.ndarray | None, np.ndarray, np.ndarray, tuple | None]:
+    ) -> tuple[bool, np.ndarray | None, np.ndarray, np.ndarray, tuple | None, tuple | None]:
         """The same loop in vector form between preemptions: the rows before the first one
         the KV cache cannot serve get their blocks at once; that row preempts from the
         tail as vLLM does, and the scan goes on. Returns (preempted, rows, tokens,
-        contexts, their token moments where summed on the way, else None); the scheduled
-        rows are always a prefix of ``running``, and rows None means every running
-        request decodes this step."""
+        contexts, moments, split): the scheduled rows are always a prefix of ``running``,
+        and rows None means every running request decodes this step; the rows' token
+        moments and their split (which of them decode, the decoding rows, the prefill
+        chunks as (request, tokens, row), and their tokens in all) where summed on the
+        way, else None."""
         if self._prefilling and self._prefilling <= SHORT_TAIL:
             parts = self._running_parts_decode_head()
             if parts is not None:
@@ -222,7 +237,7 @@ class RunningPass:
             total = float(_sum(more))
             if total <= kv.allocatable:  # the common case: no preemption
                 self._grow_leading(more, total)
-                return False, None, grant, context, None
+                return False, None, grant, context, None, None
         granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
         need = np.maximum(need[:granted], 0.0)
         preempted = False
@@ -247,4 +262,4 @@ class RunningPass:
                 break
             self._blocks[i] += k
             i += 1
-        return preempted, np.arange(i), grant[:i], context[:i], None
+        return preempted, np.arange(i), grant[:i], context[:i], None, None

@@ -248,10 +248,11 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         n_running = len(running)
         preempted = False
         moments = None  # of the running rows scheduled, where summed on the way
+        split = None  # and their split (RunningPass._running_parts)
         if 0 < n_running <= SMALL_BATCH:
             preempted, rows, grant, context, moments = self._running_parts_slow()
         elif n_running:
-            preempted, rows, grant, context, moments = self._running_parts()
+            preempted, rows, grant, context, moments, split = self._running_parts()
         else:
             rows = np.zeros(0, dtype=np.int64)
             grant = context = np.zeros(0)
@@ -260,6 +261,9 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
             decode_rows = self._row_numbers[:n_running]
             decoding = None
             budget = cfg.max_num_batched_tokens - n_running * cfg.decode_width
+        elif split is not None:
+            decoding, decode_rows, prefills, granted = split
+            budget = cfg.max_num_batched_tokens - granted
         else:
             decoding = self._dec[rows]
             decode_rows = rows[decoding]
