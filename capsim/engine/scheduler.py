@@ -33,12 +33,17 @@ from capsim.engine.run_length import FINISH_TOLERANCE, LEAST_LEFT_MARGIN, Decode
 from capsim.engine.running_pass import RunningPass
 from capsim.engine.running_rows import RunningRows
 from capsim.engine.scheduled_step import ScheduledStep, token_moments
-from capsim.engine.ufuncs import array_min as _min
 from capsim.engine.ufuncs import array_sum as _sum
 
 SMALL_BATCH = 8
 """Up to this many running requests, the per-request loop is faster than numpy's fixed
 cost per call; both paths schedule identically (tested)."""
+
+
+NONE_FINISH = 0.5
+"""Output tokens left above which a decoding row cannot be finishing: a finishing row has
+at most FINISH_TOLERANCE (and the rounding of ``output - generated``) left, far below it;
+with whole-token steps every other row has at least one token left."""
 
 
 @dataclass
@@ -492,17 +497,29 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         return False
 
     def _finish_done(self, now: float) -> list[SimRequest]:
+        """Finish the decoding requests that reached their output length (at ``now``, s)
+        and make ``_least_left`` exact; returns them."""
         if self._least_left > FINISH_TOLERANCE + LEAST_LEFT_MARGIN:
             return []
         n = len(self.running)
+        if not n:
+            self._least_left = math.inf
+            self._least_left_exact = True
+            return []
         left = self._out[:n] - self._gen[:n]
-        finishing = self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE
         if self._prefilling:
             dec = self._dec[:n]
-            finishing &= dec
             left[~dec] = math.inf
+        least = float(left[left.argmin()])
+        if least > NONE_FINISH:  # the bound was loose: nobody finishes
+            self._least_left = least
+            self._least_left_exact = True
+            return []
+        finishing = self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE
+        if self._prefilling:
+            finishing &= dec
         left[finishing] = math.inf  # the least left of those still decoding
-        self._least_left = float(_min(left)) if n else math.inf
+        self._least_left = float(left[left.argmin()])
         self._least_left_exact = True
         done = finishing.nonzero()[0].tolist()
         finished = [self.running[row] for row in done]
