@@ -117,6 +117,9 @@ class Replica:
         self.admits_a_step_late = step_model.admits_a_step_late
         self._lagged: list[tuple[float, SimRequest]] = []
         self._step_start = -math.inf
+        # what the step loop asks of the step model every step, fixed for a deployment
+        self._speculates = step_model.deployment.spec is not None
+        self._takes_moments = step_model.takes_moments
         self.process = env.process(self.run())
 
     @property
@@ -231,9 +234,11 @@ class Replica:
         sched = self.scheduler
         if sched.running or sched.waiting:
             cutoff = self._step_start
-            taken = next(
-                (i for i, (at, _) in enumerate(self._lagged) if at > cutoff), len(self._lagged)
-            )
+            taken = len(self._lagged)
+            for i, (at, _) in enumerate(self._lagged):
+                if at > cutoff:
+                    taken = i
+                    break
         else:
             taken = len(self._lagged)
         if not taken:
@@ -297,31 +302,33 @@ class Replica:
                 # 11 requests admitted request 9 alone where C=10 admitted 9 and 10), so
                 # this run's service is not the levels' above (Scheduler.note_held_back_room)
                 sched.note_held_back_room()
-            if step.empty:
+            count, decoding = step.count, step.decoding
+            if not count:
                 # nothing fits (e.g. a prompt larger than the whole KV cache): wait for work
                 yield from self._wait_for_work()
                 continue
             self._step_start = env.now
-            spec = sm.deployment.spec is not None
-            if step.moments is not None and sm.takes_moments:
+            spec = self._speculates
+            if step.moments is not None and self._takes_moments:
                 duration = sm.moment_step_time(*step.moments)
             else:
                 logits = None
                 if spec:
                     # verification samples every drafted position; a prefill chunk samples one
-                    prefilling = step.count - step.decoding
-                    logits = step.decoding * sm.decode_width + prefilling
+                    logits = decoding * sm.decode_width + count - decoding
                 duration = sm.scheduled_step_time(
                     step.new_tokens,
                     step.context,
                     logits_tokens=logits,
-                    draft_context=step.decode_context() if spec and step.decoding else None,
+                    draft_context=step.decode_context() if spec and decoding else None,
                 )
             # decoding sequences this step leaves out (a prefill batch of its own)
-            sat_out = sched.decoding_count - step.decoding
-            duration += sched.take_load_seconds()  # KV loaded from system RAM first
+            sat_out = sched.decoding_count - decoding
+            if sched.load_tokens:
+                duration += sched.take_load_seconds()  # KV loaded from system RAM first
             applied = self.fast_forward and not sched.may_finish(step)
-            weight = self._step_weight(step)
+            # what the step adds to the poll counter (_step_weight)
+            weight = 1 if count == decoding else self.recv_interval
             if applied:
                 # nobody finishes, so nothing outside the scheduler sees the step end:
                 # apply it now, and when identical decode steps follow, wait for the
@@ -333,15 +340,15 @@ class Replica:
                         m = min(m, self._steps_to_receive(weight) - 1)
                     if m >= 1:
                         self._note_stall(duration, sat_out)
-                        yield from self._decode_run(m, duration, step.decoding, weight)
+                        yield from self._decode_run(m, duration, decoding, weight)
                         continue
             self.events += 1
             yield env.timeout(duration)
             self._recv_count += weight
             self.steps += 1
             self.busy_time += duration
-            if step.decoding:
-                self._record_itl_step(duration, step.decoding)
+            if decoding:
+                self._record_itl_step(duration, decoding)
             self._note_stall(duration, sat_out)
             finished = [] if applied else sched.complete(step, env.now)
             if self.step_listener is not None:
