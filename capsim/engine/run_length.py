@@ -13,8 +13,7 @@ import math
 
 import numpy as np
 
-from capsim.engine.ufuncs import array_max as _max
-from capsim.engine.ufuncs import array_min as _min
+from capsim.engine.ufuncs import least
 
 LEAST_LEFT_MARGIN = 1e-6
 """Slack on the lower bound of output tokens left, so rounding in it cannot skip a finish."""
@@ -34,7 +33,7 @@ class DecodeRunLength:
         adv = cfg.decode_advance
         # ceil is monotone, so the first finish is the smallest remaining output's
         if not self._least_left_exact:
-            self._least_left = float(_min(self._out[:n] - self._gen[:n]))
+            self._least_left = least(self._out[:n] - self._gen[:n])
             self._least_left_exact = True
         remaining = self._least_left
         m_finish = max(math.ceil((remaining - FINISH_TOLERANCE) / adv), 1)
@@ -60,10 +59,10 @@ class DecodeRunLength:
         n = len(self.running)
         bs = cfg.block_size
         room = self._blocks[:n] * bs - (self._kv[:n] + cfg.decode_width - 1.0)
-        if _min(room) < 0 or _max(room) >= bs:
+        room.sort()  # a temporary, sorted in place: its least, its j-th and its most
+        if room[0] < 0 or room[-1] >= bs:
             return None
         k, j = divmod(self.kv.allocatable, n)
-        room.partition(j)  # a temporary: partitioned in place
         r_j = float(room[j])
         return min(m_finish, math.floor(r_j) + k * bs)
 

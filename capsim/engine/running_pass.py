@@ -17,7 +17,7 @@ import numpy as np
 
 from capsim.engine.request import WAITING, SimRequest
 from capsim.engine.scheduled_step import token_moments
-from capsim.engine.ufuncs import array_sum as _sum
+from capsim.engine.ufuncs import whole_sum
 
 SHORT_TAIL = 4
 """With at most this many running requests in prefill, the scheduler serves the decoding
@@ -62,7 +62,8 @@ class RunningPass:
             remaining = np.minimum(remaining, cfg.request_chunk_tokens)
         want = np.where(dec, width, remaining)
         before = np.add.accumulate(want) - want
-        grant = np.clip(cfg.max_num_batched_tokens - before, 0, want)
+        # clipped to [0, want] (np.clip's arithmetic, without its Python wrapper)
+        grant = np.minimum(np.maximum(cfg.max_num_batched_tokens - before, 0), want)
         # a decode that cannot get all its tokens stops the loop, as does an empty budget
         stop = ((dec & (grant < width)) | (grant <= 0)).nonzero()[0]
         if stop.size:
@@ -80,14 +81,6 @@ class RunningPass:
         if total:
             self.kv.reserve(int(total))
             self._blocks[: more.size] += more
-
-    def _allocate_rows(self, rows: np.ndarray, counts: np.ndarray) -> None:
-        """Give running ``rows`` ``counts`` more blocks each in one KV-cache reservation;
-        the caller has checked that the cache can provide them all."""
-        if not rows.size:
-            return
-        self.kv.reserve(int(_sum(counts)))
-        self._blocks[rows] += counts
 
     def _schedule_running_slow(self, step_parts: list) -> bool:
         """vLLM's loop over running requests one by one, preempting the newest request
@@ -163,7 +156,7 @@ class RunningPass:
         np.ceil(need, out=need)
         need -= blocks[:head]
         np.maximum(need, 0.0, out=need)
-        total = float(_sum(need))
+        total = whole_sum(need)
         # (row, tokens, context, blocks it needs, whether it decodes)
         tail: list[tuple[int, float, float, float, bool]] = []
         for i in range(head, n):
@@ -190,7 +183,7 @@ class RunningPass:
         # every row's tokens and context as a decode's, then the prefill chunks' set
         grant = self._decode_widths[:count].copy()
         context = kv_tokens[:count].copy()
-        head_context = float(_sum(context[:head]))
+        head_context = whole_sum(context[:head])
         tokens_sum, context_sum = float(head * width), head_context
         dot, square = width * head_context, float(head * width * width)
         running = self.running
@@ -234,7 +227,7 @@ class RunningPass:
         running, kv = self.running, self.kv
         if everyone:
             more = np.maximum(need, 0.0)
-            total = float(_sum(more))
+            total = whole_sum(more)
             if total <= kv.allocatable:  # the common case: no preemption
                 self._grow_leading(more, total)
                 return False, None, grant, context, None, None
@@ -246,8 +239,9 @@ class RunningPass:
             end = min(granted, len(running))
             cumulative = np.add.accumulate(need[i:end])
             served = i + int(cumulative.searchsorted(kv.allocatable, side="right"))
-            short = i + (need[i:served] > 0).nonzero()[0]
-            self._allocate_rows(short, need[short])
+            if served > i and cumulative[served - i - 1]:  # the blocks rows i..served-1 need
+                kv.reserve(int(cumulative[served - i - 1]))
+                self._blocks[i:served] += need[i:served]  # (0 for a row with room)
             i = served
             if i >= end:
                 break

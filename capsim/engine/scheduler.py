@@ -33,7 +33,7 @@ from capsim.engine.run_length import FINISH_TOLERANCE, LEAST_LEFT_MARGIN, Decode
 from capsim.engine.running_pass import RunningPass
 from capsim.engine.running_rows import RunningRows
 from capsim.engine.scheduled_step import ScheduledStep, token_moments
-from capsim.engine.ufuncs import array_sum as _sum
+from capsim.engine.ufuncs import least, whole_sum
 
 SMALL_BATCH = 8
 """Up to this many running requests, the per-request loop is faster than numpy's fixed
@@ -276,7 +276,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
                 for i in (~decoding).nonzero()[0].tolist():
                     row = int(rows[i])
                     prefills.append((running[row], int(grant[i]), row))
-            budget = cfg.max_num_batched_tokens - int(_sum(grant))
+            budget = cfg.max_num_batched_tokens - int(whole_sum(grant))
         admitted_tokens: list[float] = []
         admitted_context: list[float] = []
         if not preempted and cfg.mixes_prefill_and_decode:
@@ -368,7 +368,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         whole = cfg.decode_advance == 1.0  # no fractional speculative progress
         if rows is None and whole:  # every running request decodes: the moments in one sum
             width = cfg.decode_width
-            context_sum = float(_sum(context))
+            context_sum = whole_sum(context)
             moments = (
                 float(n_running * width),
                 n_running,
@@ -510,16 +510,16 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         if self._prefilling:
             dec = self._dec[:n]
             left[~dec] = math.inf
-        least = float(left[left.argmin()])
-        if least > NONE_FINISH:  # the bound was loose: nobody finishes
-            self._least_left = least
+        fewest = least(left)
+        if fewest > NONE_FINISH:  # the bound was loose: nobody finishes
+            self._least_left = fewest
             self._least_left_exact = True
             return []
         finishing = self._gen[:n] >= self._out[:n] - FINISH_TOLERANCE
         if self._prefilling:
             finishing &= dec
         left[finishing] = math.inf  # the least left of those still decoding
-        self._least_left = float(left[left.argmin()])
+        self._least_left = least(left)
         self._least_left_exact = True
         done = finishing.nonzero()[0].tolist()
         finished = [self.running[row] for row in done]
@@ -555,7 +555,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         self._least_left -= gain
         if self.reserve is not None:
             self.reserve.decode_batches(steps)
-        total = float(_sum(more))
+        total = whole_sum(more)
         assert total <= self.kv.allocatable, "decode run exceeded its KV blocks"
         self._grow_leading(more, total)
         return self._finish_done(now)
