@@ -32,6 +32,10 @@ RouterPolicy = Literal["round_robin", "random", "least_outstanding", "prefix_awa
 ROUTER_POLICIES: tuple[str, ...] = get_args(RouterPolicy)
 """The policies' names, for validating user input."""
 
+PROMPTS_REMEMBERED = 65536
+"""Prompt lengths whose per-request latency (a pure function of the length) is kept once
+computed, before the memo starts over."""
+
 
 def takes_time(seconds_of: Callable[[float], float]) -> bool:
     """Whether a per-request latency ``seconds_of(prompt tokens)`` (a share per request
@@ -68,6 +72,7 @@ class Router:
         # it at max(its arrival, the previous one's departure) + its own work, so its
         # departure is known when it arrives (one timeout, no process or resource)
         self._api_free_at: dict[int, float] = {}
+        self._api_seconds: dict[int, float] = {}  # api_server_s by prompt tokens, as asked
         self._in_api: dict[int, int] = {}  # requests in each replica's API server
         self.replicas = replicas
         self.policy = policy
@@ -112,7 +117,13 @@ class Router:
             replica.submit(req)
             return
         now, key = self.env.now, replica.index
-        free = max(now, self._api_free_at.get(key, 0.0)) + float(self.api_server_s(req.prompt_len))
+        seconds = self._api_seconds.get(req.prompt_len)
+        if seconds is None:
+            if len(self._api_seconds) >= PROMPTS_REMEMBERED:
+                self._api_seconds.clear()
+            seconds = float(self.api_server_s(req.prompt_len))
+            self._api_seconds[req.prompt_len] = seconds
+        free = max(now, self._api_free_at.get(key, 0.0)) + seconds
         self._api_free_at[key] = free
         self._in_api[key] = self._in_api.get(key, 0) + 1
         self.env.timeout(free - now).callbacks.append(

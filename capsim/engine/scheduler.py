@@ -216,17 +216,20 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         blocks, prompt tokens already computed or cached, tokens of its first chunk,
         blocks that chunk needs)."""
         cfg = self.config
+        bs = cfg.block_size
         req = self.waiting[0]
         hits = 0
         fresh = req.computed == 0 and not req.cached_len
-        if fresh:
+        computed = req.computed
+        if fresh and req.reusable:  # only a reusable prompt is looked up (cached_prefix)
             hits = self.kv.cached_prefix(req)
-        computed = max(req.computed, hits * cfg.block_size)
+            computed = max(computed, hits * bs)
         if fresh and self.kv.host is not None:
             # blocks the tier in system RAM holds beyond the GPU's: loaded, not computed
-            computed = max(computed, self.kv.host_prefix(req) * cfg.block_size)
-        n = cfg.chunk(req.prefill_target - computed, budget)
-        need = math.ceil((computed + n) / cfg.block_size) - req.total_blocks - hits
+            computed = max(computed, self.kv.host_prefix(req) * bs)
+        left = req.prefill_target - computed
+        n = min(left, budget) if cfg.request_chunk_tokens is None else cfg.chunk(left, budget)
+        need = math.ceil((computed + n) / bs) - (req.blocks + req.cached_len) - hits
         return req, fresh, hits, computed, n, need
 
     def head_blocked(self) -> bool:
@@ -452,7 +455,8 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         rows = step.decode_rows
         k = rows.size
         if k and rows[-1] == k - 1:  # the first k rows (rows are increasing)
-            self._state[:2, :k] += adv  # tokens in KV and generated
+            self._kv[:k] += adv  # tokens in KV and generated (two 1-D adds: cheaper than
+            self._gen[:k] += adv  # one over the two rows)
         elif k:
             self._kv[rows] += adv
             self._gen[rows] += adv
@@ -551,7 +555,8 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         # advanced state can round across a block boundary and ask for one block more)
         last_step_end = self._kv[:n] + (steps - 1) * cfg.decode_advance + cfg.decode_width
         more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
-        self._state[:2, :n] += gain  # tokens in KV and generated
+        self._kv[:n] += gain  # tokens in KV and generated
+        self._gen[:n] += gain
         self._least_left -= gain
         if self.reserve is not None:
             self.reserve.decode_batches(steps)

@@ -38,7 +38,7 @@ from capsim.engine.limits import MAX_CONTEXT_TOKENS
 from capsim.engine.progress import Progress
 from capsim.engine.request import SimRequest
 from capsim.engine.request_log import REQUEST_BUFFER, LoggedRequests, RequestLog
-from capsim.engine.router import Router, takes_time
+from capsim.engine.router import PROMPTS_REMEMBERED, Router, takes_time
 from capsim.errors import CapsimUserError
 from capsim.files import loads_json
 
@@ -324,6 +324,7 @@ class Driver:
         # loops; agents with no think time; an orchestrator gathering).
         self.turnaround = log.frontend
         self.has_turnaround = takes_time(self.turnaround)
+        self._turnarounds: dict[int, float] = {}  # turnaround by prompt tokens, as asked
         self.reacts_at_once = (
             workload.kind in ("batch", "closed", "agents") and not self.has_turnaround
         )
@@ -355,11 +356,20 @@ class Driver:
             self.progress.advance()
         if req.done is None:  # a closed loop's client, a callback rather than a process
             if self.has_turnaround:
-                seen = self.env.timeout(self.turnaround(float(req.prompt_len)))
+                seen = self.env.timeout(self._turnaround_of(req.prompt_len))
             else:  # at this instant, once the step's other finishes are through
                 seen = self.env.event()
                 seen.succeed()
             seen.callbacks.append(self._closed_send)
+
+    def _turnaround_of(self, prompt_len: int) -> float:
+        """``turnaround`` of a prompt of ``prompt_len`` tokens, seconds (remembered)."""
+        seconds = self._turnarounds.get(prompt_len)
+        if seconds is None:
+            if len(self._turnarounds) >= PROMPTS_REMEMBERED:
+                self._turnarounds.clear()
+            seconds = self._turnarounds[prompt_len] = self.turnaround(float(prompt_len))
+        return seconds
 
     def close(self) -> LoggedRequests:
         """After the simulation: log the requests that never finished, and return what
