@@ -129,7 +129,9 @@ class KVCache:
         if n > self.free:
             self._evict(n - self.free)
         self.free -= n
-        self._note_peak()
+        used = self.num_blocks - self.free - self.evictable  # _note_peak, inline
+        if used > self.peak_used:
+            self.peak_used = used
 
     def allocate(self, req: SimRequest, n: int) -> bool:
         """Give ``req`` ``n`` more private blocks, evicting cached ones if needed."""
@@ -175,7 +177,8 @@ class KVCache:
         """Whether a waiting ``req`` can join the running set: ``need`` more blocks for its
         tokens and its recurrent state's blocks, besides the ``hits`` cached leading blocks
         it will take (those that are evictable now stop being allocatable)."""
-        return need + self.state_blocks <= self.allocatable - self.evictable_among(req, hits)
+        taken = self.evictable_among(req, hits) if hits else 0
+        return need + self.state_blocks <= self.free + self.evictable - taken
 
     def take_prefix(self, req: SimRequest, hits: int) -> None:
         """Reference ``hits`` cached leading blocks for ``req``."""

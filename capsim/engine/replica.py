@@ -283,18 +283,23 @@ class Replica:
                     sched.note_held_back_room()
             if self.recv_interval > 1:
                 self._receive()
+            now = env.now  # until the next yield
             if sched.idle:
-                sched.note_dry(env.now)
+                sched.note_dry(now)
                 yield from self._wait_for_work()
                 continue
-            if self.fast_forward and not self._lag_may_admit() and sched.steady_decode(env.now):
+            if (
+                self.fast_forward
+                and not (self._lagged and self._lag_may_admit())
+                and sched.steady_decode(now)
+            ):
                 m = sched.run_length()
                 if self._inbox:
                     m = min(m, self._steps_to_receive())
                 if m >= 2:
                     yield from self._decode_run(m)
                     continue
-            step = sched.schedule(env.now)
+            step = sched.schedule(now)
             if self._lagged and self._held_back_admissible():
                 # the step admitted everyone waiting and still had room: a request held
                 # back by async scheduling would have joined it had it been sent earlier,
@@ -307,7 +312,7 @@ class Replica:
                 # nothing fits (e.g. a prompt larger than the whole KV cache): wait for work
                 yield from self._wait_for_work()
                 continue
-            self._step_start = env.now
+            self._step_start = now
             spec = self._speculates
             if step.moments is not None and self._takes_moments:
                 duration = sm.moment_step_time(*step.moments)
@@ -333,8 +338,8 @@ class Replica:
                 # nobody finishes, so nothing outside the scheduler sees the step end:
                 # apply it now, and when identical decode steps follow, wait for the
                 # step and that run in one event
-                sched.complete(step, env.now + duration)
-                if not self._lag_may_admit() and sched.steady_decode(env.now):
+                sched.complete(step, now + duration)
+                if not (self._lagged and self._lag_may_admit()) and sched.steady_decode(now):
                     m = sched.run_length()
                     if self._inbox:
                         m = min(m, self._steps_to_receive(weight) - 1)

@@ -22,7 +22,7 @@ class RunningRows:
         self._kv[i] = req.kv_tokens
         self._gen[i] = req.generated
         self._out[i] = req.output_len + self._extra_steps
-        self._blocks[i] = req.total_blocks
+        self._blocks[i] = req.blocks + req.cached_len  # req.total_blocks
         self._dec[i] = req.phase == DECODE
         self._computed[i] = req.computed
         self._target[i] = req.prefill_target

@@ -175,11 +175,12 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         n = len(self.running)
         if not n:
             return False
-        if n * self.config.decode_width > self.config.max_num_batched_tokens:
+        cfg = self.config
+        if n * cfg.decode_width > cfg.max_num_batched_tokens:
             return False
         if self._prefilling:
             return False
-        if not self.can_admit_more():
+        if n >= cfg.max_num_seqs:  # no room for another (can_admit_more)
             return True
         if not self.waiting:
             self.note_dry(now)
