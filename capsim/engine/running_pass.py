@@ -226,13 +226,15 @@ class RunningPass:
         grant, context, need, everyone = self._grant_running()
         running, kv = self.running, self.kv
         if everyone:
-            more = np.maximum(need, 0.0)
-            total = whole_sum(more)
+            need = np.maximum(need, 0.0)
+            total = whole_sum(need)
             if total <= kv.allocatable:  # the common case: no preemption
-                self._grow_leading(more, total)
+                self._grow_leading(need, total)
                 return False, None, grant, context, None, None
-        granted = len(running) if everyone else int(np.count_nonzero(grant > 0))
-        need = np.maximum(need[:granted], 0.0)
+            granted = len(running)
+        else:
+            granted = int(np.count_nonzero(grant > 0))
+            need = np.maximum(need[:granted], 0.0)
         preempted = False
         i = 0
         while i < min(granted, len(running)):
@@ -256,4 +258,11 @@ class RunningPass:
                 break
             self._blocks[i] += k
             i += 1
-        return preempted, np.arange(i), grant[:i], context[:i], None, None
+        rows, context = self._row_numbers[:i], context[:i]
+        if everyone:  # the rows served all decode: their moments and split as they stand
+            width = self.config.decode_width
+            context_sum = whole_sum(context)
+            tokens, square = float(i * width), float(i * width * width)
+            moments = (tokens, i, context_sum, width * context_sum, square)
+            return preempted, rows, grant[:i], context, moments, (None, rows, [], i * width)
+        return preempted, rows, grant[:i], context, None, None
