@@ -58,7 +58,10 @@ class DecodeRunLength:
         cfg = self.config
         n = len(self.running)
         bs = cfg.block_size
-        room = self._blocks[:n] * bs - (self._kv[:n] + cfg.decode_width - 1.0)
+        if cfg.decode_width == 1:  # (kv + 1) - 1.0 is kv: whole tokens, one token a step
+            room = self._blocks[:n] * self._block_size - self._kv[:n]
+        else:
+            room = self._blocks[:n] * self._block_size - (self._kv[:n] + self._width - 1.0)
         room.sort()  # a temporary, sorted in place: its least, its j-th and its most
         if room[0] < 0 or room[-1] >= bs:
             return None

@@ -55,7 +55,7 @@ class RunningPass:
         if n * width <= cfg.max_num_batched_tokens and not self._prefilling:
             # the common case: every running request decodes and the budget holds them all
             context = self._kv[:n].copy()
-            need = np.ceil((context + width) / cfg.block_size) - self._blocks[:n]
+            need = np.ceil((context + self._width) / self._block_size) - self._blocks[:n]
             return self._decode_widths[:n], context, need, True
         remaining = self._target[:n] - self._computed[:n]
         if cfg.request_chunk_tokens is not None:
@@ -150,12 +150,10 @@ class RunningPass:
         if budget < 0 or n - head > SHORT_TAIL_ROWS:
             return None
         kv_tokens, blocks = self._kv, self._blocks
-        # blocks each head row needs (0 where it has room), in place
-        need = kv_tokens[:head] + width
-        need /= bs
-        np.ceil(need, out=need)
-        need -= blocks[:head]
-        np.maximum(need, 0.0, out=need)
+        # blocks each head row needs (0 where it has room)
+        need = np.maximum(
+            np.ceil((kv_tokens[:head] + self._width) / self._block_size) - blocks[:head], 0.0
+        )
         total = whole_sum(need)
         # (row, tokens, context, blocks it needs, whether it decodes)
         tail: list[tuple[int, float, float, float, bool]] = []

@@ -130,6 +130,10 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         self._row_numbers = np.arange(cap)
         self._decode_widths = np.full(cap, float(config.decode_width))
         self._row_numbers.flags.writeable = self._decode_widths.flags.writeable = False
+        # the block size and decode width as floats, for the vector arithmetic on the rows
+        # (the same values; numpy converts a Python float with less work than an int)
+        self._block_size = float(config.block_size)
+        self._width = float(config.decode_width)
         self._prefilling = 0  # running rows not decoding
         # requests whose first token the last step made and the client has not yet seen
         # (outputs_a_step_late): their first_token moves to the end of the next step
@@ -554,8 +558,11 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         # the blocks the last step writes into, computed as _block_limit_search counts
         # them (before the update, the same float expression: recomputing it from the
         # advanced state can round across a block boundary and ask for one block more)
-        last_step_end = self._kv[:n] + (steps - 1) * cfg.decode_advance + cfg.decode_width
-        more = np.maximum(np.ceil(last_step_end / cfg.block_size) - self._blocks[:n], 0.0)
+        if cfg.decode_advance == 1.0:  # whole tokens: one addition, exact
+            last_step_end = self._kv[:n] + float(steps - 1 + cfg.decode_width)
+        else:
+            last_step_end = self._kv[:n] + (steps - 1) * cfg.decode_advance + self._width
+        more = np.maximum(np.ceil(last_step_end / self._block_size) - self._blocks[:n], 0.0)
         self._kv[:n] += gain  # tokens in KV and generated
         self._gen[:n] += gain
         self._least_left -= gain
