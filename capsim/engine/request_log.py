@@ -102,8 +102,19 @@ class RequestLog:
     def _keep(self, index: int, req: SimRequest, output: int, ok: bool) -> None:
         """Queue one request's row (send order ``index``, ``output`` tokens, whether it
         completed) for the columns."""
-        row = (index, req.send, req.first_token, req.finish, req.prompt_len, output)
-        self._pending.append((*row, req.first_scheduled, float(ok), req.cached_tokens))
+        self._pending.append(
+            (
+                index,
+                req.send,
+                req.first_token,
+                req.finish,
+                req.prompt_len,
+                output,
+                req.first_scheduled,
+                float(ok),
+                req.cached_tokens,
+            )
+        )
         if self.keep_records:
             self._sessions[index] = req.session
 

@@ -24,8 +24,10 @@ class ScheduledStep:
     """What one step runs: token counts and contexts in running order, then admissions.
 
     ``decode_rows`` are the running rows that decode this step; ``prefills`` the
-    (request, tokens, row) of every prefill chunk, running ones first; ``decoding`` marks
-    which of the leading (running) entries of ``new_tokens`` decode (None: all of them).
+    (request, tokens, row) of every prefill chunk, running ones first; the argument
+    ``decoding`` marks which of the leading (running) entries of ``new_tokens`` decode
+    (None: all of them). Attributes ``count``: the sequences the step runs, and
+    ``decoding``: how many of them decode.
     """
 
     __slots__ = (
@@ -33,7 +35,9 @@ class ScheduledStep:
         "_context",
         "_decoding",
         "_new_tokens",
+        "count",
         "decode_rows",
+        "decoding",
         "moments",
         "prefills",
     )
@@ -57,6 +61,11 @@ class ScheduledStep:
         # where the scheduler summed them as it went: (tokens, sequences, summed context,
         # sum of tokens x context, sum of tokens squared), every count a whole number
         self.moments = moments
+        self.decoding = int(decode_rows.size)
+        if moments is not None:
+            self.count = moments[1]
+        else:  # the arrays' entries and the admitted ones not yet joined to them
+            self.count = int(new_tokens.size) + (0 if admitted is None else len(admitted[0]))
 
     def _join_admitted(self) -> None:
         if self._admitted is not None:
@@ -82,18 +91,6 @@ class ScheduledStep:
         if self._decoding is None:  # the running rows all decode
             return self.context[: self.decode_rows.size]
         return self.context[: self._decoding.size][self._decoding]
-
-    @property
-    def decoding(self) -> int:
-        return int(self.decode_rows.size)
-
-    @property
-    def count(self) -> int:
-        """Sequences the step runs (without joining the admitted ones to the arrays)."""
-        if self.moments is not None:
-            return self.moments[1]
-        admitted = 0 if self._admitted is None else len(self._admitted[0])
-        return int(self._new_tokens.size) + admitted
 
     @property
     def empty(self) -> bool:

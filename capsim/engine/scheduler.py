@@ -483,9 +483,14 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
                 req.first_token = now
                 if self.config.outputs_a_step_late:
                     self._undelivered.append(req)
-            self._store_row(row, req)
+            # the row's blocks to the request for the KV cache (_store_row), which may
+            # take some into the prefix cache (its total, the row's, stays); then the row
+            # decodes from the request's tokens (its other fields are as they were)
+            req.blocks = int(self._blocks[row]) - req.cached_len
             self.kv.register(req, req.prefill_target)
-            self._load_row(row, req)
+            self._kv[row] = req.kv_tokens
+            self._gen[row] = req.generated
+            self._dec[row] = True
             self._prefilling -= 1
             self._least_left = min(
                 self._least_left, req.output_len + self._extra_steps - req.generated

@@ -55,6 +55,8 @@ head_dim x state_size.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from capsim.catalog.gpu_schema import GPU
@@ -455,7 +457,7 @@ class StepModel(
             draft = self.draft_seconds(draft_context.size, draft_context)
         return self._seconds(sums, logits, draft)
 
-    @property
+    @cached_property
     def takes_moments(self) -> bool:
         """Whether a step depends on its sequences' contexts only through their sum: no
         sliding-window attention (whose KV reads need each sequence's own context), no
@@ -508,13 +510,15 @@ class StepModel(
         hidden = self.params.async_host_overlap * host
         return max(device, hidden) + (host - hidden)  # _with_host, for scalars
 
-    @property
+    @cached_property
     def decode_width(self) -> int:
-        """Tokens each decoding sequence processes per step (1, or k + 1 when speculating)."""
+        """Tokens each decoding sequence processes per step (1, or k + 1 when speculating);
+        like ``decode_advance`` and ``takes_moments``, read once from the deployment, which
+        a step model keeps."""
         spec = self.deployment.spec
         return 1 if spec is None else spec.verify_width
 
-    @property
+    @cached_property
     def decode_advance(self) -> float:
         """Expected tokens a decoding sequence gains per step."""
         spec = self.deployment.spec
