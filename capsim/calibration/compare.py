@@ -175,6 +175,7 @@ def _scenario_config(ds, sc, levels, output, flags, dp_attention, overrides) -> 
         ),
         enforce_eager=bool(flags.get("enforce_eager", False)),
         attention_backend=flags.get("attention_backend"),
+        flash_attention=bool(flags["flash_attn"]) if "flash_attn" in flags else None,
         async_scheduling=bool(flags["async_scheduling"]) if "async_scheduling" in flags else None,
         custom_allreduce=(
             not bool(flags["disable_custom_all_reduce"])

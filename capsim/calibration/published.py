@@ -161,6 +161,7 @@ SCENARIO_FLAGS: dict[str, type] = {
     "prefill_tp": int,
     "kv_transfer_gbs": float,
     "attention_backend": str,
+    "flash_attn": bool,
 }
 """The server flags a scenario may record, as compare.scenario_config applies them, and the
 kind of value each takes (a flag capsim does not simulate was dropped without a word, and

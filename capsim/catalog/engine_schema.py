@@ -240,6 +240,7 @@ class EngineGeneration(Strict):
     outputs_a_step_late: bool | None = None
     async_scheduling: bool | None = None
     custom_allreduce: bool | None = None
+    flash_attention: bool | None = None
     params: dict[str, float] = Field(default_factory=dict)
     class_params: dict[str, dict[str, float | None]] = Field(
         default_factory=dict,
@@ -275,6 +276,7 @@ GENERATION_FIELDS = (
     "outputs_a_step_late",
     "async_scheduling",
     "custom_allreduce",
+    "flash_attention",
 )
 """The Engine fields a generation may replace (params and class_params lay over)."""
 
@@ -447,6 +449,17 @@ class Engine(Strict):
     )
     custom_allreduce: bool = Field(
         description="Whether tensor-parallel all-reduces can use peer-to-peer custom kernels"
+    )
+    flash_attention: bool = Field(
+        True,
+        description="Whether attention runs as fused kernels that keep the query-key scores "
+        "on chip by default (FlashAttention, FlashInfer, llama.cpp's -fa); False: the scores "
+        "are written to memory as a matrix, soft-maxed and read back (attention_score_bytes)",
+    )
+    flash_attention_flag: str | None = Field(
+        None,
+        description="The engine's flag that turns fused attention on or off (llama.cpp's "
+        "--flash-attn); None: the engine always runs fused attention kernels",
     )
     memory_utilization: float = Field(
         0.9,

@@ -186,6 +186,36 @@ AttentionBackendOption = Annotated[
         show_default=False,
     ),
 ]
+FlashAttnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--flash-attn",
+        help="llama.cpp's -fa: on, off or auto (its build's default: off before b6327, on "
+        "since). Off writes every attention score to memory and back, which slows long "
+        "prompts (capsim explain shows the term)",
+        show_default=False,
+    ),
+]
+
+
+def flash_attention_choice(value: str | None) -> bool | None:
+    """--flash-attn as the deployment takes it: True (on, 1), False (off, 0), None (auto or
+    not given: the engine's default for its release); anything else a user error."""
+    if value is None:
+        return None
+    choices = {"on": True, "1": True, "off": False, "0": False, "auto": None}
+    key = value.strip().lower()
+    if key not in choices:
+        from capsim.errors import close_matches
+
+        raise CapsimUserError(
+            f"--flash-attn {value!r} is not on, off or auto",
+            hint="llama.cpp's -fa takes on, off or auto (older builds: 1 or 0)",
+            suggestions=close_matches(key, ["on", "off", "auto"]),
+        )
+    return choices[key]
+
+
 InputTokensOption = Annotated[
     str,
     typer.Option(

@@ -22,6 +22,7 @@ from capsim.cli.common import (
     EnforceEagerOption,
     EngineOption,
     ExpertParallelOption,
+    FlashAttnOption,
     GpuMemoryUtilizationOption,
     HostLinkOption,
     HostMemoryBandwidthOption,
@@ -43,6 +44,7 @@ from capsim.cli.common import (
     attention_ranks,
     catalog,
     console,
+    flash_attention_choice,
     fmt_num,
     fmt_sig,
     parse_overrides,
@@ -410,6 +412,13 @@ def step_rows(
             f"{step.activation_bytes / GB:.4f} GB, {step.t_elementwise * 1e3:.3f} ms",
         )
     )
+    if step.score_bytes:
+        rows.append(
+            (
+                "attention scores in memory (no flash attention)",
+                f"{step.score_bytes / GB:.4f} GB, {step.t_scores * 1e3:.3f} ms",
+            )
+        )
     rows += [
         (
             "FLOPs (linear + attention)",
@@ -546,6 +555,7 @@ def explain_cmd(
     ] = "auto",
     enforce_eager: EnforceEagerOption = False,
     attention_backend: AttentionBackendOption = None,
+    flash_attn: FlashAttnOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     disable_custom_all_reduce: DisableCustomAllReduceOption = False,
     engine: EngineOption = "vllm",
@@ -624,6 +634,7 @@ def explain_cmd(
         async_scheduling=async_scheduling,
         custom_allreduce=False if disable_custom_all_reduce else None,
         kv_dtype=kv_dtype,
+        flash_attention=flash_attention_choice(flash_attn),
     )
     longest = m.max_position_embeddings
     if longest and context >= longest:
@@ -670,6 +681,7 @@ def explain_cmd(
         dp_attention=fit.dp_attention,
         pp=pp,
         attention_backend=attention_backend,
+        flash_attention=flash_attention_choice(flash_attn),
     )
     from capsim.calibration.profiles import find_profile
     from capsim.physics.deployment import tensor_throttle_ratio
@@ -803,6 +815,7 @@ def explain_cmd(
     lines = (
         throttle_line(g, cat),
         attention_backend_line(sm, attention_backend),
+        flash_attention_line(sm, flash_attn),
         mla_tile_line(sm),
         fp16_accumulate_line(sm),
     )
@@ -850,6 +863,21 @@ def attention_backend_line(sm, asked: str | None) -> str | None:
         f"cache at {p.triton_attention_kv_share:.2f} of the default kernels' rate and add "
         f"{p.triton_attention_layer_us:g} us for each attention layer, "
         f"{sm.triton_attention_floor_us / 1e3:.2f} ms a step"
+    )
+
+
+def flash_attention_line(sm, asked: str | None) -> str | None:
+    """llama.cpp without flash attention in words (physics/score_terms.py): why, and what
+    each attention score costs."""
+    if not sm.scores_materialized:
+        return None
+    dep = sm.deployment
+    why = "--flash-attn off" if asked else f"{dep.engine}'s default before b6327"
+    l2 = f"the {sm.gpu.l2_cache_mb:g} MB L2" if sm.gpu.l2_cache_mb else "the L2"
+    return (
+        f"flash attention off ({why}): every attention score goes through memory "
+        f"({sm.params.attention_score_bytes:g} B each, where a layer's scores outgrow {l2}), "
+        "and each query is scored against every cached token, masked rather than skipped"
     )
 
 

@@ -81,6 +81,12 @@ class PredictConfig(BaseModel):
         description="--attention-backend (SGLang's and vLLM's names); None: the engine's "
         "choice for the model",
     )
+    flash_attention: bool | None = Field(
+        None,
+        description="llama.cpp's --flash-attn on (True) or off (False); None: the engine's "
+        "default for its release (off before b6327, auto since, which is on for the GPUs "
+        "capsim models)",
+    )
     async_scheduling: bool | None = Field(
         None,
         description="False = --no-async-scheduling (host work runs between steps); None: "

@@ -15,6 +15,12 @@ def check_deployment_flags(config: PredictConfig, engine: Engine, gpu: GPU) -> N
     """Every combination of flags the engine (``engine``, resolved for the model) or the GPU
     refuses, or capsim does not model, as a user error."""
     refuse_flags_the_engine_lacks(config, engine.name)
+    if config.flash_attention is not None and engine.flash_attention_flag is None:
+        raise CapsimUserError(
+            f"--flash-attn is llama.cpp's; {engine.name} always runs fused attention "
+            "kernels (FlashAttention, FlashInfer), which keep the scores on chip",
+            hint="leave --flash-attn out, or use --engine llama.cpp",
+        )
     check_disaggregation_flags(config, engine)
     check_pipeline_flags(config, engine.name)
     if config.scheduler_recv_interval > 1 and engine.name != "sglang":

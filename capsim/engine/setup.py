@@ -184,6 +184,7 @@ def engine_deployment(
     weights_in_host_share: float = 0.0,
     dense_in_ranks: bool = False,
     attention_backend: str | None = None,
+    flash_attention: bool | None = None,
 ) -> Deployment:
     """The Deployment of a model served by ``engine`` on a TP group of ``gpu``: its CUDA-
     graph scheme and sizes, physical batch, and the async-scheduling and custom-all-reduce
@@ -218,6 +219,7 @@ def engine_deployment(
         weights_in_host_share=weights_in_host_share,
         dense_in_ranks=dense_in_ranks,
         attention_backend=attention_backend,
+        flash_attention=engine.flash_attention if flash_attention is None else flash_attention,
     )
 
 
@@ -472,6 +474,7 @@ def build_setup(
         weights_in_host_share=weights_in_host_share(fit),
         dense_in_ranks=dense_in_ranks(config, engine.name),
         attention_backend=config.attention_backend,
+        flash_attention=config.flash_attention,
     )
     step_model = build_step_model(cat, gpu, model, dep, params)
     sched = SchedulerConfig(

@@ -115,6 +115,12 @@ class Deployment(BaseModel):
         "--attention-backend); None: the engine's choice for the model "
         "(physics/attention_backend.py)",
     )
+    flash_attention: bool = Field(
+        True,
+        description="Whether attention runs fused kernels that keep the scores on chip; "
+        "False: llama.cpp without flash attention (-fa off, the default of its builds "
+        "before b6327), whose scores go through memory (physics/score_terms.py)",
+    )
     triton_attention: bool = Field(
         False,
         description="Whether the step's attention runs a Triton backend's kernels (resolved "

@@ -71,6 +71,16 @@ class EfficiencyParams(BaseModel):
         le=1,
         description="Fraction of peak bandwidth attention kernels achieve reading KV cache",
     )
+    attention_score_bytes: float = Field(
+        20.0,
+        ge=0,
+        le=1000,
+        description="Bytes each attention score (one query-key cell of one head and layer) "
+        "moves through memory where attention runs without a fused kernel (llama.cpp "
+        "without flash attention; physics/score_terms.py): written in F32 by the K x Q "
+        "product (4), read and written by the soft-max (4 + 4), converted to F16 for the "
+        "V product on CUDA (4 + 2) and read by it (2). Unused with fused attention",
+    )
     mla_decode_row_tile: int = Field(
         1,
         ge=1,

@@ -73,6 +73,8 @@ class StepBreakdown:
     sampler_bytes: float = 0.0  # the sampler's passes over the logits (in t_dense_memory)
     activation_bytes: float = 0.0  # the elementwise kernels' activation traffic
     t_elementwise: float = 0.0  # their time (norms, rotary, activation, MoE sums; in t_memory)
+    score_bytes: float = 0.0  # attention scores through DRAM without a fused kernel
+    t_scores: float = 0.0  # their time (in t_memory; physics/score_terms.py)
     t_host: float = 0.0  # the host's per-step work (part of t_overhead)
     t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
     allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)
@@ -98,6 +100,7 @@ class StepBreakdown:
             + self.kv_write_bytes
             + self.state_bytes
             + self.activation_bytes
+            + self.score_bytes
         )
 
     @property

@@ -86,6 +86,7 @@ from capsim.physics.roofline import (
     causal_pairs,
     roofline_scalar,
 )
+from capsim.physics.score_terms import ScoreTerms
 from capsim.physics.state_terms import StateTerms
 from capsim.physics.step_report import StepReport
 from capsim.physics.work_counts import WorkCounts
@@ -106,6 +107,7 @@ class StepModel(
     ExpertTerms,
     OffloadTerms,
     StateTerms,
+    ScoreTerms,
 ):
     """Step-time model of one replica (a TP group) serving one model.
 
@@ -174,6 +176,8 @@ class StepModel(
 
         # --- rates (RateTerms)
         self._init_rates()
+        # --- attention scores written to memory, without a fused kernel (ScoreTerms)
+        self._init_scores()
 
         # --- communication (AllReduceTerms)
         self._init_communication()
@@ -345,10 +349,11 @@ class StepModel(
         dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
         expert_flops = routed * self.expert_flops_per_token * on_gpu * busiest
         attn_flops = (
-            self.full_pair_flops * pairs
+            self.full_pair_flops * self.scored_pairs(pairs, tokens, sum_total)
             + self.sliding_pair_flops * pairs_windowed
             + tokens * self.linear_flops_per_token
         )
+        score_bytes, t_scores = self.score_traffic(tokens, sum_total)
         t_comm = passes * self.communication_scalar(graph / passes) if tokens else 0.0
         activation_bytes = graph * self.elementwise_bytes_per_token
         t_host = self.host_seconds(seqs) if seqs else 0.0
@@ -369,6 +374,8 @@ class StepModel(
             "sampler_bytes": sampler_bytes,
             "activation_bytes": activation_bytes,
             "t_elementwise": activation_bytes / self.elementwise_bw,
+            "score_bytes": score_bytes,
+            "t_scores": t_scores,
             "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
             "t_dense_cmp": dense_flops / self.dense_gemm_rate(graph / passes),
             "t_exp_mem": (
@@ -404,7 +411,14 @@ class StepModel(
     def _gpu(self, t: dict[str, float]) -> float:
         """The GPU's work in a step (s): rooflines, elementwise kernels, communication and
         the kernel floor."""
-        return self._roofline(t) + t["t_elementwise"] + t["t_comm"] + t["t_floor"] + t["t_offload"]
+        return (
+            self._roofline(t)
+            + t["t_elementwise"]
+            + t["t_scores"]
+            + t["t_comm"]
+            + t["t_floor"]
+            + t["t_offload"]
+        )
 
     def _device(self, t: dict[str, float]) -> float:
         """A step's device work (s): the GPU's work or its eager launches, and drafting."""
@@ -424,7 +438,12 @@ class StepModel(
         measurement captures a graph for each exact batch, so nothing is padded."""
         agg = self._aggregate(new_tokens, context)
         t = self._terms(*agg, agg[1], 0.0, pad=False)
-        return self._roofline(t) + t["t_elementwise"] + self.kernel_floor_us(agg[0]) * 1e-6
+        return (
+            self._roofline(t)
+            + t["t_elementwise"]
+            + t["t_scores"]
+            + self.kernel_floor_us(agg[0]) * 1e-6
+        )
 
     def step_time(
         self,
@@ -471,6 +490,7 @@ class StepModel(
             and dep.spec is None
             and dep.dp_attention == 1
             and not self.mla_two_forms  # MLA: prefill pairs cost their own
+            and not self.scores_materialized  # their share in L2 is not affine in context
         )
 
     def moment_step_time(
@@ -494,13 +514,18 @@ class StepModel(
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
         r = self.kv_read
         kv_read = sum_total * r.full_bytes_per_token + sum_windowed * r.sliding_bytes_per_token
-        attention_flops = self.full_pair_flops * pairs + self.sliding_pair_flops * pairs_windowed
+        attention_flops = (
+            self.full_pair_flops * self.scored_pairs(pairs, tokens, sum_total)
+            + self.sliding_pair_flops * pairs_windowed
+        )
         attention = roofline_scalar(
             att_mem + kv_read / self.kv_bw,
             att_cmp + attention_flops / self.attention_flops_rate,
             self.params.roofline_sharpness,
         )
         gpu = gpu + attention
+        if self.scores_materialized:
+            gpu += self.score_traffic(tokens, sum_total)[1]
         if dispatch:
             serial = (1.0 - self.params.launch_overlap) * min(gpu, dispatch)
             gpu = max(gpu, dispatch) + serial  # _overlapped, for scalars

@@ -40,7 +40,7 @@ class StepReport:
         cmp_parts = (t["t_dense_cmp"], t["t_exp_cmp"], t["t_att_cmp"])
         pairs = list(zip(mem_parts, cmp_parts, strict=True))
         terms = {
-            "memory": sum(m for m, f in pairs if m >= f) + t["t_elementwise"],
+            "memory": sum(m for m, f in pairs if m >= f) + t["t_elementwise"] + t["t_scores"],
             "compute": sum(f for m, f in pairs if f > m),
             "communication": t["t_comm"],
             "experts in system RAM": t["t_offload"],
@@ -72,7 +72,7 @@ class StepReport:
             t_expert_compute=t["t_exp_cmp"],
             t_attention_memory=t["t_att_mem"],
             t_attention_compute=t["t_att_cmp"],
-            t_memory=sum(mem_parts) + t["t_elementwise"],
+            t_memory=sum(mem_parts) + t["t_elementwise"] + t["t_scores"],
             t_compute=sum(cmp_parts),
             t_communication=t["t_comm"],
             t_overhead=t["t_host"] + t["t_floor"],
@@ -83,6 +83,8 @@ class StepReport:
             sampler_bytes=t["sampler_bytes"],
             activation_bytes=t["activation_bytes"],
             t_elementwise=t["t_elementwise"],
+            score_bytes=t["score_bytes"],
+            t_scores=t["t_scores"],
             t_host=t["t_host"],
             t_host_hidden=t["t_host"] + device - total,
             allreduce_algorithm=self.allreduce_algorithm(message),
