@@ -1267,6 +1267,58 @@ def progress_bar(counts: bool = True):
     )
 
 
+LONG_RUN_NOTE_AFTER_S = 3.0
+"""Seconds of work after which a long command says how long it will take (LongRunNote)."""
+
+LONG_RUN_S = 30.0
+"""Projected seconds from which a run counts as long enough to say so."""
+
+
+def duration_words(seconds: float) -> str:
+    """A duration for a person: '40 s', '12 min', '3.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class LongRunNote:
+    """Wraps a progress callback ``(done, total)``: once LONG_RUN_NOTE_AFTER_S have passed,
+    projects the whole run from the share done and, when it comes to LONG_RUN_S or more,
+    says once on stderr how long is left, how to stop it and how to make it shorter. It
+    says so on a terminal (above the bar) and in a pipe or a log, where no bar shows."""
+
+    def __init__(self, unit: str, shorter: str, callback=None, console=None):
+        import time
+
+        self.unit, self.shorter = unit, shorter
+        self.callback = callback
+        self.console = console or err_console
+        self.started = time.perf_counter()
+        self.said = False
+
+    def __call__(self, done: int, total: int) -> None:
+        import time
+
+        if self.callback is not None:
+            self.callback(done, total)
+        if self.said or done <= 0 or total <= done:
+            return
+        elapsed = time.perf_counter() - self.started
+        if elapsed < LONG_RUN_NOTE_AFTER_S:
+            return
+        left = elapsed * (total - done) / done
+        self.said = True
+        if elapsed + left < LONG_RUN_S:
+            return
+        self.console.print(
+            f"note: about {duration_words(left)} left ({done:,} of {total:,} {self.unit} in "
+            f"{elapsed:.0f} s); Ctrl-C stops it and prints what is finished; {self.shorter}",
+            highlight=False,
+        )
+
+
 def fitted_table(
     title: str,
     columns: list[tuple[str, str, bool]],

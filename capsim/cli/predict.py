@@ -39,6 +39,7 @@ from capsim.cli.common import (
     JsonOption,
     KvOffloadingOption,
     KvTransferBandwidthOption,
+    LongRunNote,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
@@ -175,15 +176,17 @@ def predict_with_progress(config, cat) -> PredictResult:
     simulated of all the levels'."""
     from capsim.api import predict
 
+    shorter = "fewer --requests or levels give an answer sooner"
     if not err_console.is_terminal:
-        return predict(config, catalog=cat)
+        return predict(config, catalog=cat, progress=LongRunNote("requests simulated", shorter))
     with progress_bar() as bar:
         task = bar.add_task(f"{config.gpu} {config.model}", total=None)
 
         def show(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return predict(config, catalog=cat, progress=show)
+        note = LongRunNote("requests simulated", shorter, show, bar.console)
+        return predict(config, catalog=cat, progress=note)
 
 
 def predict_cmd(
