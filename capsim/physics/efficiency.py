@@ -214,7 +214,11 @@ class EfficiencyParams(BaseModel):
         ge=MIN_SHARE,
         le=1,
         description="Compute-rate multiplier for weight-only formats (W4A16, W8A16): "
-        "dequantising in the GEMM costs ALU time when the step is compute-bound",
+        "dequantising in the GEMM costs ALU time when the step is compute-bound. Published "
+        "kernel rates at prefill sizes span 0.5-1.0 of the 16-bit GEMM by kernel (Marlin on "
+        "an H100 0.57-0.61, with FP8 weights 0.47-0.49; Marlin on an A100 about 0.9-1.0 by "
+        "its paper; vLLM's legacy AWQ path the 16-bit GEMM plus a dequantisation pass); 0.75 "
+        "lies inside it (docs/dev/weight-only-gemm-sources.md)",
     )
     non_native_bandwidth_factor: float = Field(
         0.90,
