@@ -57,6 +57,7 @@ def run() -> None:
         signal.signal(signal.SIGTERM, _stopped_while_starting)
     from capsim.cli.main import run as run_command
 
-    if interactive is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, interactive)  # Python's own: KeyboardInterrupt
-    run_command()
+    # Python's own handler (KeyboardInterrupt) comes back inside the command's try block:
+    # restored here, a Ctrl-C in the few steps before that block raised it uncaught
+    # (a traceback from _terminate_as_ctrl_c, seen under load on 2026-12-01)
+    run_command(sigint=interactive if interactive is not signal.SIG_IGN else None)

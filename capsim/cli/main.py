@@ -369,10 +369,16 @@ def _flush_stdout() -> None:
         _output_failed(exc)
 
 
-def run() -> None:
-    """Console-script entry point."""
-    _terminate_as_ctrl_c()
+def run(sigint=None) -> None:
+    """Console-script entry point. ``sigint``: the SIGINT handler to put back once a
+    Ctrl-C is caught here (capsim.entry holds its own while importing), None to leave
+    the one in place."""
     try:
+        if sigint is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, sigint)
+        _terminate_as_ctrl_c()
         app_for(sys.argv[1:])()
     except KeyboardInterrupt:
         _exit_interrupted(say=True)
