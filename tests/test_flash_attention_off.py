@@ -111,11 +111,16 @@ def test_the_releases_that_run_without_flash_attention(release, fused):
     assert step_model("rtx3090", engine=release).scores_materialized is (not fused)
 
 
-def test_metal_moves_16_bytes_a_score():
+def test_metal_and_vulkan_move_16_bytes_a_score():
     """Metal's V x scores product reads the F32 scores (kernel_mul_mm_f16_f32), without
     CUDA's F16 copy: 4 + 4 + 4 + 4 B."""
     eng, g = CAT.engine("llama.cpp"), CAT.gpu("apple-m2-max")
     assert default_efficiency(g, CAT, eng).attention_score_bytes == 16.0
+    # Vulkan's F16 x F32 matmul pipeline reads them too; CUDA (and ROCm's HIP build of it)
+    # converts them to an F16 copy first
+    vulkan, cuda = CAT.engine("llama.cpp:vulkan"), CAT.engine("llama.cpp")
+    assert default_efficiency(CAT.gpu("rtx3090"), CAT, vulkan).attention_score_bytes == 16.0
+    assert default_efficiency(CAT.gpu("rtx3090"), CAT, cuda).attention_score_bytes == 20.0
 
 
 def test_the_flag_and_its_errors():
