@@ -36,7 +36,8 @@ def test_a_long_run_says_once_how_long_is_left(monkeypatch):
         monkeypatch, [(1.0, 100, 100_000), (4.0, 1_000, 100_000), (8.0, 2_000, 100_000)]
     )
     assert text.count("note:") == 1
-    assert "about 7 min left (1,000 of 100,000 requests simulated in 4 s)" in text
+    assert "at the pace so far, about 7 min left" in text
+    assert "(1,000 of 100,000 requests simulated in 4 s)" in text
     assert "Ctrl-C stops it" in text and "fewer --requests" in text
 
 
