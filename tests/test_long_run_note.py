@@ -60,5 +60,5 @@ def test_a_share_of_estimated_work_is_said_as_a_percentage(monkeypatch):
     out = io.StringIO()
     note = LongRunNote(None, "fewer datasets", console=Console(file=out, width=200))
     clock["now"] = 5.0
-    note(50, 1000)  # 5% of the estimated work in 5 s: 95 s left
-    assert "about 95 s left (5% done in 5 s)" in out.getvalue()
+    note(50, 1000)  # 5% of the estimated work in 5 s: 95 s left, said as 2 min
+    assert "about 2 min left (5% done in 5 s)" in out.getvalue()
