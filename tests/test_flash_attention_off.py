@@ -130,6 +130,8 @@ def test_the_flag_and_its_errors():
     assert "flash attention off (--flash-attn off)" in " ".join(off.output.split())
     old = RUNNER.invoke(app, [*base, "--engine", "llama.cpp@b2824"])
     assert "default before b6327" in " ".join(old.output.split())
+    auto = RUNNER.invoke(app, [*base, "--engine", "llama.cpp@b2824", "--flash-attn", "auto"])
+    assert "default before b6327" in " ".join(auto.output.split())
     on = RUNNER.invoke(app, [*base, "--engine", "llama.cpp@b2824", "--flash-attn", "on"])
     assert "flash attention off" not in " ".join(on.output.split())
     vllm = RUNNER.invoke(app, [*base[:-2], "--engine", "vllm", "--flash-attn", "off"])

@@ -872,7 +872,8 @@ def flash_attention_line(sm, asked: str | None) -> str | None:
     if not sm.scores_materialized:
         return None
     dep = sm.deployment
-    why = "--flash-attn off" if asked else f"{dep.engine}'s default before b6327"
+    asked_off = asked is not None and flash_attention_choice(asked) is False
+    why = "--flash-attn off" if asked_off else f"{dep.engine}'s default before b6327"
     l2 = f"the {sm.gpu.l2_cache_mb:g} MB L2" if sm.gpu.l2_cache_mb else "the L2"
     return (
         f"flash attention off ({why}): every attention score goes through memory "
