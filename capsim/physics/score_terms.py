@@ -79,20 +79,18 @@ class ScoreTerms:
             return 0.0
         return 1.0 - self.l2_bytes / tensor
 
-    def score_traffic(self, tokens: float, sum_total: float) -> tuple[float, float]:
-        """(bytes, seconds) of a step's materialized scores through DRAM: every cell's
-        ``attention_score_bytes`` for every head and attention layer, the share the L2
-        does not hold, at the elementwise kernels' bandwidth. (0, 0) with a fused kernel."""
+    def score_step(
+        self, pairs: float, tokens: float, sum_total: float
+    ) -> tuple[float, float, float]:
+        """A step's materialized scores, their cells counted once: (the full-attention pairs
+        whose FLOPs it runs, bytes through DRAM, seconds). The pairs are every score cell
+        (``score_cells``) where the step scores more than the causal ``pairs`` (MLA's pairs,
+        in their own units, are kept); the bytes are every cell's ``attention_score_bytes``
+        for every head and attention layer, the share the L2 does not hold, moved at the
+        elementwise kernels' bandwidth. (``pairs``, 0, 0) with a fused kernel."""
         cells = self.score_cells(tokens, sum_total)
         if not cells:
-            return 0.0, 0.0
+            return pairs, 0.0, 0.0
+        run = pairs if self.mla_two_forms else max(pairs, cells)
         moved = cells * self.score_bytes_per_cell * self.score_spill(cells, tokens)
-        return moved, moved / self.elementwise_bw
-
-    def scored_pairs(self, pairs: float, tokens: float, sum_total: float) -> float:
-        """The full-attention pairs whose FLOPs a step runs: the causal ``pairs`` with a
-        fused kernel, every score cell without one (``score_cells``; MLA's pairs, in their
-        own units, are kept)."""
-        if not self.scores_materialized or self.mla_two_forms:
-            return pairs
-        return max(pairs, self.score_cells(tokens, sum_total))
+        return run, moved, moved / self.elementwise_bw

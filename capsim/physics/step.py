@@ -348,12 +348,12 @@ class StepModel(
         t_state = state / self.state_bw
         dense_flops = graph * self.dense_flops_per_token + logits * self.lm_head_flops_per_token
         expert_flops = routed * self.expert_flops_per_token * on_gpu * busiest
+        full_pairs, score_bytes, t_scores = self.score_step(pairs, tokens, sum_total)
         attn_flops = (
-            self.full_pair_flops * self.scored_pairs(pairs, tokens, sum_total)
+            self.full_pair_flops * full_pairs
             + self.sliding_pair_flops * pairs_windowed
             + tokens * self.linear_flops_per_token
         )
-        score_bytes, t_scores = self.score_traffic(tokens, sum_total)
         t_comm = passes * self.communication_scalar(graph / passes) if tokens else 0.0
         activation_bytes = graph * self.elementwise_bytes_per_token
         t_host = self.host_seconds(seqs) if seqs else 0.0
@@ -514,18 +514,16 @@ class StepModel(
         host, gpu, dispatch, att_mem, att_cmp = self._context_free(tokens, seqs, logits)
         r = self.kv_read
         kv_read = sum_total * r.full_bytes_per_token + sum_windowed * r.sliding_bytes_per_token
-        attention_flops = (
-            self.full_pair_flops * self.scored_pairs(pairs, tokens, sum_total)
-            + self.sliding_pair_flops * pairs_windowed
-        )
+        t_scores = 0.0
+        if self.scores_materialized:  # an attribute check on the fused-attention hot path
+            pairs, _, t_scores = self.score_step(pairs, tokens, sum_total)
+        attention_flops = self.full_pair_flops * pairs + self.sliding_pair_flops * pairs_windowed
         attention = roofline_scalar(
             att_mem + kv_read / self.kv_bw,
             att_cmp + attention_flops / self.attention_flops_rate,
             self.params.roofline_sharpness,
         )
-        gpu = gpu + attention
-        if self.scores_materialized:
-            gpu += self.score_traffic(tokens, sum_total)[1]
+        gpu = gpu + attention + t_scores
         if dispatch:
             serial = (1.0 - self.params.launch_overlap) * min(gpu, dispatch)
             gpu = max(gpu, dispatch) + serial  # _overlapped, for scalars
