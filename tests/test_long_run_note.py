@@ -52,13 +52,3 @@ def test_durations_in_words():
     assert duration_words(42) == "42 s"
     assert duration_words(396) == "7 min"
     assert duration_words(3 * 3600 + 1800) == "3.5 h"
-
-
-def test_a_share_of_estimated_work_is_said_as_a_percentage(monkeypatch):
-    clock = {"now": 0.0}
-    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
-    out = io.StringIO()
-    note = LongRunNote(None, "fewer datasets", console=Console(file=out, width=200))
-    clock["now"] = 5.0
-    note(50, 1000)  # 5% of the estimated work in 5 s: 95 s left, said as 2 min
-    assert "about 2 min left (5% done in 5 s)" in out.getvalue()

@@ -1288,9 +1288,9 @@ class LongRunNote:
     projects the whole run from the share done and, when it comes to LONG_RUN_S or more,
     says once on stderr how long is left, how to stop it and how to make it shorter. It
     says so on a terminal (above the bar) and in a pipe or a log, where no bar shows.
-    ``unit`` names what ``done`` and ``total`` count (None: a share of estimated work)."""
+    ``unit`` names what ``done`` and ``total`` count."""
 
-    def __init__(self, unit: str | None, shorter: str, callback=None, console=None):
+    def __init__(self, unit: str, shorter: str, callback=None, console=None):
         import time
 
         self.unit, self.shorter = unit, shorter
@@ -1313,14 +1313,10 @@ class LongRunNote:
         self.said = True
         if elapsed + left < LONG_RUN_S:
             return
-        so_far = (
-            f"{100 * done / total:.0f}% done"  # a share of estimated work, no unit to count
-            if self.unit is None
-            else f"{done:,} of {total:,} {self.unit}"
-        )
         self.console.print(
-            f"note: at the pace so far, about {duration_words(left)} left ({so_far} in "
-            f"{elapsed:.0f} s); Ctrl-C stops it and prints what is finished; {self.shorter}",
+            f"note: at the pace so far, about {duration_words(left)} left ({done:,} of "
+            f"{total:,} {self.unit} in {elapsed:.0f} s); Ctrl-C stops it and prints what is "
+            f"finished; {self.shorter}",
             highlight=False,
         )
 

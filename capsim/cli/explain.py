@@ -616,6 +616,7 @@ def explain_cmd(
             ) from None
     from capsim.engine.flag_checks import check_flags_as_predict
 
+    flash_attention = flash_attention_choice(flash_attn)
     check_flags_as_predict(
         eng,
         g,
@@ -634,7 +635,7 @@ def explain_cmd(
         async_scheduling=async_scheduling,
         custom_allreduce=False if disable_custom_all_reduce else None,
         kv_dtype=kv_dtype,
-        flash_attention=flash_attention_choice(flash_attn),
+        flash_attention=flash_attention,
     )
     longest = m.max_position_embeddings
     if longest and context >= longest:
@@ -681,7 +682,7 @@ def explain_cmd(
         dp_attention=fit.dp_attention,
         pp=pp,
         attention_backend=attention_backend,
-        flash_attention=flash_attention_choice(flash_attn),
+        flash_attention=flash_attention,
     )
     from capsim.calibration.profiles import find_profile
     from capsim.physics.deployment import tensor_throttle_ratio
@@ -815,7 +816,7 @@ def explain_cmd(
     lines = (
         throttle_line(g, cat),
         attention_backend_line(sm, attention_backend),
-        flash_attention_line(sm, flash_attn),
+        flash_attention_line(sm, flash_attention),
         mla_tile_line(sm),
         fp16_accumulate_line(sm),
     )
@@ -866,14 +867,13 @@ def attention_backend_line(sm, asked: str | None) -> str | None:
     )
 
 
-def flash_attention_line(sm, asked: str | None) -> str | None:
-    """llama.cpp without flash attention in words (physics/score_terms.py): why, and what
-    each attention score costs."""
+def flash_attention_line(sm, asked: bool | None) -> str | None:
+    """llama.cpp without flash attention in words (physics/score_terms.py): why (``asked``:
+    --flash-attn as parsed, None for auto or not given), and what each score costs."""
     if not sm.scores_materialized:
         return None
     dep = sm.deployment
-    asked_off = asked is not None and flash_attention_choice(asked) is False
-    why = "--flash-attn off" if asked_off else f"{dep.engine}'s default before b6327"
+    why = "--flash-attn off" if asked is False else f"{dep.engine}'s default before b6327"
     l2 = f"the {sm.gpu.l2_cache_mb:g} MB L2" if sm.gpu.l2_cache_mb else "the L2"
     return (
         f"flash attention off ({why}): every attention score goes through memory "
