@@ -116,6 +116,23 @@ def refuse_overwrite(paths: list[Path], flag: str, force: bool) -> None:
             )
 
 
+def refuse_missing_folder(folder: Path, flag: str, path: Path) -> None:
+    """A CapsimUserError (exit 2) before any work when ``folder``, where ``path`` given to
+    ``flag`` is written, does not exist: capsim does not create folders the user named (a
+    typo in one would put the output where nobody looks)."""
+    try:
+        there, something = folder.is_dir(), folder.exists()
+    except OSError:
+        there = something = False
+    if something and not there:
+        raise CapsimUserError(f"{flag} '{path}': '{folder}' is not a folder to write into")
+    if not there:
+        raise CapsimUserError(
+            f"{flag} '{path}': the folder '{folder}' does not exist",
+            hint=f"create it first (mkdir -p {folder}) or name a file in an existing folder",
+        )
+
+
 def refuse_writing_over_inputs(outputs: list[Path], inputs: list[Path] | None, flag: str) -> None:
     """A CapsimUserError (exit 2) before any work when one of ``outputs`` (what ``flag``
     writes) is one of the files the command reads: one of ``inputs`` or a file in one of
@@ -168,6 +185,10 @@ def nearest_existing_folder(path: Path) -> Path | None:
     return None
 
 
+BOM = "\ufeff"
+"""The byte-order mark some editors (Notepad, Excel's CSV export) put before UTF-8 text."""
+
+
 def read_input_text_checks(path: Path, what: str, max_bytes: int) -> None:
     """read_input_text's checks before reading: the path exists, is a regular file (not a
     folder, device, pipe or socket) and is at most ``max_bytes``."""
@@ -217,7 +238,7 @@ def read_input_text(path: Path | str, what: str = "file", max_bytes: int = MAX_I
             f"{what} '{path}' holds NUL bytes (at character {text.index(chr(0))}): "
             "it is not a text file"
         )
-    return text
+    return text.removeprefix(BOM)  # an editor's byte-order mark is no part of the content
 
 
 def iter_input_lines(path: Path | str, what: str = "file", max_bytes: int = MAX_INPUT_BYTES):
@@ -239,7 +260,7 @@ def iter_input_lines(path: Path | str, what: str = "file", max_bytes: int = MAX_
                     raise CapsimUserError(
                         f"{what} '{path}' holds NUL bytes (line {number}): it is not a text file"
                     )
-                yield line
+                yield line.removeprefix(BOM) if number == 1 else line
     except UnicodeDecodeError:
         raise CapsimUserError(f"{what} '{path}' is not UTF-8 text: is it a binary file?") from None
     except OSError as exc:
@@ -296,19 +317,32 @@ def parse_limit_message(exc: Exception) -> str:
     return "a number of more than 4,300 digits" if "integer string conversion" in said else said
 
 
-def loads_json(text: str | bytes) -> Any:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object's members, refusing a key given twice (json keeps the last silently: a
+    config.json with two num_hidden_layers imported the second)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+def loads_json(text: str | bytes, duplicate_keys: bool = False) -> Any:
     """``json.loads`` whose every failure is a ``json.JSONDecodeError``: a document nested
     past Python's recursion limit (json.loads raises RecursionError), an integer of over
     4,300 digits or bytes that are not UTF-8 (ValueError) are malformed input like any
     other, so every reader's JSONDecodeError handling covers them; so is a document of
-    more than MAX_JSON_CONTAINERS objects and arrays, refused before it is parsed."""
+    more than MAX_JSON_CONTAINERS objects and arrays, refused before it is parsed. A key
+    given twice in one object is malformed too, unless ``duplicate_keys`` (what a server
+    answers, or a request body, read as vLLM reads them: the last wins)."""
     import json
 
     too_many = json_containers_over_limit(text)
     if too_many:
         raise json.JSONDecodeError(too_many, "", 0)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=None if duplicate_keys else _unique_keys)
     except json.JSONDecodeError:
         raise
     except RecursionError:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capsim.calibration.compare import mape
 from capsim.calibration.least_squares import bounds_and_start, check_fittable, jacobian_std
@@ -113,6 +113,20 @@ class KernelDataset(BaseModel):
     gemms: list[dict] = []
     attention: list[dict] = []
     profiles: list[dict] = []
+
+    @model_validator(mode="after")
+    def _rows_once(self):
+        """A row given twice (every field alike, its run too) would count twice in the fit."""
+        seen: dict[tuple, int] = {}
+        for i, row in enumerate(self.rows):
+            key = tuple(row.model_dump().values())
+            if key in seen:
+                raise ValueError(
+                    f"rows {seen[key]} and {i} are the same measurement (every field alike): "
+                    "a copy would count twice in the fit"
+                )
+            seen[key] = i
+        return self
 
 
 def load_kernel_dataset(path: Path) -> KernelDataset:

@@ -710,7 +710,18 @@ def load_published(
                 hint="name each file or folder once",
             )
         seen[key] = f
-    return [
+    loaded = [
         dataset_from_run(f, accept_failures) if f.suffix in (".json", ".jsonl") else load_dataset(f)
         for f in files
     ]
+    named: dict[str, Path] = {}
+    for f, ds in zip(files, loaded, strict=True):  # a copy under another file name
+        if ds.name in named:
+            raise CapsimUserError(
+                f"dataset '{f}' has the name '{ds.name}' that '{named[ds.name]}' has: a "
+                "dataset is known by its name (leave-one-source-out, profiles), and a copy's "
+                "points would count twice",
+                hint="give each dataset its own name: field, or pass one of the two",
+            )
+        named[ds.name] = f
+    return loaded

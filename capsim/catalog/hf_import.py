@@ -139,7 +139,17 @@ WHOLE_NUMBER_KEYS = frozenset(
 """config.json keys that count things (layers, heads, widths, experts): whole numbers. A
 3.5 there was rounded down without a word; now it is an error naming the key."""
 
-POSITIVE_KEYS = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"})
+POSITIVE_KEYS = frozenset(
+    {
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "vocab_size",
+        # 0 was read as 'not given' (as many KV heads as heads; no context limit)
+        "num_key_value_heads",
+        "max_position_embeddings",
+    }
+)
 
 
 def check_whole_numbers(data: Any, path: Path, where: str = "") -> None:
@@ -158,6 +168,11 @@ def check_whole_numbers(data: Any, path: Path, where: str = "") -> None:
         if isinstance(value, (dict, list)):
             check_whole_numbers(value, path, at)
             continue
+        if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
+            raise CapsimUserError(
+                f"'{path}': {at} is {value!r}, not a finite number",
+                hint="pass the config.json of the model as published, unedited",
+            )
         if key not in WHOLE_NUMBER_KEYS or value is None:
             continue
         whole = isinstance(value, int) and not isinstance(value, bool)
@@ -275,6 +290,11 @@ def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> lis
     if num_layers > MAX_LAYERS or len(cfg.get("layer_types") or ()) > MAX_LAYERS:
         raise CapsimUserError(f"config.json has more than {MAX_LAYERS:,} layers")
     if isinstance(cfg.get("layer_types"), list) and cfg["layer_types"]:
+        if len(cfg["layer_types"]) != num_layers:
+            raise ValueError(
+                f"layer_types lists {len(cfg['layer_types'])} layers and num_hidden_layers "
+                f"says {num_layers}"
+            )
         return compress_pattern([str(t) for t in cfg["layer_types"]])
     if cfg.get("attention_chunk_size") and isinstance(cfg.get("no_rope_layers"), list):
         # Llama 4: RoPE layers attend within a chunk, NoPE layers globally; an empty list
@@ -486,7 +506,10 @@ def _entry_of_config(
     """The catalog entry (a mapping, not yet validated) a config.json describes; raises
     KeyError, TypeError or ValueError on a config whose values are missing or mistyped."""
     cfg = dict(config.get("text_config") or config)
-    model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
+    named = cfg.get("model_type") or config.get("model_type")
+    if named is not None and not isinstance(named, str):
+        raise ValueError(f"model_type is {named!r}, not a name such as 'llama'")
+    model_type = str(named or "unknown")
     cfg = _standard_keys(cfg, model_type)
     num_layers = int(cfg["num_hidden_layers"])
     hidden = int(cfg["hidden_size"])

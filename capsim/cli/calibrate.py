@@ -78,6 +78,7 @@ def calibrate_cmd(
     from capsim.calibration.published import load_published
 
     cat = catalog(db)
+    out_given = out is not None
     if out is None:
         from capsim.calibration.profiles import user_profiles_dir
 
@@ -96,7 +97,7 @@ def calibrate_cmd(
             "to a .yaml file",
             hint=f"use --out {out.with_suffix('.yaml')}, or a folder's name",
         )
-    names = None if fit is None else tuple(split_list(fit))
+    names = None if fit is None else tuple(split_list(fit, "--fit"))
     # one profile a hardware class and engine, named after both unless --name says
     groups = {
         f"{hw_class}-{engine}": (hw_class, engine, group)
@@ -112,13 +113,20 @@ def calibrate_cmd(
             hint="pass a folder to --out and leave out --name, or datasets of one hardware "
             "class and engine",
         )
-    from capsim.files import file_stem, refuse_overwrite, refuse_writing_over_inputs
+    from capsim.files import (
+        file_stem,
+        refuse_missing_folder,
+        refuse_overwrite,
+        refuse_writing_over_inputs,
+    )
 
     if name is not None:
         file_stem(name, "--name")
 
     targets = [out if out.suffix == ".yaml" else out / f"{name or key}.yaml" for key in groups]
     refuse_overwrite(targets, "--out", force)
+    if out_given:  # the profile folder of its own (user_profiles_dir) is created
+        refuse_missing_folder(out.parent if out.suffix == ".yaml" else out, "--out", out)
     refuse_writing_over_inputs(targets, datasets or [Path("calibration/published")], "--out")
     profiles = []
     skipped = []
@@ -247,7 +255,7 @@ def calibrate_kernels_cmd(
     )
 
     cat = catalog(db)
-    names = tuple(split_list(fit)) if fit is not None else None
+    names = tuple(split_list(fit, "--fit")) if fit is not None else None
     if is_moe_dataset(dataset):
         if weights:
             raise CapsimUserError(
@@ -259,7 +267,7 @@ def calibrate_kernels_cmd(
         ds_gpu = ", ".join(sorted({r.gpu for r in ds.rows}))
     else:
         ds = load_kernel_dataset(dataset)
-        formats = tuple(split_list(weights)) if weights else None
+        formats = tuple(split_list(weights, "--weights")) if weights else None
         if formats and not any(r.weights in formats for r in ds.rows):
             have = ", ".join(sorted({r.weights for r in ds.rows}))
             raise CapsimUserError(

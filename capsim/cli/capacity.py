@@ -125,10 +125,10 @@ def capacity_cmd(
     )
     if tp < 1 or (gpus is not None and gpus < 1):
         raise CapsimUserError("--tp and --gpus must be at least 1")
-    cat, refs = resolve_models(catalog(db), split_list(model))
+    cat, refs = resolve_models(catalog(db), split_list(model, "--model"))
     cat.engine(engine)
     configs = []
-    for g, ref in itertools.product(split_list(gpu), refs):
+    for g, ref in itertools.product(split_list(gpu, "--gpu"), refs):
         config = predict_config(
             gpu=g,
             model=ref.name,

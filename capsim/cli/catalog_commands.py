@@ -385,12 +385,17 @@ def models_import_hf(
             hint="capsim quants lists them; a checkpoint of another format imports as it is",
             suggestions=close_matches(model.dtype, formats.names()),
         )
+    out_given = out is not None
     if out is None:
         env_dirs = user_db_dirs()
         out = env_dirs[0] if env_dirs else Path("capsim-db")
     target = out / "models" / f"{model.name}.yaml"
     refuse_overwrite([target], "--out", True)  # the folder: a file, a device, not writable
     refuse_overwrite([target], "--name", force)  # the file: there already
+    if out_given:  # the catalog folder and its models/ are created, in a folder that exists
+        from capsim.files import refuse_missing_folder
+
+        refuse_missing_folder(out.parent, "--out", out)
     # a name the built-in catalog already answers to: the new file replaces that model
     # wherever --db names this directory, which the user should hear of
     shadowed = built_in.models.find(model.name)

@@ -971,8 +971,14 @@ def refuse_overrides_no_step_reads(overrides: dict[str, float], configs, cat) ->
 def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
     """Resolve ``--model`` values (see capsim.catalog.resolve.resolve_into)."""
     from capsim.catalog.resolve import resolve_into
+    from capsim.cli.predict import refuse_repeats
 
-    return resolve_into(cat, names)
+    cat, models = resolve_into(cat, names)
+    # two names of one model ('meta-llama/Llama-3.1-8B-Instruct,llama-3.1-8b')
+    refuse_repeats(
+        models, "--model", key=lambda m: (m.name, m.quant), shown=lambda m: f"the model '{m.name}'"
+    )
+    return cat, models
 
 
 def plot_path_written(path: Path, formats) -> Path:
@@ -1390,7 +1396,7 @@ WORKLOAD_FLAGS = {
     # a trace gives every request's arrival and lengths; an open loop sets its load by
     # --rate (the levels are rates, not clients)
     "concurrency": ("--concurrency", ("closed", "batch", "agents")),
-    "requests": ("--requests", ("closed", "batch", "agents", "open")),
+    "requests": ("--requests", ("closed", "batch", "open")),
     "input_tokens": ("--input-tokens", ("closed", "batch", "agents", "open")),
     "output_tokens": ("--output-tokens", ("closed", "batch", "agents", "open")),
     # a trace states every request's lengths and arrival: nothing is drawn

@@ -33,7 +33,7 @@ def _command(kind: str, tool: str):
         json_out: JsonOption = False,
         force: ForceOption = False,
     ) -> None:
-        from capsim.files import refuse_overwrite, refuse_writing_over_inputs
+        from capsim.files import refuse_missing_folder, refuse_overwrite, refuse_writing_over_inputs
         from capsim.probe.importers import import_results
 
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
@@ -42,6 +42,8 @@ def _command(kind: str, tool: str):
         refuse_writing_over_inputs(written, [result], "--out")
         refuse_overwrite([target], "--out", True)  # a folder, a device, no name: never
         refuse_overwrite(written, "--out", force)
+        if out is not None:  # calibration/runs under the current folder is created
+            refuse_missing_folder(target.parent, "--out", target)
         summary = import_results(kind, result, target)
         if json_out:
             print_json(summary.model_dump(mode="json"))

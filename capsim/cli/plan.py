@@ -29,7 +29,7 @@ from capsim.cli.common import (
     resolve_models,
     save_figure,
 )
-from capsim.cli.predict import split_list
+from capsim.cli.predict import refuse_repeats, split_list
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -155,9 +155,10 @@ MAX_NODES = 1024
 def positive_ints(text: str, flag: str, example: str, most: int | None = None) -> tuple[int, ...]:
     """A comma-separated list of positive integers (at most ``most``), or a clear error."""
     try:
-        values = tuple(int(v) for v in split_list(text))
+        values = tuple(int(v) for v in split_list(text, flag))
     except ValueError:
         raise CapsimUserError(f"malformed {flag} '{text}'", hint=example) from None
+    refuse_repeats(values, flag)
     if not values or min(values) < 1:
         raise CapsimUserError(f"{flag} '{text}' needs positive integers", hint=example)
     if most is not None and max(values) > most:
@@ -295,7 +296,8 @@ def plan_cmd(
     cat = catalog(db)
     gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8", MAX_GPUS_PER_NODE)
     try:
-        power_fractions = tuple(float(v) for v in split_list(power_limits))
+        power_fractions = tuple(float(v) for v in split_list(power_limits, "--power-limits"))
+        refuse_repeats(power_fractions, "--power-limits", shown=lambda v: f"{v:g}")
     except ValueError:
         raise CapsimUserError(
             f"malformed --power-limits '{power_limits}'", hint="fractions of TDP, e.g. 1,0.8"
@@ -322,6 +324,13 @@ def plan_cmd(
             "most 1e9), finite numbers",
             hint="e.g. --router-latency-ms 2 --router-capacity-rps 500",
         )
+    kwh_given = getattr(ctx.get_parameter_source("kwh_price"), "name", None) == "COMMANDLINE"
+    if kwh_given and cloud_hourly is not None:
+        raise CapsimUserError(
+            "--kwh-price prices the energy of GPUs you buy; with --cloud-hourly the hourly "
+            "price pays for the power",
+            hint="drop --kwh-price, or --cloud-hourly to price buying",
+        )
     router_given = getattr(ctx.get_parameter_source("router"), "name", None) == "COMMANDLINE"
     router_flags = router_given or router_latency_ms or router_capacity_rps is not None
     if router_flags and max(gpu_counts) == 1 and max(node_counts) == 1:
@@ -331,10 +340,12 @@ def plan_cmd(
             "replicas, and every deployment searched here (--counts 1, one node) has one",
             hint="add GPU counts above 1 (--counts 1,2,4) or nodes, or leave the router out",
         )
-    cat, refs = resolve_models(cat, split_list(model))
+    cat, refs = resolve_models(cat, split_list(model, "--model"))
     if gpus and any(f < 1 for f in power_fractions):
-        no_tdp = [g.name for g in (cat.gpu(n) for n in split_list(gpus)) if g.tdp_w is None]
-        if len(no_tdp) == len(split_list(gpus)):
+        no_tdp = [
+            g.name for g in (cat.gpu(n) for n in split_list(gpus, "--gpus")) if g.tdp_w is None
+        ]
+        if len(no_tdp) == len(split_list(gpus, "--gpus")):
             # the limits were dropped without a word (predict refuses --power-limit there)
             raise CapsimUserError(
                 f"--power-limits are fractions of a GPU's TDP, and the catalog gives none for "
@@ -356,7 +367,7 @@ def plan_cmd(
         min_agent_tok_s=min_agent_tok_s,
         max_ttft_p90_s=max_ttft_p90,
         budget_usd=budget,
-        gpus=tuple(cat.gpu(g).name for g in split_list(gpus)) if gpus else None,
+        gpus=tuple(cat.gpu(g).name for g in split_list(gpus, "--gpus")) if gpus else None,
         gpu_counts=gpu_counts,
         power_fractions=power_fractions,
         nodes=node_counts,

@@ -127,7 +127,8 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
             raise CapsimUserError(f"malformed {what} '{text}' (at '{part}')", hint=hint)
     if max(levels) > MAX_LEVEL:
         raise CapsimUserError(f"{what} above {MAX_LEVEL:,} is not supported")
-    levels = sorted(set(levels))
+    refuse_repeats(levels, what, shown=lambda v: f"the level {v}")
+    levels = sorted(levels)
     if len(levels) > MAX_LEVELS:
         raise CapsimUserError(
             f"{what} lists {len(levels):,} levels; at most {MAX_LEVELS:,} are simulated in one run",
@@ -151,8 +152,8 @@ def parse_rates(text: str) -> list[float]:
             f"--rate lists {len(rates):,} rates; at most {MAX_LEVELS:,} are simulated in one run",
             hint="thin the list out",
         )
-    # a rate given twice is one level, as a concurrency given twice is
-    return list(dict.fromkeys(rates))  # the slowest rate taken is the workload's (MIN_RATE_PER_S)
+    refuse_repeats(rates, "--rate", shown=lambda v: f"the rate {v:g}")
+    return rates
 
 
 MAX_RATE = 1_000_000.0
@@ -168,7 +169,20 @@ def split_list(text: str, flag: str = "a list") -> list[str]:
         raise CapsimUserError(
             f"{flag} '{text}' has an empty item", hint="separate values by single commas"
         )
+    refuse_repeats(values, flag, key=str.casefold)
     return values
+
+
+def refuse_repeats(values, flag: str, key=None, shown=str) -> None:
+    """A list flag's value given twice is an error naming it (the second would add
+    nothing, or double a row, so it is most likely a typo for another value). ``key``
+    tells values apart (case-folded names, parsed numbers); ``shown`` prints one."""
+    seen = set()
+    for v in values:
+        k = v if key is None else key(v)
+        if k in seen:
+            raise CapsimUserError(f"{flag} lists {shown(v)} twice", hint="name each value once")
+        seen.add(k)
 
 
 def predict_with_progress(config, cat) -> PredictResult:
@@ -384,6 +398,7 @@ def predict_cmd(
         tps = [int(v) for v in split_list(tp, "--tp")]
     except ValueError:
         raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
+    refuse_repeats(tps, "--tp")
     refuse_links_without_tp(tps, interconnect, disable_custom_all_reduce, engine)
     cat, models = resolve_models(cat, split_list(model, "--model"))
     refuse_overrides_no_model_reads(overrides, [cat.model(m.name) for m in models])

@@ -187,6 +187,11 @@ def parse_flags(values: list[str] | None) -> dict[str, str]:
             raise CapsimUserError(
                 f"--engine-flag {key}={value!r}: {key} takes a whole number of 1 or more"
             )
+        if key in flags or any(k.replace("-", "_") == name for k in flags):
+            raise CapsimUserError(
+                f"--engine-flag {key} is given twice ({flags.get(key, '...')!r} and {value!r})",
+                hint="give each engine flag once, with the value the server ran",
+            )
         flags[key] = value
     note_unread_flags(flags)
     return flags
@@ -359,6 +364,20 @@ def probe_cmd(
     parse_length(str(output_tokens), "--output-tokens", minimum=1)
     if workload not in ("closed", "batch"):
         raise CapsimUserError(f"unknown workload '{workload}'", hint="use closed or batch")
+    rounds_typed = getattr(ctx.get_parameter_source("rounds"), "name", None) in (
+        "COMMANDLINE",
+        "ENVIRONMENT",
+    )
+    if rounds_typed and workload != "batch":
+        raise CapsimUserError(
+            f"--rounds applies to --workload batch, not {workload}",
+            hint="drop --rounds, or use --workload batch (--requests sets a closed level's count)",
+        )
+    if rounds_typed and requests is not None:
+        raise CapsimUserError(
+            "--rounds and --requests both set how many requests a batch level sends",
+            hint="give one: --rounds R (R x C requests) or --requests N",
+        )
     if endpoint not in ("completions", "chat"):
         raise CapsimUserError(f"unknown endpoint '{endpoint}'", hint="use completions or chat")
     for flag, value in (
@@ -402,6 +421,10 @@ def probe_cmd(
 
     refuse_overwrite([path], "--out", True)  # no name, a folder, a device: never
     refuse_overwrite([path.with_suffix(".json"), path.with_suffix(".jsonl")], "--out", force)
+    if out is not None:  # calibration/runs under the current folder is created
+        from capsim.files import refuse_missing_folder
+
+        refuse_missing_folder(path.parent, "--out", path)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

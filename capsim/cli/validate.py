@@ -254,7 +254,7 @@ def validate_cmd(
     db: DbOption = None,
 ) -> None:
     """Predict every published measurement and report the error."""
-    from capsim.files import refuse_overwrite, refuse_writing_over_inputs
+    from capsim.files import refuse_missing_folder, refuse_overwrite, refuse_writing_over_inputs
 
     check_plot_target(plot_path, force)
     refuse_force_without_output(force, plot_path, write_bands)
@@ -265,6 +265,7 @@ def validate_cmd(
                 hint="e.g. calibration/bands/uncalibrated.yaml",
             )
         refuse_overwrite([write_bands], "--write-bands", force)
+        refuse_missing_folder(write_bands.parent, "--write-bands", write_bands)
         refuse_writing_over_inputs(
             [write_bands], datasets or [Path("calibration/published")], "--write-bands"
         )
@@ -311,7 +312,7 @@ def validate_cmd(
     stopped = None  # after Ctrl-C: what the output covers
     try:
         if calibrated:
-            names = None if fit is None else tuple(split_list(fit))
+            names = None if fit is None else tuple(split_list(fit, "--fit"))
             if names is not None:
                 check_fittable(names)
             skipped_fits: list = []

@@ -166,7 +166,7 @@ class StreamReader:
         if not data:
             return False
         try:
-            obj = loads_json(data)
+            obj = loads_json(data, duplicate_keys=True)
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
             return self._chunk(obj, now)
@@ -373,7 +373,7 @@ class SmallAnswer:
 
     def json(self):
         """The body as JSON (ValueError when it is not)."""
-        return loads_json(self.body)
+        return loads_json(self.body, duplicate_keys=True)
 
 
 class AnswerTooLarge(Exception):

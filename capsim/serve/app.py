@@ -198,7 +198,7 @@ def create_app(
         try:
             data = bytes(raw) or b"null"
             if len(data) <= INLINE_BYTES:
-                body = loads_json(data)
+                body = loads_json(data, duplicate_keys=True)
             else:  # a long body is parsed off the event loop
                 body = await asyncio.to_thread(loads_json, data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
