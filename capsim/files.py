@@ -7,6 +7,7 @@ written whole or not at all."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ def file_stem(name: str, flag: str) -> str:
         or name.startswith(".")
         or any(c in name for c in "/\\")
         or any(ord(c) < 32 for c in name)
+        or re.fullmatch(r"[A-Za-z0-9._-]+", name) is None  # a space breaks every shell line
     )
     if bad:
         raise CapsimUserError(

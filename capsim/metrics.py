@@ -130,6 +130,19 @@ class RequestRecord(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _ok_without_failure(self) -> RequestRecord:
+        """A record that says ok and carries an error or an HTTP status of 400 or more
+        contradicts itself (a hand-edited log): counted as ok it would enter the metrics."""
+        if self.outcome == "ok" and (
+            self.error or (self.http_status is not None and self.http_status >= 400)
+        ):
+            carried = (
+                f"the error {self.error!r}" if self.error else f"HTTP status {self.http_status}"
+            )
+            raise ValueError(f"the outcome is ok, yet it carries {carried}")
+        return self
+
+    @model_validator(mode="after")
     def _times_in_order(self) -> RequestRecord:
         """A request is sent, then gets its first token, then finishes: times out of that
         order (a hand-edited log, an import of a broken file) would give negative TTFTs or

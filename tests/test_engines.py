@@ -400,17 +400,25 @@ def test_a_generation_range_must_be_a_version_specifier():
 
 def test_engine_at_release_on_the_command_line():
     # every shipped generation is reachable, and a bad release is exit 2 with the form
+    releases = ("0.1.0", "0.4.3", "0.7.3", "0.8.5", "0.9.2", "0.10.1", "0.11.0")
+    builds = ("b1000", "b2000", "b3000", "b4000", "b5000", "b6000", "b6500", "b8000")
     for engine in CAT.engines:
+        counts_builds = engine.releases is not None and engine.releases.newest.startswith("b")
         for gen in engine.generations:
             version = next(
                 v
-                for v in ("0.1.0", "0.4.3", "0.7.3", "0.8.5", "0.9.2", "0.10.1", "0.11.0")
-                if gen.covers(Version(v))
+                for v in (builds if counts_builds else releases)
+                if gen.covers(Version(v.removeprefix("b")))
             )
             labels = CAT.engine(f"{engine.name}@{version}").generation.split(" + ")
             assert gen.label in labels
     predict = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--concurrency", "1"]
-    for engine, words in (("vllm@", "names no release"), ("vlm@0.7.3", "vllm")):
+    for engine, words in (
+        ("vllm@", "names no release"),
+        ("vlm@0.7.3", "vllm"),
+        ("vllm@b6918", "not written as vllm's releases are"),
+        ("llama.cpp@0.7.3", "e.g. llama.cpp@b"),
+    ):
         r = runner.invoke(app, [*predict, "--engine", engine])
         assert r.exit_code == 2 and words in r.output, r.output
 

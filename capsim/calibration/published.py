@@ -229,7 +229,7 @@ class Scenario(Strict):
         "prefix_aware); None: round_robin",
     )
     output_note: str | None = None
-    points: list[MeasuredPoint]
+    points: list[MeasuredPoint] = Field(min_length=1)  # an empty list was dropped unsaid
 
     @model_validator(mode="after")
     def _output_means_of_measured_levels(self) -> Scenario:

@@ -447,6 +447,12 @@ class Engine(Strict):
         description="Whether the engine prepares step n+1 on the CPU while the GPU runs step "
         "n by default (async_host_overlap then applies)"
     )
+    async_scheduling_since: str | None = Field(
+        None,
+        description="The first release with a flag that turns async scheduling on (vLLM's "
+        "--async-scheduling, SGLang's overlap scheduler): an older release named with "
+        "--engine ENGINE@VERSION refuses --async-scheduling (None: every release has it)",
+    )
     custom_allreduce: bool = Field(
         description="Whether tensor-parallel all-reduces can use peer-to-peer custom kernels"
     )
@@ -561,11 +567,23 @@ class Engine(Strict):
         the V0 engine's releases). A version that is not a release number is a ValueError
         when the engine has generations to choose from."""
         parsed = parse_engine_version(version)
+        example = self.releases.newest if self.releases is not None else "0.7.3"
+        builds = LLAMA_CPP_BUILD.match(example) is not None  # llama.cpp counts builds
+        build_form = LLAMA_CPP_BUILD.match(version.strip()) is not None
+        if parsed is not None and (
+            (builds and not (build_form or version.strip().isdigit()))
+            or (not builds and build_form)
+        ):
+            # 'vllm@b6918' read as release 6918 of vLLM, 'llama.cpp@0.7.3' as build 0
+            raise ValueError(
+                f"'{version}' is not written as {self.name}'s releases are (e.g. "
+                f"{self.name}@{example})"
+            )
         if parsed is None:
             if self.generations:
                 raise ValueError(
                     f"'{version}' is not a release number of {self.name} (e.g. "
-                    f"{self.name}@0.7.3; ranges known: "
+                    f"{self.name}@{example}; ranges known: "
                     f"{', '.join(g.versions for g in self.generations)})"
                 )
             return self.model_copy(update={"version": version})

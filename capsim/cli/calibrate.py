@@ -40,6 +40,28 @@ def identifiable_text(p) -> str:
     return f"no (±{100 * p.std / max(abs(p.value), 1e-12):.0f}%)"
 
 
+def refuse_profile_names_taken(targets: list[Path], keys: list[str], cat) -> None:
+    """A profile file named 'none' or 'auto' (which --profile reads as its two words), or
+    after another hardware class and engine ('--name consumer-ampere-vllm' on Blackwell
+    data: --profile auto then found it for every RTX 3090 and refused it), is an error."""
+    taken = {f"{c}-{e}" for c in cat.efficiency.names() for e in cat.engines.names()}
+    for target, key in zip(targets, keys, strict=True):  # one profile a class and engine
+        stem = target.stem
+        if stem in ("none", "auto"):
+            raise CapsimUserError(
+                f"a profile named '{stem}' could never be chosen: --profile {stem} means "
+                f"{'no profile' if stem == 'none' else 'the class profile'}",
+                hint="pick another --name (or --out file name)",
+            )
+        if stem in taken and stem != key:
+            raise CapsimUserError(
+                f"'{stem}' is the name --profile auto looks up for {stem.rsplit('-', 1)[0]} "
+                f"under {stem.rsplit('-', 1)[1]}; this profile is fitted for {key}",
+                hint=f"leave --name out (the file is then {key}.yaml), or pick a name that is "
+                "no hardware class's",
+            )
+
+
 def calibrate_cmd(
     datasets: Annotated[
         list[Path] | None,
@@ -124,9 +146,10 @@ def calibrate_cmd(
         file_stem(name, "--name")
 
     targets = [out if out.suffix == ".yaml" else out / f"{name or key}.yaml" for key in groups]
+    refuse_profile_names_taken(targets, list(groups), cat)
     refuse_overwrite(targets, "--out", force)
     if out_given:  # the profile folder of its own (user_profiles_dir) is created
-        refuse_missing_folder(out.parent if out.suffix == ".yaml" else out, "--out", out)
+        refuse_missing_folder(out.parent, "--out", out)  # a folder for the profiles is made
     refuse_writing_over_inputs(targets, datasets or [Path("calibration/published")], "--out")
     profiles = []
     skipped = []

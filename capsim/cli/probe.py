@@ -341,6 +341,12 @@ def probe_cmd(
     if spec is not None:
         parse_spec(spec)  # a malformed value fails now, not at calibration
     check_stated_deployment(gpu, quant, kv_dtype)
+    if gpus is not None and tp is not None and gpus % tp:
+        # calibration simulates what the header states: a TP group larger than the GPUs
+        raise CapsimUserError(
+            f"--gpus {gpus} is not a whole number of --tp {tp} groups",
+            hint="state the server's GPUs in total and its tensor-parallel size as it ran",
+        )
     check_server_url(url)
     from capsim.engine.lengths import parse_length
 

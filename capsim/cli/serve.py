@@ -261,6 +261,18 @@ def serve_cmd(
     run_server(setup, names, speedup, host, port, default_max_tokens)
 
 
+GENERATION_CONFIG_KEYS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+)
+"""The generation-config keys vLLM takes as default sampling parameters
+(ModelConfig.get_diff_sampling_param); it reads no other key of the override."""
+
+
 def max_new_tokens_of(text: str | None) -> int | None:
     """``--override-generation-config``'s max_new_tokens (None where not given), checked:
     a JSON object, max_new_tokens a whole number from 1; exit 2 otherwise."""
@@ -280,6 +292,17 @@ def max_new_tokens_of(text: str | None) -> int | None:
         ) from None
     if not isinstance(value, dict):
         raise CapsimUserError(f"{flag} must be a JSON object, not {type(value).__name__}")
+    from capsim.errors import close_matches
+
+    for key, v in value.items():
+        if key not in GENERATION_CONFIG_KEYS:
+            raise CapsimUserError(
+                f"{flag}: {key!r} is not a generation setting vLLM reads",
+                hint="one of " + ", ".join(GENERATION_CONFIG_KEYS),
+                suggestions=close_matches(str(key), list(GENERATION_CONFIG_KEYS)),
+            )
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise CapsimUserError(f"{flag}: {key} must be a number, not {v!r}"[:300])
     odd = next((k for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)), None)
     if odd is not None:  # NaN or Infinity, which JSON does not have: no sampler takes it
         raise CapsimUserError(f"{flag}: {odd} must be a finite number, not {value[odd]!r}")

@@ -15,6 +15,7 @@ def check_deployment_flags(config: PredictConfig, engine: Engine, gpu: GPU) -> N
     """Every combination of flags the engine (``engine``, resolved for the model) or the GPU
     refuses, or capsim does not model, as a user error."""
     refuse_flags_the_engine_lacks(config, engine.name)
+    refuse_async_scheduling_before_its_release(config, engine)
     if config.flash_attention is not None and engine.flash_attention_flag is None:
         raise CapsimUserError(
             f"--flash-attn is llama.cpp's; {engine.name} always runs fused attention "
@@ -111,6 +112,24 @@ def sglang_flag_error(flag: str, engine: str, behaviour: str, leave: str = "out"
         f"{flag} is SGLang's flag; {engine} {behaviour}",
         hint=f"add --engine sglang, or leave {flag} {leave}",
     )
+
+
+def refuse_async_scheduling_before_its_release(config: PredictConfig, engine: Engine) -> None:
+    """--async-scheduling with a release older than the one that added it (vLLM 0.10.0,
+    SGLang 0.3.4): that server had no way to run so, and a prediction with it would
+    describe no server."""
+    from capsim.catalog.engine_schema import parse_engine_version
+
+    since = engine.async_scheduling_since
+    if not config.async_scheduling or since is None or engine.version is None:
+        return
+    version, first = parse_engine_version(engine.version), parse_engine_version(since)
+    if version is not None and first is not None and version < first:
+        raise CapsimUserError(
+            f"--async-scheduling: {engine.name} {engine.version} has no async scheduling; "
+            f"it came in {since}",
+            hint=f"leave --async-scheduling out, or name {engine.name}@{since} or later",
+        )
 
 
 def refuse_flags_the_engine_lacks(config: PredictConfig, engine: str) -> None:

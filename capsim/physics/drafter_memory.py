@@ -70,6 +70,15 @@ def drafter_for(
         model = catalog.model(spec.draft_model)
         if target is not None:
             check_draft_vocabulary(model, target)
+            if model.name == target.name:
+                from capsim.errors import CapsimUserError
+
+                # a drafter as slow as the target: every step runs the model k + 1 times
+                raise CapsimUserError(
+                    f"--spec draft:{spec.draft_model}: the draft model is the model served",
+                    hint="draft with a smaller model of the same tokenizer (e.g. a 1B "
+                    "sibling), or use mtp, eagle or ngram",
+                )
         return Drafter("draft", model, draft_format(catalog, quant, model))
     return Drafter(spec.method)
 

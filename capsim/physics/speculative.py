@@ -172,6 +172,13 @@ def spec_text_of_vllm_config(text: str) -> str:
             raise CapsimUserError(
                 f"--speculative-config {key} must be a whole number of at least 1, got {value!r}"
             )
+    low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+    if low is not None and high is not None and low > high:
+        # vLLM's SpeculativeConfig refuses it ("prompt_lookup_min ... must be <= ...")
+        raise CapsimUserError(
+            f"--speculative-config prompt_lookup_min {low} is above prompt_lookup_max {high}",
+            hint="the n-gram window runs from prompt_lookup_min up to prompt_lookup_max",
+        )
     method = config.get("method")
     k = config.get("num_speculative_tokens")
     if not isinstance(method, str) or method not in VLLM_SPEC_METHODS:

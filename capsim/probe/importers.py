@@ -99,6 +99,33 @@ def _require(data: dict, keys: tuple[str, ...], path: Path, tool: str) -> None:
         )
 
 
+def check_per_request_lists(d: dict, completed: int) -> None:
+    """A ValueError when a result's per-request lists contradict its totals: more requests
+    carry an error than ``completed`` leaves failed (vllm bench writes '' for a request that
+    succeeded), or an output length is not a whole number of 0 or more, or every output
+    length is 0 where tokens were counted."""
+    errors = d.get("errors") or []
+    if errors:
+        if not all(e is None or isinstance(e, str) for e in errors):
+            raise ValueError("errors must hold one string a request ('' where it succeeded)")
+        erred = sum(1 for e in errors if e)
+        if completed > len(errors) - erred:
+            raise ValueError(
+                f"completed says {completed} requests, yet {erred} of the {len(errors)} "
+                "requests carry an error"
+            )
+    outs = d.get("output_lens") or []
+    for n in outs:
+        if isinstance(n, bool) or not isinstance(n, int | float) or not n >= 0:
+            raise ValueError(f"output_lens holds {n!r}, not a count of tokens")
+        if not float(n).is_integer():
+            raise ValueError(f"output_lens holds {n!r}, not a whole number of tokens")
+    if outs and not any(outs) and float(d.get("total_output_tokens") or 0) > 0:
+        raise ValueError(
+            f"every output length is 0, yet total_output_tokens is {d['total_output_tokens']!r}"
+        )
+
+
 def import_vllm_bench(
     path: Path,
 ) -> tuple[RunHeader, Callable[[], list[LevelSummary]], Iterator[RequestRecord]]:
@@ -146,6 +173,7 @@ def import_vllm_bench(
             _measure(key, d[key])
     if completed and not _measure("duration", d["duration"]) > 0:
         raise ValueError(f"duration is {d['duration']!r} for {completed} completed requests")
+    check_per_request_lists(d, completed)
 
     def metric(name: str, scale: float = 1.0) -> Distribution:
         return _dist(

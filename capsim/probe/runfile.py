@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from capsim.engine.limits import MAX_ENGINE_COUNT
 from capsim.errors import CapsimUserError
@@ -56,6 +56,16 @@ class RunHeader(BaseModel):
 
     format: str = RUN_FORMAT
     started: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        """A run file of another format (a later capsim's, or not capsim's) is read only
+        when it is this one: its fields may mean other things."""
+        if v != RUN_FORMAT:
+            raise ValueError(f"format '{v}' is not {RUN_FORMAT}, the run file format capsim reads")
+        return v
+
     capsim_version: str = ""
     url: str
     model: str
@@ -321,6 +331,7 @@ def rebuild_summary(path: Path) -> RunSummary:
     first_header: dict[str, Any] | None = None
     groups: dict[tuple[int, int], list[RequestRecord]] = {}
     finished: dict[tuple[int, int], dict[str, Any]] = {}  # each level event, by level
+    seen_ids: set[tuple] = set()
     log = path.with_suffix(".jsonl") if path.suffix == ".json" else path  # a .json: its log
     if log != path and path.is_file() and not log.exists():
         raise CapsimUserError(
@@ -336,6 +347,14 @@ def rebuild_summary(path: Path) -> RunSummary:
             continue
         key = (int(e["concurrency"]), int(e.get("run", 0)))
         record = {k: v for k, v in e.items() if k not in ("type", "concurrency", "run")}
+        rid = (key, record.get("request_id"))
+        if rid[1] is not None and rid in seen_ids:
+            raise CapsimUserError(
+                f"'{path}': request {rid[1]!r} is recorded twice at concurrency {key[0]} "
+                f"(run {key[1]}): a copied line would count it twice",
+                hint="each request has one record; remove the copy",
+            )
+        seen_ids.add(rid)
         try:
             groups.setdefault(key, []).append(RequestRecord.model_validate(record))
         except ValueError as exc:

@@ -63,9 +63,11 @@ INFO_BYTES = 16 * 2**20
 METRICS_BYTES = 8 * 2**20
 """What it reads of /metrics (vLLM's page is tens to hundreds of kB)."""
 
-INFO_SECONDS = 30.0
+INFO_SECONDS = 10.0
 """The longest /v1/models may take to answer whole (a server that sends a byte every
-few seconds never trips a read timeout)."""
+few seconds never trips a read timeout), and no more than --timeout: a server answers it
+from memory in milliseconds, even under load, and a probe that waited 30 s on one that
+dripped bytes read as hung."""
 
 
 def served_models(answer: SmallAnswer) -> list[dict] | None:
@@ -207,6 +209,7 @@ class Prober:
         self.prompts = PromptFactory(self.url, config.model, config.endpoint)
         self.in_flight: dict[str, tuple[RequestRecord, int, int]] = {}
         self.timeouts = config.timeouts()
+        self.info_seconds = min(INFO_SECONDS, config.timeout_s)
         self.scrapes = ScrapeLog()
         self.warned: set[str] = set()
         # progress(event, **info): "level" when a level starts (total requests), "request"
@@ -259,12 +262,12 @@ class Prober:
                 "GET",
                 self.url + "/v1/models",
                 INFO_BYTES,
-                INFO_SECONDS,
+                self.info_seconds,
                 headers=self.headers,
             )
         except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
             what = {
-                TimeoutError: f"no whole answer from /v1/models within {INFO_SECONDS:g} s",
+                TimeoutError: f"no whole answer from /v1/models within {self.info_seconds:g} s",
                 AnswerTooLarge: f"/v1/models answered {exc}",
             }.get(type(exc))
             raise CapsimUserError(
