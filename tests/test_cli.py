@@ -690,7 +690,8 @@ def test_flags_that_do_not_apply_or_cannot_be_read_are_refused(args, words):
 
 
 def test_flags_that_apply_run():
-    r = invoke(*PREDICT, "--workload", "agents", "--turns", "2", "--think-time", "1")
+    agents = [a for a in PREDICT if a not in ("--requests", "4")]  # agents run --turns each
+    r = invoke(*agents, "--workload", "agents", "--turns", "2", "--think-time", "1")
     assert r.exit_code == 0, r.output
     r = invoke(*PREDICT, "--gpus", "2", "--router", "least_outstanding")
     assert r.exit_code == 0, r.output
@@ -833,10 +834,9 @@ def test_a_trace_draws_nothing_so_a_seed_is_refused(tmp_path):
     assert invoke(*args, "--trace", str(trace)).exit_code == 0
 
 
-def test_a_repeated_model_is_simulated_once():
+def test_a_repeated_model_is_refused():
     r = invoke(*predict_with("--model", "qwen3-8b,qwen3-8b", "--json"))
-    assert r.exit_code == 0, r.output
-    assert len(json.loads(r.stdout)["results"]) == 1
+    assert r.exit_code == 2 and "--model lists qwen3-8b twice" in r.stderr, r.output
 
 
 def test_links_at_tp_1_are_refused_and_a_tp_1_row_is_not_repeated_per_link():

@@ -139,7 +139,8 @@ def test_an_import_with_negative_figures_fails_and_leaves_nothing(changes, words
 def test_times_beyond_a_steps_resolution_are_refused(flags, words):
     """A rate of 1e-300 put arrivals at 1e300 s, where adding a step changes nothing; it
     answered 0 tok/s with exit 0."""
-    result = run("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--requests", "4", *flags)
+    count = [] if "agents" in flags else ["--requests", "4"]  # agents run --turns each
+    result = run("predict", "--gpu", "rtx3090", "--model", "qwen3-8b", *count, *flags)
     assert result.exit_code == 2 and words in result.output, result.output
 
 

@@ -301,7 +301,7 @@ def max_new_tokens_of(text: str | None) -> int | None:
                 hint="one of " + ", ".join(GENERATION_CONFIG_KEYS),
                 suggestions=close_matches(str(key), list(GENERATION_CONFIG_KEYS)),
             )
-        if isinstance(v, bool) or not isinstance(v, int | float):
+        if key != "max_new_tokens" and (isinstance(v, bool) or not isinstance(v, int | float)):
             raise CapsimUserError(f"{flag}: {key} must be a number, not {v!r}"[:300])
     odd = next((k for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)), None)
     if odd is not None:  # NaN or Infinity, which JSON does not have: no sampler takes it

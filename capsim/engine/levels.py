@@ -50,6 +50,12 @@ class LevelResult(BaseModel):
         description="Requests laid down as copies of a repeating steady-state period "
         "instead of simulated (engine/periodic.py); steps and events count them too",
     )
+    unsent_requests: int = Field(
+        0,
+        description="An open loop's requests never sent: arrivals stop once "
+        "workloads.MAX_OPEN_BACKLOG requests wait (the server is overloaded and its queue, "
+        "and every latency, grows with the run's length; memory stays bounded)",
+    )
     sim_seconds: float = Field(description="Wall time the simulation took")
     service_of: float | None = Field(
         None,
@@ -163,6 +169,8 @@ class ReplicaRun:
     finish_order: np.ndarray | None = None
     # requests laid down as copies of a repeating period, not simulated (engine/periodic.py)
     skipped_requests: int = 0
+    # an open loop's requests never sent once its backlog passed MAX_OPEN_BACKLOG
+    unsent_requests: int = 0
 
 
 def run_replicas(
@@ -261,6 +269,7 @@ def run_replicas(
         dry_at=None if alone is None else alone.dry_at,
         finish_order=None if alone is None else logged.finish_order,
         skipped_requests=0 if skipper is None else skipper.skipped_requests,
+        unsent_requests=driver.unsent,
     )
 
 
@@ -467,6 +476,7 @@ def measure_level(
         steps=sum(run.steps for run in runs),
         events=sum(run.events for run in runs),
         repeated_requests=sum(run.skipped_requests for run in runs),
+        unsent_requests=sum(run.unsent_requests for run in runs),
         sim_seconds=time.perf_counter() - started,
         records=[r for run in runs for r in run.records] if keep_records else None,
     )

@@ -92,7 +92,15 @@ class ReplicationJoin:
         self.itl = LogSketch(weighted=True)
         self.run_type = None  # ReplicaRun (engine/levels.py imports this module)
         self.totals = dict.fromkeys(
-            ("query_tokens", "hit_tokens", "preemptions", "steps", "events", "skipped_requests"),
+            (
+                "query_tokens",
+                "hit_tokens",
+                "preemptions",
+                "steps",
+                "events",
+                "skipped_requests",
+                "unsent_requests",
+            ),
             0,
         )
         self.peak_kv_usage = 0.0

@@ -475,7 +475,27 @@ def predict_result(setup: Setup, config: PredictConfig, results: list[LevelResul
             )
             if n
         ]
+        + [n for n in (overload_note(r) for r in results) if n]
         + profile_warnings(setup.profile),
+    )
+
+
+def overload_note(result: LevelResult) -> str | None:
+    """What a prediction says of an open-loop level whose arrivals stopped at
+    MAX_OPEN_BACKLOG waiting requests (None for any other level)."""
+    if not result.unsent_requests:
+        return None
+    from capsim.engine.workloads import MAX_OPEN_BACKLOG
+
+    m = result.metrics
+    sent = m.requests
+    served = m.request_throughput
+    return (
+        f"at {result.level:g} req/s the server is overloaded: {MAX_OPEN_BACKLOG:,} requests "
+        f"were waiting after {sent:,} had arrived, so the last {result.unsent_requests:,} were "
+        f"not sent; it completes about {served:.3g} req/s, and past that rate the queue and "
+        "every latency grow with the run's length (the figures are those of the requests "
+        "sent, not a steady state)"
     )
 
 

@@ -249,6 +249,14 @@ class Workload:
         return self.output.maximum
 
 
+MAX_OPEN_BACKLOG = 200_000
+"""Requests an open loop keeps in flight before it stops sending: each waiting request
+holds about 0.9 kB (its state, its event, its place in the queues), so 200,000 hold about
+180 MB, and an overloaded run of millions of arrivals (--rate 100 against a server that
+completes one a second) grew to 3.7 GB. A queue that long means the arrivals outpace the
+server by far: latencies grow with the run's length and no steady state exists, which the
+prediction says (LevelResult.unsent_requests) instead of simulating more of it."""
+
 DRAW_CHUNK = 2**16
 """Requests whose lengths (and open-loop gaps) are drawn at a time above REQUEST_BUFFER."""
 
@@ -315,6 +323,7 @@ class Driver:
         self.first_rid = first_rid
         self.progress = progress
         self.sent = 0  # requests sent so far
+        self.unsent = 0  # an open loop's requests never sent (MAX_OPEN_BACKLOG)
         self.output_tokens_sent = 0  # their output lengths, summed
         self.in_flight: dict[int, SimRequest] = {}  # by request id
         # A client sees a request finish when its last chunk reaches it, the front end's
@@ -518,6 +527,9 @@ class Driver:
         for i in range(n):
             prompt, output, gap = draws.get(i)
             yield self.env.timeout(gap)
+            if len(self.in_flight) >= MAX_OPEN_BACKLOG:
+                self.unsent = n - i  # overloaded past doubt: stop before memory runs out
+                return
             self._send(prompt, output, ("r", i))
 
     def _trace_entry(self, entry: TraceEntry):
