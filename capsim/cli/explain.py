@@ -222,6 +222,15 @@ def fit_cmd(
             offload = propose_offload(
                 cat, g, m, fmt, tp, options, host_memory_bandwidth, chosen=chosen
             )
+    if host_memory_bandwidth is not None and offload is None and not n_cpu_moe:
+        from capsim.notices import notice
+
+        # it prices experts kept in system RAM, and no offload is proposed here
+        notice(
+            f"--host-memory-bandwidth {host_memory_bandwidth:g} is not used: "
+            f"{m.name} ({fmt.name}) {'fits' if result.fits else 'has no offload to propose'} "
+            f"on {tp} x {g.name} without experts in system RAM"
+        )
     if json_out:
         print_json(
             {
