@@ -55,7 +55,8 @@ def test_a_small_pass_streams_the_touched_experts_from_system_ram():
     step = sm.step([1], [512])
     touched = sm.experts_touched_scalar(1.0)  # 4 of 128 for one token
     assert touched == pytest.approx(4.0)
-    expected = 26 * touched * sm.expert_slice_bytes / 50e9
+    # streamed at host_read_efficiency (llama.cpp issue 26484: 84-91%) of the bandwidth given
+    expected = 26 * touched * sm.expert_slice_bytes / (50e9 * sm.params.host_read_efficiency)
     assert step.t_offload == pytest.approx(expected) and step.offload_path == "cpu"
     # the GPU reads only the other ten layers' experts
     gpu_only = offloaded(0)

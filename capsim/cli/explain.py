@@ -828,6 +828,7 @@ def explain_cmd(
         flash_attention_line(sm, flash_attention),
         mla_tile_line(sm),
         fp16_accumulate_line(sm),
+        host_read_line(sm),
     )
     for line in lines:
         if line:
@@ -888,6 +889,25 @@ def flash_attention_line(sm, asked: bool | None) -> str | None:
         f"flash attention off ({why}): every attention score goes through memory "
         f"({sm.params.attention_score_bytes:g} B each, where a layer's scores outgrow {l2}), "
         "and each query is scored against every cached token, masked rather than skipped"
+    )
+
+
+def host_read_line(sm) -> str | None:
+    """Experts in system RAM read by the CPU (physics/offload_terms.py): the bandwidth its
+    matrix-vector products stream at, of the read bandwidth given."""
+    if not sm.cpu_moe_layers:
+        return None
+    from capsim.physics.offload_terms import OP_OFFLOAD_MIN_BATCH as FROM
+
+    given = sm.deployment.host_memory_bandwidth_gbs
+    return (
+        f"experts of {sm.cpu_moe_layers} layers in system RAM: below {FROM} tokens a pass the CPU "
+        f"multiplies them, streaming {sm.host_memory_bw / 1e9:.1f} GB/s "
+        f"(host_read_efficiency {sm.params.host_read_efficiency:g} of the {given:g} GB/s "
+        "read bandwidth given; llama.cpp's CPU decode measured 84-91% of read bandwidth); "
+        f"from {FROM} they are copied to the GPU over the host link at "
+        f"{sm.host_link_bw / 1e9:.1f} "
+        "GB/s"
     )
 
 

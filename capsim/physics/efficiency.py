@@ -421,6 +421,17 @@ class EfficiencyParams(BaseModel):
         "Negligible for one sequence, a few hundred microseconds a step for hundreds of "
         "sequences of a 150-250K vocabulary. Engineering prior",
     )
+    host_read_efficiency: float = Field(
+        0.88,
+        ge=MIN_SHARE,
+        le=1,
+        description="Share of the host's measured read bandwidth (--host-memory-bandwidth, "
+        "a hosts/ preset) that llama.cpp's CPU matrix-vector products reach streaming "
+        "weights from system RAM (experts under --n-cpu-moe). Prior: llama.cpp issue 26484 "
+        "(Raspberry Pi 5, 4 threads, five quantizations of one dense model) measured decode at "
+        "84-91% of the board's 4-thread read-only bandwidth (11.59 GB/s); the median, 0.88. "
+        "Chosen with the corpus's offload runs in view (calibration/priors_in_view.yaml)",
+    )
     host_link_efficiency: float = Field(
         0.8,
         ge=MIN_SHARE,

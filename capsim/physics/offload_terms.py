@@ -42,7 +42,8 @@ class OffloadTerms:
                 hint="dual-channel DDR5 measures about 60-95 GB/s, quad-channel DDR4 about "
                 "100 (docs/physics.md, experts in system RAM)",
             )
-        self.host_memory_bw = dep.host_memory_bandwidth_gbs * 1e9
+        # what the CPU's matrix-vector products stream of the measured read bandwidth
+        self.host_memory_bw = dep.host_memory_bandwidth_gbs * 1e9 * self.params.host_read_efficiency
         self.host_link_bw = self.host_link_bytes_per_s()
 
     def host_link_bytes_per_s(self) -> float:
