@@ -513,7 +513,7 @@ def test_a_dataset_field_predict_cannot_read_is_named_with_its_line(tmp_path, li
             "efficiency",
             "datacenter-hopper",
             ("bandwidth_efficiency: 0.83", "bandwidth_efficiency: .nan"),
-            "params: bandwidth_efficiency is nan",
+            "params.bandwidth_efficiency: Input should be a finite number",
         ),
         (
             "efficiency",

@@ -465,39 +465,105 @@ def fetch_hub_file(repo: str, filename: str, optional: bool = False) -> dict[str
         "path, e.g. --model ./config.json"
     )
     try:
-        response = httpx.get(url, headers=headers, timeout=FETCH_TIMEOUT_S, follow_redirects=True)
+        status, body = fetch_bounded(url, headers, FETCH_TIMEOUT_S, HUB_FILE_BYTES)
     except httpx.HTTPError as exc:
         raise CapsimUserError(
             f"model '{repo}' is not in the catalog and the Hugging Face Hub could not be "
             f"reached ({type(exc).__name__})",
             hint=offline_hint,
         ) from None
-    if response.status_code == 404 and optional:
-        return None
-    if response.status_code in (401, 403):
+    except TimeoutError:
         raise CapsimUserError(
-            f"the Hub refused {filename} of '{repo}' (HTTP {response.status_code}): a gated "
-            "or private repo",
+            f"the Hub did not send {filename} of '{repo}' whole within {FETCH_TIMEOUT_S:g} s",
+            hint=offline_hint,
+        ) from None
+    except ValueError as exc:  # past HUB_FILE_BYTES
+        raise CapsimUserError(f"{filename} of '{repo}' from the Hub {exc}") from None
+    if status == 404 and optional:
+        return None
+    if status in (401, 403):
+        raise CapsimUserError(
+            f"the Hub refused {filename} of '{repo}' (HTTP {status}): a gated or private repo",
             hint="set HF_TOKEN to a token with access, or pass the config.json path",
         )
-    if response.status_code == 404:
+    if status == 404:
         raise CapsimUserError(
             f"no model '{repo}' on the Hugging Face Hub (or it has no {filename})",
             hint="check the id, or pass a catalog name (capsim models) or a config.json path",
         )
-    if response.status_code != 200:
+    if status != 200:
         raise CapsimUserError(
-            f"the Hub answered HTTP {response.status_code} for {filename} of '{repo}'",
+            f"the Hub answered HTTP {status} for {filename} of '{repo}'",
             hint=offline_hint,
         )
+    from capsim.files import loads_json
+
     try:
-        data = response.json()
-    except ValueError:
-        raise CapsimUserError(f"{filename} of '{repo}' from the Hub is not JSON") from None
+        text = body.decode("utf-8")
+        data = loads_json(text)
+    except ValueError as exc:  # not UTF-8, not JSON, nested past the limits
+        raise CapsimUserError(
+            f"{filename} of '{repo}' from the Hub is not JSON capsim reads ({str(exc)[:120]})"
+        ) from None
     if not isinstance(data, dict):
         raise CapsimUserError(f"{filename} of '{repo}' from the Hub is not a JSON object")
-    write_text_atomic(cached, response.text)
+    write_text_atomic(cached, text)
     return data
+
+
+HUB_FILE_BYTES = 4 * 2**20
+"""The most of a Hub file capsim reads, decoded (a config.json is a few kB; a gzip bomb
+or a server that never stops sending was read whole)."""
+
+
+def fetch_bounded(url: str, headers: dict, seconds: float, max_bytes: int) -> tuple[int, bytes]:
+    """(status, body) of a GET of ``url``, its body decoded and at most ``max_bytes`` (a
+    ValueError beyond), the whole answer within ``seconds`` (a TimeoutError beyond: a
+    server that drips a byte at a time never trips a read timeout)."""
+    import threading
+
+    outcome: list = []
+
+    def fetch() -> None:
+        try:
+            outcome.append(_fetch_bounded(url, headers, seconds, max_bytes))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    # a thread of its own, given up after ``seconds``: a server that sends its headers a
+    # byte at a time holds httpx inside one read, where no deadline can be checked
+    worker = threading.Thread(target=fetch, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        raise TimeoutError
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _fetch_bounded(url: str, headers: dict, seconds: float, max_bytes: int) -> tuple[int, bytes]:
+    """fetch_bounded's work, in its thread."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    timeout = httpx.Timeout(seconds)
+    with httpx.stream(
+        "GET", url, headers=headers, timeout=timeout, follow_redirects=True
+    ) as response:
+        if response.status_code != 200:
+            return response.status_code, b""
+        chunks, size = [], 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > max_bytes:
+                raise ValueError(f"is more than {max_bytes >> 20} MB")
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise TimeoutError
+        return response.status_code, b"".join(chunks)
 
 
 def _entry_of_config(

@@ -347,10 +347,10 @@ class QuantFormat(Strict):
     name: str = catalog_key()
     display_name: str
     aliases: list[str] = Field(default_factory=list)
-    weight_bits: float = Field(gt=0, description="Bits of the stored value itself")
+    weight_bits: float = Field(gt=0, le=64, description="Bits of the stored value itself")
     group_size: int | None = Field(default=None, ge=1, description="Weights sharing one scale")
-    scale_bits: float = Field(default=0, ge=0, description="Bits of each group's scale")
-    zero_bits: float = Field(default=0, ge=0, description="Bits of each group's zero point")
+    scale_bits: float = Field(default=0, ge=0, le=64, description="Bits of each group's scale")
+    zero_bits: float = Field(default=0, ge=0, le=64, description="Bits of each group's zero point")
     bits_per_weight_override: float | None = Field(
         default=None,
         gt=0,
@@ -369,7 +369,9 @@ class QuantFormat(Strict):
         default_factory=lambda: ["embeddings", "lm_head", "router", "norms"],
         description="Tensors that usually stay in 16-bit",
     )
-    unquantized_bits: float = Field(default=16, description="Bits of the tensors left unquantised")
+    unquantized_bits: float = Field(
+        default=16, gt=0, le=64, description="Bits of the tensors left unquantised"
+    )
     embedding_bits: float | None = Field(
         default=None, gt=0, description="Bits/weight of the embedding table if not unquantized_bits"
     )

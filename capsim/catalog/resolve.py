@@ -35,8 +35,9 @@ from capsim.notices import notice
 
 HF_ENDPOINT_ENV = "HF_ENDPOINT"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
-FETCH_TIMEOUT_S = 10.0
-"""Seconds to wait for the Hub before calling the machine offline."""
+FETCH_TIMEOUT_S = 8.0
+"""Seconds to wait for a Hub file, whole, before calling the machine offline (a config.json
+of a few kB comes in well under a second from the Hub or a mirror)."""
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(:[\w.\-]+)?$")
 """org/name, optionally with llama.cpp's ':QUANT' tag (``-hf org/name:Q4_K_M``)."""

@@ -28,9 +28,11 @@ def catalog_key(description: str = "Catalog key"):
 
 
 class Strict(BaseModel):
-    """Base: unknown fields are errors, so a typo in a YAML file is caught."""
+    """Base: unknown fields are errors, so a typo in a YAML file is caught; NaN and
+    infinity (YAML's .nan and .inf) are no figure any catalog field holds (an overlay's
+    weight_bits .inf ended in a traceback sizing the KV cache)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False)
 
 
 class Source(Strict):

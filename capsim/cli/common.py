@@ -716,6 +716,10 @@ def printable(text: str) -> str:
     return text.translate(CONTROL_CHARACTERS)
 
 
+PATH_RUNTIME_ERRORS = ("Symlink loop", "Could not determine home directory")
+"""The RuntimeErrors pathlib raises for a path the user gave (resolve, expanduser)."""
+
+
 def user_errors(func):
     """Turn CapsimUserError (and a config that refuses a flag's value) into a one-line
     message and exit code 2."""
@@ -739,6 +743,14 @@ def user_errors(func):
                 # name too long, a loop of links, no permission, a full disk): the path and
                 # the system's reason, not a traceback
                 exc = CapsimUserError(f"'{exc.filename}': {exc.strerror or exc}")
+            elif isinstance(exc, RuntimeError) and str(exc).startswith(PATH_RUNTIME_ERRORS):
+                # pathlib's own words for a path no file can be found at (Python 3.11: a
+                # loop of links while resolving, '~someone' of a user who does not exist)
+                exc = CapsimUserError(
+                    f"a path given cannot be followed: {exc}",
+                    hint="check the paths and the CAPSIM_* variables for a loop of links or "
+                    "a '~user' of no user on this machine",
+                )
             elif not isinstance(exc, CapsimUserError):
                 raise
             print_notices()
@@ -979,6 +991,27 @@ def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[Resolv
         models, "--model", key=lambda m: (m.name, m.quant), shown=lambda m: f"the model '{m.name}'"
     )
     return cat, models
+
+
+def file_matplotlib() -> None:
+    """matplotlib, imported to draw into files (the Agg backend) whatever the environment
+    says: MPLBACKEND naming no backend ended in a ValueError at import, and MATPLOTLIBRC
+    naming a device (/dev/zero) was read forever. capsim's plots take no user style."""
+    mplrc = os.environ.get("MATPLOTLIBRC")
+    if mplrc is not None:
+        import stat
+
+        try:
+            mode = os.stat(mplrc).st_mode
+            usable = stat.S_ISDIR(mode) or stat.S_ISREG(mode)
+        except OSError:
+            usable = False
+        if not usable:
+            del os.environ["MATPLOTLIBRC"]
+    os.environ["MPLBACKEND"] = "Agg"
+    import matplotlib
+
+    matplotlib.use("Agg")
 
 
 def plot_path_written(path: Path, formats) -> Path:

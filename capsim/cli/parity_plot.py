@@ -63,10 +63,11 @@ def plot_parity(panels: dict[str, list[tuple]], path: Path, heading: str = "") -
     points left out of the summaries hollow, with the line of perfect prediction and a band
     of +-PARITY_BAND around it. Each panel's title gives its median absolute and signed
     errors; one legend, outside the panels, names the labels."""
-    import matplotlib
     import numpy as np
 
-    matplotlib.use("Agg")
+    from capsim.cli.common import file_matplotlib
+
+    file_matplotlib()
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter

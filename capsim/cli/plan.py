@@ -70,9 +70,9 @@ def plot_frontiers(items, front_cost, path: Path, req: PlanRequest) -> None:
     each agent gets against its TTFT p90 (log), the objectives as dashed lines. Right: total
     cost (log) against aggregate tok/s, the cost Pareto frontier drawn and each of its
     configurations labelled."""
-    import matplotlib
+    from capsim.cli.common import file_matplotlib
 
-    matplotlib.use("Agg")
+    file_matplotlib()
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator
 

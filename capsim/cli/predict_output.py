@@ -265,9 +265,9 @@ def plot(
     """Aggregate and per-request throughput against the level, TTFT p50 and p90 below on a
     log axis, each with its 80% band shaded; the SLOs given as dashed lines; the deployment
     and workload in the title."""
-    import matplotlib
+    from capsim.cli.common import file_matplotlib
 
-    matplotlib.use("Agg")
+    file_matplotlib()
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
