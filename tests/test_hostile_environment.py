@@ -1,0 +1,128 @@
+"""A hostile environment gets a clear error (exit 2) or is worked around, never a
+traceback or a hang (issue 47, the second fuzzing round of 2026-12-02): catalog overlays
+with NaN or infinity, paths that loop or name a user who does not exist, matplotlib's
+environment variables, and a Hub mirror that drips, never stops or sends a gzip bomb."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def test_a_quant_overlay_with_infinite_bits_is_refused(tmp_path):
+    text = (ROOT / "hardware_db" / "quant_formats" / "awq-int4.yaml").read_text()
+    (tmp_path / "quant_formats").mkdir()
+    (tmp_path / "quant_formats" / "awq-int4.yaml").write_text(
+        text.replace("weight_bits: 4", "weight_bits: .inf", 1)
+    )
+    args = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--quant", "awq-int4"]
+    r = runner.invoke(app, [*args, "-c", "1", "--db", str(tmp_path)])
+    assert r.exit_code == 2 and "finite number" in r.output, r.output
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """capsim in a process of its own (environment variables read at start-up)."""
+    return subprocess.run(
+        [sys.executable, "-m", "capsim", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+
+
+def test_a_path_of_a_user_who_does_not_exist_is_exit_2():
+    r = cli("predict", "--gpu", "h100-sxm", "-c", "1", "--model", "~nosuchuser-capsim")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot be followed" in r.stderr
+
+
+def test_a_profile_folder_of_looping_links_is_exit_2(tmp_path):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "datacenter-hopper-vllm.yaml").symlink_to(folder / "datacenter-hopper-vllm.yaml")
+    dataset = (
+        ROOT / "calibration/published/corpus-vllm-pr23151-h100-qwen3-30b-a3b-bf16-2k1k-c10.yaml"
+    )
+    r = cli("calibrate", str(dataset), "--force", env={"CAPSIM_PROFILE_DIR": str(folder)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("env", [{"MPLBACKEND": "no-such-backend"}, {"MATPLOTLIBRC": "/dev/zero"}])
+def test_plots_are_drawn_whatever_matplotlibs_environment_says(tmp_path, env):
+    plot = tmp_path / "p.png"
+    args = ("predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1")
+    r = cli(*args, "--requests", "4", "--plot", str(plot), env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert plot.stat().st_size > 0
+
+
+class HubMirror(http.server.BaseHTTPRequestHandler):
+    """A Hub mirror that misbehaves by repo name."""
+
+    def do_GET(self):
+        kind = self.path.strip("/").split("/")[0]
+        if kind == "drip":
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            for _ in range(100):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.5)
+            return
+        body = b'{"x": "' + b"a" * (8 * 2**20) + b'"}'
+        headers = {}
+        if kind == "bomb":
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        self.send_response(200)
+        for key, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def mirror():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HubMirror)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("repo", "words"),
+    [("drip", "whole within"), ("huge", "more than 4 MB"), ("bomb", "more than 4 MB")],
+)
+def test_a_hub_file_is_read_whole_within_its_time_and_size(
+    mirror, tmp_path, monkeypatch, repo, words
+):
+    from capsim.catalog import resolve
+
+    monkeypatch.setattr(resolve, "FETCH_TIMEOUT_S", 2.0)
+    monkeypatch.setenv("HF_ENDPOINT", mirror)
+    monkeypatch.setenv("CAPSIM_CACHE_DIR", str(tmp_path))
+    # the drip would take 50 s: its message says the deadline ended it
+    r = runner.invoke(app, ["fit", "--gpu", "h100-sxm", "--model", f"{repo}/some-model"])
+    assert r.exit_code == 2 and words in r.output, r.output
