@@ -253,3 +253,20 @@ def test_a_kernel_row_given_twice_is_refused(tmp_path):
     path = tmp_path / "k.json"
     path.write_text(json.dumps(data))
     refused(["calibrate-kernels", str(path)], "the same measurement")
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"eager_elementwise_shares": {"x": 5.0}}, "names x unknown kernel"),
+        ({"eager_extra_floor_us": {"bf16": -1e9}}, "microseconds from 0"),
+    ],
+)
+def test_a_kernel_file_of_impossible_eager_terms_is_refused(tmp_path, change, says):
+    """An unknown kernel's share was a KeyError; a negative or NaN floor SciPy's 'residuals
+    are not finite' (the second fuzzing round)."""
+    kernels = ROOT / "calibration" / "kernels" / "h100-sxm-decode-layers.json"
+    data = {**json.loads(kernels.read_text()), **change}
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(data))
+    refused(["calibrate-kernels", str(path)], says)

@@ -115,6 +115,32 @@ class KernelDataset(BaseModel):
     profiles: list[dict] = []
 
     @model_validator(mode="after")
+    def _eager_terms(self):
+        """The eager benchmark's shares name its elementwise kernels, each a share of the
+        peak bandwidth (above 0, at most 1), and its extra floors are microseconds of 0 or
+        more: a share of an unknown kernel ended in a KeyError, a NaN or negative floor in
+        SciPy's 'residuals are not finite'."""
+        shares = self.eager_elementwise_shares or {}
+        missing = [op for op in EAGER_OPS if shares and op not in shares]
+        unknown = sorted(set(shares) - set(EAGER_OPS))
+        if unknown or missing:
+            raise ValueError(
+                f"eager_elementwise_shares names {', '.join(unknown) or 'no'} unknown kernel "
+                f"and lacks {', '.join(missing) or 'none'}; it gives one share each of "
+                f"{', '.join(EAGER_OPS)}"
+            )
+        for op, share in shares.items():
+            if not (isinstance(share, int | float) and 0 < share <= 1):
+                raise ValueError(f"eager_elementwise_shares {op} is {share!r}: a share in (0, 1]")
+        for weights, floor in (self.eager_extra_floor_us or {}).items():
+            if not (isinstance(floor, int | float) and 0 <= floor <= MAX_KERNEL_US):
+                raise ValueError(
+                    f"eager_extra_floor_us {weights} is {floor!r}: microseconds from 0 to "
+                    f"{MAX_KERNEL_US:g}"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _rows_once(self):
         """A row given twice (every field alike, its run too) would count twice in the fit."""
         seen: dict[tuple, int] = {}
