@@ -270,3 +270,12 @@ def test_a_kernel_file_of_impossible_eager_terms_is_refused(tmp_path, change, sa
     path = tmp_path / "k.json"
     path.write_text(json.dumps(data))
     refused(["calibrate-kernels", str(path)], says)
+
+
+def test_a_kernel_row_of_a_run_the_file_does_not_list_is_refused(tmp_path):
+    kernels = ROOT / "calibration" / "kernels" / "h100-sxm-decode-layers.json"
+    data = json.loads(kernels.read_text())
+    data["rows"][0]["run"] = len(data["runs"]) + 3
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(data))
+    refused(["calibrate-kernels", str(path)], "the file lists")

@@ -141,6 +141,17 @@ class KernelDataset(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _runs_of_rows(self):
+        """Each row's run is one of ``runs`` (an index past them was an IndexError)."""
+        for i, row in enumerate(self.rows):
+            if row.run >= len(self.runs):
+                raise ValueError(
+                    f"row {i} names run {row.run}, and the file lists {len(self.runs)} run(s) "
+                    "(rows count their run from 0)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _rows_once(self):
         """A row given twice (every field alike, its run too) would count twice in the fit."""
         seen: dict[tuple, int] = {}
