@@ -115,7 +115,7 @@ def plan(
 
     if request is None:
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-        request = PlanRequest(**fields)
+        request = _merge(PlanRequest, None, fields)  # a bad field: CapsimUserError naming it
     elif fields:
         raise TypeError("pass a PlanRequest or its fields, not both")
     return search_plan(request, catalog or load_catalog(), rank, dask_scheduler)

@@ -555,3 +555,30 @@ def test_a_body_over_the_limit_is_refused_413(server):
     assert r.status_code == 413 and "MB" in r.json()["error"]["message"]
     r = httpx.post(server + "/capsim/echo", content=b"[1", timeout=10)
     assert r.status_code == 400
+
+
+def test_stalled_chunked_bodies_do_not_hold_back_a_valid_request(server):
+    """A body without a length took the largest body's 16 MB of the 64 MB budget before it
+    was read: eight stalled chunked bodies held a valid request back 15.5 s, until they
+    timed out (the second fuzzing round of 2026-12-02). They now take what they send, and
+    the valid request is answered while they stall (0.0 s measured)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(server)
+    stalled = []
+    try:
+        for _ in range(8):
+            s = socket.create_connection((parts.hostname, parts.port), timeout=10)
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b'\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{"model": "llam\r\n'
+            )
+            stalled.append(s)
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+        # within the stalled bodies' 8 s (BODY_SECONDS): before, it waited them out
+        r = httpx.post(server + "/v1/completions", json=body, timeout=6.0)
+        assert r.status_code == 200, r.text
+    finally:
+        for s in stalled:
+            s.close()

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capsim.engine.lengths import number_text, parse_length
-from capsim.engine.limits import MAX_GPUS, MAX_TP
+from capsim.engine.limits import MAX_CONCURRENCY, MAX_GPUS, MAX_TP
 from capsim.engine.router import RouterPolicy
 from capsim.engine.workloads import WorkloadKind
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
@@ -43,8 +43,12 @@ class PredictConfig(BaseModel):
     interconnect: str = "auto"
     kv_dtype: str = "auto"
     workload: WorkloadKind = "closed"
-    concurrency: list[int] = Field(default_factory=lambda: [1])
-    rates: list[float] = Field(default_factory=list, description="Open-loop arrival rates")
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] = Field(
+        default_factory=lambda: [1], max_length=4096
+    )
+    rates: list[Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=4096, description="Open-loop arrival rates"
+    )
     requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="Requests per level")
     batch_rounds: int = Field(
         4,

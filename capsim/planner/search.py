@@ -92,6 +92,33 @@ class PlanRequest:
         ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise CapsimUserError(f"{flag} {value:g}: must be a positive number")
+        # the Python API's tuples, checked as the CLI's lists are (a 0 was a pydantic
+        # error from deep in the search, naming a field of PredictConfig)
+        for flag, values, most in (
+            ("gpu_counts", self.gpu_counts, 1024),
+            ("nodes", self.nodes, 1024),
+            ("max_num_seqs", tuple(v for v in self.max_num_seqs if v is not None), 2**31),
+        ):
+            bad = [
+                v
+                for v in values
+                if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most
+            ]
+            if bad or not (values or flag == "max_num_seqs"):
+                raise CapsimUserError(
+                    f"{flag} {values!r}: whole numbers from 1 to {most:,}",
+                    hint="give each value once, e.g. (1, 2)",
+                )
+        if not self.power_fractions or not all(
+            isinstance(f, int | float) and 0 < f <= 1 for f in self.power_fractions
+        ):
+            raise CapsimUserError(
+                f"power_fractions {self.power_fractions!r}: fractions of TDP above 0, at most 1"
+            )
+        if self.requests is not None and not (
+            isinstance(self.requests, int) and self.requests >= 1
+        ):
+            raise CapsimUserError(f"requests {self.requests!r}: a whole number of 1 or more")
 
 
 @dataclass

@@ -176,19 +176,25 @@ def create_app(
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
-        # the whole body's bytes are taken before it is read (a body without a length may
-        # be as long as any): bodies each holding part of the budget would wait on each
-        # other for good
-        need = int(declared) if declared.isdigit() else MAX_BODY_BYTES
-        await budget.take(need)
-        held[0] = need
+        # a declared body's bytes are taken before it is read; a body without a length
+        # (chunked) takes INLINE_BYTES and more as it arrives, doubling: four stalled
+        # chunked bodies that each took the largest (16 MB) held the whole budget and the
+        # valid requests behind them waited out BODY_SECONDS. Two growing bodies that wait
+        # on each other end at BODY_SECONDS (408), never for good.
+        need = int(declared) if declared.isdigit() else INLINE_BYTES
         raw = bytearray()
         try:
             async with asyncio.timeout(BODY_SECONDS):
+                await budget.take(need)
+                held[0] = need
                 async for part in request.stream():
                     raw += part
                     if len(raw) > MAX_BODY_BYTES:
                         raise ApiError(413, f"The request body is over {MAX_BODY_BYTES >> 20} MB.")
+                    if len(raw) > held[0]:  # an undeclared body grew past what it took
+                        more = min(max(held[0], len(raw) - held[0]), MAX_BODY_BYTES)
+                        await budget.take(more)
+                        held[0] += more
         except ClientDisconnect:  # gone before the body was whole: nobody reads the answer
             raise ApiError(400, "There was an error parsing the body.") from None
         except TimeoutError:
