@@ -137,7 +137,7 @@ def validate(
     from capsim.calibration.published import load_published
     from capsim.catalog.loader import load_catalog
 
-    loaded = load_published(datasets)
+    loaded = load_published(None if datasets is None else [Path(d) for d in datasets])
     return compare_or_skip(loaded, catalog or load_catalog(), overrides=overrides, advance=advance)
 
 

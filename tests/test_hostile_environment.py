@@ -126,3 +126,30 @@ def test_a_hub_file_is_read_whole_within_its_time_and_size(
     # the drip would take 50 s: its message says the deadline ended it
     r = runner.invoke(app, ["fit", "--gpu", "h100-sxm", "--model", f"{repo}/some-model"])
     assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_a_relative_profile_folder_is_ignored_with_a_note(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "capsim", "predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "CAPSIM_PROFILE_DIR": "rel/p"},
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0 and "is not an absolute path: ignored" in r.stderr, r.stderr
+    assert not (tmp_path / "rel").exists()
+
+
+def test_a_catalog_text_with_an_escape_sequence_is_refused(tmp_path):
+    text = (ROOT / "hardware_db" / "gpus" / "h100-sxm.yaml").read_text()
+    lines = [
+        'display_name: "Evil \\e]0;PWNED\\a\\e[2J"' if line.startswith("display_name:") else line
+        for line in text.replace("name: h100-sxm", "name: fz-gpu", 1).splitlines()
+    ]
+    lines = ["aliases: []" if line.startswith("aliases:") else line for line in lines]
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "fz-gpu.yaml").write_text("\n".join(lines) + "\n")
+    r = runner.invoke(app, ["gpus", "show", "fz-gpu", "--db", str(tmp_path)])
+    assert r.exit_code == 2 and "control character" in r.output, r.output
+    assert "\x1b" not in r.output.replace("\\x1b", "")

@@ -261,10 +261,20 @@ def profiles_dir() -> Path:
 
 def user_profiles_dir() -> Path:
     """Where ``capsim calibrate`` writes profiles by default and ``--profile`` looks first:
-    ``CAPSIM_PROFILE_DIR``, else the platform's user data folder + /profiles."""
-    explicit = os.environ.get(PROFILE_DIR_ENV)
-    if explicit:
-        return Path(explicit)
+    ``CAPSIM_PROFILE_DIR``, else the platform's user data folder + /profiles. As
+    CAPSIM_CACHE_DIR: only spaces count as unset, '~' is the home folder, and a relative
+    path is ignored with a note ('   ' wrote profiles into a folder named by three spaces
+    in the current directory, '~/p' into one named '~')."""
+    explicit = os.environ.get(PROFILE_DIR_ENV, "")
+    if explicit.strip():
+        if Path(explicit).expanduser().is_absolute():
+            return Path(explicit).expanduser()
+        from capsim.notices import notice
+
+        notice(
+            f"{PROFILE_DIR_ENV}='{explicit}' is not an absolute path: ignored, the user data "
+            f"folder's profiles are used (write e.g. $PWD/{explicit} for a folder here)"
+        )
     import platformdirs
 
     return Path(platformdirs.user_data_dir("capsim")) / "profiles"

@@ -546,7 +546,10 @@ def check_overlay_layout(directory: Path) -> None:
 
 
 def load_catalog(extra_dirs: list[Path] | None = None) -> Catalog:
-    """Load the built-in catalog and lay the user's directories over it."""
+    """Load the built-in catalog and lay the user's directories over it (paths or path
+    strings)."""
+    if extra_dirs is not None:
+        extra_dirs = [Path(d) for d in extra_dirs]  # the Python API's strings too
     dirs = [builtin_db_dir(), *user_db_dirs(extra_dirs)]
     return _load_dirs(tuple(d.resolve() for d in dirs))
 

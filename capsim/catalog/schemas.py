@@ -10,7 +10,9 @@ guess.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 """Tensor-core data types the catalog knows throughput figures for."""
@@ -27,12 +29,28 @@ def catalog_key(description: str = "Catalog key"):
     return Field(pattern=CATALOG_KEY_PATTERN, description=description)
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters (not newline or tab) no catalog text holds."""
+
+
 class Strict(BaseModel):
     """Base: unknown fields are errors, so a typo in a YAML file is caught; NaN and
     infinity (YAML's .nan and .inf) are no figure any catalog field holds (an overlay's
     weight_bits .inf ended in a traceback sizing the KV cache)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_control_characters(cls, data):
+        """A text field with a control character (an escape sequence in a display name
+        set the terminal's title and cleared its screen when `gpus show` printed it) is
+        refused; newlines and tabs are text."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if isinstance(value, str) and CONTROL.search(value):
+                    raise ValueError(f"{key} holds a control character ({value[:40]!r})")
+        return data
 
 
 class Source(Strict):

@@ -44,7 +44,7 @@ class PredictConfig(BaseModel):
     kv_dtype: str = "auto"
     workload: WorkloadKind = "closed"
     concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] = Field(
-        default_factory=lambda: [1], max_length=4096
+        default_factory=lambda: [1], min_length=1, max_length=4096
     )
     rates: list[Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] = Field(
         default_factory=list, max_length=4096, description="Open-loop arrival rates"
@@ -208,8 +208,10 @@ class PredictConfig(BaseModel):
         "streaming latency in TTFT and end-to-end time",
     )
     router: RouterPolicy = "round_robin"
-    router_latency_s: float = 0.0
-    router_capacity_rps: float | None = None
+    # the CLI's bounds (--router-latency-ms 0 to 60,000; --router-capacity-rps above 0, at
+    # most 1e9): a negative latency was a SimPy error, NaN an error of the level's metrics
+    router_latency_s: float = Field(0.0, ge=0, le=60.0, allow_inf_nan=False)
+    router_capacity_rps: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False)
     seed: int = Field(0, ge=0, description="Random seed (a non-negative integer)")
     fast_forward: bool = True
     skip_periods: bool = Field(

@@ -99,6 +99,10 @@ def kv_layout(
     """KV-cache bytes per token and state bytes per sequence, per GPU, by layer type.
     ``shared_layers_allocated``: KV-shared layers (Gemma 3n/4) get cache buffers of their
     own although they read an earlier layer's (SGLang's pools count every layer)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        from capsim.errors import CapsimUserError
+
+        raise CapsimUserError(f"tp must be a whole number of 1 or more, got {tp!r}")
     elem = kv_dtype_bytes(kv_dtype, model)
     per_type: dict[str, float] = {}
     if model.mla is not None:

@@ -379,6 +379,17 @@ def memory_fit(
             (physics/pipeline.py), so the figures are that stage's; the KV capacity in
             tokens is the whole pipeline's.
     """
+    for name, count in (("tp", tp), ("pp", pp), ("dp_attention", dp_attention)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            # the Python API's arguments: a 0 divided by zero further down
+            raise CapsimUserError(f"{name} must be a whole number of 1 or more, got {count!r}")
+    for name, value in (("cpu_offload_gb", cpu_offload_gb), ("context_tokens", context_tokens)):
+        if value is not None and not (isinstance(value, int | float) and 0 <= value < 1e15):
+            raise CapsimUserError(f"{name} must be a finite number of 0 or more, got {value!r}")
+    if state_share is not None and not (
+        isinstance(state_share, int | float) and 0 < state_share <= 1
+    ):
+        raise CapsimUserError(f"state_share must be in (0, 1], got {state_share!r}")
     if not 0 < gpu_memory_utilization <= 1:
         raise CapsimUserError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",

@@ -115,6 +115,13 @@ class PlanRequest:
             raise CapsimUserError(
                 f"power_fractions {self.power_fractions!r}: fractions of TDP above 0, at most 1"
             )
+        latency, capacity = self.router_latency_s, self.router_capacity_rps
+        if not (isinstance(latency, int | float) and 0 <= latency <= 60):  # NaN fails too
+            raise CapsimUserError(f"router_latency_s {latency!r}: seconds from 0 to 60")
+        if capacity is not None and not (isinstance(capacity, int | float) and 0 < capacity <= 1e9):
+            raise CapsimUserError(f"router_capacity_rps {capacity!r}: above 0, at most 1e9")
+        if not (isinstance(self.spec_acceptance, int | float) and 0 <= self.spec_acceptance <= 1):
+            raise CapsimUserError(f"spec_acceptance {self.spec_acceptance!r}: a rate from 0 to 1")
         if self.requests is not None and not (
             isinstance(self.requests, int) and self.requests >= 1
         ):
