@@ -153,3 +153,27 @@ def test_a_catalog_text_with_an_escape_sequence_is_refused(tmp_path):
     r = runner.invoke(app, ["gpus", "show", "fz-gpu", "--db", str(tmp_path)])
     assert r.exit_code == 2 and "control character" in r.output, r.output
     assert "\x1b" not in r.output.replace("\\x1b", "")
+
+
+def overlay_gpu(folder: Path, name: str, file: str) -> None:
+    text = (ROOT / "hardware_db" / "gpus" / "h100-sxm.yaml").read_text()
+    lines = [
+        "aliases: []" if line.startswith("aliases:") else line
+        for line in text.replace("name: h100-sxm", f"name: {name}", 1).splitlines()
+    ]
+    (folder / "gpus").mkdir(exist_ok=True)
+    (folder / "gpus" / file).write_text("\n".join(lines) + "\n")
+
+
+def test_two_files_of_one_entry_in_a_folder_are_refused(tmp_path):
+    overlay_gpu(tmp_path, "fz-gpu", "fz-gpu.yaml")
+    overlay_gpu(tmp_path, "fz-gpu", "fz-gpu.yml")
+    r = runner.invoke(app, ["gpus", "show", "fz-gpu", "--db", str(tmp_path)])
+    assert r.exit_code == 2 and "both define the gpus entry 'fz-gpu'" in r.output, r.output
+
+
+def test_an_overlay_name_lookups_cannot_tell_from_a_built_in_one_is_refused(tmp_path):
+    """'H100_SXM' was listed beside h100-sxm, and every lookup found the built-in one."""
+    overlay_gpu(tmp_path, "H100_SXM", "x.yaml")
+    r = runner.invoke(app, ["gpus", "--db", str(tmp_path)])
+    assert r.exit_code == 2 and "but for case and separators" in r.output, r.output

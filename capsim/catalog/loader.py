@@ -358,6 +358,26 @@ class Section(Generic[T]):
     )
 
     def add(self, entry: T, path: Path) -> None:
+        """Add ``entry`` from ``path``; one of the same name from another folder (an
+        overlay's) replaces it. Two files of one folder naming one entry (NAME.yaml and
+        NAME.yml: the second won without a word), or a name another entry has but for case
+        and separators (an overlay's 'H100_SXM' beside 'h100-sxm', which every lookup
+        found instead), are errors naming both files."""
+        before = self.origin.get(entry.name)
+        if before is not None and before.parent == path.parent and before != path:
+            raise CatalogError(
+                f"{path} and {before} both define the {self.kind} entry '{entry.name}'",
+                hint="keep one file an entry",
+            )
+        key = normalise_name(entry.name)
+        twin = next((n for n in self.entries if n != entry.name and normalise_name(n) == key), None)
+        if twin is not None:
+            raise CatalogError(
+                f"{path} defines the {self.kind} entry '{entry.name}', which is "
+                f"'{twin}' ({self.origin[twin]}) but for case and separators: lookups "
+                "could not tell them apart",
+                hint=f"name it '{twin}' to replace that entry, or give it a name of its own",
+            )
         self.entries[entry.name] = entry
         self.origin[entry.name] = path
         self._index = None
