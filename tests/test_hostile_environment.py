@@ -177,3 +177,24 @@ def test_an_overlay_name_lookups_cannot_tell_from_a_built_in_one_is_refused(tmp_
     overlay_gpu(tmp_path, "H100_SXM", "x.yaml")
     r = runner.invoke(app, ["gpus", "--db", str(tmp_path)])
     assert r.exit_code == 2 and "but for case and separators" in r.output, r.output
+
+
+def test_an_inverted_power_limit_range_is_refused(tmp_path):
+    text = (ROOT / "hardware_db" / "gpus" / "h100-sxm.yaml").read_text()
+    assert "  min_w: 200" in text and "  max_w: 700" in text
+    text = text.replace("  min_w: 200", "  min_w: 700").replace("  max_w: 700", "  max_w: 200", 1)
+    text = text.replace("name: h100-sxm", "name: fz-gpu", 1)
+    lines = ["aliases: []" if line.startswith("aliases:") else line for line in text.splitlines()]
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "fz-gpu.yaml").write_text("\n".join(lines) + "\n")
+    r = runner.invoke(app, ["gpus", "show", "fz-gpu", "--db", str(tmp_path)])
+    assert r.exit_code == 2 and "min_w 700 W is above max_w 200 W" in r.output, r.output
+
+
+def test_plan_says_which_power_limits_a_gpu_cannot_take():
+    args = ["plan", "--model", "qwen3-0.6b", "--agents", "2", "--gpus", "h100-sxm"]
+    r = runner.invoke(
+        app, [*args, "--counts", "1", "--power-limits", "0.2", "--min-agent-tok-s", "5"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "140 W are below the 200 W it can be set to" in " ".join(r.output.split())

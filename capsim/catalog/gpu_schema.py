@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from capsim.catalog.schemas import DTYPES, Source, Strict, catalog_key
 
@@ -69,6 +69,12 @@ class PowerLimitRange(Strict):
         default=None, gt=0, le=PLAUSIBLE["watts"], description="Highest settable limit, W"
     )
     source: Source
+
+    @model_validator(mode="after")
+    def _in_order(self) -> PowerLimitRange:
+        if self.min_w is not None and self.max_w is not None and self.min_w > self.max_w:
+            raise ValueError(f"min_w {self.min_w:g} W is above max_w {self.max_w:g} W")
+        return self
 
 
 class Interconnect(Strict):

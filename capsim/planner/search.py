@@ -284,7 +284,17 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                 ]
             power_limits: list[float | None] = [None]
             if gpu.tdp_w is not None:
-                power_limits += [round(gpu.tdp_w * f) for f in req.power_fractions if 0 < f < 1]
+                asked = [round(gpu.tdp_w * f) for f in req.power_fractions if 0 < f < 1]
+                low = gpu.power_limit_w.min_w if gpu.power_limit_w is not None else None
+                power_limits += [w for w in asked if low is None or w >= low]
+                below = [w for w in asked if low is not None and w < low]
+                if below:  # left out without a word before
+                    from capsim.notices import notice
+
+                    notice(
+                        f"{gpu.name}: power limits of {', '.join(f'{w:g}' for w in below)} W "
+                        f"are below the {low:g} W it can be set to, and are not searched"
+                    )
             for count in req.gpu_counts:
                 for tp in (t for t in (1, 2, 4, 8) if t <= count and count % t == 0):
                     if model.num_attention_heads % tp:
