@@ -198,3 +198,13 @@ def test_plan_says_which_power_limits_a_gpu_cannot_take():
     )
     assert r.exit_code == 0, r.output
     assert "140 W are below the 200 W it can be set to" in " ".join(r.output.split())
+
+
+def test_an_overlay_folder_named_twice_is_read_once(tmp_path, monkeypatch):
+    from capsim.catalog.loader import user_db_dirs
+
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("CAPSIM_DB", f"{tmp_path}{os.pathsep}{other}")
+    # the later place keeps its precedence: tmp_path, named last, is laid over other
+    assert user_db_dirs([tmp_path, tmp_path]) == [other, tmp_path]
