@@ -203,8 +203,9 @@ def test_plan_says_which_power_limits_a_gpu_cannot_take():
 def test_an_overlay_folder_named_twice_is_read_once(tmp_path, monkeypatch):
     from capsim.catalog.loader import user_db_dirs
 
-    other = tmp_path / "other"
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
     other.mkdir()
-    monkeypatch.setenv("CAPSIM_DB", f"{tmp_path}{os.pathsep}{other}")
-    # the later place keeps its precedence: tmp_path, named last, is laid over other
-    assert user_db_dirs([tmp_path, tmp_path]) == [other, tmp_path]
+    monkeypatch.setenv("CAPSIM_DB", f"{first}{os.pathsep}{other}")
+    # the later place keeps its precedence: first, named last, is laid over other
+    assert user_db_dirs([first, first]) == [other, first]
