@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import math
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -265,16 +264,11 @@ def user_profiles_dir() -> Path:
     CAPSIM_CACHE_DIR: only spaces count as unset, '~' is the home folder, and a relative
     path is ignored with a note ('   ' wrote profiles into a folder named by three spaces
     in the current directory, '~/p' into one named '~')."""
-    explicit = os.environ.get(PROFILE_DIR_ENV, "")
-    if explicit.strip():
-        if Path(explicit).expanduser().is_absolute():
-            return Path(explicit).expanduser()
-        from capsim.notices import notice
+    from capsim.catalog.cache import folder_from_env
 
-        notice(
-            f"{PROFILE_DIR_ENV}='{explicit}' is not an absolute path: ignored, the user data "
-            f"folder's profiles are used (write e.g. $PWD/{explicit} for a folder here)"
-        )
+    explicit = folder_from_env(PROFILE_DIR_ENV, "the user data folder's profiles are used")
+    if explicit is not None:
+        return explicit
     import platformdirs
 
     return Path(platformdirs.user_data_dir("capsim")) / "profiles"

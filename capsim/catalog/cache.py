@@ -37,22 +37,33 @@ KEEP_CATALOGS = 4
 are removed when a new one is written."""
 
 
+def folder_from_env(variable: str, instead: str) -> Path | None:
+    """The folder environment ``variable`` names, '~' expanded; None where it is unset or
+    only spaces, or names a relative path (ignored with a note saying what is used
+    ``instead``, as the XDG base directory specification has it for its own variables)."""
+    explicit = os.environ.get(variable, "")
+    if not explicit.strip():
+        return None
+    if Path(explicit).expanduser().is_absolute():
+        return Path(explicit).expanduser()
+    from capsim.notices import notice
+
+    notice(
+        f"{variable}='{explicit}' is not an absolute path: ignored, {instead} (write e.g. "
+        f"$PWD/{explicit} for a folder here)"
+    )
+    return None
+
+
 def cache_dir() -> Path:
     """capsim's cache folder: ``CAPSIM_CACHE_DIR`` or the platform's user cache dir (a value
     of only spaces counts as unset, as CAPSIM_DB's does: it made a folder named '  ' in the
     current directory). A relative path is ignored with a note, as the XDG base directory
     specification has it for its own variables: it named a new cache folder in whatever
     directory each command ran from."""
-    explicit = os.environ.get(CACHE_ENV, "")
-    if explicit.strip():
-        if Path(explicit).expanduser().is_absolute():
-            return Path(explicit).expanduser()
-        from capsim.notices import notice
-
-        notice(
-            f"{CACHE_ENV}='{explicit}' is not an absolute path: ignored, the user cache "
-            f"folder is used (write e.g. $PWD/{explicit} for a folder here)"
-        )
+    explicit = folder_from_env(CACHE_ENV, "the user cache folder is used")
+    if explicit is not None:
+        return explicit
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("capsim"))
