@@ -161,15 +161,16 @@ MAX_RATE = 1_000_000.0
 printed a 300-digit rate in a table it broke)."""
 
 
-def split_list(text: str, flag: str = "a list") -> list[str]:
+def split_list(text: str, flag: str = "a list", key=str.casefold) -> list[str]:
     """Comma-separated values, each stripped; an empty item (two commas, a comma at an
-    end) is an error naming ``flag``."""
+    end) or a value given twice (told apart by ``key``: case-folded, as catalog names are
+    looked up) is an error naming ``flag``."""
     values = [v.strip() for v in text.split(",")]
     if not all(values):
         raise CapsimUserError(
             f"{flag} '{text}' has an empty item", hint="separate values by single commas"
         )
-    refuse_repeats(values, flag, key=str.casefold)
+    refuse_repeats(values, flag, key=key)
     return values
 
 

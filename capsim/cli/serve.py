@@ -205,13 +205,10 @@ def serve_cmd(
     from capsim.serve.live import LIMITS
 
     setup = calibrated_setup(config, cat)
-    names = split_list(served_model_name, "--served-model-name") if served_model_name else []
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise CapsimUserError(
-            f"--served-model-name names {', '.join(repeated)} more than once",
-            hint="each name once, comma-separated",
-        )
+    # served names are matched as written (vLLM's are case-sensitive): 'A,a' are two
+    names = (
+        split_list(served_model_name, "--served-model-name", key=str) if served_model_name else []
+    )
     unprintable = next((n for n in names if not n.isprintable()), None)
     if unprintable is not None:
         # a terminal escape in the banner and in every /v1/models answer
