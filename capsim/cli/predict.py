@@ -403,19 +403,14 @@ def predict_cmd(
     refuse_links_without_tp(tps, interconnect, disable_custom_all_reduce, engine)
     cat, models = resolve_models(cat, split_list(model, "--model"))
     refuse_overrides_no_model_reads(overrides, [cat.model(m.name) for m in models])
-    # each list once: '--model a,a' simulated the same model twice ('-c 1,1' never did)
+    # no list repeats a value (split_list, refuse_repeats, resolve_models refuse them)
     combos = itertools.product(
-        *(
-            list(dict.fromkeys(values))
-            for values in (
-                split_list(gpu, "--gpu"),
-                models,
-                split_list(quant, "--quant") if quant else [None],
-                tps,
-                split_list(kv_dtype, "--kv-dtype"),
-                split_list(interconnect, "--interconnect"),
-            )
-        )
+        split_list(gpu, "--gpu"),
+        models,
+        split_list(quant, "--quant") if quant else [None],
+        tps,
+        split_list(kv_dtype, "--kv-dtype"),
+        split_list(interconnect, "--interconnect"),
     )
     configs = []
     single_gpu_rows = set()
