@@ -174,24 +174,11 @@ def test_a_scenario_without_points_is_refused(tmp_path):
 
 
 def vllm_bench(tmp_path: Path, **change) -> Path:
-    result = {
-        "date": "20261120-101500",
-        "backend": "vllm",
-        "model_id": "Qwen/Qwen3-8B",
-        "max_concurrency": 2,
-        "duration": 10.0,
-        "completed": 4,
-        "total_input_tokens": 4096,
-        "total_output_tokens": 800,
-        "output_throughput": 80.0,
-        "input_lens": [1024] * 4,
-        "output_lens": [200] * 4,
-        "ttfts": [0.1, 0.12, 0.11, 0.15],
-        "errors": [""] * 4,
-        **change,
-    }
+    """tests/test_importers.py's vllm bench result, with ``change`` laid over."""
+    from tests.test_importers import VLLM_BENCH
+
     path = tmp_path / "result.json"
-    path.write_text(json.dumps(result))
+    path.write_text(json.dumps({**VLLM_BENCH, **change}))
     return path
 
 
