@@ -572,13 +572,18 @@ def test_stalled_chunked_bodies_do_not_hold_back_a_valid_request(server):
             s = socket.create_connection((parts.hostname, parts.port), timeout=10)
             s.sendall(
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                b'\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{"model": "llam\r\n'
+                b'\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{"model": "llama\r\n'
             )
             stalled.append(s)
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
-        # within the stalled bodies' 8 s (BODY_SECONDS): before, it waited them out
-        r = httpx.post(server + "/v1/completions", json=body, timeout=6.0)
+        r = httpx.post(server + "/v1/completions", json=body, timeout=60.0)
         assert r.status_code == 200, r.text
+        # answered while the stalled bodies still wait for theirs (their 408 comes after
+        # BODY_SECONDS): before, it was answered only once they had timed out
+        for s in stalled:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
     finally:
         for s in stalled:
             s.close()
