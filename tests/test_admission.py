@@ -22,6 +22,9 @@ from capsim.errors import CapsimUserError
 CAT = load_catalog()
 
 SGLANG = CAT.engine("sglang").admission_reserve  # SGLang's defaults (its environ.py)
+# the reserve alone, without SGLang's batch_is_full latch (its priority-preemption mode
+# reopens admission every pass): the ratio's decay is what lets the head in
+REOPENS = SGLANG.model_copy(update={"holds_until_finish": False})
 
 
 def test_the_ratio_decays_per_decode_batch_to_its_floor_and_restarts_after_a_retraction():
@@ -77,32 +80,34 @@ def test_a_request_waits_for_the_reserve_that_vllm_does_not_keep():
             assert sched.head_blocked()
 
 
+def four_decoding_and_a_head(env, reserve, outputs=(1000, 1000, 1000, 1000), head_out=1400):
+    """A scheduler on 300 blocks with four requests decoding (64-token prompts, the given
+    outputs) and a fifth (480 + ``head_out`` tokens) waiting on the reserve alone."""
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=4096,
+            mixes_prefill_and_decode=False,
+            reserve=reserve,
+        ),
+        KVCache(300),
+    )
+    for i, out in enumerate(outputs):
+        sched.submit(SimRequest(env, i, 0.0, 64, out, str(i)))
+    sched.complete(sched.schedule(0.0), 0.01)
+    head = SimRequest(env, 4, 0.0, 480, head_out, "head")
+    sched.submit(head)
+    return sched, head
+
+
 def test_a_decode_run_stops_where_the_reserve_first_admits_the_head():
     """Four requests decode (outputs of 1,000); a fifth waits on the reserve alone. Each
     decode batch takes 4 tokens of the pool, and the reserve falls by about 0.7 x 4 tokens
-    plus the ratio's decay on 4,000 tokens to go: the head gets in a few hundred batches
-    on, long before any request finishes. Stepping one batch at a time and the
-    scheduler's run length agree on the batch."""
+    plus the ratio's decay on 4,000 tokens to go: without the latch the head gets in a few
+    hundred batches on, long before any request finishes. Stepping one batch at a time
+    and the scheduler's run length agree on the batch."""
     env = simpy.Environment()
-
-    def setup():
-        sched = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=8,
-                max_num_batched_tokens=4096,
-                mixes_prefill_and_decode=False,
-                reserve=SGLANG,
-            ),
-            KVCache(300),
-        )
-        for i in range(4):
-            sched.submit(SimRequest(env, i, 0.0, 64, 1000, str(i)))
-        sched.complete(sched.schedule(0.0), 0.01)
-        head = SimRequest(env, 4, 0.0, 480, 1400, "head")
-        sched.submit(head)
-        return sched, head
-
-    sched, head = setup()
+    sched, head = four_decoding_and_a_head(env, REOPENS)
     steps = 0
     while True:
         step = sched.schedule(0.0)
@@ -112,9 +117,44 @@ def test_a_decode_run_stops_where_the_reserve_first_admits_the_head():
         assert not sched.complete(step, 0.0)
         steps += 1
     assert 1 < steps < 999
-    sched, head = setup()
+    sched, head = four_decoding_and_a_head(env, REOPENS)
     assert sched.steady_decode(0.0) and sched.head_blocked()
     assert sched.run_length() == steps
+
+
+def test_sglangs_refused_head_waits_for_a_finish_not_for_the_decay():
+    """Five such requests under SGLang's own reserve (holds_until_finish: its
+    batch_is_full). The head (480 + 1,340 = 1,820 tokens) is refused at first: 284 free
+    blocks (4,544 tokens) less 0.7 x 3,896 tokens to go = 1,816.8. That shuts admission,
+    so the head waits while the reserve decays below what it needs (without the latch it
+    gets in 11 batches on), and gets in at the batch after the first request finishes
+    (output 900: one prefill token and 899 decode batches), when 117 free blocks (1,872
+    tokens) less 0.098 x 300 = 29.4 take it. The decode run is that long too (899
+    batches from the refused step, not yet applied), and a retraction reopens admission
+    as a finish does."""
+    assert SGLANG.holds_until_finish
+    env = simpy.Environment()
+    outputs = (1000, 900, 1000, 1000)
+    sched, head = four_decoding_and_a_head(env, SGLANG, outputs, 1340)
+    assert not sched.schedule(0.01).prefills  # refused: a decode batch runs instead
+    assert sched.admission_shut and sched.head_blocked()
+    free_sched, _ = four_decoding_and_a_head(env, REOPENS, outputs, 1340)
+    assert free_sched.run_length() == 11  # the decay alone lets it in
+    sched, head = four_decoding_and_a_head(env, SGLANG, outputs, 1340)
+    steps, finished = 0, []
+    while not finished:
+        step = sched.schedule(0.0)
+        assert not step.prefills
+        finished = sched.complete(step, 0.0)
+        steps += 1
+    assert steps == 899 and [r.output_len for r in finished] == [900]
+    assert not sched.admission_shut
+    assert [p[0] for p in sched.schedule(0.0).prefills] == [head]
+    sched, head = four_decoding_and_a_head(env, SGLANG, outputs, 1340)
+    sched.schedule(0.01)  # the refusal
+    assert sched.steady_decode(0.0) and sched.run_length() == 899
+    sched._preempt(sched.running[-1])  # a retraction reopens it
+    assert not sched.admission_shut
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -48,13 +48,19 @@ class AdmissionReserve(Strict):
     starts at ``init_ratio``, falls by (init - min) / ``decay_steps`` each decode batch to
     ``init_ratio x min_ratio_factor``, and after a retraction (preemption) restarts from
     (generated + ``retract_decode_steps`` x running) / (sum of max_new_tokens + 1), at
-    most 1."""
+    most 1. With ``holds_until_finish`` a request the pool refuses shuts admission until a
+    running request finishes or is retracted."""
 
     init_ratio: float = Field(ge=0, le=1)
     min_ratio_factor: float = Field(gt=0, le=1)
     decay_steps: int = Field(ge=1)
     clip_tokens: int = Field(ge=1, description="CLIP_MAX_NEW_TOKENS: cap on one request's reserve")
     retract_decode_steps: int = Field(ge=0)
+    holds_until_finish: bool = Field(
+        False,
+        description="A refused admission shuts admission until a running request finishes "
+        "or is retracted (SGLang's batch_is_full): the ratio's decay alone lets nobody in",
+    )
 
 
 class SlidingWindowPool(Strict):

@@ -114,9 +114,17 @@ class ReserveState:
 
 
 class ReserveChecks:
-    """Whether the admission reserve lets a request in (a mixin of Scheduler, which holds
-    the ``reserve`` (a ReserveState, or None for vLLM), the running rows and the KV
-    cache)."""
+    """Whether the admission reserve lets a request in, and whether a refusal shuts
+    admission (a mixin of Scheduler, which holds the ``reserve`` (a ReserveState, or None
+    for vLLM), ``admission_shut``, the running rows and the KV cache)."""
+
+    def _shut_admission(self, prefills: list) -> None:
+        """The pool refused the queue's head: an engine whose refusal holds
+        (AdmissionReserve.holds_until_finish, SGLang's batch_is_full) admits nobody more
+        until a running request finishes or is retracted. Not when nothing runs and
+        nothing was admitted, where no finish would ever reopen it."""
+        if self._latches and (self.running or prefills):
+            self.admission_shut = True
 
     def _running_reserve(self) -> float:
         """Tokens the admission reserve holds for the decoding requests' output to come."""

@@ -93,6 +93,15 @@ def with_prefill_pool(setup, catalog, params=None, profile=None):
             hint=error.hint,
             suggestions=error.suggestions,
         ) from None
+    reserve = prefill.scheduler.reserve
+    if reserve is not None and reserve.holds_until_finish:
+        # SGLang's prefill servers reopen admission every pass (the scheduler's
+        # disaggregated prefill loop resets batch_is_full: its requests leave when
+        # their prompt is done, never through a decode batch that shrinks)
+        open_reserve = reserve.model_copy(update={"holds_until_finish": False})
+        prefill = dataclasses.replace(
+            prefill, scheduler=dataclasses.replace(prefill.scheduler, reserve=open_reserve)
+        )
     p = setup.step_model.params
     transfer = kv_transfer(
         setup.gpu,

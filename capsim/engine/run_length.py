@@ -99,7 +99,7 @@ class DecodeRunLength:
         the head of the queue in (None if it does not within the run, or something else
         holds it back: the token budget, max_num_seqs, the KV cache)."""
         cfg = self.config
-        if not self.waiting or len(self.running) >= cfg.max_num_seqs:
+        if not self.waiting or len(self.running) >= cfg.max_num_seqs or self.admission_shut:
             return None
         budget = self._admission_budget()
         if budget <= 0:

@@ -39,6 +39,7 @@ class RunningPass:
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
+        self.admission_shut = False  # a retraction reopens SGLang's admission
         if self.reserve is not None:
             n = len(self.running)
             dec = self._dec[:n]

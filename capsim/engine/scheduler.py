@@ -119,6 +119,10 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         # engine may run dry between them at any level (engine/saturation.py)
         self.dry_counts_from = 1
         self.reserve = ReserveState(config.reserve) if config.reserve is not None else None
+        # SGLang's batch_is_full: a refused admission shuts admission until a running
+        # request finishes or is retracted (AdmissionReserve.holds_until_finish)
+        self._latches = config.reserve is not None and config.reserve.holds_until_finish
+        self.admission_shut = False
         # prompt tokens admitted since the last step began whose KV loads from system RAM
         self.load_tokens = 0
         cap = config.max_num_seqs + 1
@@ -189,7 +193,10 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         if not self.waiting:
             self.note_dry(now)
             return True
-        return self.head_blocked()
+        blocked = self.head_blocked()
+        if blocked and self._latches:  # the step this stands for would have been refused
+            self.admission_shut = True
+        return blocked
 
     def note_held_back_room(self) -> None:
         """A request held back by async scheduling (Replica.admits_a_step_late) met room
@@ -241,6 +248,8 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         """Whether the first waiting request could not be admitted in the next step."""
         budget = self._admission_budget()
         if budget <= 0:
+            return True
+        if self.admission_shut:
             return True
         req, _, hits, computed, _, need = self._head_admission(budget)
         if not self.kv.can_admit(req, need, hits):
@@ -316,6 +325,8 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         ``max_num_seqs`` and the KV cache allow, each with its first chunk; returns the
         budget left."""
         cfg, kv, running = self.config, self.kv, self.running
+        if self.admission_shut:
+            return budget
         reserve = self.reserve
         offset = 0.0
         if reserve is not None and self.waiting:
@@ -326,9 +337,11 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req, fresh, hits, computed, n, need = self._head_admission(budget)
             if not kv.can_admit(req, need, hits):
+                self._shut_admission(prefills)
                 break
             if reserve is not None:
                 if not self._reserve_admits(req, computed, offset):
+                    self._shut_admission(prefills)
                     break
                 if computed + n >= req.prefill_target:  # its last chunk charges its outputs
                     offset += reserve.request_tokens(req.output_len - req.generated)
@@ -587,6 +600,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
         self.kv.register(req, req.prompt_len + req.output_len - 1)
         self.kv.release(req)
         self._remove(row)
+        self.admission_shut = False  # the running batch shrank
         if self.reserve is not None and not self.running and not self.waiting:
             self.reserve.reset()  # the server goes idle
         if self.on_finish is not None:
@@ -606,6 +620,7 @@ class Scheduler(RunningRows, RunningPass, DecodeRunLength, ReserveChecks):
             self.kv.release(req)
             self._remove(row)
             self._least_left_exact = False
+            self.admission_shut = False
         else:
             return False
         req.phase = DONE
