@@ -227,3 +227,13 @@ def test_plan_with_disaggregation_adds_split_deployments_and_their_serve_line():
     assert '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'' in line
     assert "3 prefill and 1 decode servers of this line" in line
     assert "PD 3P:1D" in one.label()
+
+
+def test_sglang_prefill_servers_reopen_admission_every_pass():
+    """SGLang's disaggregated prefill loop resets batch_is_full each pass (its requests
+    leave when their prompt is done, never through a decode batch that shrinks), so the
+    prefill pool keeps the reserve without its latch; the decode servers keep both."""
+    setup = build_setup(config(engine="sglang", tp=1, prefill_replicas=1), CAT)
+    assert setup.scheduler.reserve.holds_until_finish
+    assert setup.prefill.scheduler.reserve is not None
+    assert not setup.prefill.scheduler.reserve.holds_until_finish
