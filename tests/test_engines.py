@@ -400,7 +400,7 @@ def test_a_generation_range_must_be_a_version_specifier():
 
 def test_engine_at_release_on_the_command_line():
     # every shipped generation is reachable, and a bad release is exit 2 with the form
-    releases = ("0.1.0", "0.4.3", "0.7.3", "0.8.5", "0.9.2", "0.10.1", "0.11.0")
+    releases = ("0.1.0", "0.4.3", "0.5.1", "0.7.3", "0.8.5", "0.9.2", "0.10.1", "0.11.0")
     builds = ("b1000", "b2000", "b3000", "b4000", "b5000", "b6000", "b6500", "b8000")
     for engine in CAT.engines:
         counts_builds = engine.releases is not None and engine.releases.newest.startswith("b")
@@ -556,3 +556,30 @@ def test_a_probed_servers_release_picks_its_generation(tmp_path):
     path.write_text(json.dumps(run))
     (scenario,) = dataset_from_run(path).scenarios
     assert simulated_engine(scenario) == "vllm"
+
+
+def test_sglang_releases_size_their_prefill_chunks_by_memory_as_their_server_args_did():
+    """SGLang's chunked_prefill_size by release (server_args.py of the 0.4.6.post5, 0.5.2
+    and 0.5.6 wheels): a B200 or an MI300X prefilled 8,192 tokens a batch in 0.4, 16,384
+    from 0.5; a 40-60 GB card 8,192 until 0.5.2 and 4,096 from 0.5.3; a 24 GB card 2,048
+    throughout; decode graphs to 256 on an H200 in 0.4.6, to 512 at TP 4 in 0.5.6."""
+    from capsim.engine.setup import build_setup
+
+    def limits(engine, gpu, model="llama-3.1-8b", tp=1):
+        from capsim.engine.config import PredictConfig
+
+        cfg = PredictConfig(engine=engine, gpu=gpu, model=model, tp=tp, concurrency=[1])
+        s = build_setup(cfg, CAT)
+        return s.scheduler.max_num_batched_tokens
+
+    assert limits("sglang@0.4.6", "mi300x") == 8192
+    assert limits("sglang@0.5.2", "mi300x") == 16384
+    assert limits("sglang", "mi300x") == 16384
+    assert limits("sglang@0.4.6", "a100-40g") == 8192
+    assert limits("sglang@0.5.2", "a100-40g") == 8192
+    assert limits("sglang@0.5.3", "a100-40g") == 4096
+    assert limits("sglang@0.4.6", "rtx4090") == 2048
+    assert limits("sglang", "rtx4090") == 2048
+    h200_04 = CAT.engine("sglang@0.4.6").batch_limits("h200", 141)
+    assert h200_04.cuda_graph_max_batch == 256
+    assert CAT.engine("sglang").batch_limits("rtx4060ti-16g", 16).cuda_graph_max_batch == 8
