@@ -7,6 +7,7 @@ and calibration profiles of NaN."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,51 @@ def test_every_shipped_entry_passes_the_new_checks():
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (
+            {"output_throughput": 1e9},
+            "output_throughput is 1e+09 tok/s, but total_output_tokens / duration (800 / 10 s)",
+        ),
+        ({"mean_ttft_ms": 1e6}, "mean_ttft_ms is 1e+06 ms, but the mean of the successful"),
+        ({"duration": 1e-9}, "total_output_tokens / duration (800 / 1e-09 s) gives 8e+11"),
+        ({"request_throughput": 40}, "request_throughput is 40 req/s, but completed / duration"),
+        ({"total_output_tokens": 8000, "output_throughput": 800}, "total_token_throughput"),
+        ({"mean_e2el_ms": 100}, "mean_e2el_ms is 100 ms"),
+        (
+            # every rate agrees with the duration, yet each request took 4.9 s of it
+            {
+                "duration": 1.0,
+                "request_throughput": 4,
+                "output_throughput": 800,
+                "total_token_throughput": 4896,
+            },
+            "duration is 1 s, yet a request took 4.926 s",
+        ),
+    ],
+)
+def test_a_bench_result_whose_aggregates_contradict_its_requests_is_refused(tmp_path, change, says):
+    """vllm bench computes each aggregate from the requests it lists and its duration;
+    these were imported as measured (issue 47, the third round)."""
+    from tests.test_importers import VLLM_BENCH
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({**VLLM_BENCH, **change}))
+    out = tmp_path / "run.json"
+    refused(["import", "vllm-bench", str(path), "--out", str(out)], "result.json", says)
+    assert not out.exists()
+
+
+def test_an_imported_mean_ttft_above_the_mean_latency_is_refused(tmp_path):
+    from tests.test_importers import AIPERF
+
+    records = {**AIPERF["records"], "time_to_first_token": {"unit": "s", "avg": 95.0}}
+    path = tmp_path / "profile_export_aiperf.json"
+    path.write_text(json.dumps({**AIPERF, "records": records}))
+    refused(
+        ["import", "aiperf", str(path), "--out", str(tmp_path / "run.json")],
+        "the mean TTFT (95000 ms) is above the mean E2E latency (2900 ms)",
+    )

@@ -26,6 +26,7 @@ from typing import Any
 from capsim.errors import CapsimUserError
 from capsim.files import loads_json
 from capsim.metrics import Distribution, LevelMetrics, RequestRecord
+from capsim.probe.import_checks import check_level_means, check_vllm_bench_aggregates
 from capsim.probe.runfile import LevelSummary, RunHeader, RunSummary, RunWriter, first_problem
 
 FORMATS = ("vllm-bench", "guidellm", "aiperf")
@@ -174,6 +175,7 @@ def import_vllm_bench(
     if completed and not _measure("duration", d["duration"]) > 0:
         raise ValueError(f"duration is {d['duration']!r} for {completed} completed requests")
     check_per_request_lists(d, completed)
+    check_vllm_bench_aggregates(d, completed, failed)
 
     def metric(name: str, scale: float = 1.0) -> Distribution:
         return _dist(
@@ -462,6 +464,8 @@ def import_results(kind: str, path: Path, out: Path) -> RunSummary:
                 hint="pass the result of a run whose requests completed",
             )
         for level in read:
+            m = level.metrics
+            check_level_means(m.ttft_ms.mean, m.e2e_s.mean, m.wall_s)
             writer.add_level(level)
     except CapsimUserError:
         writer.discard()
