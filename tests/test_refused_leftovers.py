@@ -156,3 +156,40 @@ def test_an_imported_mean_ttft_above_the_mean_latency_is_refused(tmp_path):
         ["import", "aiperf", str(path), "--out", str(tmp_path / "run.json")],
         "the mean TTFT (95000 ms) is above the mean E2E latency (2900 ms)",
     )
+
+
+RUN_LOG = ROOT / "calibration" / "runs" / "cpu-vllm-tiny-qwen3.jsonl"
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (
+            lambda r: r.update(first_scheduled=r["finish"] + 1),
+            "first_scheduled (1.56846) comes after first_token",
+        ),
+        (
+            lambda r: r.update(first_scheduled=r["send"] - 1),
+            "first_scheduled (-0.761766) comes before send",
+        ),
+        (
+            lambda r: r["chunk_times"].__setitem__(-1, r["finish"] + 5),
+            "the last chunk (5.56846) comes after finish (0.568462)",
+        ),
+        (
+            lambda r: r.update(cached_tokens=600),
+            "cached_tokens (600) is above input_tokens (512)",
+        ),
+    ],
+)
+def test_a_run_log_record_out_of_order_is_refused_naming_its_line(tmp_path, change, says):
+    """Each was summarized as measured: a request scheduled after it finished (a queueing
+    time longer than the request), chunks after the end, more cached prompt tokens than
+    the prompt had."""
+    lines = RUN_LOG.read_text().splitlines()
+    record = json.loads(lines[1])
+    change(record)
+    lines[1] = json.dumps(record)
+    log = tmp_path / "run.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    refused(["probe", "summarize", str(log)], "run.jsonl', line 2: request 'r0-c1-0'", says)
