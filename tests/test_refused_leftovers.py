@@ -193,3 +193,46 @@ def test_a_run_log_record_out_of_order_is_refused_naming_its_line(tmp_path, chan
     log = tmp_path / "run.jsonl"
     log.write_text("\n".join(lines) + "\n")
     refused(["probe", "summarize", str(log)], "run.jsonl', line 2: request 'r0-c1-0'", says)
+
+
+KERNELS = ROOT / "calibration" / "kernels" / "h100-sxm-decode-layers.json"
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (
+            {"achieved_gb_s": 1e12},
+            "rows.3: achieved_gb_s is 1e+12 GB/s, yet (weight_bytes_per_layer + "
+            "kv_bytes_per_layer) / us_per_layer gives 2170.52 GB/s",
+        ),
+        ({"achieved_gb_s": 0}, "rows.3.achieved_gb_s: Input should be greater than 0"),
+        ({"achieved_gb_s": -5}, "rows.3.achieved_gb_s: Input should be greater than 0"),
+        (
+            {"us_per_layer": 1e-3, "achieved_gb_s": None},
+            "rows.3.us_per_layer: the row moves 5.03349e+08 GB/s",
+        ),
+    ],
+)
+def test_a_kernel_row_beyond_its_bytes_or_its_gpu_is_refused(tmp_path, change, says):
+    """An achieved bandwidth of 1e12 GB/s, 0 or below, or a layer time that moves its bytes
+    at 150,000 times the H100's 3,350 GB/s was fitted without a word."""
+    data = json.loads(KERNELS.read_text())
+    data["rows"][3].update(change)
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps(data))
+    refused(["calibrate-kernels", str(path)], "kernels.json", says)
+
+
+def test_a_kernel_row_faster_than_twice_its_gpu_is_refused_with_the_range(tmp_path):
+    data = json.loads(KERNELS.read_text())
+    row = data["rows"][3]
+    row["us_per_layer"] /= 10  # 21,705 GB/s, stated consistently
+    row["achieved_gb_s"] *= 10
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps(data))
+    refused(
+        ["calibrate-kernels", str(path)],
+        "rows.3.achieved_gb_s: the row moves 21705.2 GB/s",
+        "above 2 x h100-sxm's 3350 GB/s (at most 6700 GB/s)",
+    )
