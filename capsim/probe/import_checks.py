@@ -79,16 +79,16 @@ def check_vllm_bench_aggregates(d: dict, completed: int, failed: int) -> None:
                     amount / duration,
                 )
     outs = d.get("output_lens") or []
-    if outs:
+    if outs and _times(outs):
         _check_sum("total_output_tokens", total_out, "the sum of output_lens", outs)
     ok = _succeeded(d, failed)
     ttfts = d.get("ttfts") or []
-    if ok is None or not ttfts or not any(ok):
-        return
+    if ok is None or not ttfts or not any(ok) or not _times(ttfts):
+        return  # a time that is no time: its record says what is wrong with it
     ttft_ok = [float(t) for t, good in zip(ttfts, ok, strict=False) if good]
     _check_mean("mean_ttft_ms", d, ttft_ok, "the successful requests' ttfts")
     itls = d.get("itls") or []
-    if not itls:
+    if not itls or not all(isinstance(gaps, list) and _times(gaps) for gaps in itls):
         return
     gaps_ok = [gaps for gaps, good in zip(itls, ok, strict=False) if good]
     flat = [float(g) for gaps in gaps_ok for g in gaps]
@@ -104,6 +104,11 @@ def check_vllm_bench_aggregates(d: dict, completed: int, failed: int) -> None:
             f"duration is {duration:.6g} s, yet a request took {longest:.6g} s (its ttfts "
             "plus itls): the run lasts at least as long as each of its requests"
         )
+
+
+def _times(values: list) -> bool:
+    """Every one of ``values`` is a finite number of 0 or more (seconds)."""
+    return all((v := _number(x)) is not None and v >= 0 for x in values)
 
 
 def _check_sum(field: str, stated: float, against: str, values: list) -> None:

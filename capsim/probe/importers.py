@@ -175,7 +175,6 @@ def import_vllm_bench(
     if completed and not _measure("duration", d["duration"]) > 0:
         raise ValueError(f"duration is {d['duration']!r} for {completed} completed requests")
     check_per_request_lists(d, completed)
-    check_vllm_bench_aggregates(d, completed, failed)
 
     def metric(name: str, scale: float = 1.0) -> Distribution:
         return _dist(
@@ -247,6 +246,7 @@ def import_vllm_bench(
         e2e_s=e2e,
         queueing_ms=_dist(),
     )
+    check_vllm_bench_aggregates(d, completed, failed)  # each figure checked on its own first
     header = RunHeader(
         url=str(d.get("base_url") or d.get("backend") or "unknown"),
         model=str(d.get("model_id") or d.get("model") or "unknown"),
