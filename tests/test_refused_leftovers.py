@@ -236,3 +236,40 @@ def test_a_kernel_row_faster_than_twice_its_gpu_is_refused_with_the_range(tmp_pa
         "rows.3.achieved_gb_s: the row moves 21705.2 GB/s",
         "above 2 x h100-sxm's 3350 GB/s (at most 6700 GB/s)",
     )
+
+
+ACCELMARK = ROOT / "calibration/published/corpus-accelmark-mixtral-8x7b-tp8-sharegpt.yaml"
+E2E_POINT = """  - concurrency: 1
+    metric: e2e_s
+    statistic: median
+    value: 0.01
+    quote: 'made up'
+  - concurrency: 8
+    metric: output_tok_s
+    value: 591.5
+"""
+
+
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        (
+            "value: 0.00756",
+            "value: 0.001",
+            "scenario 'h200-mixtral-8x7b-bf16-vllm-tp8', concurrency 1: tpot_s p99 (0.001) "
+            "is below its median (0.00663): percentiles run median <= p90 <= p99",
+        ),
+        (
+            "  - concurrency: 8\n    metric: output_tok_s\n    value: 591.5\n",
+            E2E_POINT,
+            "concurrency 1: ttft_s median (0.05326 s) is above e2e_s median (0.01 s)",
+        ),
+    ],
+)
+def test_a_dataset_whose_latencies_are_out_of_order_is_refused(tmp_path, old, new, says):
+    """Both were compared with predictions as measured (issue 47, the third round)."""
+    text = ACCELMARK.read_text()
+    assert text.count(old) == 1
+    path = tmp_path / "dataset.yaml"
+    path.write_text(text.replace(old, new))
+    refused(["validate", str(path)], "dataset.yaml:", says)
