@@ -273,3 +273,23 @@ def test_a_dataset_whose_latencies_are_out_of_order_is_refused(tmp_path, old, ne
     path = tmp_path / "dataset.yaml"
     path.write_text(text.replace(old, new))
     refused(["validate", str(path)], "dataset.yaml:", says)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["fit", "--gpu", "rtx3090", "--model", "qwen3-0.6b"],
+        ["capacity", "--gpu", "rtx3090", "--model", "qwen3-0.6b", "--min-agent-tok-s", "1"],
+    ],
+)
+def test_cpu_offload_past_the_weights_is_said_by_every_command(command):
+    """vLLM takes a --cpu-offload-gb above the weights (it offloads parameters until the
+    size is reached or none are left), so capsim does too; predict said so, fit and
+    capacity kept all the weights in system RAM without a word."""
+    r = runner.invoke(app, [*command, "--cpu-offload-gb", "100"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "--cpu-offload-gb 100 is more than a GPU's 1.11 GiB of weights" in text, r.output
+    assert "(0 to 1.11 keeps a part on the GPU)" in text
+    r = runner.invoke(app, [*command, "--cpu-offload-gb", "1"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "is more than a GPU's" not in " ".join(r.output.split())
