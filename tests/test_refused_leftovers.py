@@ -293,3 +293,44 @@ def test_cpu_offload_past_the_weights_is_said_by_every_command(command):
     assert "(0 to 1.11 keeps a part on the GPU)" in text
     r = runner.invoke(app, [*command, "--cpu-offload-gb", "1"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "is more than a GPU's" not in " ".join(r.output.split())
+
+
+PROFILE = ROOT / "calibration" / "profiles" / "consumer-ampere-vllm.yaml"
+
+
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        (
+            "  error: -0.016688114687333222",
+            "  error: .nan",
+            "residuals.0.error: Input should be a finite",
+        ),
+        ("  measured: 167.0", "  measured: .nan", "residuals.0.measured: Input should be a finite"),
+        ("  predicted: 164.21308484721536", "  predicted: .inf", "residuals.0.predicted"),
+        (
+            "  concurrency: 1\n",
+            "  concurrency: -3\n",
+            "residuals.0.concurrency: Input should be greater",
+        ),
+        (
+            "  async_host_overlap: 0.0",
+            "  async_host_overlap: .nan",
+            "held.async_host_overlap: Input",
+        ),
+        (
+            "    value: 0.8533317031418048",
+            "    value: .nan",
+            "parameters.bandwidth_efficiency.value",
+        ),
+    ],
+)
+def test_a_profile_of_non_finite_numbers_is_refused_naming_the_field(tmp_path, old, new, says):
+    """A NaN residual (measured, predicted or error) or a level of -3 was read as fitted;
+    a NaN held parameter was refused without naming its field."""
+    text = PROFILE.read_text()
+    assert old in text
+    path = tmp_path / "consumer-ampere-vllm.yaml"
+    path.write_text(text.replace(old, new, 1))
+    args = ["predict", "--gpu", "rtx3090", "--model", "qwen3-0.6b", "-c", "1", "--requests", "4"]
+    refused([*args, "--profile", str(path)], "consumer-ampere-vllm.yaml:", says)
