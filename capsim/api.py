@@ -38,6 +38,19 @@ if TYPE_CHECKING:  # the imports below are heavy; each function imports what it 
     from capsim.probe.runner import ProbeConfig
 
 
+def load_catalog(extra_dirs: list[Path] | None = None) -> Catalog:
+    """The built-in catalog with the user's directories (``extra_dirs``: paths or path
+    strings; and ``CAPSIM_DB``) laid over it. An overlay's model entry whose published
+    parameter counts lie more than a factor of 2 from those its dimensions give is a
+    ``CatalogError`` naming the file and field (capsim/physics/published_counts.py)."""
+    from capsim.catalog.loader import load_catalog as load
+    from capsim.physics.published_counts import check_published_counts
+
+    catalog = load(extra_dirs)
+    check_published_counts(catalog)
+    return catalog
+
+
 def predict(
     config: PredictConfig | None = None,
     /,
@@ -64,7 +77,7 @@ def predict(
     require_catalog(catalog)
     require_callable(progress, "progress")
     config = _merge(PredictConfig, config, fields)
-    return calibrated_predict(config, catalog, progress=progress)
+    return calibrated_predict(config, catalog or load_catalog(), progress=progress)
 
 
 def capacity(
@@ -103,7 +116,7 @@ def capacity(
         },
     )
     config = _merge(PredictConfig, config, {"workload": "closed", **fields})
-    return search_capacity(config, objectives, catalog, pessimistic=pessimistic)
+    return search_capacity(config, objectives, catalog or load_catalog(), pessimistic=pessimistic)
 
 
 def plan(
@@ -121,7 +134,6 @@ def plan(
     rank what fits (``rank``: throughput, cost or cost-per-token; configurations that meet
     the SLOs first)."""
     from capsim.arguments import require, require_catalog
-    from capsim.catalog.loader import load_catalog
     from capsim.errors import CapsimUserError
     from capsim.planner.search import PlanRequest, search_plan
 
@@ -157,7 +169,6 @@ def validate(
     from capsim.arguments import path_list, require, require_callable, require_catalog
     from capsim.calibration.compare import compare_or_skip
     from capsim.calibration.published import load_published
-    from capsim.catalog.loader import load_catalog
 
     require_catalog(catalog)
     require_callable(advance, "advance")

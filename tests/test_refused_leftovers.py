@@ -62,7 +62,11 @@ def overlay(tmp_path: Path, section: str, name: str, old: str, new: str) -> Path
             "llama-3.1-8b",
             "total_b: 8.0",
             "total_b: 1e300",
-            ["published.total_b (1e+300 billion)", "factor of 2", "8.03 billion"],
+            [
+                "llama-3.1-8b.yaml:61: invalid entry: published.total_b: 1e+300 billion is not "
+                "within a factor of 2 of the 8.03 billion parameters",
+                "(4.02 to 16.1 billion)",
+            ],
         ),
         (
             "quant_formats",
@@ -92,9 +96,17 @@ def test_leading_dense_layers_beyond_the_layers_are_refused(tmp_path):
     )
 
 
+def test_an_overlays_published_count_is_checked_through_the_api_too(tmp_path):
+    import capsim
+
+    db = overlay(tmp_path, "models", "llama-3.1-8b", "total_b: 8.0", "total_b: 1e300")
+    with pytest.raises(capsim.CapsimUserError, match=r"published\.total_b: 1e\+300 billion"):
+        capsim.load_catalog([db])
+
+
 def test_every_shipped_entry_passes_the_new_checks():
-    """The published-count check runs where a file is read: with no cache, every built-in
-    model is counted."""
+    """Read with no cache, every built-in entry passes the schemas' new checks (their
+    published counts: tests/test_parameters.py, to 2%)."""
     import os
     import subprocess
     import sys

@@ -310,8 +310,8 @@ def load_entry(path: Path, schema: type[T]) -> T:
             f"{path}: {flipped}: a number, not {str(value).lower()}",
             hint="write the number (YAML reads true and false, yes and no as booleans)",
         )
-    try:  # a file's model entry is checked against its published counts (model_schema)
-        return schema.model_validate(data, context={"check_published": True})
+    try:
+        return schema.model_validate(data)
     except ValidationError as exc:
         raise CatalogError(
             format_validation_error(path, exc),

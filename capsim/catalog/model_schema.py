@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, model_validator
 
 from capsim.catalog.schemas import Source, Strict, catalog_key
 
@@ -25,10 +25,6 @@ MIN_CONTEXT_TOKENS = 16
 """The shortest context (max_position_embeddings, tokens) a model entry may state: one
 KV-cache block of vLLM's (16 tokens). Below it no sequence fills a block, and a model of
 8 tokens read as one that does not fit any GPU."""
-PUBLISHED_FACTOR = 2.0
-"""How far a published parameter count (total or active) may lie from the one computed
-from the entry's dimensions, as a factor either way: the shipped entries agree within 3%,
-so a count off by more is a typo (1e300 beside a computed 8B) or another model's card."""
 MIN_BITS = 1
 """The narrowest bit width a weight format may state for a stored weight (BitNet's ternary
 weights take 1.58 bits, GGUF's IQ1_S 1.56): 1e-300 made every model's weights weigh
@@ -323,35 +319,6 @@ class Model(Strict):
                 f"num_kv_heads ({self.num_kv_heads}): each KV head serves a whole group of "
                 "query heads"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _published_near_computed(self, info: ValidationInfo) -> Model:
-        """A catalog file's published counts lie within PUBLISHED_FACTOR of those computed
-        from its dimensions. Checked where a file is read (the loader's context says so),
-        not where the cache is read back: the count takes about 0.2 ms a model."""
-        if self.published is None or not (info.context or {}).get("check_published"):
-            return self
-        from capsim.physics.parameters import parameter_breakdown
-
-        p, counts = self.published, parameter_breakdown(self)
-        extra = p.includes_vision and counts.vision
-        total = counts.total + (counts.mtp if p.includes_mtp else 0) + extra
-        active = counts.active_by_convention(p.active_convention) + extra if p.active_b else None
-        for field, stated, computed, unit in (
-            ("total_b", p.total_b, total, p.total_label_unit_b),
-            ("active_b", p.active_b, active, p.active_label_unit_b),
-        ):
-            if stated is None or computed is None:
-                continue
-            low = computed / 1e9 / PUBLISHED_FACTOR - (unit or 0) / 2
-            high = computed / 1e9 * PUBLISHED_FACTOR + (unit or 0) / 2
-            if not low <= stated <= high:
-                raise ValueError(
-                    f"published.{field} ({stated:g} billion) is not within a factor of "
-                    f"{PUBLISHED_FACTOR:g} of the {computed / 1e9:.3g} billion parameters "
-                    f"the entry's dimensions give ({max(low, 0):.3g} to {high:.3g} billion)"
-                )
         return self
 
     @property
