@@ -30,7 +30,7 @@ _EXPORTS = {
     "probe": "capsim.probe",  # the package, callable as capsim.api.probe (see its docstring)
     "CapsimUserError": "capsim.errors",
     "Catalog": "capsim.catalog.loader",
-    "load_catalog": "capsim.catalog.loader",
+    "load_catalog": "capsim.api",  # the loader's, with overlays' model cards checked
     "MemoryFit": "capsim.physics.memory",
     "kv_bytes_per_token": "capsim.physics.kv_layout",
     "kv_layout": "capsim.physics.kv_layout",
@@ -71,8 +71,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from capsim.api import capacity, plan, predict, probe, validate
-    from capsim.catalog.loader import Catalog, load_catalog
+    from capsim.api import capacity, load_catalog, plan, predict, probe, validate
+    from capsim.catalog.loader import Catalog
     from capsim.engine.config import PredictConfig
     from capsim.engine.levels import LevelResult
     from capsim.engine.simulate import PredictResult

@@ -38,6 +38,19 @@ if TYPE_CHECKING:  # the imports below are heavy; each function imports what it 
     from capsim.probe.runner import ProbeConfig
 
 
+def load_catalog(extra_dirs: list[Path] | None = None) -> Catalog:
+    """The built-in catalog with the user's directories (``extra_dirs``: paths or path
+    strings; and ``CAPSIM_DB``) laid over it. An overlay's model entry whose published
+    parameter counts lie more than a factor of 2 from those its dimensions give is a
+    ``CatalogError`` naming the file and field (capsim/physics/published_counts.py)."""
+    from capsim.catalog.loader import load_catalog as load
+    from capsim.physics.published_counts import check_published_counts
+
+    catalog = load(extra_dirs)
+    check_published_counts(catalog)
+    return catalog
+
+
 def predict(
     config: PredictConfig | None = None,
     /,
@@ -57,11 +70,14 @@ def predict(
     ``progress(done, total)``, if given, is called as requests are simulated (a few
     thousand at a time, and as each level ends).
     """
+    from capsim.arguments import require_callable, require_catalog
     from capsim.calibration.applied import calibrated_predict
     from capsim.engine.config import PredictConfig
 
+    require_catalog(catalog)
+    require_callable(progress, "progress")
     config = _merge(PredictConfig, config, fields)
-    return calibrated_predict(config, catalog, progress=progress)
+    return calibrated_predict(config, catalog or load_catalog(), progress=progress)
 
 
 def capacity(
@@ -82,18 +98,25 @@ def capacity(
     ``max_tpot_ms``, E2E p90 at most ``max_e2e_p90_s`` seconds. With ``pessimistic`` each
     must hold at its figure's 80% band's pessimistic edge. The answer names the binding
     constraint and carries the curve around it. Deployment fields as ``predict``'s."""
+    from capsim.arguments import require, require_catalog
     from capsim.engine.config import PredictConfig
     from capsim.planner.capacity import Objectives
     from capsim.planner.capacity import capacity as search_capacity
 
-    objectives = Objectives(
-        min_agent_tok_s=min_agent_tok_s,
-        max_ttft_p90_s=max_ttft_p90_s,
-        max_tpot_ms=max_tpot_ms,
-        max_e2e_p90_s=max_e2e_p90_s,
+    require_catalog(catalog)
+    require(pessimistic, bool, "pessimistic", "True or False")
+    objectives = _merge(
+        Objectives,
+        None,
+        {
+            "min_agent_tok_s": min_agent_tok_s,
+            "max_ttft_p90_s": max_ttft_p90_s,
+            "max_tpot_ms": max_tpot_ms,
+            "max_e2e_p90_s": max_e2e_p90_s,
+        },
     )
     config = _merge(PredictConfig, config, {"workload": "closed", **fields})
-    return search_capacity(config, objectives, catalog, pessimistic=pessimistic)
+    return search_capacity(config, objectives, catalog or load_catalog(), pessimistic=pessimistic)
 
 
 def plan(
@@ -110,14 +133,24 @@ def plan(
     ``budget_usd``, ``gpus``, ``gpu_counts`` ...: a ``PlanRequest`` or its fields), and
     rank what fits (``rank``: throughput, cost or cost-per-token; configurations that meet
     the SLOs first)."""
-    from capsim.catalog.loader import load_catalog
+    from capsim.arguments import require, require_catalog
+    from capsim.errors import CapsimUserError
     from capsim.planner.search import PlanRequest, search_plan
 
+    require_catalog(catalog)
+    require(rank, str, "rank", "a ranking name: throughput, cost or cost-per-token")
+    if dask_scheduler is not None:
+        require(dask_scheduler, str, "dask_scheduler", "a scheduler address (a string) or None")
     if request is None:
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
         request = _merge(PlanRequest, None, fields)  # a bad field: CapsimUserError naming it
     elif fields:
-        raise TypeError("pass a PlanRequest or its fields, not both")
+        raise CapsimUserError(
+            "plan: pass a PlanRequest or its fields, not both",
+            hint=f"got a PlanRequest and {', '.join(sorted(fields))}",
+        )
+    else:
+        request = _merge(PlanRequest, request, {}, "request")
     return search_plan(request, catalog or load_catalog(), rank, dask_scheduler)
 
 
@@ -133,11 +166,15 @@ def validate(
     (measured, predicted, signed relative error) and the scenarios capsim cannot simulate,
     with why. ``overrides`` sets efficiency parameters; ``advance()`` is called after each
     scenario."""
+    from capsim.arguments import path_list, require, require_callable, require_catalog
     from capsim.calibration.compare import compare_or_skip
     from capsim.calibration.published import load_published
-    from capsim.catalog.loader import load_catalog
 
-    loaded = load_published(None if datasets is None else [Path(d) for d in datasets])
+    require_catalog(catalog)
+    require_callable(advance, "advance")
+    if overrides is not None:
+        require(overrides, dict, "overrides", "a dict of efficiency parameter names to numbers")
+    loaded = load_published(None if datasets is None else path_list(datasets, "datasets"))
     return compare_or_skip(loaded, catalog or load_catalog(), overrides=overrides, advance=advance)
 
 
@@ -154,18 +191,39 @@ def probe(
     at each concurrency level, writing ``out`` (.json summary) and its .jsonl log as it
     goes: an interrupted probe keeps every finished request. ``on_event(event, **info)``
     sees levels, requests and warnings."""
+    import os
+
+    from capsim.arguments import require, require_callable
     from capsim.probe.runner import ProbeConfig, run_probe
 
+    require_callable(on_event, "on_event")
+    require(out, (str, os.PathLike), "out", "a path (str or pathlib.Path) for the run file")
     config = _merge(ProbeConfig, config, fields)
     return run_probe(config, Path(out), on_event)
 
 
-def _merge(model_type, config, fields: dict):
-    """``config`` with ``fields`` laid over (validated), or a new one from ``fields``."""
+def _merge(model_type, config, fields: dict, argument: str = "config"):
+    """``config`` with ``fields`` laid over (validated), or a new one from ``fields``; a
+    ``config`` of another type, or a field ``model_type`` does not have, is refused."""
+    import dataclasses
+
     from pydantic import ValidationError
 
-    from capsim.errors import CapsimUserError
+    from capsim.arguments import described, require
+    from capsim.errors import CapsimUserError, close_matches
 
+    name = model_type.__name__
+    if config is not None:
+        require(config, model_type, argument, f"a {name}, or its fields as keywords")
+    if dataclasses.is_dataclass(model_type):  # pydantic models refuse an unknown field
+        known = [f.name for f in dataclasses.fields(model_type) if f.init]
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            raise CapsimUserError(
+                f"{unknown[0]}: not a field of {name}",
+                hint=f"see help({name})",
+                suggestions=close_matches(unknown[0], known),
+            )
     try:
         if config is None:
             return model_type(**fields)
@@ -176,6 +234,6 @@ def _merge(model_type, config, fields: dict):
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise CapsimUserError(
-            f"{where}: {first['msg']} (got {first.get('input')!r})",
+            f"{where}: {first['msg']} (got {described(first.get('input'))})",
             hint=f"see help({model_type.__name__})",
         ) from None

@@ -163,9 +163,29 @@ class RequestRecord(BaseModel):
                 raise ValueError(
                     f"{name} must be 0 to {MAX_ENGINE_COUNT:,}, not {getattr(self, name)}"
                 )
+        if self.cached_tokens > self.input_tokens:  # a part of the prompt
+            raise ValueError(
+                f"cached_tokens ({self.cached_tokens}) is above input_tokens "
+                f"({self.input_tokens}): 0 to input_tokens of the prompt can be cached"
+            )
+        if self.first_scheduled is not None:
+            self._scheduled_in_order()
         if self.chunk_times:
             self._chunks_in_order()
         return self
+
+    def _scheduled_in_order(self) -> None:
+        """A request is first scheduled after its send, by its first token and its end
+        (one scheduled after its finish queued for longer than it took)."""
+        t = self.first_scheduled
+        if not math.isfinite(t):
+            raise ValueError(f"first_scheduled must be a finite time, not {t}")
+        if t < self.send - TIME_SLACK_S:
+            raise ValueError(f"first_scheduled ({t:.6g}) comes before send ({self.send:.6g})")
+        for name in ("first_token", "finish"):
+            later = getattr(self, name)
+            if later is not None and t > later + TIME_SLACK_S:
+                raise ValueError(f"first_scheduled ({t:.6g}) comes after {name} ({later:.6g})")
 
     def _chunks_in_order(self) -> None:
         """Chunks arrive after the request is sent, in order, each finite; one token count
@@ -181,6 +201,10 @@ class RequestRecord(BaseModel):
         for a, b in itertools.pairwise(times):
             if b < a - TIME_SLACK_S:
                 raise ValueError(f"chunk_times run backwards ({b:.6g} after {a:.6g})")
+        if self.finish is not None and times[-1] > self.finish + TIME_SLACK_S:
+            raise ValueError(
+                f"the last chunk ({times[-1]:.6g}) comes after finish ({self.finish:.6g})"
+            )
         if self.chunk_tokens is not None and len(self.chunk_tokens) != len(times):
             raise ValueError(
                 f"{len(self.chunk_tokens)} chunk_tokens for {len(times)} chunk_times: one a chunk"

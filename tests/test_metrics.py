@@ -22,7 +22,11 @@ def records(draw):
         send = draw(times)
         first = draw(st.one_of(st.none(), times.map(lambda d, s=send: s + d)))
         finish = None if first is None else draw(st.one_of(st.none(), times.map(first.__add__)))
-        scheduled = draw(st.one_of(st.none(), times.map(lambda d, s=send: s + d)))
+        # scheduled after its send and by its first token (RequestRecord refuses another)
+        latest = first if first is not None else send + 100
+        scheduled = draw(
+            st.one_of(st.none(), st.floats(0, 1).map(lambda f, s=send, e=latest: s + f * (e - s)))
+        )
         out.append(
             RequestRecord(
                 request_id=str(i),

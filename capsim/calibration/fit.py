@@ -303,11 +303,12 @@ def fit_profile(
                 f"{key} ended at its bound {par.value:g} (range {par.bounds[0]:g}-"
                 f"{par.bounds[1]:g}): the physics it stands for may be missing or wrong"
             )
-    residuals = [PointResidual(**asdict(pt), error=pt.error) for pt in points]
     spread = check_log_spread(float(np.sqrt(float(final @ final) / dof)), "log residual spread")
     families = metric_log_sd(points)
     for family, value in families.items():
         check_log_spread(value, f"{family} log spread")
+    # after the spreads' checks: a point missed past any calibration is said as such there
+    residuals = [PointResidual(**asdict(pt), error=pt.error) for pt in points]
     return Profile(
         name=name,
         hardware_class=hw_class,

@@ -65,6 +65,15 @@ MAX_KERNEL_US = 1e9
 """Longest kernel time a row may give, microseconds (about 17 minutes): 1e300 was
 fitted, and the fit reported a 100% error."""
 
+ACHIEVED_TOLERANCE = 0.01
+"""How far a row's stated achieved_gb_s may lie from its bytes over its time (relative):
+the benchmark writes it from the same figures, unrounded."""
+
+MAX_BANDWIDTH_FACTOR = 2.0
+"""How far above its GPU's datasheet bandwidth a layer row's bytes over its time may lie
+(the measured rows reach 0.77-0.90 of it; a layer's weights held in L2 between steps could
+pass it a little): a row beyond moves more bytes than the memory can deliver."""
+
 MAX_KERNEL_ROWS = 5_000
 """Most rows a kernel file may hold: a fit simulates every row at every evaluation (the
 largest measured files hold 432; 7,480 rows took minutes)."""
@@ -91,9 +100,33 @@ class KernelRow(BaseModel):
     lm_head_us: float = Field(ge=0, le=MAX_KERNEL_US, allow_inf_nan=False)
     weight_bytes_per_layer: float = Field(ge=0, allow_inf_nan=False)
     kv_bytes_per_layer: float = Field(0.0, ge=0, allow_inf_nan=False)
-    achieved_gb_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    achieved_gb_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="The layer's bytes over its time, GB/s: (weight_bytes_per_layer + "
+        "kv_bytes_per_layer) / us_per_layer, as benchmarks/gpu/decode_layers.py writes it",
+    )
     attention_backend: str | None = None
     run: int = Field(ge=0)
+
+    @property
+    def bytes_gb_s(self) -> float:
+        """The layer's weight and KV bytes over its time, GB/s."""
+        return (self.weight_bytes_per_layer + self.kv_bytes_per_layer) / self.us_per_layer / 1e3
+
+    @model_validator(mode="after")
+    def _achieved_is_bytes_over_time(self):
+        """A stated achieved_gb_s is the row's own bytes over its time (1e12 GB/s beside
+        a row that gives 3,000 was taken without a word)."""
+        stated, computed = self.achieved_gb_s, self.bytes_gb_s
+        if stated is not None and abs(stated - computed) > ACHIEVED_TOLERANCE * computed:
+            raise ValueError(
+                f"achieved_gb_s is {stated:.6g} GB/s, yet (weight_bytes_per_layer + "
+                f"kv_bytes_per_layer) / us_per_layer gives {computed:.6g} GB/s: they must "
+                f"agree within {ACHIEVED_TOLERANCE:.0%}"
+            )
+        return self
 
 
 class KernelDataset(BaseModel):
@@ -169,6 +202,23 @@ class KernelDataset(BaseModel):
 def load_kernel_dataset(path: Path) -> KernelDataset:
     """Read and validate a kernel dataset (JSON)."""
     return load_json_dataset(path, KernelDataset, "kernel dataset")
+
+
+def check_row_bandwidths(ds: KernelDataset, catalog: Catalog, path: Path) -> None:
+    """Refuse a row of ``ds`` (read from ``path``) whose bytes over its time exceed
+    MAX_BANDWIDTH_FACTOR times the datasheet bandwidth of the dataset's GPU (GB/s)."""
+    gpu = catalog.gpu(ds.gpu)
+    most = MAX_BANDWIDTH_FACTOR * gpu.memory_bandwidth_gb_s
+    for i, row in enumerate(ds.rows):
+        if row.bytes_gb_s > most:
+            field = "achieved_gb_s" if row.achieved_gb_s is not None else "us_per_layer"
+            raise CapsimUserError(
+                f"{path}: rows.{i}.{field}: the row moves {row.bytes_gb_s:.6g} GB/s "
+                f"((weight_bytes_per_layer + kv_bytes_per_layer) / us_per_layer), above "
+                f"{MAX_BANDWIDTH_FACTOR:g} x {gpu.name}'s {gpu.memory_bandwidth_gb_s:g} GB/s "
+                f"(at most {most:g} GB/s)",
+                hint="a layer's time is at least its bytes over the memory's bandwidth",
+            )
 
 
 def load_json_dataset(path: Path, schema: type[DatasetT], what: str) -> DatasetT:

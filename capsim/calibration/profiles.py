@@ -79,15 +79,19 @@ class FittedParameter(BaseModel):
 
 
 class PointResidual(BaseModel):
+    """One measured point the fit was scored on: its figure as measured and as predicted
+    (the metric's unit: tok/s, s) and the relative error predicted / measured - 1. Each is
+    a finite number (a NaN residual was read into a profile's bands as measured)."""
+
     model_config = ConfigDict(extra="forbid")
 
     dataset: str
     scenario: str
-    concurrency: int
+    concurrency: int = Field(ge=1, le=100_000, description="The load level (as predict's -c)")
     metric: str
-    measured: float
-    predicted: float
-    error: float
+    measured: float = Field(gt=0, allow_inf_nan=False)
+    predicted: float = Field(ge=0, allow_inf_nan=False)
+    error: float = Field(ge=-1, allow_inf_nan=False, description="predicted / measured - 1")
     gpu: str = ""
     engine: str = ""
     statistic: str = "mean"
@@ -105,7 +109,7 @@ class Profile(BaseModel):
     created: str = Field(default_factory=lambda: dt.date.today().isoformat())
     fitted_from: list[str]
     parameters: dict[str, FittedParameter]
-    correlation: dict[str, dict[str, float]] = Field(
+    correlation: dict[str, dict[str, FiniteFloat]] = Field(
         default_factory=dict,
         description="Correlation (-1..1) of each pair of fitted parameters' errors, from the "
         "same Jacobian as their standard errors: {name: {other: rho}}, each pair once. "
@@ -113,7 +117,7 @@ class Profile(BaseModel):
         "overhead) have a large |rho|; predictions near the fitted points are surer than "
         "either standard error alone says",
     )
-    held: dict[str, float] = Field(
+    held: dict[str, FiniteFloat] = Field(
         default_factory=dict,
         description="Parameters held at a value for the fit (not fitted), applied with it: "
         "the physics the fitted values assume",

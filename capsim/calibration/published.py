@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from capsim.calibration.paths import calibration_dir
+from capsim.calibration.point_order import check_point_order
 from capsim.catalog.loader import (
     annotation_kinds,
     format_validation_error,
@@ -245,6 +246,12 @@ class Scenario(Strict):
                 f"{', '.join(short_text(str(v)) for v in stray)} that "
                 f"no point measures (levels: {', '.join(map(str, sorted(measured)))})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _latencies_in_order(self) -> Scenario:
+        """Percentiles in order and TTFT by E2E at each level (calibration/point_order)."""
+        check_point_order(self.name, self.points)
         return self
 
     @field_validator("output_mean_tokens_by_level", mode="before")

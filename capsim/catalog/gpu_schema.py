@@ -205,6 +205,16 @@ class GPU(Strict):
             raise ValueError(f"unknown native format(s) {unknown}; known: {list(DTYPES)}")
         return v
 
+    @model_validator(mode="after")
+    def _usable_within_memory(self) -> GPU:
+        if self.usable_memory_gb is not None and self.usable_memory_gb > self.memory_gb:
+            raise ValueError(
+                f"usable_memory_gb ({self.usable_memory_gb:g} GB) is above memory_gb "
+                f"({self.memory_gb:g} GB): the usable memory is a part of the device's, at "
+                "most memory_gb"
+            )
+        return self
+
     @property
     def serving_memory_gb(self) -> float:
         """Memory available to a serving engine, GB (usable_memory_gb if set)."""

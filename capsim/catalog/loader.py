@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from capsim.arguments import path_list, require_name
 from capsim.catalog import ENV_VAR
 from capsim.catalog.engine_schema import EfficiencyProfile, Engine, parse_engine_version
 from capsim.catalog.gpu_schema import GPU
@@ -407,6 +408,7 @@ class Section(Generic[T]):
         separators; None when nothing matches. An alias several entries share (a family
         name such as 'h100') picks the entry that lists it first among its aliases (else
         the first by name) and leaves a notice naming the alternatives."""
+        require_name(name, self.kind.rstrip("s").replace("_", " "))
         key = normalise_name(name)
         names, keys = self._lookup()
         entry = names.get(key)
@@ -472,6 +474,7 @@ class Catalog:
         generation that covers 0.7.3 over the newest release's entry (Engine.at_version);
         'llama.cpp:vulkan' the Vulkan backend's parameters (Engine.on_backend), and
         'llama.cpp:vulkan@b6918' both."""
+        require_name(name, "engine")
         base, at, version = name.partition("@")
         engine = self.engines.get(engine_base(name))
         if at:
@@ -574,8 +577,8 @@ def check_overlay_layout(directory: Path) -> None:
 def load_catalog(extra_dirs: list[Path] | None = None) -> Catalog:
     """Load the built-in catalog and lay the user's directories over it (paths or path
     strings)."""
-    if extra_dirs is not None:
-        extra_dirs = [Path(d) for d in extra_dirs]  # the Python API's strings too
+    if extra_dirs is not None:  # the Python API's strings too; one path, not its letters
+        extra_dirs = path_list(extra_dirs, "load_catalog's extra_dirs")
     dirs = [builtin_db_dir(), *user_db_dirs(extra_dirs)]
     return _load_dirs(tuple(d.resolve() for d in dirs))
 

@@ -21,6 +21,14 @@ MAX_DIM = 10_000_000
 """The largest dimension (width, heads, experts, vocabulary, window) a model entry may
 state: about 100 times today's largest, so an imported config with an absurd value is
 refused rather than overflowing the arithmetic."""
+MIN_CONTEXT_TOKENS = 16
+"""The shortest context (max_position_embeddings, tokens) a model entry may state: one
+KV-cache block of vLLM's (16 tokens). Below it no sequence fills a block, and a model of
+8 tokens read as one that does not fit any GPU."""
+MIN_BITS = 1
+"""The narrowest bit width a weight format may state for a stored weight (BitNet's ternary
+weights take 1.58 bits, GGUF's IQ1_S 1.56): 1e-300 made every model's weights weigh
+nothing."""
 MAX_LAYERS = 10_000
 """The most layers a model entry may have (the largest released models have under 200):
 an imported config beyond it is refused rather than expanded layer by layer."""
@@ -268,7 +276,12 @@ class Model(Strict):
     mtp_layers: int = Field(
         default=0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction layers"
     )
-    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_DIM * 100)
+    max_position_embeddings: int | None = Field(
+        default=None,
+        ge=MIN_CONTEXT_TOKENS,
+        le=MAX_DIM * 100,
+        description="Longest context, tokens (at least one 16-token KV block)",
+    )
     dtype: str = Field(default="bf16", description="Native weight dtype of the release")
     published: PublishedParams | None = None
     sources: list[Source] = Field(min_length=1)
@@ -292,6 +305,12 @@ class Model(Strict):
             raise ValueError("a dense model needs intermediate_size")
         if self.moe is not None and self.moe.first_dense_layers and not self.intermediate_size:
             raise ValueError("moe.first_dense_layers needs intermediate_size")
+        if self.moe is not None and self.moe.first_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"moe.first_dense_layers ({self.moe.first_dense_layers}) must be below "
+                f"num_layers ({self.num_layers}): 0 to {self.num_layers - 1}, so a layer "
+                "has the experts"
+            )
         if self.kv_shared_layers >= self.num_layers:
             raise ValueError("kv_shared_layers must leave at least one layer with its own KV")
         if self.num_attention_heads % self.num_kv_heads:
@@ -347,13 +366,16 @@ class QuantFormat(Strict):
     name: str = catalog_key()
     display_name: str
     aliases: list[str] = Field(default_factory=list)
-    weight_bits: float = Field(gt=0, le=64, description="Bits of the stored value itself")
+    weight_bits: float = Field(
+        ge=MIN_BITS, le=64, description="Bits of the stored value itself (1 to 64)"
+    )
     group_size: int | None = Field(default=None, ge=1, description="Weights sharing one scale")
     scale_bits: float = Field(default=0, ge=0, le=64, description="Bits of each group's scale")
     zero_bits: float = Field(default=0, ge=0, le=64, description="Bits of each group's zero point")
     bits_per_weight_override: float | None = Field(
         default=None,
-        gt=0,
+        ge=MIN_BITS,
+        le=64,
         description="Effective bits/weight where the format mixes block types (GGUF k-quants)",
     )
     compute_dtype: Literal["bf16", "fp16", "fp8", "int8", "fp4"] = Field(
@@ -370,13 +392,19 @@ class QuantFormat(Strict):
         description="Tensors that usually stay in 16-bit",
     )
     unquantized_bits: float = Field(
-        default=16, gt=0, le=64, description="Bits of the tensors left unquantised"
+        default=16, ge=MIN_BITS, le=64, description="Bits of the tensors left unquantised"
     )
     embedding_bits: float | None = Field(
-        default=None, gt=0, description="Bits/weight of the embedding table if not unquantized_bits"
+        default=None,
+        ge=MIN_BITS,
+        le=64,
+        description="Bits/weight of the embedding table if not unquantized_bits",
     )
     lm_head_bits: float | None = Field(
-        default=None, gt=0, description="Bits/weight of the output head if not unquantized_bits"
+        default=None,
+        ge=MIN_BITS,
+        le=64,
+        description="Bits/weight of the output head if not unquantized_bits",
     )
     repo_suffixes: list[str] = Field(
         default_factory=list,

@@ -269,7 +269,11 @@ def calibrate_kernels_cmd(
 ) -> None:
     """Fit the step model's GPU terms to kernel measurements: decode and prefill layers
     timed on one real GPU, or published fused-MoE kernel timings."""
-    from capsim.calibration.kernels import fit_kernel_params, load_kernel_dataset
+    from capsim.calibration.kernels import (
+        check_row_bandwidths,
+        fit_kernel_params,
+        load_kernel_dataset,
+    )
     from capsim.calibration.moe_kernels import (
         MOE_KERNEL_FIT,
         fit_moe_kernel_params,
@@ -290,6 +294,7 @@ def calibrate_kernels_cmd(
         ds_gpu = ", ".join(sorted({r.gpu for r in ds.rows}))
     else:
         ds = load_kernel_dataset(dataset)
+        check_row_bandwidths(ds, cat, dataset)
         formats = tuple(split_list(weights, "--weights")) if weights else None
         if formats and not any(r.weights in formats for r in ds.rows):
             have = ", ".join(sorted({r.weights for r in ds.rows}))

@@ -804,8 +804,11 @@ global_db: list[Path] = []
 def catalog(db: list[Path] | None) -> Catalog:
     """The catalog with the top-level and the command's --db directories laid over it."""
     from capsim.catalog.loader import load_catalog
+    from capsim.physics.published_counts import check_published_counts
 
-    return load_catalog([*global_db, *(db or [])])
+    cat = load_catalog([*global_db, *(db or [])])
+    check_published_counts(cat)  # an overlay's model cards against its dimensions
+    return cat
 
 
 MOE_ONLY_PARAMS = frozenset(

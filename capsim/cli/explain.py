@@ -210,6 +210,13 @@ def fit_cmd(
     loadable = list(formats.values())
     fit_options = engine_fit_options(eng, g, expert_parallel=enable_expert_parallel, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)
+    from capsim.physics.offload_terms import offload_past_weights
+
+    past_weights = offload_past_weights(cpu_offload_gb, result)
+    if past_weights:
+        from capsim.notices import notice
+
+        notice(past_weights)
     offload = None
     # experts in system RAM where the format asked for does not fit, or (no --quant) where
     # no format fits the GPU alone: a smaller format is the better answer when one does

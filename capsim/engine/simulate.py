@@ -40,6 +40,7 @@ from capsim.engine.workloads import Workload
 from capsim.errors import CapsimUserError
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
+from capsim.physics.offload_terms import offload_past_weights
 
 
 class PredictResult(BaseModel):
@@ -517,16 +518,8 @@ def clients_note(config: PredictConfig) -> str | None:
 
 
 def offload_note(setup: Setup) -> str | None:
-    """Where --cpu-offload-gb asks for more than a GPU's weights: all of them are kept in
-    system RAM (vLLM offloads parameters until the size is reached or none are left)."""
-    asked = setup.config.cpu_offload_gb
-    kept = setup.fit.weights_in_system_ram_bytes / 2**30
-    if not asked or asked <= kept + 1e-6:
-        return None
-    return (
-        f"--cpu-offload-gb {asked:g} is more than a GPU's {kept:.2f} GiB of weights: all of "
-        "them are read from system RAM each pass"
-    )
+    """``offload_past_weights`` of a deployment's --cpu-offload-gb."""
+    return offload_past_weights(setup.config.cpu_offload_gb, setup.fit)
 
 
 def disaggregation_facts(setup: Setup) -> dict | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from capsim.arguments import require
 from capsim.catalog.model_schema import Model
 from capsim.errors import CapsimUserError
 
@@ -24,6 +25,8 @@ KV_DTYPE_BYTES: dict[str, float | None] = {
 def check_kv_dtype(kv_dtype: str, flag: str = "") -> str:
     """``kv_dtype`` as KV_DTYPE_BYTES' key (lower case); a value vLLM does not accept is a
     user error listing those it does (``flag``, e.g. '--kv-dtype', opens the message)."""
+    if not isinstance(kv_dtype, str):  # the Python API's
+        require(kv_dtype, str, flag or "kv_dtype", "a KV cache dtype name (a string)")
     key = kv_dtype.lower()
     if key not in KV_DTYPE_BYTES:
         raise CapsimUserError(

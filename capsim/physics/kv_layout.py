@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from capsim.arguments import require_entries
 from capsim.catalog.model_schema import Model
 from capsim.physics.dtypes import ACTIVATION_BYTES, kv_dtype_bytes
 
@@ -99,6 +100,8 @@ def kv_layout(
     """KV-cache bytes per token and state bytes per sequence, per GPU, by layer type.
     ``shared_layers_allocated``: KV-shared layers (Gemma 3n/4) get cache buffers of their
     own although they read an earlier layer's (SGLang's pools count every layer)."""
+    if not isinstance(model, Model):
+        require_entries(model=model)  # the Python API's: a name where the Model is taken
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         from capsim.errors import CapsimUserError
 

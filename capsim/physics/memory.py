@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from capsim.arguments import require_entries
 from capsim.catalog.engine_schema import SlidingWindowPool
 from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.model_schema import Model, QuantFormat
@@ -379,6 +380,8 @@ def memory_fit(
             (physics/pipeline.py), so the figures are that stage's; the KV capacity in
             tokens is the whole pipeline's.
     """
+    if not (isinstance(gpu, GPU) and isinstance(model, Model) and isinstance(fmt, QuantFormat)):
+        require_entries(gpu, model, fmt)  # the Python API's: a name where an entry is taken
     for name, count in (("tp", tp), ("pp", pp), ("dp_attention", dp_attention)):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             # the Python API's arguments: a 0 divided by zero further down

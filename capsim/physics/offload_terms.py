@@ -6,12 +6,18 @@ fewer than ``OP_OFFLOAD_MIN_BATCH`` tokens multiplies them on the CPU, which str
 touched expert from system RAM; a larger pass (a prompt's ubatch) copies the touched
 experts to the GPU and multiplies them there (the scheduler's "op offload"), so the copy
 over the host link is the cost. Either way the rest of the layer waits: the term adds to
-the step.
+the step. ``offload_past_weights`` says where vLLM's and SGLang's ``--cpu-offload-gb``
+asks for more than a GPU's weights.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from capsim.errors import CapsimUserError
+
+if TYPE_CHECKING:
+    from capsim.physics.memory import MemoryFit
 
 OP_OFFLOAD_MIN_BATCH = 32
 """Tokens from which llama.cpp runs an op whose weights sit in host memory on the GPU
@@ -85,3 +91,16 @@ class OffloadTerms:
         """How a pass of ``tokens_per_pass`` tokens reaches the experts in system RAM: the
         CPU multiplies them ("cpu") or they are copied to the GPU ("copy")."""
         return "cpu" if tokens_per_pass < OP_OFFLOAD_MIN_BATCH else "copy"
+
+
+def offload_past_weights(asked: float, fit: MemoryFit) -> str | None:
+    """Where --cpu-offload-gb asks for more GiB than a GPU's weights: all of them are kept
+    in system RAM (vLLM offloads parameters until the size is reached or none are left, so
+    it takes the value; predict, fit and capacity say so)."""
+    kept = fit.weights_in_system_ram_bytes / 2**30
+    if not asked or asked <= kept + 1e-6:
+        return None
+    return (
+        f"--cpu-offload-gb {asked:g} is more than a GPU's {kept:.2f} GiB of weights: all of "
+        f"them are read from system RAM each pass (0 to {kept:.2f} keeps a part on the GPU)"
+    )

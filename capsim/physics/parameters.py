@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from capsim.arguments import require_entries
 from capsim.catalog.model_schema import Model
 
 
@@ -242,6 +243,8 @@ def layer_ffn_params(model: Model, layer: int) -> dict[str, int]:
 
 def parameter_breakdown(model: Model) -> ParameterBreakdown:
     """Count the model's weights by component from its dimensions."""
+    if not isinstance(model, Model):
+        require_entries(model=model)  # the Python API's: a name where the Model is taken
     h = model.hidden_size
     totals = dict.fromkeys(
         (

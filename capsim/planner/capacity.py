@@ -26,6 +26,7 @@ from capsim.engine.bands import pessimistic_factors
 from capsim.engine.config import PredictConfig
 from capsim.engine.levels import LevelResult
 from capsim.engine.setup import engine_fit_options
+from capsim.engine.simulate import offload_note
 from capsim.errors import CapsimUserError
 
 MAX_CONCURRENCY = 8192
@@ -220,7 +221,7 @@ def capacity(
     first_miss = cache[bad] if bad is not None else None
     limiter = _limiter(setup, first_miss or cache[good], engine_seqs)
     binding = "; ".join(first_miss.misses) if first_miss else "none within the search"
-    notes = []
+    notes = [n for n in (offload_note(whole),) if n]  # --cpu-offload-gb past the weights
     if pessimistic:
         notes.append(
             "objectives checked at the pessimistic edge of each figure's 80% band "

@@ -76,8 +76,10 @@ class PlanRequest:
     instances (PREFILL_SHARES of its replicas prefill)."""
 
     def __post_init__(self) -> None:
+        from capsim.arguments import check_field_types
         from capsim.engine.limits import MAX_CONCURRENCY
 
+        check_field_types(self)  # the Python API's: models="x" was read as 'x' and nothing
         if not 1 <= self.agents <= MAX_CONCURRENCY:
             raise CapsimUserError(
                 f"--agents {self.agents}: must be from 1 to {MAX_CONCURRENCY:,}",

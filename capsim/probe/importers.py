@@ -26,6 +26,7 @@ from typing import Any
 from capsim.errors import CapsimUserError
 from capsim.files import loads_json
 from capsim.metrics import Distribution, LevelMetrics, RequestRecord
+from capsim.probe.import_checks import check_level_means, check_vllm_bench_aggregates
 from capsim.probe.runfile import LevelSummary, RunHeader, RunSummary, RunWriter, first_problem
 
 FORMATS = ("vllm-bench", "guidellm", "aiperf")
@@ -245,6 +246,7 @@ def import_vllm_bench(
         e2e_s=e2e,
         queueing_ms=_dist(),
     )
+    check_vllm_bench_aggregates(d, completed, failed)  # each figure checked on its own first
     header = RunHeader(
         url=str(d.get("base_url") or d.get("backend") or "unknown"),
         model=str(d.get("model_id") or d.get("model") or "unknown"),
@@ -462,6 +464,8 @@ def import_results(kind: str, path: Path, out: Path) -> RunSummary:
                 hint="pass the result of a run whose requests completed",
             )
         for level in read:
+            m = level.metrics
+            check_level_means(m.ttft_ms.mean, m.e2e_s.mean, m.wall_s)
             writer.add_level(level)
     except CapsimUserError:
         writer.discard()

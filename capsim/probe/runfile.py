@@ -290,11 +290,17 @@ times keep full precision."""
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
     """Every complete line of a run's JSONL, one at a time (a torn last line from a crash
     is skipped; a long log is never held whole)."""
+    for _, event in iter_numbered_events(path):
+        yield event
+
+
+def iter_numbered_events(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``iter_events``, each event with its line number (1 = the first line)."""
     from capsim.files import MAX_LOG_BYTES, iter_input_lines
 
-    for line in iter_input_lines(path, "run log", MAX_LOG_BYTES):
+    for number, line in enumerate(iter_input_lines(path, "run log", MAX_LOG_BYTES), start=1):
         try:
-            yield loads_json(line)
+            yield number, loads_json(line)
         except json.JSONDecodeError:
             continue
 
@@ -338,7 +344,7 @@ def rebuild_summary(path: Path) -> RunSummary:
             f"'{path}' has no run log beside it ('{log.name}' does not exist)",
             hint="capsim probe writes NAME.jsonl beside NAME.json; summarize rebuilds from it",
         )
-    for e in iter_events(log):  # one pass, no event kept whole
+    for line, e in iter_numbered_events(log):  # one pass, no event kept whole
         if e.get("type") == "header" and first_header is None:
             first_header = e
         if e.get("type") == "level":
@@ -359,8 +365,8 @@ def rebuild_summary(path: Path) -> RunSummary:
             groups.setdefault(key, []).append(RequestRecord.model_validate(record))
         except ValueError as exc:
             raise CapsimUserError(
-                f"'{path}': request {record.get('request_id')!r} is not a capsim record: "
-                f"{first_problem(exc)}"
+                f"'{log}', line {line}: request {record.get('request_id')!r} is not a capsim "
+                f"record: {first_problem(exc)}"
             ) from None
     if first_header is None:
         raise CapsimUserError(f"'{path}' has no header line; it is not a capsim run log")
