@@ -410,3 +410,52 @@ def test_hopper_moe_terms_read_sglangs_h200_kernel_tables_out_of_sample():
         if p.row.model == "deepseek-v3" and p.row.tp_shard == 8 and p.row.batch >= 4096
     ]
     assert max(abs(e) for e in deepseek_tp8) < 0.15
+
+
+def test_expert_gemm_rate_by_slice_width_and_weight_only_kernel_by_hand():
+    # DeepSeek-V3 (experts 2,048 wide) at TP 8: 256-column slices; with a half width of
+    # 200 columns the grouped GEMMs keep 256 / 456 of moe_compute_efficiency, under expert
+    # parallelism (whole 2,048-column experts) 2,048 / 2,248; the width term is off unset
+    base = default_efficiency(CAT.gpu("h200"), CAT).with_overrides(
+        {"moe_compute_efficiency": 0.6, "moe_gemm_half_width": 200.0}
+    )
+    tp8 = build_step_model(CAT, "h200", "deepseek-v3", Deployment(tp=8, quant="bf16"), base)
+    assert tp8.expert_slice_columns == 256
+    peak = CAT.gpu("h200").tensor_tflops.bf16 * 1e12
+    assert tp8.expert_gemm_rate(4096, 256) == pytest.approx(peak * 0.6 * 256 / 456)
+    ep = Deployment(tp=8, quant="bf16", expert_parallel=True)
+    whole = build_step_model(CAT, "h200", "deepseek-v3", ep, base)
+    assert whole.expert_gemm_rate(4096, 256) == pytest.approx(peak * 0.6 * 2048 / 2248)
+    off = base.with_overrides({"moe_gemm_half_width": None})
+    plain = build_step_model(CAT, "h200", "deepseek-v3", Deployment(tp=8, quant="bf16"), off)
+    assert plain.expert_gemm_rate(4096, 256) == pytest.approx(peak * 0.6)
+    # weight-only experts (MXFP4) keep moe_weight_only_compute_factor of the 16-bit peak
+    # and read at moe_weight_only_bandwidth_efficiency where set (x the non-native
+    # format's 0.9 on Hopper, as every MXFP4 read); dense weights keep
+    # weight_only_compute_factor
+    wo = base.with_overrides(
+        {
+            "moe_gemm_half_width": None,
+            "weight_only_compute_factor": 0.75,
+            "moe_weight_only_compute_factor": 1.0,
+            "moe_weight_only_bandwidth_efficiency": 0.5,
+        }
+    )
+    oss = build_step_model(CAT, "h200", "gpt-oss-120b", Deployment(tp=1, quant="mxfp4"), wo)
+    assert oss.expert_gemm_rate(4096, 128) == pytest.approx(peak * 0.6)
+    assert oss.gemm_peak == pytest.approx(peak * 0.75)
+    assert oss.expert_bw == pytest.approx(4800e9 * 0.5 * wo.non_native_bandwidth_factor)
+
+
+def test_an_unset_parameter_without_a_prior_can_be_fitted():
+    # an optional term that is off until set starts a fit at UNSET_STARTS, or at the
+    # middle of its bounds (it ended in a KeyError)
+    from capsim.calibration.least_squares import FIT_BOUNDS, UNSET_STARTS, bounds_and_start
+
+    base = default_efficiency(CAT.gpu("rtx3090"), CAT).with_overrides(
+        {"moe_gemm_half_width": None, "weight_only_int8_gemm_efficiency": None}
+    )
+    names = ["moe_gemm_half_width", "weight_only_int8_gemm_efficiency"]
+    _, _, x0 = bounds_and_start(names, base)
+    low, high = FIT_BOUNDS["weight_only_int8_gemm_efficiency"]
+    assert list(x0) == [UNSET_STARTS["moe_gemm_half_width"], (low + high) / 2]

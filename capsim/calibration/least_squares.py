@@ -54,6 +54,10 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "prefill_compute_efficiency": (0.02, 1.0),
     "moe_compute_efficiency": (0.02, 1.0),
     "moe_compute_efficiency_8bit": (0.01, 1.0),
+    "moe_gemm_half_width": (1.0, 20_000.0),
+    "moe_gemm_half_rows": (1.0, 20_000.0),
+    "moe_weight_only_compute_factor": (0.05, 1.0),
+    "moe_weight_only_bandwidth_efficiency": (0.1, 1.0),
     "weight_only_int8_gemm_efficiency": (0.02, 1.0),
     "custom_allreduce_latency_us": (0.0, 100.0),
     "frontend_request_ms": (0.0, 500.0),
@@ -139,16 +143,32 @@ INHERITED_PRIORS = {
     "prefill_compute_efficiency": "compute_efficiency",
     "moe_compute_efficiency": "compute_efficiency",
     "moe_compute_efficiency_8bit": "moe_compute_efficiency",
+    "moe_weight_only_compute_factor": "weight_only_compute_factor",
+    "moe_weight_only_bandwidth_efficiency": "moe_bandwidth_efficiency",
 }
 """Parameters whose unset value (None) means another's: their prior is that one's (an
 expert GEMM without its own figure runs like a dense one)."""
 
 
+UNSET_STARTS = {"moe_gemm_half_width": 128.0, "moe_gemm_half_rows": 64.0}
+"""Where a fit starts an optional parameter that is unset and inherits from none (a term
+that is off until set): about a tile (128 columns, 64 rows), where the term begins to
+matter."""
+
+
 def prior_value(base: EfficiencyParams, name: str) -> float:
     """A parameter's prior in ``base``, following INHERITED_PRIORS (as far as it goes)
-    where it is unset."""
+    where it is unset; an unset one without an inherited prior starts at UNSET_STARTS, or
+    at the middle of its FIT_BOUNDS."""
     value = getattr(base, name)
-    return prior_value(base, INHERITED_PRIORS[name]) if value is None else value
+    if value is not None:
+        return value
+    if name in INHERITED_PRIORS:
+        return prior_value(base, INHERITED_PRIORS[name])
+    if name in UNSET_STARTS:
+        return UNSET_STARTS[name]
+    low, high = FIT_BOUNDS[name]
+    return (low + high) / 2
 
 
 def start_point(

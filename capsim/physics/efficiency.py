@@ -157,6 +157,42 @@ class EfficiencyParams(BaseModel):
         "the doubled peak than a 16-bit kernel of the 16-bit one). None: "
         "moe_compute_efficiency. Set per class from fused-MoE timings at prefill batches",
     )
+    moe_gemm_half_width: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="Per-GPU expert slice width (columns: the expert's intermediate size "
+        "over the TP size, whole under expert parallelism) at which the grouped expert GEMMs "
+        "reach half of moe_compute_efficiency: a slice of w columns runs at w / (w + this) of "
+        "it, since narrow slices fill few output tiles and leave short main loops (TP 8 "
+        "shards). None: no width term. Set per class and engine from fused-MoE timings",
+    )
+    moe_gemm_half_rows: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="Rows an expert gets (token-expert pairs over the experts touched) at "
+        "which its grouped GEMM reaches half of its rate: m rows run at m / (m + this), the "
+        "padding of partly filled row tiles and the per-expert pipeline fill. None: no rows "
+        "term. Set per class and engine from fused-MoE timings",
+    )
+    moe_weight_only_compute_factor: float | None = Field(
+        None,
+        ge=MIN_SHARE,
+        le=1,
+        description="weight_only_compute_factor for routed experts alone: the 16-bit rate "
+        "that weight-only experts' grouped GEMMs keep while dequantising (an MXFP4 or INT4 "
+        "MoE kernel). None: weight_only_compute_factor. Set per class and engine from "
+        "fused-MoE timings",
+    )
+    moe_weight_only_bandwidth_efficiency: float | None = Field(
+        None,
+        ge=MIN_SHARE,
+        le=1,
+        description="moe_bandwidth_efficiency for weight-only experts (their packed weights "
+        "and scales read and unpacked in the kernel). None: moe_bandwidth_efficiency. Set "
+        "per class and engine from fused-MoE timings",
+    )
     weight_only_int8_gemm_efficiency: float | None = Field(
         None,
         ge=MIN_SHARE,
@@ -540,6 +576,7 @@ class EfficiencyParams(BaseModel):
             "bandwidth": [
                 "bandwidth_efficiency",
                 "moe_bandwidth_efficiency",
+                "moe_weight_only_bandwidth_efficiency",
                 "kv_bandwidth_efficiency",
                 "linear_attention_state_bandwidth_efficiency",
                 "elementwise_bandwidth_efficiency",
@@ -551,6 +588,9 @@ class EfficiencyParams(BaseModel):
                 "prefill_compute_efficiency",
                 "moe_compute_efficiency",
                 "moe_compute_efficiency_8bit",
+                "moe_gemm_half_width",
+                "moe_gemm_half_rows",
+                "moe_weight_only_compute_factor",
                 "roofline_sharpness",
                 "attention_compute_efficiency",
                 "linear_attention_compute_efficiency",

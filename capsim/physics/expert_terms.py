@@ -118,11 +118,38 @@ class ExpertTerms:
         """FLOP/s of the routed experts' grouped GEMMs in a pass of ``routed_tokens``
         tokens touching ``touched`` experts a layer: the format's GEMM peak x
         ``moe_compute_efficiency`` where the class sets it, else x the dense GEMMs'
-        efficiency at the rows each expert gets (``gemm_efficiency``)."""
+        efficiency at the rows each expert gets (``gemm_efficiency``); either x the share
+        the slices' width and rows leave (``expert_gemm_shape``)."""
+        shape = self.expert_gemm_shape(routed_tokens, touched)
         if self.moe_gemm_rate is not None:
-            return self.moe_gemm_rate
+            return self.moe_gemm_rate * shape
         rows = self.rows_per_expert(routed_tokens, touched)
-        return self.gemm_peak * self.gemm_efficiency(rows)
+        return self.moe_gemm_peak * self.gemm_efficiency(rows) * shape
+
+    @property
+    def expert_slice_columns(self) -> float:
+        """Width of one expert's slice on a GPU (columns of its up-projection, the
+        intermediate size): the whole expert under expert parallelism, 1/tp of it under
+        tensor parallelism."""
+        moe = self.model.moe
+        if moe is None:
+            return 0.0
+        tp = 1 if self.deployment.expert_parallel else self.deployment.tp
+        return moe.moe_intermediate_size / tp
+
+    def expert_gemm_shape(self, routed_tokens: float, touched: float) -> float:
+        """Share of ``moe_compute_efficiency`` the grouped GEMMs keep at this slice width
+        and these rows an expert (0-1): w / (w + moe_gemm_half_width) x m / (m +
+        moe_gemm_half_rows), each factor 1 where its parameter is unset."""
+        p = self.params
+        share = 1.0
+        if p.moe_gemm_half_width:
+            width = self.expert_slice_columns
+            share *= width / (width + p.moe_gemm_half_width)
+        if p.moe_gemm_half_rows:
+            rows = self.rows_per_expert(routed_tokens, touched)
+            share *= rows / (rows + p.moe_gemm_half_rows) if rows > 0 else 1.0
+        return share
 
     def rows_per_expert(self, routed_tokens: float, touched: float) -> float:
         """Rows of one routed expert's GEMM: the token-expert pairs of a step spread over

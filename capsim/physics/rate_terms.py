@@ -45,7 +45,10 @@ class RateTerms:
         gemm_factor = p.weight_only_compute_factor if weight_only else 1.0
         self.native = native
         self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
-        self.expert_bw = bandwidth * p.moe_bandwidth_efficiency * format_bw
+        expert_read = p.moe_bandwidth_efficiency
+        if weight_only and p.moe_weight_only_bandwidth_efficiency is not None:
+            expert_read = p.moe_weight_only_bandwidth_efficiency  # packed experts' own kernel
+        self.expert_bw = bandwidth * expert_read * format_bw
         # a Triton attention backend reads the cache at its share of the default kernels'
         # rate (physics/attention_backend.py)
         triton = p.triton_attention_kv_share if dep.triton_attention else 1.0
@@ -71,7 +74,12 @@ class RateTerms:
         moe_efficiency = p.moe_compute_efficiency
         if self.compute_dtype in ("fp8", "int8") and not weight_only:
             moe_efficiency = p.moe_compute_efficiency_8bit or moe_efficiency
-        self.moe_gemm_rate = self.gemm_peak * moe_efficiency if moe_efficiency else None
+        # weight-only experts dequantise in their own kernel (moe_weight_only_compute_factor)
+        moe_factor = gemm_factor
+        if weight_only and p.moe_weight_only_compute_factor is not None:
+            moe_factor = p.moe_weight_only_compute_factor
+        self.moe_gemm_peak = self.gemm_peak / gemm_factor * moe_factor
+        self.moe_gemm_rate = self.moe_gemm_peak * moe_efficiency if moe_efficiency else None
         self.int8_gemm_rate = (
             int8_peak * 1e12 * compute_scale * p.weight_only_int8_gemm_efficiency
             if int8_path
