@@ -56,8 +56,8 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_compute_efficiency_8bit": (0.01, 1.0),
     "moe_gemm_half_width": (1.0, 20_000.0),
     "moe_gemm_half_rows": (1.0, 20_000.0),
-    "moe_weight_only_compute_factor": (0.05, 1.0),
-    "moe_weight_only_bandwidth_efficiency": (0.1, 1.0),
+    "moe_dequant_compute_efficiency": (0.01, 1.0),
+    "moe_dequant_bandwidth_efficiency": (0.1, 1.0),
     "weight_only_int8_gemm_efficiency": (0.02, 1.0),
     "custom_allreduce_latency_us": (0.0, 100.0),
     "frontend_request_ms": (0.0, 500.0),
@@ -143,8 +143,8 @@ INHERITED_PRIORS = {
     "prefill_compute_efficiency": "compute_efficiency",
     "moe_compute_efficiency": "compute_efficiency",
     "moe_compute_efficiency_8bit": "moe_compute_efficiency",
-    "moe_weight_only_compute_factor": "weight_only_compute_factor",
-    "moe_weight_only_bandwidth_efficiency": "moe_bandwidth_efficiency",
+    "moe_dequant_compute_efficiency": "moe_compute_efficiency",
+    "moe_dequant_bandwidth_efficiency": "moe_bandwidth_efficiency",
 }
 """Parameters whose unset value (None) means another's: their prior is that one's (an
 expert GEMM without its own figure runs like a dense one)."""

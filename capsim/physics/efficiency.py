@@ -176,22 +176,22 @@ class EfficiencyParams(BaseModel):
         "padding of partly filled row tiles and the per-expert pipeline fill. None: no rows "
         "term. Set per class and engine from fused-MoE timings",
     )
-    moe_weight_only_compute_factor: float | None = Field(
+    moe_dequant_compute_efficiency: float | None = Field(
         None,
         ge=MIN_SHARE,
         le=1,
-        description="weight_only_compute_factor for routed experts alone: the 16-bit rate "
-        "that weight-only experts' grouped GEMMs keep while dequantising (an MXFP4 or INT4 "
-        "MoE kernel). None: weight_only_compute_factor. Set per class and engine from "
-        "fused-MoE timings",
+        description="Fraction of the 16-bit tensor peak that routed experts of a format this "
+        "GPU has no tensor cores for (MXFP4 or NVFP4 on Hopper, FP8 on Ampere) reach in the "
+        "MoE kernel that dequantises them in its inner loop (OpenAI's triton_kernels for "
+        "gpt-oss on Hopper), in place of moe_compute_efficiency x weight_only_compute_factor. "
+        "None: that product. Set per class and engine from fused-MoE timings",
     )
-    moe_weight_only_bandwidth_efficiency: float | None = Field(
+    moe_dequant_bandwidth_efficiency: float | None = Field(
         None,
         ge=MIN_SHARE,
         le=1,
-        description="moe_bandwidth_efficiency for weight-only experts (their packed weights "
-        "and scales read and unpacked in the kernel). None: moe_bandwidth_efficiency. Set "
-        "per class and engine from fused-MoE timings",
+        description="moe_bandwidth_efficiency for such experts (their packed weights and "
+        "scales read and unpacked in the kernel). None: moe_bandwidth_efficiency",
     )
     weight_only_int8_gemm_efficiency: float | None = Field(
         None,
@@ -576,7 +576,7 @@ class EfficiencyParams(BaseModel):
             "bandwidth": [
                 "bandwidth_efficiency",
                 "moe_bandwidth_efficiency",
-                "moe_weight_only_bandwidth_efficiency",
+                "moe_dequant_bandwidth_efficiency",
                 "kv_bandwidth_efficiency",
                 "linear_attention_state_bandwidth_efficiency",
                 "elementwise_bandwidth_efficiency",
@@ -590,7 +590,7 @@ class EfficiencyParams(BaseModel):
                 "moe_compute_efficiency_8bit",
                 "moe_gemm_half_width",
                 "moe_gemm_half_rows",
-                "moe_weight_only_compute_factor",
+                "moe_dequant_compute_efficiency",
                 "roofline_sharpness",
                 "attention_compute_efficiency",
                 "linear_attention_compute_efficiency",

@@ -46,8 +46,8 @@ class RateTerms:
         self.native = native
         self.dense_bw = bandwidth * p.bandwidth_efficiency * format_bw
         expert_read = p.moe_bandwidth_efficiency
-        if weight_only and p.moe_weight_only_bandwidth_efficiency is not None:
-            expert_read = p.moe_weight_only_bandwidth_efficiency  # packed experts' own kernel
+        if not native and p.moe_dequant_bandwidth_efficiency is not None:
+            expert_read = p.moe_dequant_bandwidth_efficiency  # packed experts' own kernel
         self.expert_bw = bandwidth * expert_read * format_bw
         # a Triton attention backend reads the cache at its share of the default kernels'
         # rate (physics/attention_backend.py)
@@ -74,11 +74,11 @@ class RateTerms:
         moe_efficiency = p.moe_compute_efficiency
         if self.compute_dtype in ("fp8", "int8") and not weight_only:
             moe_efficiency = p.moe_compute_efficiency_8bit or moe_efficiency
-        # weight-only experts dequantise in their own kernel (moe_weight_only_compute_factor)
-        moe_factor = gemm_factor
-        if weight_only and p.moe_weight_only_compute_factor is not None:
-            moe_factor = p.moe_weight_only_compute_factor
-        self.moe_gemm_peak = self.gemm_peak / gemm_factor * moe_factor
+        self.moe_gemm_peak = self.gemm_peak
+        if not native and p.moe_dequant_compute_efficiency is not None:
+            # experts dequantised from a format without tensor cores here, in their kernel
+            self.moe_gemm_peak = self.gemm_peak / gemm_factor
+            moe_efficiency = p.moe_dequant_compute_efficiency
         self.moe_gemm_rate = self.moe_gemm_peak * moe_efficiency if moe_efficiency else None
         self.int8_gemm_rate = (
             int8_peak * 1e12 * compute_scale * p.weight_only_int8_gemm_efficiency
