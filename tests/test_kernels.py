@@ -521,3 +521,34 @@ def test_b200_vllm_kernel_tables_are_read_as_the_dataset_says():
     blackwell = CAT.efficiency.entries["datacenter-blackwell"].params
     assert fit.values["moe_expert_overhead_us"] < 0.5 * blackwell["moe_expert_overhead_us"]
     assert fit.mape_fitted < 0.5 * mape(compare_moe_kernels(small, CAT))
+
+
+def test_vllm_multiplies_gpt_oss_mxfp4_experts_in_bf16_on_blackwell_too():
+    # vLLM 0.24's MXFP4 MoE oracle takes the BF16-activation backend for gpt-oss on every
+    # NVIDIA GPU (FlashInfer's TRT-LLM MXFP4 x BF16 on SM100): on a B200 its experts run at
+    # the 16-bit rate, not on the FP4 tensor cores SGLang's entry keeps; vLLM's own B200
+    # kernel timings then read within 5% from 2,048 tokens (51-72% fast at the FP4 rate)
+    import statistics
+
+    from capsim.calibration.moe_kernels import load_moe_dataset
+    from capsim.engine.config import PredictConfig
+    from capsim.engine.setup import build_setup
+
+    def dtype(engine, gpu):
+        cfg = PredictConfig(engine=engine, gpu=gpu, model="gpt-oss-120b", concurrency=[1])
+        return build_setup(cfg, CAT).step_model.compute_dtype
+
+    assert CAT.engine("vllm").weight_only_formats == ["mxfp4"]
+    assert dtype("vllm", "b200") == "bf16" and dtype("sglang", "b200") == "fp4"
+    assert dtype("vllm", "h200") == dtype("sglang", "h200") == "bf16"  # no FP4 cores there
+    ds = load_moe_dataset(MOE.with_name("b200-fused-moe-vllm-aiconfigurator.json"))
+    errors = {True: [], False: []}
+    for r in ds.rows:
+        if r.weights != "mxfp4" or r.batch < 2048:
+            continue
+        for weight_only in errors:
+            dep = Deployment(tp=r.tp_shard, quant="mxfp4", weight_only=weight_only)
+            sm = build_step_model(CAT, "b200", r.model, dep)
+            errors[weight_only].append(sm.fused_moe_seconds(r.batch) * 1e6 / r.us - 1)
+    assert abs(statistics.median(errors[True])) < 0.05
+    assert statistics.median(errors[False]) < -0.5

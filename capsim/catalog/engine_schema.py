@@ -405,6 +405,13 @@ class Engine(Strict):
         "format names (llama.cpp: gguf-* and the 16-bit formats a GGUF file also holds); "
         "None: every format. A format outside them is refused, and not picked by --quant auto",
     )
+    weight_only_formats: list[str] = Field(
+        default_factory=list,
+        description="Formats whose weights the engine dequantises and multiplies with 16-bit "
+        "activations by default even on GPUs with tensor cores for the format (vLLM runs "
+        "gpt-oss's MXFP4 experts with BF16 activations): they compute at the 16-bit rate, "
+        "as weight-only formats do",
+    )
     auto_formats: list[str] | None = Field(
         None,
         description="The formats --quant auto falls back to, in order, when the release "

@@ -196,6 +196,7 @@ def engine_deployment(
     return Deployment(
         tp=tp,
         quant=quant,
+        weight_only=quant in engine.weight_only_formats,
         kv_dtype=kv_dtype,
         power_limit_w=power_limit_w,
         interconnect=interconnect,

@@ -21,6 +21,11 @@ class Deployment(BaseModel):
 
     tp: int = Field(1, ge=1, description="Tensor-parallel size (GPUs per replica)")
     quant: str | None = Field(None, description="Weight format; None = the model's release")
+    weight_only: bool = Field(
+        False,
+        description="The engine multiplies this format's dequantised weights with 16-bit "
+        "activations (Engine.weight_only_formats), whatever tensor cores the GPU has",
+    )
     kv_dtype: str = Field("auto", description="KV cache dtype")
     power_limit_w: float | None = Field(None, gt=0, description="Board power cap, W")
     interconnect: str = Field("auto", description="auto, nvlink, pcie or infinity-fabric")

@@ -604,6 +604,10 @@ def build_step_model(
     m = catalog.model(model) if isinstance(model, str) else model
     dep = with_attention_backend(catalog, g, m, deployment or Deployment())
     fmt = catalog.quant(dep.quant or m.dtype)
+    if dep.weight_only and not fmt.weight_only and fmt.compute_dtype in g.native_formats:
+        # the engine's kernel takes 16-bit inputs where the GPU could multiply the format
+        # itself (a GPU without the format's tensor cores dequantises it anyway)
+        fmt = fmt.model_copy(update={"weight_only": True})
     p = params or default_efficiency(g, catalog)
     draft = None
     if dep.spec is not None and dep.spec.method == "draft":
