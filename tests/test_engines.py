@@ -583,3 +583,11 @@ def test_sglang_releases_size_their_prefill_chunks_by_memory_as_their_server_arg
     h200_04 = CAT.engine("sglang@0.4.6").batch_limits("h200", 141)
     assert h200_04.cuda_graph_max_batch == 256
     assert CAT.engine("sglang").batch_limits("rtx4060ti-16g", 16).cuda_graph_max_batch == 8
+
+
+def test_every_format_an_engine_names_is_in_the_catalog():
+    # weight_only_formats and auto_formats are read as format names: a typo would
+    # silently change nothing
+    for engine in CAT.engines:
+        for name in list(engine.weight_only_formats) + list(engine.auto_formats or []):
+            assert CAT.quant(name).name == name, (engine.name, name)
