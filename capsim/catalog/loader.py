@@ -723,6 +723,17 @@ def check_references(sections: dict[str, Section]) -> None:
                 suggestions=close_matches(ref, list(gpus.entries)),
             )
     formats = sections["quant_formats"].entries
+    engines = sections["engines"]
+    for name, engine in engines.entries.items():
+        for key in ("weight_only_formats", "auto_formats"):
+            for fmt in getattr(engine, key) or ():
+                if fmt not in formats:  # a typo would change nothing, without a word
+                    raise CatalogError(
+                        f"{engines.origin[name]}: {key}: '{fmt}' is not a weight format "
+                        "capsim knows",
+                        hint="capsim quants lists them",
+                        suggestions=close_matches(fmt, list(formats)),
+                    )
     models = sections["models"]
     for name, model in models.entries.items():
         if model.dtype not in formats:
