@@ -143,9 +143,10 @@ class ExpertTerms:
         moe_gemm_half_rows), each factor 1 where its parameter is unset."""
         p = self.params
         share = 1.0
-        width = self.expert_slice_columns
-        if p.moe_gemm_half_width and width > 0:  # a dense model's rate is never used
-            share *= width / (width + p.moe_gemm_half_width)
+        if p.moe_gemm_half_width:
+            width = self.expert_slice_columns
+            if width > 0:  # a dense model's rate is never used
+                share *= width / (width + p.moe_gemm_half_width)
         if p.moe_gemm_half_rows:
             rows = self.rows_per_expert(routed_tokens, touched)
             share *= rows / (rows + p.moe_gemm_half_rows) if rows > 0 else 1.0
