@@ -591,3 +591,17 @@ def test_every_format_an_engine_names_is_in_the_catalog():
     for engine in CAT.engines:
         for name in list(engine.weight_only_formats) + list(engine.auto_formats or []):
             assert CAT.quant(name).name == name, (engine.name, name)
+
+
+def test_explain_says_where_the_engines_kernel_multiplies_a_format_in_16_bits():
+    # vLLM's MXFP4 experts on a B200 (FP4 tensor cores there) run in BF16: explain says
+    # so, SGLang's (MXFP4 x MXFP8) keeps no note, and on an H200 every engine dequantises
+    base = ["explain", "--model", "gpt-oss-120b", "--gpu"]
+    vllm = runner.invoke(app, [*base, "b200", "--engine", "vllm"])
+    assert vllm.exit_code == 0 and "bf16 compute, the engine's kernel" in " ".join(
+        vllm.output.split()
+    ), vllm.output
+    sglang = runner.invoke(app, [*base, "b200", "--engine", "sglang"])
+    assert sglang.exit_code == 0 and "weight-only" not in sglang.output
+    hopper = runner.invoke(app, [*base, "h200", "--engine", "sglang"])
+    assert "mxfp4 runs weight-only (bf16 compute)" in " ".join(hopper.output.split())

@@ -778,6 +778,9 @@ def explain_cmd(
         title += f" x PP{pp} (a step passes every stage)"
     title += f", profile {fitted.name}" if fitted else ", uncalibrated"
     note = "" if sm.native else f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute)"
+    if sm.deployment.weight_only and sm.native and sm.fmt.weight_only:
+        # the GPU has the format's tensor cores; the engine's kernel takes 16-bit inputs
+        note = f"; {sm.fmt.name} runs weight-only ({sm.compute_dtype} compute, the engine's kernel)"
     mla_floor = (sm.mla_layer_floor_us, sm.layers) if sm.mla_layer_floor_us else None
     for label, step, out in (
         (f"decode step: {batch} x 1 token at context {context:,}", decode, batch * per_seq),
