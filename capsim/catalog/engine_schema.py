@@ -319,15 +319,18 @@ commit, 'b6918 (2f68ce7cf)'."""
 def parse_engine_version(text: str) -> Version | None:
     """``text`` as a release number ('0.7.3', 'v0.7.4.dev181+gf35f8e22'; llama.cpp's build
     'b6918' or 'b6918 (2f68ce7cf)' as 6918); None when it is not one (a commit, a
-    container tag, 'main')."""
+    container tag, 'main', a version of another epoch: no engine numbers its releases
+    with one, and '1!0.4' stood above every release, so it was predicted as the newest
+    without a word)."""
     text = text.strip()
     build = LLAMA_CPP_BUILD.match(text)
     if build:
         return Version(build.group(1))
     try:
-        return Version(text)
+        version = Version(text)
     except InvalidVersion:
         return None
+    return version if version.epoch == 0 else None
 
 
 class EngineReleases(Strict):

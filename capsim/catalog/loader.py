@@ -479,9 +479,11 @@ class Catalog:
         engine = self.engines.get(engine_base(name))
         if at:
             if not version.strip():
+                # the example is one of this engine's releases ('llama.cpp@0.7.3' is refused)
+                example = engine.releases.newest if engine.releases is not None else "VERSION"
                 raise CapsimUserError(
                     f"engine '{name}' names no release after '@'",
-                    hint=f"write {engine.name}@VERSION (e.g. {engine.name}@0.7.3), or "
+                    hint=f"write {engine.name}@VERSION (e.g. {engine.name}@{example}), or "
                     f"{engine.name} alone for its newest release",
                 )
             try:
