@@ -47,3 +47,16 @@ def test_no_release_after_the_at_sign_names_one_of_the_engines_own(engine, examp
     newest = load_catalog().engine(engine[:-1]).releases.newest
     assert example.endswith(newest)
     refused([*EXPLAIN, "--engine", engine], "names no release", f"e.g. {example}")
+
+
+@pytest.mark.parametrize(
+    "gpu, graphs", [("h20", 160), ("rtx-pro-6000", 160), ("gh200", 160), ("h200", 256)]
+)
+def test_sglang_04_captures_256_only_above_96_gib(gpu, graphs):
+    """SGLang 0.4.6's capture list runs to 256 on gpu_mem > 96 * 1024 MiB; a card sold as
+    96 GB reports less (the H20 97,871 MiB) and stays at 160 (the row at 96 GB gave 256)."""
+    from capsim.catalog.loader import load_catalog
+
+    cat = load_catalog()
+    row = cat.engine("sglang@0.4.6").batch_limits(gpu, cat.gpu(gpu).memory_gb)
+    assert row.cuda_graph_max_batch == graphs
