@@ -60,3 +60,61 @@ def test_sglang_04_captures_256_only_above_96_gib(gpu, graphs):
     cat = load_catalog()
     row = cat.engine("sglang@0.4.6").batch_limits(gpu, cat.gpu(gpu).memory_gb)
     assert row.cuda_graph_max_batch == graphs
+
+
+def engine_overlay(tmp_path: Path, edit, name: str = "sglang") -> Path:
+    """A --db folder holding the built-in engine ``name`` with ``edit`` applied to its
+    YAML as a dict."""
+    import yaml
+
+    data = yaml.safe_load((DB / "engines" / f"{name}.yaml").read_text())
+    edit(data)
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return tmp_path
+
+
+def tiers(data: dict) -> list:
+    """The SGLang 0.4 generation's batch_defaults rows."""
+    return next(g for g in data["generations"] if g["versions"] == ">=0.4,<0.5")["batch_defaults"]
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda d: tiers(d).clear(), ["batch_defaults", "at least 1 item"]),  # an IndexError
+        (lambda d: tiers(d).reverse(), ["row 1 (min_memory_gb 25) is never used", "row 0"]),
+        (lambda d: d["batch_defaults"].reverse(), ["batch_defaults: row 1", "is never used"]),
+        (lambda d: tiers(d)[1].update(min_memory_gb=97), ["row 1 (min_memory_gb 97) is never"]),
+        (lambda d: tiers(d).pop(), ["the last row (min_memory_gb 25) does not apply to every"]),
+        (lambda d: tiers(d)[-1].update(except_gpus=["rtx"]), ["except_gpus rtx) does not apply"]),
+        (lambda d: tiers(d)[0].update(min_memory_gb=1e300), ["min_memory_gb", "100000"]),
+        (lambda d: tiers(d)[-1].update(max_num_batched_tokens=10**40), ["2147483648"]),
+        (lambda d: tiers(d)[-1].update(cuda_graph_max_batch=10**40), ["cuda_graph_max_batch"]),
+        (lambda d: d["generations"][1].update(versions=""), ["versions: '' names no range"]),
+        (lambda d: d["generations"][1].update(versions=">=0.5,<0.4"), ["holds no release"]),
+        (lambda d: d["generations"][1].update(versions=">0.4,<=0.4"), ["holds no release"]),
+    ],
+)
+def test_an_engine_overlay_of_batch_tiers_no_gpu_reads_is_refused(tmp_path, edit, says):
+    """Rows are read in order, the first that applies winning: a row after one that covers
+    it, a last row that leaves GPUs out (they took it anyway) and a generation of no rows
+    (an IndexError traceback) or of a range that holds no release or every one were taken
+    without a word; so were counts past the flags' 2**31."""
+    db = engine_overlay(tmp_path, edit)
+    refused(
+        ["--db", str(db), *EXPLAIN, "--engine", "sglang@0.4.6"],
+        "sglang.yaml",
+        "invalid entry",
+        *says,
+    )
+
+
+def test_batch_tiers_that_skip_a_gpu_before_a_wider_row_are_taken(tmp_path):
+    """A row that skips a GPU (except_gpus) leaves the next row of the same memory
+    reachable, as vLLM's A100 rule does."""
+    db = engine_overlay(
+        tmp_path, lambda d: tiers(d).insert(0, dict(tiers(d)[0], except_gpus=["h20"]))
+    )
+    r = runner.invoke(app, ["--db", str(db), *EXPLAIN, "--engine", "sglang@0.4.6"])
+    assert r.exit_code == 0, r.output
