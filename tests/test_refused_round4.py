@@ -118,3 +118,10 @@ def test_batch_tiers_that_skip_a_gpu_before_a_wider_row_are_taken(tmp_path):
     )
     r = runner.invoke(app, ["--db", str(db), *EXPLAIN, "--engine", "sglang@0.4.6"])
     assert r.exit_code == 0, r.output
+
+
+def test_the_catalogs_count_limit_is_the_flags():
+    from capsim.catalog.engine_schema import MAX_ENGINE_COUNT as catalog_limit
+    from capsim.engine.limits import MAX_ENGINE_COUNT
+
+    assert catalog_limit == MAX_ENGINE_COUNT

@@ -13,7 +13,10 @@ from pydantic import Field, field_validator, model_validator
 
 from capsim.catalog.gpu_schema import PLAUSIBLE
 from capsim.catalog.schemas import Source, Strict, catalog_key
-from capsim.engine.limits import MAX_ENGINE_COUNT
+
+MAX_ENGINE_COUNT = 2**31
+"""Largest count a batch_defaults row gives: capsim.engine.limits.MAX_ENGINE_COUNT, the
+flags' limit (the engine layer is above the catalog's, so the figure is repeated here)."""
 
 
 class EfficiencyProfile(Strict):
