@@ -125,3 +125,53 @@ def test_the_catalogs_count_limit_is_the_flags():
     from capsim.engine.limits import MAX_ENGINE_COUNT
 
     assert catalog_limit == MAX_ENGINE_COUNT
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            lambda d: tiers(d)[-1].update(max_num_seqs=True),
+            "generations.1.batch_defaults.4.max_num_seqs: a number, not true",
+        ),
+        (
+            lambda d: d["batch_defaults"][0].update(max_num_seqs="1024"),
+            "batch_defaults.0.max_num_seqs: a number, not the text '1024'",
+        ),
+        (
+            lambda d: d["params"].update(triton_attention_layer_us=True),
+            "params.triton_attention_layer_us: a number, not true",
+        ),
+        (
+            lambda d: d["generations"][3]["class_params"]["datacenter-cdna3"].update(
+                moe_compute_efficiency_8bit=True
+            ),
+            "class_params.datacenter-cdna3.moe_compute_efficiency_8bit: a number, not true",
+        ),
+        (lambda d: d["params"].update({"a.b": True}), "params.a.b: a number, not true"),
+    ],
+)
+def test_a_boolean_or_text_for_a_number_in_an_engines_lists_and_maps_is_refused(
+    tmp_path, edit, says
+):
+    """pydantic reads true as 1 and "1024" as 1024: the check that refused them in an
+    entry's own fields did not look into lists (batch_defaults rows, generations) or maps
+    (params, class_params)."""
+    db = engine_overlay(tmp_path, edit)
+    refused(["--db", str(db), *EXPLAIN, "--engine", "sglang@0.4.6"], "sglang.yaml", says)
+
+
+@pytest.mark.parametrize(
+    "value, says", [("true", "a number, not true"), ("'128'", "a number, not the text '128'")]
+)
+def test_a_boolean_or_text_for_an_efficiency_parameter_is_refused(tmp_path, value, says):
+    text = (DB / "efficiency" / "datacenter-hopper.yaml").read_text()
+    (tmp_path / "efficiency").mkdir()
+    (tmp_path / "efficiency" / "datacenter-hopper.yaml").write_text(
+        text.replace("params:\n", f"params:\n  moe_gemm_half_width: {value}\n", 1)
+    )
+    refused(
+        ["--db", str(tmp_path), "explain", "--gpu", "h100-sxm", "--model", "mixtral-8x7b"],
+        "datacenter-hopper.yaml: params.moe_gemm_half_width",
+        says,
+    )
