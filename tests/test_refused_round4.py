@@ -175,3 +175,38 @@ def test_a_boolean_or_text_for_an_efficiency_parameter_is_refused(tmp_path, valu
         "datacenter-hopper.yaml: params.moe_gemm_half_width",
         says,
     )
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        ({"moe_gemm_half_width": 0}, "moe_gemm_half_width=0: input should be greater than 0"),
+        ({"moe_gemm_half_width": float("nan")}, "moe_gemm_half_width is nan"),
+        ({"moe_gemm_half_width": 1e300}, "at most 10,000,000"),
+        ({"moe_gemm_half_width": True}, "moe_gemm_half_width is True: an efficiency parameter is"),
+        ({"moe_dequant_compute_efficiency": 2.0}, "less than or equal to 1"),
+        ({"moe_dequant_bandwidth_efficiency": -1}, "greater than or equal to 0.001"),
+        ({"moe_gemm_half_widht": 1.0}, "unknown efficiency parameter 'moe_gemm_half_widht'"),
+    ],
+)
+def test_python_api_efficiency_overrides_out_of_range_are_a_user_error(overrides, says):
+    """A bad override reached the simulation and ended in a pydantic ValidationError or a
+    ValueError (predict, capacity, validate); True was taken as 1."""
+    import capsim
+
+    with pytest.raises(capsim.CapsimUserError, match="efficiency_overrides") as info:
+        capsim.predict(
+            gpu="h100-sxm", model="mixtral-8x7b", concurrency=[1], efficiency_overrides=overrides
+        )
+    assert says in str(info.value)
+    with pytest.raises(capsim.CapsimUserError, match=r"^overrides: ") as info:
+        capsim.validate(overrides=overrides)
+    assert says in str(info.value)
+
+
+def test_an_unknown_override_gets_did_you_mean():
+    import capsim
+
+    with pytest.raises(capsim.CapsimUserError) as info:
+        capsim.validate(overrides={"moe_gemm_half_widht": 1.0})
+    assert "moe_gemm_half_width" in info.value.suggestions
