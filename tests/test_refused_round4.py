@@ -210,3 +210,18 @@ def test_an_unknown_override_gets_did_you_mean():
     with pytest.raises(capsim.CapsimUserError) as info:
         capsim.validate(overrides={"moe_gemm_half_widht": 1.0})
     assert "moe_gemm_half_width" in info.value.suggestions
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "moe_gemm_half_width=100",
+        "moe_gemm_half_rows=50",
+        "moe_dequant_compute_efficiency=0.5",
+        "moe_dequant_bandwidth_efficiency=0.5",
+    ],
+)
+def test_explain_refuses_a_routed_expert_parameter_for_a_dense_model(name):
+    """predict refused these (they change no step), explain took them without a word: the
+    fused-MoE terms of 2026-12-02 were missing from the MoE-only parameters."""
+    refused([*EXPLAIN, "--set", name], f"--set {name.split('=')[0]} applies to models with")
