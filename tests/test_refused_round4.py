@@ -225,3 +225,83 @@ def test_explain_refuses_a_routed_expert_parameter_for_a_dense_model(name):
     """predict refused these (they change no step), explain took them without a word: the
     fused-MoE terms of 2026-12-02 were missing from the MoE-only parameters."""
     refused([*EXPLAIN, "--set", name], f"--set {name.split('=')[0]} applies to models with")
+
+
+KERNELS = ROOT / "calibration" / "kernels"
+
+
+def moe_dataset(tmp_path: Path, edit) -> Path:
+    """The stored Hopper fused-MoE timings with ``edit`` applied, as a file."""
+    import json
+
+    data = json.loads((KERNELS / "hopper-fused-moe-public.json").read_text())
+    edit(data)
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def row0(**fields):
+    return lambda d: d["rows"][0].update(fields)
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (row0(model="llama-3.1-8b"), ["rows.0.model: llama-3.1-8b has no routed experts"]),
+        (row0(gpu="h100-sxmm"), ["rows.0.gpu: unknown gpu 'h100-sxmm'"]),
+        (row0(model="qwen3-30b-a3bb"), ["rows.0.model: unknown model"]),
+        (row0(weights="fp88"), ["rows.0.weights: unknown quant format 'fp88'"]),
+        (row0(tp_shard=3), ["rows.0.tp_shard: tensor parallel size 3 does not divide"]),
+        (row0(gpu="a100-80gb"), ["rows.1.gpu: h100-sxm is a datacenter-hopper GPU, and row 0"]),
+        (row0(source=99), ["row 0 names source 99, and the file lists 4 source(s)"]),
+        (lambda d: d.update(sources=[]), ["sources: List should have at least 1 item"]),
+        (lambda d: d["rows"].append(dict(d["rows"][0])), ["rows 0 and 40 are the same"]),
+        (row0(batch=True), ["rows.0.batch: Input should be a valid integer"]),
+        (row0(us="40"), ["rows.0.us: Input should be a valid number"]),
+        (row0(us=1e-300), ["rows.0.us: Input should be greater than or equal to 1"]),
+        (lambda d: d.update(name="\x1b]0;x\x07"), ["name: holds a control character"]),
+        (lambda d: d["caveats"].append("\x1b[2J"), ["caveats: holds a control character"]),
+        (lambda d: d.update(kind="fused_moee"), ["kind 'fused_moee' is no kind", "fused_moe"]),
+    ],
+)
+def test_a_fused_moe_dataset_the_step_model_cannot_time_is_refused(tmp_path, edit, says):
+    """A dense model ended in a ValueError traceback; a row's unknown GPU, a TP shard
+    that does not divide the model or another hardware class was refused without naming
+    the file or the row; a source index past the sources, a duplicate row, a boolean or
+    text for a number and a time of 1e-300 us (a MAPE of 1e300%) were fitted; an escape
+    sequence in the name reached the terminal; a mistyped kind was read as a layer dataset
+    and listed 360 missing fields."""
+    path = moe_dataset(tmp_path, edit)
+    refused(["calibrate-kernels", str(path)], *says)
+
+
+def test_a_layer_dataset_name_of_control_characters_is_refused(tmp_path):
+    import json
+
+    data = json.loads((KERNELS / "h100-sxm-decode-layers.json").read_text())
+    data["name"] = "\x1b[2Jx"
+    path = tmp_path / "layers.json"
+    path.write_text(json.dumps(data))
+    refused(["calibrate-kernels", str(path)], "name: holds a control character")
+
+
+def test_a_fused_moe_dataset_of_more_shapes_than_a_fit_can_build_is_refused(tmp_path, monkeypatch):
+    """A fit builds a step model for each (GPU, model, weights, tp_shard) at every
+    evaluation: 5,000 shapes took two minutes. The stored file holds 5."""
+    import capsim.calibration.moe_kernels as moe
+
+    monkeypatch.setattr(moe, "MAX_MOE_SHAPES", 4)
+    path = moe_dataset(tmp_path, lambda d: None)
+    refused(["calibrate-kernels", str(path)], "more than 4 shapes", "split the file")
+
+
+def test_every_stored_fused_moe_dataset_passes_the_row_checks():
+    from capsim.calibration.moe_kernels import MAX_MOE_SHAPES, check_moe_rows, load_moe_dataset
+    from capsim.catalog.loader import load_catalog
+
+    cat = load_catalog()
+    for path in sorted(KERNELS.glob("*fused-moe*.json")):
+        ds = load_moe_dataset(path)
+        check_moe_rows(ds, cat, path)
+        assert len({(r.gpu, r.model, r.weights, r.tp_shard) for r in ds.rows}) <= MAX_MOE_SHAPES
