@@ -43,10 +43,10 @@ MIN_MOE_KERNEL_US = 1.0
 (routing, alignment, two grouped GEMMs, the sum), and the published ones take 14.9 us or
 more; 1e-300 us was fitted, and the fit reported a MAPE of 1e300%."""
 
-MAX_MOE_SHAPES = 300
+MAX_MOE_SHAPES = 250
 """Most distinct (GPU, model, format, TP shard) shapes a fused-MoE file may hold: a fit
 builds a step model for each at every evaluation (about 1 ms each), and 5,000 shapes took
-two minutes; the largest stored file has 196."""
+two minutes, 300 about 10 s on two shared cores; the largest stored file has 196."""
 
 
 class MoeKernelRow(BaseModel):
