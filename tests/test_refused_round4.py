@@ -305,3 +305,34 @@ def test_every_stored_fused_moe_dataset_passes_the_row_checks():
         ds = load_moe_dataset(path)
         check_moe_rows(ds, cat, path)
         assert len({(r.gpu, r.model, r.weights, r.tp_shard) for r in ds.rows}) <= MAX_MOE_SHAPES
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            lambda d: d.update(weight_formats=["bf16", "fp16"], weight_only_formats=["mxfp4"]),
+            "weight_only_formats: 'mxfp4' is a format sglang does not load (weight_formats)",
+        ),
+        (
+            lambda d: d.update(weight_formats=["bf16", "awq-int4"], auto_formats=["fp8"]),
+            "auto_formats: 'fp8' is a format sglang does not load",
+        ),
+        (
+            lambda d: d["batch_defaults"].insert(
+                0, dict(d["batch_defaults"][0], except_gpus=["a10O"])
+            ),
+            "batch_defaults.0.except_gpus: 'a10O' begins no GPU's name",
+        ),
+        (
+            lambda d: tiers(d).insert(0, dict(tiers(d)[0], except_gpus=["h2O"])),
+            "generations.1.batch_defaults.0.except_gpus: 'h2O' begins no GPU's name",
+        ),
+    ],
+)
+def test_an_engine_entry_that_would_never_apply_is_refused(tmp_path, edit, says):
+    """A weight_only_formats or auto_formats entry the engine does not load (--quant
+    refuses it, --quant auto skips it) and an except_gpus prefix of no GPU changed nothing,
+    without a word."""
+    db = engine_overlay(tmp_path, edit)
+    refused(["--db", str(db), *EXPLAIN, "--engine", "sglang@0.4.6"], "sglang.yaml", says)

@@ -756,6 +756,13 @@ def check_references(sections: dict[str, Section]) -> None:
                         hint="capsim quants lists them",
                         suggestions=close_matches(fmt, list(formats)),
                     )
+                if not engine.loads(fmt):  # --quant refuses it: the entry never applies
+                    raise CatalogError(
+                        f"{engines.origin[name]}: {key}: '{fmt}' is a format {name} does not "
+                        "load (weight_formats), so it would never apply",
+                        hint=f"add it to weight_formats, or drop it from {key}",
+                    )
+        check_skipped_gpus(engine, engines.origin[name], gpus)
     models = sections["models"]
     for name, model in models.entries.items():
         if model.dtype not in formats:
@@ -765,6 +772,29 @@ def check_references(sections: dict[str, Section]) -> None:
                 hint="capsim quants lists them",
                 suggestions=close_matches(model.dtype, list(formats)),
             )
+
+
+def check_skipped_gpus(engine: Engine, origin: Path, gpus: Section) -> None:
+    """A CatalogError for a batch_defaults row (the engine's or a generation's) whose
+    except_gpus prefix begins no GPU's name: a typo ('a10O') skipped nothing, without a
+    word."""
+    from capsim.errors import close_matches
+
+    tables = [("batch_defaults", engine.batch_defaults)] + [
+        (f"generations.{i}.batch_defaults", gen.batch_defaults or [])
+        for i, gen in enumerate(engine.generations)
+    ]
+    for where, rows in tables:
+        for j, row in enumerate(rows):
+            for prefix in row.except_gpus:
+                if not any(gpu.startswith(prefix) for gpu in gpus.entries):
+                    raise CatalogError(
+                        f"{origin}: {where}.{j}.except_gpus: '{prefix}' begins no GPU's name, "
+                        "so the row skips nothing",
+                        hint="name GPUs as capsim gpus lists them (a prefix: 'a100' skips "
+                        "every A100)",
+                        suggestions=close_matches(prefix, list(gpus.entries)),
+                    )
 
 
 class _CachedCatalog(BaseModel):
