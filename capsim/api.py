@@ -174,6 +174,16 @@ def validate(
     require_callable(advance, "advance")
     if overrides is not None:
         require(overrides, dict, "overrides", "a dict of efficiency parameter names to numbers")
+        from capsim.errors import CapsimUserError
+        from capsim.physics.efficiency import override_problem
+
+        problem = override_problem(overrides)
+        if problem is not None:  # a ValueError or ValidationError from the simulation
+            raise CapsimUserError(
+                f"overrides: {problem[0]}",
+                hint='the parameters and their units: capsim explain --json ("efficiency")',
+                suggestions=problem[1],
+            )
     loaded = load_published(None if datasets is None else path_list(datasets, "datasets"))
     return compare_or_skip(loaded, catalog or load_catalog(), overrides=overrides, advance=advance)
 
@@ -233,6 +243,11 @@ def _merge(model_type, config, fields: dict, argument: str = "config"):
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
+        if first["type"] == "value_error":  # the validator's own line says what it got
+            raise CapsimUserError(
+                f"{where}: {first['msg'].removeprefix('Value error, ')}",
+                hint=f"see help({model_type.__name__})",
+            ) from None
         raise CapsimUserError(
             f"{where}: {first['msg']} (got {described(first.get('input'))})",
             hint=f"see help({model_type.__name__})",

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capsim.calibration.compare import mape
 from capsim.calibration.least_squares import bounds_and_start, check_fittable, jacobian_std
@@ -82,6 +82,24 @@ MAX_KERNEL_FILE_BYTES = 8 * 2**20
 """Largest kernel or fused-MoE file read, bytes: MAX_KERNEL_ROWS rows of a few hundred
 bytes each (the largest stored file, 432 rows, is 240 kB) fit in 8 MiB, and a 64 MiB
 file was parsed for seconds before its row count was refused."""
+
+
+def no_control_characters(value):
+    """``value`` (a text, or a list or map of texts) when none holds a control character,
+    else a ValueError quoting it: a dataset's name is a table's title, and an escape
+    sequence in it reached the terminal (issue 47)."""
+    from capsim.catalog.schemas import CONTROL
+
+    if isinstance(value, dict):
+        for part in value.values():
+            no_control_characters(part)
+    elif isinstance(value, list):
+        for part in value:
+            no_control_characters(part)
+    elif isinstance(value, str) and (found := CONTROL.search(value)):
+        start = max(0, found.start() - 20)
+        raise ValueError(f"holds a control character ({value[start : found.end() + 20]!r})")
+    return value
 
 
 class KernelRow(BaseModel):
@@ -146,6 +164,11 @@ class KernelDataset(BaseModel):
     gemms: list[dict] = []
     attention: list[dict] = []
     profiles: list[dict] = []
+
+    @field_validator("name", "gpu", "source", "caveats")
+    @classmethod
+    def _plain_text(cls, value):
+        return no_control_characters(value)
 
     @model_validator(mode="after")
     def _eager_terms(self):

@@ -11,7 +11,12 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import Field, field_validator, model_validator
 
+from capsim.catalog.gpu_schema import PLAUSIBLE
 from capsim.catalog.schemas import Source, Strict, catalog_key
+
+MAX_ENGINE_COUNT = 2**31
+"""Largest count a batch_defaults row gives: capsim.engine.limits.MAX_ENGINE_COUNT, the
+flags' limit (the engine layer is above the catalog's, so the figure is repeated here)."""
 
 
 class EfficiencyProfile(Strict):
@@ -191,26 +196,76 @@ class BatchDefaults(Strict):
     least ``min_memory_gb`` that ``except_gpus`` does not name (an engine's rows are read
     in order and the first that applies wins)."""
 
-    min_memory_gb: float = Field(0, ge=0, description="Smallest GPU memory (GB) of the row")
+    min_memory_gb: float = Field(
+        0,
+        ge=0,
+        le=PLAUSIBLE["memory_gb"],  # a row above every GPU's memory is never read
+        description="Smallest GPU memory (GB) of the row",
+    )
     except_gpus: list[str] = Field(
         default_factory=list, description="GPU catalog names (prefixes) the row skips"
     )
-    max_num_batched_tokens: int = Field(ge=1, description="Token budget of one step")
-    max_num_seqs: int = Field(ge=1, description="Most sequences scheduled in one step")
+    # the counts are bounded as the flags that set them are (--max-num-seqs ...: 2**31);
+    # 1e40 tokens ended in "activations ... 9.5e36 GiB" naming neither file nor field
+    max_num_batched_tokens: int = Field(
+        ge=1, le=MAX_ENGINE_COUNT, description="Token budget of one step"
+    )
+    max_num_seqs: int = Field(
+        ge=1, le=MAX_ENGINE_COUNT, description="Most sequences scheduled in one step"
+    )
     cuda_graph_max_batch: int | None = Field(
         None,
         ge=0,
+        le=MAX_ENGINE_COUNT,
         description="Largest batch (sequences) the engine captures a CUDA graph for, where "
         "the engine sizes it by GPU (SGLang's cuda_graph_max_bs); None: the engine's rule",
     )
     cuda_graph_max_batch_tp4: int | None = Field(
-        None, ge=0, description="The same at tensor-parallel size 4 or more, where it differs"
+        None,
+        ge=0,
+        le=MAX_ENGINE_COUNT,
+        description="The same at tensor-parallel size 4 or more, where it differs",
     )
 
     def applies_to(self, gpu_name: str, memory_gb: float) -> bool:
         return memory_gb >= self.min_memory_gb and not any(
             gpu_name.startswith(prefix) for prefix in self.except_gpus
         )
+
+    def covers_every_gpu_of(self, other: BatchDefaults) -> bool:
+        """Whether this row applies to every GPU ``other`` applies to (a row after it in a
+        list would never be read)."""
+        return self.min_memory_gb <= other.min_memory_gb and all(
+            any(prefix.startswith(skipped) for skipped in other.except_gpus)
+            for prefix in self.except_gpus
+        )
+
+
+def check_batch_rows(rows: list[BatchDefaults] | None) -> list[BatchDefaults] | None:
+    """An engine's (or a generation's) batch_defaults rows as batch_limits reads them, in
+    order, the first that applies winning: each row must be reachable (a row after one
+    that applies to every GPU it does was never read: rows out of order, larger memory
+    after smaller) and the last must apply to every GPU (a GPU below every row's
+    min_memory_gb took the last row's limits anyway). A ValueError names the rows."""
+    if not rows:
+        return rows
+    for j, row in enumerate(rows):
+        for i in range(j):
+            if rows[i].covers_every_gpu_of(row):
+                raise ValueError(
+                    f"row {j} (min_memory_gb {row.min_memory_gb:g}) is never used: row {i} "
+                    f"(min_memory_gb {rows[i].min_memory_gb:g}) before it applies to every GPU "
+                    "it does (the first row that applies wins: list larger memory first)"
+                )
+    last = rows[-1]
+    if last.min_memory_gb or last.except_gpus:
+        raise ValueError(
+            f"the last row (min_memory_gb {last.min_memory_gb:g}"
+            f"{', except_gpus ' + ', '.join(last.except_gpus) if last.except_gpus else ''}) "
+            "does not apply to every GPU, and a GPU no row applies to would take it anyway: "
+            "end with a row of no min_memory_gb and no except_gpus"
+        )
+    return rows
 
 
 GraphCapture = Literal["vllm", "vllm-v0", "sglang", "single-token", "none"]
@@ -237,7 +292,9 @@ class EngineGeneration(Strict):
         "'>=0.8,<0.12'); development builds of a covered release count"
     )
     label: str = Field(description="A few words naming the generation, e.g. 'V0 engine'")
-    batch_defaults: list[BatchDefaults] | None = None
+    batch_defaults: list[BatchDefaults] | None = Field(
+        None, min_length=1, description="Replaces the engine's rows (None: keeps them)"
+    )
     graph_capture: GraphCapture | None = None
     outside_graphs: OutsideGraphs | None = None
     mixes_prefill_and_decode: bool | None = None
@@ -260,16 +317,49 @@ class EngineGeneration(Strict):
     @classmethod
     def _specifier(cls, v: str) -> str:
         try:
-            SpecifierSet(v)
+            spec = SpecifierSet(v)
         except InvalidSpecifier:
             raise ValueError(
                 f"'{v}' is not a PEP 440 version range (e.g. '<0.8' or '>=0.8,<0.12')"
             ) from None
+        if not len(spec):  # '' holds every release: the newest's own fields were replaced
+            raise ValueError(
+                f"'{v}' names no range, so it holds every release, the newest too (the "
+                "engine's own fields are its newest release's): give the releases that "
+                "differed, e.g. '<0.8'"
+            )
+        if not holds_a_release(spec):
+            raise ValueError(
+                f"'{v}' holds no release (its bounds exclude each other): the generation "
+                "would never apply"
+            )
         return v
+
+    @field_validator("batch_defaults")
+    @classmethod
+    def _rows_in_order(cls, v):
+        return check_batch_rows(v)
 
     def covers(self, version: Version) -> bool:
         """Whether ``version`` (pre-releases and dev builds included) is in this range."""
         return SpecifierSet(self.versions).contains(version, prereleases=True)
+
+
+def holds_a_release(spec: SpecifierSet) -> bool:
+    """Whether some version lies in ``spec``: each version it names is tried, with one
+    just above and just below it (a patch, a post and a dev release), and 0 and a version
+    above every release."""
+    candidates = [Version("0"), Version("99999")]
+    for item in spec:
+        try:
+            named = Version(item.version.removesuffix(".*"))
+        except InvalidVersion:  # '===' takes any text
+            continue
+        release = ".".join(str(n) for n in named.release)
+        candidates += [named] + [
+            Version(release + suffix) for suffix in (".0.1", ".post1", ".dev0", "a0")
+        ]
+    return any(spec.contains(v, prereleases=True) for v in candidates)
 
 
 GENERATION_FIELDS = (
@@ -319,15 +409,18 @@ commit, 'b6918 (2f68ce7cf)'."""
 def parse_engine_version(text: str) -> Version | None:
     """``text`` as a release number ('0.7.3', 'v0.7.4.dev181+gf35f8e22'; llama.cpp's build
     'b6918' or 'b6918 (2f68ce7cf)' as 6918); None when it is not one (a commit, a
-    container tag, 'main')."""
+    container tag, 'main', a version of another epoch: no engine numbers its releases
+    with one, and '1!0.4' stood above every release, so it was predicted as the newest
+    without a word)."""
     text = text.strip()
     build = LLAMA_CPP_BUILD.match(text)
     if build:
         return Version(build.group(1))
     try:
-        return Version(text)
+        version = Version(text)
     except InvalidVersion:
         return None
+    return version if version.epoch == 0 else None
 
 
 class EngineReleases(Strict):
@@ -390,6 +483,12 @@ class Engine(Strict):
     batch_defaults: list[BatchDefaults] = Field(
         min_length=1, description="Default token budget and sequence limit, by GPU memory"
     )
+
+    @field_validator("batch_defaults")
+    @classmethod
+    def _rows_in_order(cls, v):
+        return check_batch_rows(v)
+
     graph_capture: GraphCapture = Field(description="Which steps run in a CUDA graph")
     outside_graphs: OutsideGraphs = Field(
         "compiled",

@@ -270,10 +270,10 @@ def stands_for_a_number(value: Any, allowed: tuple) -> bool:
     )
 
 
-def boolean_for_number(data: Any, schema: Any, where: str = "") -> str | None:
-    """The first field (its dotted path) of ``data`` where a YAML true or false, or a quoted
-    text, stands for a number ``schema`` takes, or None: pydantic reads true as 1 and "24"
-    as 24 (issue 47: 'num_layers: true' ran as one layer)."""
+def boolean_for_number(data: Any, schema: Any, where: str = "") -> tuple[str, Any] | None:
+    """The first field of ``data`` where a YAML true or false, or a quoted text, stands for
+    a number ``schema`` takes, as (its dotted path, the value), or None: pydantic reads true
+    as 1 and "24" as 24 (issue 47: 'num_layers: true' ran as one layer)."""
     fields = getattr(schema, "model_fields", None)
     if not isinstance(data, dict) or fields is None:
         return None
@@ -281,26 +281,53 @@ def boolean_for_number(data: Any, schema: Any, where: str = "") -> str | None:
         field = fields.get(key)
         if field is None:
             continue
-        allowed = annotation_kinds(field.annotation)
-        path = f"{where}{key}"
-        if stands_for_a_number(value, allowed):
-            # a quoted number in an overlay, or a boolean, passed as a number without a
-            # word (issue 47's fuzzing)
-            return path
-        for kind in allowed:  # a nested entry of its own schema
-            if isinstance(kind, type) and hasattr(kind, "model_fields"):
-                found = boolean_for_number(value, kind, path + ".")
-                if found:
-                    return found
+        found = _boolean_in(value, field.annotation, f"{where}{key}")
+        if found:
+            return found
+    return None
+
+
+def _boolean_in(value: Any, annotation, path: str) -> tuple[str, Any] | None:
+    """boolean_for_number for one field's ``value`` of type ``annotation``, at ``path``:
+    the value itself, a nested entry of its own schema, and the items of a list or the
+    values of a mapping (an engine's batch_defaults rows, its generations, its params and
+    class_params: 'max_num_seqs: true' in a generation's row, 'moe_gemm_half_width: true'
+    in an efficiency file were read as 1, issue 47 round 4)."""
+    from typing import get_args, get_origin
+
+    allowed = annotation_kinds(annotation)
+    if stands_for_a_number(value, allowed):
+        # a quoted number in an overlay, or a boolean, passed as a number without a
+        # word (issue 47's fuzzing)
+        return path, value
+    for kind in allowed:
+        if isinstance(kind, type) and hasattr(kind, "model_fields"):  # an entry of its own
+            found = boolean_for_number(value, kind, path + ".")
+        elif get_origin(kind) is list and isinstance(value, list):
+            (item,) = get_args(kind) or (Any,)
+            found = next(
+                (f for i, v in enumerate(value) if (f := _boolean_in(v, item, f"{path}.{i}"))),
+                None,
+            )
+        elif get_origin(kind) is dict and isinstance(value, dict):
+            item = get_args(kind)[1] if get_args(kind) else Any
+            found = next(
+                (f for k, v in value.items() if (f := _boolean_in(v, item, f"{path}.{k}"))),
+                None,
+            )
+        else:
+            continue
+        if found:
+            return found
     return None
 
 
 def load_entry(path: Path, schema: type[T]) -> T:
     """Validate one YAML file against a schema."""
     data = read_yaml(path)
-    flipped = boolean_for_number(data, schema)
-    if flipped:
-        value = _field_value(data, flipped)
+    found = boolean_for_number(data, schema)
+    if found:
+        flipped, value = found
         if isinstance(value, str):
             raise CatalogError(
                 f"{path}: {flipped}: a number, not the text {value[:40]!r}",
@@ -318,13 +345,6 @@ def load_entry(path: Path, schema: type[T]) -> T:
             hint="fix the field named above; see the schemas in capsim/catalog/ (gpu_schema.py, "
             "model_schema.py, engine_schema.py)",
         ) from None
-
-
-def _field_value(data: dict, dotted: str) -> Any:
-    """The value at a dotted field path of ``data``."""
-    for part in dotted.split("."):
-        data = data[part]
-    return data
 
 
 def entry_keys(entry) -> set[str]:
@@ -479,9 +499,11 @@ class Catalog:
         engine = self.engines.get(engine_base(name))
         if at:
             if not version.strip():
+                # the example is one of this engine's releases ('llama.cpp@0.7.3' is refused)
+                example = engine.releases.newest if engine.releases is not None else "VERSION"
                 raise CapsimUserError(
                     f"engine '{name}' names no release after '@'",
-                    hint=f"write {engine.name}@VERSION (e.g. {engine.name}@0.7.3), or "
+                    hint=f"write {engine.name}@VERSION (e.g. {engine.name}@{example}), or "
                     f"{engine.name} alone for its newest release",
                 )
             try:
@@ -734,6 +756,13 @@ def check_references(sections: dict[str, Section]) -> None:
                         hint="capsim quants lists them",
                         suggestions=close_matches(fmt, list(formats)),
                     )
+                if not engine.loads(fmt):  # --quant refuses it: the entry never applies
+                    raise CatalogError(
+                        f"{engines.origin[name]}: {key}: '{fmt}' is a format {name} does not "
+                        "load (weight_formats), so it would never apply",
+                        hint=f"add it to weight_formats, or drop it from {key}",
+                    )
+        check_skipped_gpus(engine, engines.origin[name], gpus)
     models = sections["models"]
     for name, model in models.entries.items():
         if model.dtype not in formats:
@@ -743,6 +772,29 @@ def check_references(sections: dict[str, Section]) -> None:
                 hint="capsim quants lists them",
                 suggestions=close_matches(model.dtype, list(formats)),
             )
+
+
+def check_skipped_gpus(engine: Engine, origin: Path, gpus: Section) -> None:
+    """A CatalogError for a batch_defaults row (the engine's or a generation's) whose
+    except_gpus prefix begins no GPU's name: a typo ('a10O') skipped nothing, without a
+    word."""
+    from capsim.errors import close_matches
+
+    tables = [("batch_defaults", engine.batch_defaults)] + [
+        (f"generations.{i}.batch_defaults", gen.batch_defaults or [])
+        for i, gen in enumerate(engine.generations)
+    ]
+    for where, rows in tables:
+        for j, row in enumerate(rows):
+            for prefix in row.except_gpus:
+                if not any(gpu.startswith(prefix) for gpu in gpus.entries):
+                    raise CatalogError(
+                        f"{origin}: {where}.{j}.except_gpus: '{prefix}' begins no GPU's name, "
+                        "so the row skips nothing",
+                        hint="name GPUs as capsim gpus lists them (a prefix: 'a100' skips "
+                        "every A100)",
+                        suggestions=close_matches(prefix, list(gpus.entries)),
+                    )
 
 
 class _CachedCatalog(BaseModel):

@@ -276,6 +276,7 @@ def calibrate_kernels_cmd(
     )
     from capsim.calibration.moe_kernels import (
         MOE_KERNEL_FIT,
+        check_moe_rows,
         fit_moe_kernel_params,
         is_moe_dataset,
         load_moe_dataset,
@@ -290,6 +291,7 @@ def calibrate_kernels_cmd(
                 hint="leave --weights out",
             )
         ds = load_moe_dataset(dataset)
+        check_moe_rows(ds, cat, dataset)
         result = fit_moe_kernel_params(ds, cat, names or MOE_KERNEL_FIT)
         ds_gpu = ", ".join(sorted({r.gpu for r in ds.rows}))
     else:

@@ -232,6 +232,20 @@ class PredictConfig(BaseModel):
         description="Calibration profile: auto (the GPU class's, if any), none, a name or a path",
     )
 
+    @field_validator("efficiency_overrides", mode="before")
+    @classmethod
+    def _known_parameters_in_range(cls, value):
+        """Each override a known parameter within its range (a boolean is no number): a bad
+        one was a ValidationError or ValueError from deep in the simulation (issue 47)."""
+        from capsim.physics.efficiency import override_problem
+
+        if isinstance(value, dict) and value:
+            problem = override_problem(value)
+            if problem is not None:
+                text, close = problem
+                raise ValueError(text + (f" (did you mean: {', '.join(close)}?)" if close else ""))
+        return value
+
     @field_validator("input_tokens", "output_tokens", "think_time", "tool_tokens", mode="before")
     @classmethod
     def _a_number_is_its_text(cls, value):

@@ -643,13 +643,39 @@ class EfficiencyParams(BaseModel):
 
     def with_overrides(self, overrides: dict[str, float]) -> EfficiencyParams:
         """A copy with some parameters replaced (validated)."""
-        unknown = sorted(set(overrides) - set(type(self).model_fields) - {"groups"})
+        unknown = sorted(set(overrides) - set(type(self).model_fields) - {"groups"}, key=str)
         if unknown:
             raise ValueError(f"unknown efficiency parameter(s): {unknown}")
         for name, value in overrides.items():
+            if isinstance(value, bool):  # pydantic reads True as 1.0
+                raise ValueError(f"{name} is {value}: an efficiency parameter is a number")
             if isinstance(value, int | float) and not abs(value) <= MAX_EFFICIENCY_MAGNITUDE:
                 raise ValueError(
                     f"{name} is {value!r}; an efficiency parameter is a finite number of at "
                     f"most {MAX_EFFICIENCY_MAGNITUDE:,.0f} in its unit"
                 )
         return type(self).model_validate({**self.model_dump(), **overrides})
+
+
+def override_problem(overrides: dict) -> tuple[str, list[str]] | None:
+    """What is wrong with efficiency ``overrides`` laid over the defaults (an unknown name,
+    a boolean, a value outside the parameter's range, NaN), as (a line naming the
+    parameter and its limit, close names for an unknown one), or None."""
+    from pydantic import ValidationError
+
+    from capsim.errors import close_matches
+
+    known = [n for n in EfficiencyParams.model_fields if n != "groups"]
+    for name in overrides:
+        if name not in known:
+            close = close_matches(name, known) if isinstance(name, str) else []
+            return f"unknown efficiency parameter {name!r}", close
+    try:
+        EfficiencyParams().with_overrides(overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        msg = first["msg"][:1].lower() + first["msg"][1:]
+        return f"{first['loc'][0]}={first['input']!r}: {msg}", []
+    except ValueError as exc:
+        return str(exc), []
+    return None
