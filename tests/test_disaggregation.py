@@ -229,11 +229,14 @@ def test_plan_with_disaggregation_adds_split_deployments_and_their_serve_line():
     assert "PD 3P:1D" in one.label()
 
 
-def test_sglang_prefill_servers_reopen_admission_every_pass():
+def test_sglang_disaggregated_servers_never_hold_admission_shut():
     """SGLang's disaggregated prefill loop resets batch_is_full each pass (its requests
-    leave when their prompt is done, never through a decode batch that shrinks), so the
-    prefill pool keeps the reserve without its latch; the decode servers keep both."""
+    leave when their prompt is done, never through a decode batch that shrinks) and its
+    decode loop admits from a pre-allocation queue that never reads it: both pools keep
+    the reserve without its hold, which a colocated SGLang server keeps."""
     setup = build_setup(config(engine="sglang", tp=1, prefill_replicas=1), CAT)
-    assert setup.scheduler.reserve.holds_until_finish
-    assert setup.prefill.scheduler.reserve is not None
-    assert not setup.prefill.scheduler.reserve.holds_until_finish
+    for pool in (setup, setup.prefill):
+        assert pool.scheduler.reserve is not None
+        assert not pool.scheduler.reserve.holds_until_finish
+    alone = build_setup(config(engine="sglang", tp=1), CAT)
+    assert alone.scheduler.reserve.holds_until_finish

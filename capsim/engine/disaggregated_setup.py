@@ -62,6 +62,18 @@ def decode_replicas(config: PredictConfig) -> int:
     return config.dp or 1
 
 
+def open_admission(setup):
+    """``setup`` with its admission reserve's hold off (AdmissionReserve.holds_until_finish),
+    where it has one."""
+    reserve = setup.scheduler.reserve
+    if reserve is None or not reserve.holds_until_finish:
+        return setup
+    opened = reserve.model_copy(update={"holds_until_finish": False})
+    return dataclasses.replace(
+        setup, scheduler=dataclasses.replace(setup.scheduler, reserve=opened)
+    )
+
+
 def with_prefill_pool(setup, catalog, params=None, profile=None):
     """``setup`` (its decode replicas built) with its prefill instances and KV transfer,
     when ``setup.config.prefill_replicas`` asks for them; ``setup`` itself otherwise."""
@@ -93,15 +105,11 @@ def with_prefill_pool(setup, catalog, params=None, profile=None):
             hint=error.hint,
             suggestions=error.suggestions,
         ) from None
-    reserve = prefill.scheduler.reserve
-    if reserve is not None and reserve.holds_until_finish:
-        # SGLang's prefill servers reopen admission every pass (the scheduler's
-        # disaggregated prefill loop resets batch_is_full: its requests leave when
-        # their prompt is done, never through a decode batch that shrinks)
-        open_reserve = reserve.model_copy(update={"holds_until_finish": False})
-        prefill = dataclasses.replace(
-            prefill, scheduler=dataclasses.replace(prefill.scheduler, reserve=open_reserve)
-        )
+    # SGLang's disaggregated servers never hold admission shut (batch_is_full): the
+    # prefill loop resets it every pass (its requests leave when their prompt is done,
+    # never through a decode batch that shrinks), and the decode loop admits from its
+    # pre-allocation queue, which does not read it (0.5.6 disaggregation/decode.py)
+    prefill, setup = open_admission(prefill), open_admission(setup)
     p = setup.step_model.params
     transfer = kv_transfer(
         setup.gpu,
