@@ -21,13 +21,16 @@ runner = CliRunner()
 PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1", "--requests", "4"]
 
 
-def refused(args: list[str], *says: str) -> None:
+def refused(args: list[str], *says: str) -> str:
+    """Run ``args``: exit 2, no traceback, each of ``says`` in the message; returns the
+    message on one line."""
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output
     flat = " ".join(r.output.split())
     for words in says:
         assert words in flat, r.output
+    return flat
 
 
 def overlay(tmp_path: Path, section: str, name: str, old: str, new: str) -> Path:

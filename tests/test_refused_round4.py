@@ -12,21 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from capsim.cli.main import app
+from tests.test_refused_leftovers import refused
 
 ROOT = Path(__file__).resolve().parent.parent
 DB = ROOT / "hardware_db"
 runner = CliRunner()
 EXPLAIN = ["explain", "--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
-
-
-def refused(args: list[str], *says: str) -> str:
-    r = runner.invoke(app, args)
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output
-    flat = " ".join(r.output.split())
-    for words in says:
-        assert words in flat, r.output
-    return flat
 
 
 @pytest.mark.parametrize("engine", ["sglang@1!0.4", "vllm@1!0.7", "llama.cpp@1!b6918"])

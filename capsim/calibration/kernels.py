@@ -147,6 +147,20 @@ class KernelRow(BaseModel):
         return self
 
 
+def refuse_repeated_rows(rows) -> None:
+    """A ValueError naming the first two rows of ``rows`` (pydantic models) with every field
+    alike: a copy would count twice in a fit."""
+    seen: dict[tuple, int] = {}
+    for i, row in enumerate(rows):
+        key = tuple(row.model_dump().values())
+        if key in seen:
+            raise ValueError(
+                f"rows {seen[key]} and {i} are the same measurement (every field alike): "
+                "a copy would count twice in the fit"
+            )
+        seen[key] = i
+
+
 class KernelDataset(BaseModel):
     """A kernel measurement file: where it came from, its caveats, its runs and rows."""
 
@@ -210,15 +224,7 @@ class KernelDataset(BaseModel):
     @model_validator(mode="after")
     def _rows_once(self):
         """A row given twice (every field alike, its run too) would count twice in the fit."""
-        seen: dict[tuple, int] = {}
-        for i, row in enumerate(self.rows):
-            key = tuple(row.model_dump().values())
-            if key in seen:
-                raise ValueError(
-                    f"rows {seen[key]} and {i} are the same measurement (every field alike): "
-                    "a copy would count twice in the fit"
-                )
-            seen[key] = i
+        refuse_repeated_rows(self.rows)
         return self
 
 

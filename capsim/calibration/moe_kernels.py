@@ -26,6 +26,7 @@ from capsim.calibration.kernels import (
     fit_points,
     load_json_dataset,
     no_control_characters,
+    refuse_repeated_rows,
 )
 from capsim.catalog.loader import Catalog
 from capsim.errors import CapsimUserError
@@ -84,20 +85,13 @@ class MoeKernelDataset(BaseModel):
     def _rows_name_their_sources_once(self):
         """Each row's source is one of ``sources`` (an index past them was taken without a
         word) and no row is given twice (a copy would count twice in the fit)."""
-        seen: dict[tuple, int] = {}
         for i, row in enumerate(self.rows):
             if row.source >= len(self.sources):
                 raise ValueError(
                     f"row {i} names source {row.source}, and the file lists "
                     f"{len(self.sources)} source(s) (rows count them from 0)"
                 )
-            key = tuple(row.model_dump().values())
-            if key in seen:
-                raise ValueError(
-                    f"rows {seen[key]} and {i} are the same measurement (every field alike): "
-                    "a copy would count twice in the fit"
-                )
-            seen[key] = i
+        refuse_repeated_rows(self.rows)
         return self
 
 
