@@ -67,7 +67,9 @@ class RateTerms:
         # weights, or weight-only ones the engine dequantises to FP16 off the int8 path
         on_fp16 = self.compute_dtype == "fp16" or (weight_only and not int8_path)
         self.fp16_accumulate_speedup = p.fp16_accumulate_speedup if on_fp16 else 1.0
-        self.gemm_peak = peak * 1e12 * compute_scale * gemm_factor * self.fp16_accumulate_speedup
+        # the tensor rate before any dequantisation cost, and the dense GEMMs' after it
+        tensor_peak = peak * 1e12 * compute_scale * self.fp16_accumulate_speedup
+        self.gemm_peak = tensor_peak * gemm_factor
         # fused-MoE grouped GEMMs: the format's GEMM peak x moe_compute_efficiency when set
         # (W8A8 experts on 8-bit tensor cores: moe_compute_efficiency_8bit where the class
         # sets it)
@@ -76,8 +78,9 @@ class RateTerms:
             moe_efficiency = p.moe_compute_efficiency_8bit or moe_efficiency
         self.moe_gemm_peak = self.gemm_peak
         if not native and p.moe_dequant_compute_efficiency is not None:
-            # experts dequantised from a format without tensor cores here, in their kernel
-            self.moe_gemm_peak = self.gemm_peak / gemm_factor
+            # experts dequantised from a format without tensor cores here, in their kernel:
+            # its share of the tensor rate, in place of the dense dequantisation factor
+            self.moe_gemm_peak = tensor_peak
             moe_efficiency = p.moe_dequant_compute_efficiency
         self.moe_gemm_rate = self.moe_gemm_peak * moe_efficiency if moe_efficiency else None
         self.int8_gemm_rate = (
