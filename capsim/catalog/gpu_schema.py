@@ -19,6 +19,7 @@ PLAUSIBLE = {
     "usd": 100_000_000.0,
     "cache_mb": 100_000.0,
     "latency_us": 1_000_000.0,
+    "sm_count": 100_000,
 }
 """Upper bounds of a device figure a catalog file may give: about a hundred times the
 largest of today's parts (288 GB and 8 TB/s of HBM, 15 PFLOPS of FP4, 900 GB/s of NVLink,
@@ -171,6 +172,15 @@ class GPU(Strict):
         "busy (softmax, epilogues, address arithmetic). Against the tensor rate it says "
         "whether a part's tensor cores are throttled relative to its class's reference "
         "(physics/tensor_throttle.py); None: unknown",
+    )
+    sm_count: int | None = Field(
+        default=None,
+        gt=0,
+        le=PLAUSIBLE["sm_count"],
+        description="Streaming multiprocessors (compute units) the product enables, as "
+        "deviceQuery or the vendor reports them: how many thread blocks of a kernel run at "
+        "once, one a multiprocessor, which a GEMM of few output tiles leaves idle "
+        "(physics/gemm_tiles.py). Each with its source among the sources; None: unknown",
     )
     native_formats: list[str] = Field(
         description="Data types the tensor cores execute natively (subset of bf16, fp16, fp8, "

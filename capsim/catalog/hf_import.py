@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from capsim.catalog.hf_quant import quant_of_config
+from capsim.catalog.hf_quant import fp8_weight_block_of_config, quant_of_config
 from capsim.catalog.loader import format_validation_error
 from capsim.catalog.model_schema import MAX_LAYERS, Model
 from capsim.errors import CapsimUserError
@@ -598,6 +598,8 @@ def _entry_of_config(
         "attn_output_gate": bool(cfg.get("attn_output_gate", model_type in GATED_ATTENTION)),
         "dtype": quant_of_config(cfg, config, quant_file),
     }
+    if entry["dtype"] == "fp8" and (block := fp8_weight_block_of_config(cfg, config)):
+        entry["fp8_weight_block"] = block
     hybrid = _hybrid_patterns(cfg)
     if cfg.get("intermediate_size_mlp"):  # Llama 4: dense layers' width
         entry["intermediate_size"] = int(cfg["intermediate_size_mlp"])

@@ -200,3 +200,22 @@ def _compressed_group_format(group: dict[str, Any], top: str) -> str | None:
     if bits == 8:
         return "int8" if group.get("input_activations") else "w8a16-int8"
     return None
+
+
+def fp8_weight_block_of_config(
+    cfg: dict[str, Any], outer: dict[str, Any] | None = None
+) -> int | None:
+    """The square weight block of a block-scaled FP8 checkpoint (quantization_config
+    ``quant_method: fp8`` with ``weight_block_size: [b, b]``), None for any other."""
+    quant = _first_dict(cfg, outer or {}, "quantization_config", "compression_config")
+    if str(quant.get("quant_method", "")).lower() != "fp8":
+        return None
+    block = quant.get("weight_block_size")
+    if (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(type(b) is int and b >= 1 for b in block)
+        and block[0] == block[1]
+    ):
+        return block[0]
+    return None

@@ -283,6 +283,16 @@ class Model(Strict):
         description="Longest context, tokens (at least one 16-token KV block)",
     )
     dtype: str = Field(default="bf16", description="Native weight dtype of the release")
+    fp8_weight_block: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_DIM,
+        description="A block-scaled FP8 release (DeepSeek-V3's format): the side of the "
+        "square block of weights that shares one scale, config.json's quantization_config "
+        "weight_block_size ([128, 128] -> 128). Engines run such checkpoints on their own "
+        "block-FP8 GEMM kernels (physics/gemm_tiles.py). None: not an FP8 release, or "
+        "per-tensor or per-channel scales",
+    )
     published: PublishedParams | None = None
     sources: list[Source] = Field(min_length=1)
     notes: str | None = None

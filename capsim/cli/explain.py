@@ -371,6 +371,19 @@ def launch_text(sm, tokens: float) -> str:
     return text
 
 
+def tiles_text(sm, step: StepBreakdown) -> str:
+    """How a step's block-FP8 dense GEMMs fill the GPU (physics/gemm_tiles.py): their
+    thread blocks against its multiprocessors, '' where the term does not apply."""
+    report = sm.block_fp8_gemm_report(step.graph_tokens)
+    if not report:
+        return ""
+    blocks = [b for _name, b, _sms, _share in report]
+    return (
+        f"{len(report)} GEMMs of {min(blocks)}-{max(blocks)} thread blocks on "
+        f"{report[0][2]} multiprocessors, {sm.block_fp8_tile_columns:g}-column tiles"
+    )
+
+
 def step_rows(
     step: StepBreakdown,
     tokens_out: float,
@@ -379,6 +392,7 @@ def step_rows(
     mla_floor: tuple[float, int] | None = None,
     launch: tuple[float, int, str] | None = None,
     pipeline_handoffs: bool = False,
+    block_fp8_tiles: str = "",
 ) -> list[tuple[str, str]]:
     """The rows of one step's table. ``mla_floor``: (us a layer, layers) of what MLA
     layers pay beyond a GQA layer's floor (mla_layer_floor_share of the layer floor, and
@@ -443,6 +457,16 @@ def step_rows(
         (
             "dense weights: memory | compute",
             f"{step.t_dense_memory * ms:.3f} | {step.t_dense_compute * ms:.3f} ms",
+        ),
+        *(
+            [
+                (
+                    "of it: block-FP8 GEMMs' idle multiprocessors",
+                    f"{step.t_block_fp8_tiles * ms:.3f} ms ({block_fp8_tiles})",
+                )
+            ]
+            if step.t_block_fp8_tiles
+            else []
         ),
         *(
             [
@@ -795,7 +819,9 @@ def explain_cmd(
         table.add_column("term", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
         launch = launch_text(sm, step.tokens)
-        rows = step_rows(step, out, ridge, sm.int8_gemm_rate, mla_floor, launch, pp > 1)
+        rows = step_rows(
+            step, out, ridge, sm.int8_gemm_rate, mla_floor, launch, pp > 1, tiles_text(sm, step)
+        )
         for row in rows:
             table.add_row(*row)
         if dep.dp_attention > 1:

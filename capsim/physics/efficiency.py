@@ -176,6 +176,18 @@ class EfficiencyParams(BaseModel):
         "padding of partly filled row tiles and the per-expert pipeline fill. None: no rows "
         "term. Set per class and engine from fused-MoE timings",
     )
+    block_fp8_gemm_tile_columns: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="Output columns one thread block of the engine's block-FP8 dense GEMM "
+        "computes, for a checkpoint with block-scaled FP8 weights (Model.fp8_weight_block), "
+        "where the kernel has one tile shape and splits neither K nor the batch (vLLM's "
+        "CUTLASS SM90 blockwise kernel, 128 x 128): a GEMM of N columns and M rows runs "
+        "ceil(N / this) x ceil(M / 128) blocks, one a multiprocessor (GPU.sm_count), so its "
+        "weights stream at blocks / (multiprocessors x waves) of the bandwidth share. None: "
+        "the kernels fill the GPU (split-K, swap-AB or DeepGEMM). Set per engine release",
+    )
     moe_dequant_compute_efficiency: float | None = Field(
         None,
         ge=MIN_SHARE,
@@ -577,6 +589,7 @@ class EfficiencyParams(BaseModel):
                 "bandwidth_efficiency",
                 "moe_bandwidth_efficiency",
                 "moe_dequant_bandwidth_efficiency",
+                "block_fp8_gemm_tile_columns",
                 "kv_bandwidth_efficiency",
                 "linear_attention_state_bandwidth_efficiency",
                 "elementwise_bandwidth_efficiency",

@@ -75,6 +75,8 @@ class StepBreakdown:
     t_elementwise: float = 0.0  # their time (norms, rotary, activation, MoE sums; in t_memory)
     score_bytes: float = 0.0  # attention scores through DRAM without a fused kernel
     t_scores: float = 0.0  # their time (in t_memory; physics/score_terms.py)
+    # block-FP8 dense GEMMs' idle multiprocessors (in t_dense_memory; physics/gemm_tiles.py)
+    t_block_fp8_tiles: float = 0.0
     t_host: float = 0.0  # the host's per-step work (part of t_overhead)
     t_host_hidden: float = 0.0  # of which async scheduling hides under the device's work
     allreduce_algorithm: str = ""  # what the TP group's all-reduces run (empty at TP=1)

@@ -72,6 +72,7 @@ from capsim.physics.draft_terms import DrafterTerms
 from capsim.physics.drafter_memory import draft_format
 from capsim.physics.efficiency import EfficiencyParams
 from capsim.physics.expert_terms import ExpertTerms
+from capsim.physics.gemm_tiles import GemmTileTerms
 from capsim.physics.host_terms import HostTerms
 from capsim.physics.kv_layout import kv_layout, per_rank_share
 from capsim.physics.memory import (
@@ -105,6 +106,7 @@ class StepModel(
     HostTerms,
     DrafterTerms,
     ExpertTerms,
+    GemmTileTerms,
     OffloadTerms,
     StateTerms,
     ScoreTerms,
@@ -176,6 +178,8 @@ class StepModel(
 
         # --- rates (RateTerms)
         self._init_rates()
+        # --- block-FP8 dense GEMMs on a one-tile kernel (GemmTileTerms)
+        self._init_gemm_tiles()
         # --- attention scores written to memory, without a fused kernel (ScoreTerms)
         self._init_scores()
 
@@ -355,6 +359,14 @@ class StepModel(
             + tokens * self.linear_flops_per_token
         )
         t_comm = passes * self.communication_scalar(graph / passes) if tokens else 0.0
+        # block-FP8 dense GEMMs whose few output tiles leave multiprocessors idle
+        t_tiles = (
+            passes
+            * self.block_fp8_tile_seconds(graph / passes)
+            * (1.0 - self.weights_in_host_share)
+            if tokens
+            else 0.0
+        )
         activation_bytes = graph * self.elementwise_bytes_per_token
         t_host = self.host_seconds(seqs) if seqs else 0.0
         t_floor = passes * self.kernel_floor_us(tokens) * 1e-6 if seqs else 0.0
@@ -376,7 +388,8 @@ class StepModel(
             "t_elementwise": activation_bytes / self.elementwise_bw,
             "score_bytes": score_bytes,
             "t_scores": t_scores,
-            "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw,
+            "t_dense_mem": (dense_bytes + sampler_bytes) / self.dense_bw + t_tiles,
+            "t_tiles": t_tiles,
             "t_dense_cmp": dense_flops / self.dense_gemm_rate(graph / passes),
             "t_exp_mem": (
                 expert_bytes / self.expert_bw

@@ -85,6 +85,7 @@ class StepReport:
             t_elementwise=t["t_elementwise"],
             score_bytes=t["score_bytes"],
             t_scores=t["t_scores"],
+            t_block_fp8_tiles=t["t_tiles"],
             t_host=t["t_host"],
             t_host_hidden=t["t_host"] + device - total,
             allreduce_algorithm=self.allreduce_algorithm(message),
