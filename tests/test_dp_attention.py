@@ -43,11 +43,17 @@ def test_mla_kv_is_not_replicated_per_rank():
     attention = weight_bytes(DSR1, FP8, 1)["attention"]
     extra = attention - weight_bytes(DSR1, FP8, 8)["attention"]
     assert dp8.dense_weight_bytes - tp8.dense_weight_bytes == pytest.approx(extra)
-    assert extra == pytest.approx(attention * 7 / 8)
-    # FLOPs a GPU computes are the same: 1/8 of the tokens, all of the heads; executed in
-    # FlashMLA's 64-row tiles, TP8's 16 heads a GPU pad each tile four times over, a rank's
-    # 128 fill two (physics/work_counts.py, mla_decode_padding)
-    assert dp8.dense_flops_per_token == tp8.dense_flops_per_token
+    # the q/kv down-projections (7,168 x 2,112 a layer) are whole on every GPU either way
+    replicated = 7168 * (1536 + 512 + 64) * 61 * FP8.bits_per_weight / 8
+    assert extra == pytest.approx((attention - replicated) * 7 / 8)
+    # FLOPs a GPU computes are the same for the split weights: 1/8 of the tokens, all of
+    # the heads (executed in FlashMLA's 64-row tiles, TP8's 16 heads a GPU pad each tile
+    # four times over, a rank's 128 fill two: physics/work_counts.py, mla_decode_padding);
+    # the replicated down-projections a TP8 GPU runs on every token, a rank's on its eighth
+    down_flops = 2 * 7168 * 2112 * 61
+    assert tp8.dense_flops_per_token - dp8.dense_flops_per_token == pytest.approx(
+        down_flops * 7 / 8
+    )
     assert (tp8.mla_decode_padding, dp8.mla_decode_padding) == (4.0, 1.0)
     assert dp8.full_pair_flops * 4 == pytest.approx(tp8.full_pair_flops)
 

@@ -94,3 +94,24 @@ def test_tied_embeddings_drop_lm_head(cat):
     tied = m.model_copy(update={"tie_word_embeddings": True})
     assert parameter_breakdown(tied).lm_head == 0
     assert parameter_breakdown(m).total - parameter_breakdown(tied).total == 151936 * 4096
+
+
+def test_mla_down_projections_are_whole_on_every_gpu():
+    """vLLM (fused_qkv_a_proj with disable_tp) and SGLang (ReplicatedLinear) keep MLA's
+    q and kv down-projections whole on every GPU: DeepSeek-R1's 7,168 x (1,536 + 512 + 64)
+    a layer; a GQA model has none."""
+    from capsim.catalog.loader import load_catalog
+    from capsim.physics.memory import weight_bytes
+    from capsim.physics.parameters import parameter_breakdown
+
+    cat = load_catalog()
+    dsr1, fp8 = cat.model("deepseek-r1"), cat.quant("fp8")
+    b = parameter_breakdown(dsr1)
+    assert b.attention_replicated == 7168 * 2112 * 61
+    per_byte = fp8.bits_per_weight / 8
+    split = (b.attention - b.attention_replicated) * per_byte
+    assert weight_bytes(dsr1, fp8, 8)["attention"] == pytest.approx(
+        split / 8 + b.attention_replicated * per_byte
+    )
+    assert weight_bytes(dsr1, fp8, 1)["attention"] == pytest.approx(b.attention * per_byte)
+    assert parameter_breakdown(cat.model("llama-3.1-8b")).attention_replicated == 0

@@ -166,7 +166,9 @@ def weight_bytes(
     Linear layers, embeddings and the output head are split over the TP group (vLLM's
     column/row-parallel and vocab-parallel layers); norms and routers are replicated. The
     attention layers are split over ``attention_tp`` GPUs where that is given (one
-    data-parallel attention rank's, SGLang's --enable-dp-attention), else over the group.
+    data-parallel attention rank's, SGLang's --enable-dp-attention), else over the group;
+    MLA's down-projections (``attention_replicated``) are whole on every GPU, as the engines
+    hold them.
     Quantised groups cost ``fmt.bits_per_weight`` bits per weight, the rest
     ``fmt.unquantized_bits`` (embedding and head at their own bits where the format says).
     A tied embedding table is the output head too and is stored at the head's bits
@@ -187,7 +189,11 @@ def weight_bytes(
         / 8
         / tp,
         "lm_head": p.lm_head * lm_head_bits / 8 / tp,
-        "attention": p.attention * _format_bits(fmt, "attention") / 8 / (attention_tp or tp),
+        "attention": (
+            (p.attention - p.attention_replicated) / (attention_tp or tp) + p.attention_replicated
+        )
+        * _format_bits(fmt, "attention")
+        / 8,
         "linear_attention": (
             p.linear_attention * _format_bits(fmt, "linear_attention") / 8 / tp
             + p.linear_attention_small * fmt.unquantized_bits / 8 / tp

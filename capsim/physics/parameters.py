@@ -74,6 +74,10 @@ class ParameterBreakdown:
     moe_layers: int
     vision: int = 0
     per_layer_embeddings: int = 0
+    # of ``attention``, the weights every GPU of a tensor-parallel group holds whole: MLA's
+    # down-projections of q and kv (vLLM's fused_qkv_a_proj with disable_tp, SGLang's
+    # ReplicatedLinear) and DeepSeek sparse attention's indexer
+    attention_replicated: int = 0
 
     @property
     def total(self) -> int:
@@ -159,6 +163,19 @@ def attention_params(model: Model, kind: str = "full_attention", own_kv: bool = 
     if model.attention_bias:
         params += q_width + kv_projections * kv_width
     return params
+
+
+def replicated_attention_params(model: Model) -> int:
+    """Weights of one attention layer that engines keep whole on every GPU of a
+    tensor-parallel group (0 without MLA): the q and kv down-projections (h x (q_lora_rank
+    + kv_lora_rank + qk_rope_head_dim); the kv one alone without a q LoRA) and the
+    indexer of DeepSeek sparse attention."""
+    m = model.mla
+    if m is None:
+        return 0
+    h = model.hidden_size
+    down = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
+    return h * down + indexer_params(model)
 
 
 def indexer_params(model: Model) -> int:
@@ -261,6 +278,7 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
     )
     moe_layers = 0
     blocks = 0
+    replicated = 0
     attn = attention_params(model)
     la_proj, la_small = linear_attention_params(model)
     mamba_proj, mamba_small = mamba_params(model)
@@ -275,6 +293,7 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
             totals["attention"] += attention_params(
                 model, kind, own_kv=layer < model.first_kv_shared_layer
             )
+            replicated += replicated_attention_params(model)
         ffn = layer_ffn_params(model, layer)
         if "routed" in ffn:
             moe_layers += 1
@@ -321,4 +340,5 @@ def parameter_breakdown(model: Model) -> ParameterBreakdown:
         moe_layers=moe_layers,
         vision=vision,
         per_layer_embeddings=per_layer_embeddings,
+        attention_replicated=replicated,
     )

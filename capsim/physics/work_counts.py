@@ -61,7 +61,13 @@ class WorkCounts:
         # --- FLOPs per token
         body_active = breakdown.active_excluding_embedding - breakdown.lm_head
         routed_active = breakdown.routed_experts_active
-        self.dense_flops_per_token = 2.0 * (body_active - routed_active) / tp
+        # MLA's down-projections run whole on every GPU of an attention rank, on the rank's
+        # tokens (1 / dp_attention of a step's, the ranks balanced)
+        replicated = breakdown.attention_replicated
+        self.dense_flops_per_token = (
+            2.0 * (body_active - routed_active - replicated) / tp
+            + 2.0 * replicated / self.deployment.dp_attention
+        )
         self.expert_flops_per_token = 2.0 * routed_active / tp
         self.lm_head_flops_per_token = 2.0 * model.vocab_size * model.hidden_size / tp
         # norms, rotary, cache writes, activation, MoE sums: separate memory-bound kernels
