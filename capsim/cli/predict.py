@@ -70,14 +70,16 @@ from capsim.cli.common import (
     refuse_force_without_output,
     refuse_inapplicable_flags,
     refuse_links_without_tp,
-    refuse_overrides_no_config_reads,
-    refuse_overrides_no_model_reads,
-    refuse_overrides_no_step_reads,
     resolve_models,
     spec_config,
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
 from capsim.engine.limits import MAX_CONCURRENCY
+from capsim.engine.override_checks import (
+    refuse_overrides_no_config_reads,
+    refuse_overrides_no_model_reads,
+    refuse_overrides_no_step_reads,
+)
 from capsim.errors import CapsimUserError, plain_float
 
 if TYPE_CHECKING:
