@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from capsim.engine.limits import MAX_ENGINE_COUNT
 from capsim.errors import CapsimUserError
@@ -76,7 +76,7 @@ class RunHeader(BaseModel):
     runs: int = 1
     input_tokens: int | None = None
     output_tokens: int | str | None = None
-    ignore_eos: bool = True
+    ignore_eos: StrictBool = True
     deployment: Deployment = Field(default_factory=Deployment)
     server: dict[str, Any] = Field(
         default_factory=dict,
@@ -217,7 +217,7 @@ class RunSummary(BaseModel):
 
     header: RunHeader
     levels: list[LevelSummary] = Field(default_factory=list)
-    complete: bool = False
+    complete: StrictBool = False
     stopped: str | None = Field(
         None, max_length=2000, description="Why the run stopped before it finished"
     )
