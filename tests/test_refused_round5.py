@@ -5,6 +5,7 @@ naming the flag, file or field."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,68 @@ def test_python_api_true_or_false_arguments_take_booleans(fields, says):
     with pytest.raises(capsim.CapsimUserError) as info:
         capsim.predict(gpu="h100-sxm", model="llama-3.1-8b", concurrency=[1], **fields)
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "flag, values", [("--nodes", range(1, 1025)), ("--max-num-seqs", range(1, 5001))]
+)
+def test_a_plan_of_more_configurations_than_it_can_simulate_is_refused_at_once(flag, values):
+    """Each value multiplies the search: --nodes 1,2,...,1024 held 131,072 configurations,
+    whose enumeration alone took 10 s before a run of hours."""
+    import time
+
+    started = time.perf_counter()
+    refused(
+        ["plan", "--model", "llama-3.1-8b", "--agents", "4", flag, ",".join(map(str, values))],
+        "the search holds more than 100,000 configurations",
+        "fewer values in --gpus, --counts, --nodes, --max-num-seqs or --power-limits",
+    )
+    assert time.perf_counter() - started < 5
+
+
+def test_python_api_plan_of_too_many_configurations_is_a_user_error():
+    import capsim
+
+    with pytest.raises(capsim.CapsimUserError, match="more than 100,000 configurations"):
+        capsim.plan(models=["llama-3.1-8b"], agents=4, nodes=tuple(range(1, 1025)))
+
+
+def test_the_default_plan_of_every_shipped_model_is_within_the_limit():
+    """The limit leaves room for every model's default search (at most 27,216 for
+    qwen3.5-397b-a17b) and for several at once."""
+    from capsim.catalog.loader import load_catalog
+    from capsim.planner.search import MAX_PLAN_CONFIGURATIONS, PlanRequest, search_grids
+
+    cat = load_catalog()
+    for name in ("qwen3.5-397b-a17b", "deepseek-r1", "llama-3.1-8b"):
+        rows = search_grids(PlanRequest(models=(name,), agents=4), cat)
+        size = sum(math.prod(map(len, axes)) for *_, axes in rows)
+        assert 0 < size <= MAX_PLAN_CONFIGURATIONS / 3, (name, size)
+
+
+def test_a_long_plan_says_how_long_in_a_pipe_too(monkeypatch):
+    """plan showed a bar on a terminal and nothing in a pipe or a log: the default search
+    at 64 agents ran 100 s without a word."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    import capsim.cli.common as common
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
+    out = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=out, width=300))
+
+    def work():
+        for i in range(100):
+            clock["now"] += 1.0  # a configuration a second: 100 s in all
+            yield i
+
+    done, stopped = common.finished_before_ctrl_c(
+        work(), 100, "configurations simulated", "the plan covers those", shorter="fewer x"
+    )
+    assert len(done) == 100 and stopped is None
+    assert out.getvalue().count("note: at the pace so far") == 1
+    assert "fewer x" in out.getvalue()

@@ -1060,6 +1060,7 @@ def finished_before_ctrl_c(
     covers: str,
     plot_path: Path | None = None,
     bar_text: str | None = None,
+    shorter: str | None = None,
 ) -> tuple[list[T], str | None]:
     """Run ``work`` (an iterator that yields each of ``total`` finished items) until it ends
     or Ctrl-C stops it, with a bar counting the items when ``bar_text`` is given. Returns
@@ -1067,9 +1068,11 @@ def finished_before_ctrl_c(
     ("3 of 183 configurations simulated; the plan covers those"; ``what`` is "configurations
     simulated", ``covers`` "the plan covers those"). Ctrl-C before the first item says so
     and exits 130 here; otherwise the caller prints what finished inside
-    ``exit_after_interrupt``."""
+    ``exit_after_interrupt``. With ``shorter`` (how to make the run shorter), a run that
+    will take long says so once on stderr (LongRunNote), in a pipe too, where no bar shows."""
     done: list[T] = []
     stopped = None
+    note = LongRunNote(what, shorter) if shorter else None
     bar = progress_bar() if bar_text else contextlib.nullcontext()
     with stop_on_ctrl_c() as ctrl_c, bar:
         task = bar.add_task(bar_text, total=total) if bar_text else None
@@ -1078,6 +1081,8 @@ def finished_before_ctrl_c(
                 done.append(item)
                 if task is not None:
                     bar.advance(task)
+                if note is not None:
+                    note(len(done), total)
         except BaseException as exc:
             if not ctrl_c.stopped(exc):
                 raise
