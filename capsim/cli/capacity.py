@@ -168,6 +168,7 @@ def capacity_cmd(
         "configurations answered",
         "the answers above cover those",
         bar_text="searching the concurrency" if len(configs) > 1 else None,
+        shorter="fewer --gpu or --model values give an answer sooner",
     )
     with exit_after_interrupt(stopped):
         show_answers(answers, objectives, pessimistic, json_out)
