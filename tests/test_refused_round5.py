@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from capsim.cli.main import app
 from tests.test_refused_leftovers import refused
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,3 +229,16 @@ def test_a_long_plan_says_how_long_in_a_pipe_too(monkeypatch):
     assert len(done) == 100 and stopped is None
     assert out.getvalue().count("note: at the pace so far") == 1
     assert "fewer x" in out.getvalue()
+
+
+def test_n_cpu_moe_above_the_moe_layers_is_taken_with_a_note():
+    """llama.cpp keeps the experts of every layer in system RAM when N passes the layers
+    (its --cpu-moe); capsim took --n-cpu-moe 9999 as that without a word, where
+    --cpu-offload-gb above the weights says so."""
+    fit = ["fit", "--gpu", "h100-sxm", "--model", "qwen3-coder-30b-a3b", "--engine", "llama.cpp"]
+    r = runner.invoke(app, [*fit, "--n-cpu-moe", "9999"])
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "--n-cpu-moe 9,999 is more than qwen3-coder-30b-a3b's 48 MoE layers" in flat
+    r = runner.invoke(app, [*fit, "--n-cpu-moe", "48"])
+    assert r.exit_code == 0 and "is more than" not in r.output

@@ -451,6 +451,15 @@ def memory_fit(
             raise CapsimUserError(
                 f"{model.name} has no routed experts to keep in system RAM (--n-cpu-moe)"
             )
+        if cpu_moe_layers > breakdown.moe_layers:  # taken, as llama.cpp takes it
+            from capsim.notices import notice
+
+            notice(
+                f"--n-cpu-moe {cpu_moe_layers:,} is more than {model.name}'s "
+                f"{breakdown.moe_layers} MoE layers: the routed experts of all of them are "
+                f"kept in system RAM (llama.cpp's --cpu-moe; up to "
+                f"{breakdown.moe_layers - 1} keeps some on the GPU)"
+            )
         share = min(cpu_moe_layers, breakdown.moe_layers) / breakdown.moe_layers
         routed = breakdown.routed_experts * _format_bits(fmt, "experts") / 8 / tp
         parts["experts"] -= share * routed
