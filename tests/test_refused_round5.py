@@ -242,3 +242,39 @@ def test_n_cpu_moe_above_the_moe_layers_is_taken_with_a_note():
     assert "--n-cpu-moe 9,999 is more than qwen3-coder-30b-a3b's 48 MoE layers" in flat
     r = runner.invoke(app, [*fit, "--n-cpu-moe", "48"])
     assert r.exit_code == 0 and "is more than" not in r.output
+
+
+def test_a_run_file_is_never_written_through_a_file_at_its_temporary_name(tmp_path):
+    """The summary went through NAME.json.tmp, a fixed name: a link there had the summary
+    written into the file it pointed to (outside the folder named) and a file there was
+    taken, without --force. Now a new file of its own (O_EXCL) is renamed over NAME.json."""
+    from tests.test_cli_output import hand_made_run
+
+    victim = tmp_path / "elsewhere" / "precious.txt"
+    victim.parent.mkdir()
+    victim.write_text("precious")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "a.json.tmp").symlink_to(victim)
+    (runs / "b.json.tmp").write_text("mine")
+    hand_made_run(runs / "a.json")
+    hand_made_run(runs / "b.json")
+    assert victim.read_text() == "precious"
+    assert (runs / "b.json.tmp").read_text() == "mine"
+    assert (runs / "a.json.tmp").is_symlink()
+    assert not list(runs.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_a_replaced_run_log_link_is_replaced_not_written_through(tmp_path):
+    """With --force a run's NAME.jsonl is replaced: a link there had the log written into
+    the file it pointed to."""
+    from tests.test_cli_output import hand_made_run
+
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "a.jsonl").symlink_to(victim)
+    log = hand_made_run(runs / "a.json")
+    assert victim.read_text() == "precious"
+    assert not log.is_symlink() and log.read_text().startswith('{"type":"header"')

@@ -238,6 +238,8 @@ class RunWriter:
         self.summary_path = out.with_suffix(".json")
         self.log_path = out.with_suffix(".jsonl")
         self.summary_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.is_symlink():  # --force replaces the link, never its target
+            self.log_path.unlink()
         self._log = self.log_path.open("w", encoding="utf-8")
         self.summary = RunSummary(header=header)
         self.event({"type": "header", **header.model_dump(mode="json")})
@@ -261,9 +263,11 @@ class RunWriter:
         self.write_summary()
 
     def write_summary(self) -> None:
-        tmp = self.summary_path.with_suffix(".json.tmp")
-        tmp.write_text(self.summary.model_dump_json(indent=2), encoding="utf-8")
-        os.replace(tmp, self.summary_path)
+        """NAME.json replaced whole, through a temporary file of its own (a file or a link
+        at a fixed NAME.json.tmp was written through and taken)."""
+        from capsim.files import write_text_atomic
+
+        write_text_atomic(self.summary_path, self.summary.model_dump_json(indent=2))
 
     def discard(self) -> None:
         """Close and remove what this writer wrote (an import that failed part-way)."""
