@@ -863,9 +863,13 @@ def save_figure(fig, path: Path) -> Path:
     written = plot_path_written(path, fig.canvas.get_supported_filetypes())
     # drawn beside it and renamed over it: a link there (--force) is replaced, not written
     # through into the file it points to, and a reader never sees half a plot
-    drawing = written.with_name(f".{written.name}.{os.getpid()}.part")
+    import secrets
+
+    drawing = written.with_name(f".{written.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
     try:
-        fig.savefig(drawing, dpi=110, format=written.suffix.removeprefix(".").lower() or "png")
+        # a new file (O_EXCL): a link already at the drawing's name is never written through
+        with os.fdopen(os.open(drawing, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+            fig.savefig(f, dpi=110, format=written.suffix.removeprefix(".").lower() or "png")
         os.replace(drawing, written)
     except OSError as exc:
         drawing.unlink(missing_ok=True)
