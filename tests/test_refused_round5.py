@@ -278,3 +278,34 @@ def test_a_replaced_run_log_link_is_replaced_not_written_through(tmp_path):
     log = hand_made_run(runs / "a.json")
     assert victim.read_text() == "precious"
     assert not log.is_symlink() and log.read_text().startswith('{"type":"header"')
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda d: d["ttfts"].__setitem__(0, True), "ttfts must be a number, not True"),
+        (lambda d: d["ttfts"].__setitem__(0, None), "ttfts must be a number, not None"),
+        (lambda d: d["ttfts"].__setitem__(0, "0.1"), "ttfts must be a number, not '0.1'"),
+        (lambda d: d["input_lens"].__setitem__(0, True), "input_lens must be a number"),
+        (lambda d: d["input_lens"].__setitem__(0, 10.5), "input_lens holds 10.5, not a whole"),
+        (lambda d: d["itls"].__setitem__(0, [True] * 199), "itls must be a number, not True"),
+        (lambda d: d["itls"].__setitem__(0, ""), "itls holds '', not a list of one request"),
+        (lambda d: d.update(ttfts=False), "ttfts must be a list, one entry a request"),
+        (lambda d: d.update(itls="x"), "itls not a list"),
+    ],
+)
+def test_a_vllm_bench_result_of_non_numbers_per_request_is_refused(tmp_path, change, says):
+    """A per-request TTFT, gap or input length of true was imported as 1 (s or tokens), an
+    empty text for a request's gaps as none; the totals were checked, the lists were not."""
+    import copy
+    import json
+
+    from tests.test_importers import VLLM_BENCH
+
+    data = copy.deepcopy(VLLM_BENCH)
+    change(data)
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "run.json"
+    refused(["import", "vllm-bench", str(src), "--out", str(out)], says)
+    assert not out.exists() and not out.with_suffix(".jsonl").exists()
