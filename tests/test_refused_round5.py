@@ -309,3 +309,39 @@ def test_a_vllm_bench_result_of_non_numbers_per_request_is_refused(tmp_path, cha
     out = tmp_path / "run.json"
     refused(["import", "vllm-bench", str(src), "--out", str(out)], says)
     assert not out.exists() and not out.with_suffix(".jsonl").exists()
+
+
+HF_LLAMA = ROOT / "tests" / "data" / "hf_configs_catalog" / "meta-llama--Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("tie_word_embeddings", "false", "tie_word_embeddings is 'false'; it must be true or"),
+        ("tie_word_embeddings", 0, "tie_word_embeddings is 0; it must be true or false"),
+        ("attention_bias", [], "attention_bias is []; it must be true or false"),
+        ("num_key_value_heads", [], "num_key_value_heads is []; it counts num key value"),
+        ("max_position_embeddings", {}, "max_position_embeddings is {}; it counts"),
+    ],
+)
+def test_a_config_json_of_the_wrong_kind_for_a_flag_or_a_count_is_refused(
+    tmp_path, key, value, says
+):
+    """bool("false") is True: a config.json's "tie_word_embeddings": "false" counted the
+    weights with the embedding tied; [] and {} for a count were read as not given (as many
+    KV heads as heads, the default context)."""
+    import json
+
+    data = json.loads((HF_LLAMA / "config.json").read_text())
+    data[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    refused(["fit", "--gpu", "h200", "--model", str(tmp_path / "config.json")], says)
+
+
+def test_every_stored_config_json_passes_the_kind_checks():
+    from capsim.catalog.hf_import import read_config
+
+    configs = sorted((ROOT / "tests" / "data").glob("hf_configs*/*/config.json"))
+    assert len(configs) > 30
+    for path in configs:
+        read_config(path)
