@@ -345,3 +345,35 @@ def test_every_stored_config_json_passes_the_kind_checks():
     assert len(configs) > 30
     for path in configs:
         read_config(path)
+
+
+RUN_HEADER = '{"type": "header", "url": "u", "model": "m", "concurrency": [1]}'
+
+
+@pytest.mark.parametrize(
+    "lines, says",
+    [
+        (["[1, 2]"], "line 1: list '[1, 2]' is not a JSON object, so not a capsim run log"),
+        (['"x"'], "line 1: str 'x' is not a JSON object"),
+        (
+            [
+                '{"type": "header", "url": "u", "model": "m", "concurrency": [1]}',
+                '{"type": "request"}',
+            ],
+            "line 2: a 'request' event needs a whole number 'concurrency' (and 'run'), and this "
+            "one has none",
+        ),
+        ([RUN_HEADER], ""),
+    ],
+)
+def test_a_run_log_line_of_another_shape_is_refused_naming_the_line(tmp_path, lines, says):
+    """A line that is a JSON list ended in "AttributeError: 'list' object has no attribute
+    'get'", a request without its level in "KeyError: 'concurrency'"."""
+    log = tmp_path / "run.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    r = runner.invoke(app, ["probe", "summarize", str(log)])
+    if not says:  # a header alone is a run with no level yet
+        assert r.exit_code == 0, r.output
+        return
+    flat = refused(["probe", "summarize", str(log)], says)
+    assert "Error:" not in flat.replace("error:", "")

@@ -304,9 +304,16 @@ def iter_numbered_events(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
     for number, line in enumerate(iter_input_lines(path, "run log", MAX_LOG_BYTES), start=1):
         try:
-            yield number, loads_json(line)
+            event = loads_json(line)
         except json.JSONDecodeError:
             continue
+        if not isinstance(event, dict):  # was "AttributeError: 'list' object has no ..."
+            raise CapsimUserError(
+                f"'{path}', line {number}: {type(event).__name__} {str(event)[:40]!r} is not "
+                "a JSON object, so not a capsim run log event",
+                hint="capsim probe writes it: one JSON object a line",
+            )
+        yield number, event
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
@@ -332,6 +339,23 @@ def summarize_log(path: Path) -> RunSummary:
         ) from None
 
 
+def level_key(event: dict[str, Any], log: Path, line: int) -> tuple[int, int]:
+    """A level or request event's (concurrency, run), or a user error naming the line (a
+    missing concurrency was "KeyError: 'concurrency'")."""
+    try:
+        concurrency, run = event["concurrency"], event.get("run", 0)
+        if isinstance(concurrency, bool) or isinstance(run, bool):
+            raise TypeError
+        return int(concurrency), int(run)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise CapsimUserError(
+            f"'{log}', line {line}: a {str(event.get('type'))[:20]!r} event needs a whole "
+            "number 'concurrency' (and 'run'), and this one has "
+            + (f"{str(event['concurrency'])[:40]!r}" if "concurrency" in event else "none"),
+            hint="capsim probe writes it; lines of other shapes cannot be summarized",
+        ) from None
+
+
 def rebuild_summary(path: Path) -> RunSummary:
     """Rebuild a run's summary from its JSONL: every level that finished as its ``level``
     event recorded it (what the .json summary holds: the server's counters, and the
@@ -352,10 +376,10 @@ def rebuild_summary(path: Path) -> RunSummary:
         if e.get("type") == "header" and first_header is None:
             first_header = e
         if e.get("type") == "level":
-            finished[(int(e["concurrency"]), int(e.get("run", 0)))] = e
+            finished[level_key(e, log, line)] = e
         if e.get("type") != "request":
             continue
-        key = (int(e["concurrency"]), int(e.get("run", 0)))
+        key = level_key(e, log, line)
         record = {k: v for k, v in e.items() if k not in ("type", "concurrency", "run")}
         rid = (key, record.get("request_id"))
         if rid[1] is not None and rid in seen_ids:
