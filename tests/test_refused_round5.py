@@ -377,3 +377,21 @@ def test_a_run_log_line_of_another_shape_is_refused_naming_the_line(tmp_path, li
         return
     flat = refused(["probe", "summarize", str(log)], says)
     assert "Error:" not in flat.replace("error:", "")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--hicache-ratio", "2"],
+        ["--hicache-size", "0"],
+        ["--engine", "sglang", "--hicache-ratio", "2"],
+    ],
+)
+def test_a_hicache_size_at_sglangs_default_without_the_cache_is_refused(extra):
+    """--hicache-ratio 3 without --enable-hierarchical-cache was refused and --hicache-ratio
+    2 (SGLang's default) taken without a word: the check compared the value with the
+    default."""
+    predict = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1"]
+    refused([*predict, *extra], "--enable-hierarchical-cache is not given")
+    capacity = ["capacity", "--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
+    refused([*capacity, "--min-agent-tok-s", "30", *extra], "is not given")

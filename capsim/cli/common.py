@@ -477,7 +477,7 @@ HierarchicalCacheOption = Annotated[
     ),
 ]
 HicacheRatioOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--hicache-ratio",
         min=0.001,
@@ -486,7 +486,7 @@ HicacheRatioOption = Annotated[
     ),
 ]
 HicacheSizeOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--hicache-size",
         min=0,
@@ -495,6 +495,27 @@ HicacheSizeOption = Annotated[
         "[default: 0, the ratio]",
     ),
 ]
+
+
+def hicache_fields(enabled: bool, ratio: float | None, size: float | None) -> dict[str, Any]:
+    """The PredictConfig fields of --enable-hierarchical-cache, --hicache-ratio and
+    --hicache-size (None: not given, SGLang's defaults). A size given without the cache is
+    refused at any value: the configuration's own check could not tell SGLang's default
+    ratio of 2 typed from 2 by default, and took '--hicache-ratio 2' without the cache, or
+    with vLLM, without a word (issue 47, round 5)."""
+    if not enabled and (ratio is not None or size is not None):
+        raise CapsimUserError(
+            "--hicache-ratio and --hicache-size size SGLang's hierarchical cache, and "
+            "--enable-hierarchical-cache is not given",
+            hint="add --enable-hierarchical-cache",
+        )
+    return {
+        "hierarchical_cache": enabled,
+        "hicache_ratio": 2.0 if ratio is None else ratio,
+        "hicache_size_gb": 0.0 if size is None else size,
+    }
+
+
 CpuOffloadOption = Annotated[
     float,
     typer.Option(
