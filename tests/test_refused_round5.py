@@ -395,3 +395,13 @@ def test_a_hicache_size_at_sglangs_default_without_the_cache_is_refused(extra):
     refused([*predict, *extra], "--enable-hierarchical-cache is not given")
     capacity = ["capacity", "--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
     refused([*capacity, "--min-agent-tok-s", "30", *extra], "is not given")
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf")])
+def test_python_api_power_limit_out_of_range_is_a_user_error(value):
+    """predict(power_limit_w=0) ended in a pydantic ValidationError of Deployment, from
+    inside the simulation (a fuzz of every PredictConfig field with 14 values, 882 cases)."""
+    import capsim
+
+    with pytest.raises(capsim.CapsimUserError, match=r"^power_limit_w: Input should be"):
+        capsim.predict(gpu="h100-sxm", model="llama-3.1-8b", concurrency=[1], power_limit_w=value)

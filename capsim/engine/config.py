@@ -78,7 +78,12 @@ class PredictConfig(BaseModel):
     )
     spec: SpecConfig | None = None
     prefix_caching: StrictBool = True
-    power_limit_w: float | None = None
+    power_limit_w: float | None = Field(
+        None,
+        gt=0,  # 0, -1 and NaN were a pydantic ValidationError from inside the simulation
+        allow_inf_nan=False,
+        description="Board power cap, W (above the GPU's TDP: runs at TDP, with a note)",
+    )
     enforce_eager: StrictBool = False
     attention_backend: str | None = Field(
         None,
