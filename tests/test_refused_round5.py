@@ -405,3 +405,46 @@ def test_python_api_power_limit_out_of_range_is_a_user_error(value):
 
     with pytest.raises(capsim.CapsimUserError, match=r"^power_limit_w: Input should be"):
         capsim.predict(gpu="h100-sxm", model="llama-3.1-8b", concurrency=[1], power_limit_w=value)
+
+
+@pytest.mark.parametrize(
+    "option, value, says",
+    [
+        ("max_num_seqs", "x", "max_num_seqs: takes a whole number, or None, got str 'x'"),
+        ("max_model_len", float("nan"), "max_model_len: takes a whole number"),
+        ("gpu_memory_utilization", None, "gpu_memory_utilization: takes a number in (0, 1]"),
+        ("reserve", None, "reserve: takes a RuntimeReserve, got None"),
+        ("default_limits", (1,), "default_limits: takes None or (max_num_batched_tokens"),
+        ("drafter", "eagle", "drafter: takes None or a Drafter"),
+        ("sliding_window_pool", 0, "sliding_window_pool: takes None or an engine's"),
+        ("enforce_eager", "yes", "enforce_eager: takes True or False"),
+    ],
+)
+def test_python_api_memory_fit_options_of_the_wrong_kind_are_a_user_error(option, value, says):
+    """memory_fit(max_num_seqs="x") was a TypeError, reserve=None an AttributeError and
+    default_limits=(1,) a ValueError from inside the fit (a fuzz of its keyword arguments)."""
+    import capsim
+
+    cat = capsim.load_catalog()
+    gpu, model, fmt = cat.gpu("h100-sxm"), cat.model("llama-3.1-8b"), cat.quant("bf16")
+    with pytest.raises(capsim.CapsimUserError) as info:
+        capsim.memory_fit(gpu, model, fmt, **{option: value})
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("min_agent_tok_s", 1e308, "--min-agent-tok-s 1e+308: input should be less than or"),
+        ("max_ttft_p90_s", 1e308, "--max-ttft-p90-s 1e+308: input should be less than or"),
+        ("requests", 2**70, "a whole number from 1 to 10,000,000"),
+    ],
+)
+def test_python_api_plan_objectives_past_their_bounds_are_a_user_error(field, value, says):
+    """plan(min_agent_tok_s=1e308) and plan(requests=2**70) were pydantic ValidationErrors of
+    Objectives and PredictConfig from inside the search."""
+    import capsim
+
+    with pytest.raises(capsim.CapsimUserError) as info:
+        capsim.plan(models=["llama-3.1-8b"], agents=2, gpus=["h100-sxm"], **{field: value})
+    assert says in str(info.value)

@@ -25,7 +25,7 @@ from typing import Any
 from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
-from capsim.engine.config import PredictConfig
+from capsim.engine.config import MAX_REQUESTS, PredictConfig
 from capsim.engine.lengths import parse_length
 from capsim.engine.pool import cores_for, worker_pool
 from capsim.engine.router import RouterPolicy
@@ -94,6 +94,17 @@ class PlanRequest:
         ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise CapsimUserError(f"{flag} {value:g}: must be a positive number")
+        from pydantic import ValidationError
+
+        try:  # the objectives' own bounds (1e308 tok/s was a ValidationError from the search)
+            Objectives(min_agent_tok_s=self.min_agent_tok_s, max_ttft_p90_s=self.max_ttft_p90_s)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            flag = "--" + str(first["loc"][0]).replace("_", "-")
+            raise CapsimUserError(
+                f"{flag} {first['input']:g}: {first['msg'][:1].lower()}{first['msg'][1:]}",
+                hint=f"see --help for {flag}",
+            ) from None
         # the Python API's tuples, checked as the CLI's lists are (a 0 was a pydantic
         # error from deep in the search, naming a field of PredictConfig)
         for flag, values, most in (
@@ -125,9 +136,11 @@ class PlanRequest:
         if not (isinstance(self.spec_acceptance, int | float) and 0 <= self.spec_acceptance <= 1):
             raise CapsimUserError(f"spec_acceptance {self.spec_acceptance!r}: a rate from 0 to 1")
         if self.requests is not None and not (
-            isinstance(self.requests, int) and self.requests >= 1
+            isinstance(self.requests, int) and 1 <= self.requests <= MAX_REQUESTS
         ):
-            raise CapsimUserError(f"requests {self.requests!r}: a whole number of 1 or more")
+            raise CapsimUserError(
+                f"requests {self.requests!r}: a whole number from 1 to {MAX_REQUESTS:,}"
+            )
 
 
 @dataclass
