@@ -448,3 +448,27 @@ def test_python_api_plan_objectives_past_their_bounds_are_a_user_error(field, va
     with pytest.raises(capsim.CapsimUserError) as info:
         capsim.plan(models=["llama-3.1-8b"], agents=2, gpus=["h100-sxm"], **{field: value})
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["LLAMA_3.1_8B", "llama3.1-8b"])
+def test_models_import_hf_refuses_a_name_the_catalog_could_not_tell_apart(tmp_path, name):
+    """'LLAMA_3.1_8B' (or the alias 'llama3.1-8b') was written with a note that it replaces
+    the built-in llama-3.1-8b; the catalog refuses such a file, so every command given
+    that --db then exited 2."""
+    out = tmp_path / "db"
+    refused(
+        ["models", "import-hf", str(HF_LLAMA / "config.json"), "--name", name, "--out", str(out)],
+        f"--name '{name}' is the model 'llama-3.1-8b' but for case and separators",
+    )
+    assert not (out / "models").exists() or not list((out / "models").iterdir())
+
+
+def test_models_import_hf_refuses_a_second_file_of_one_model_in_the_folder(tmp_path):
+    out = tmp_path / "db"
+    cmd = ["models", "import-hf", str(HF_LLAMA / "config.json"), "--out", str(out)]
+    r = runner.invoke(app, [*cmd, "--name", "my-model"])
+    assert r.exit_code == 0, r.output
+    refused([*cmd, "--name", "My_Model"], "but for case and separators")
+    assert [p.name for p in (out / "models").iterdir()] == ["my-model.yaml"]
+    r = runner.invoke(app, ["--db", str(out), "models", "show", "my-model"])
+    assert r.exit_code == 0, r.output
