@@ -191,8 +191,13 @@ def refuse_repeats(values, flag: str, key=None, shown=str) -> None:
 
 def predict_with_progress(config, cat) -> PredictResult:
     """capsim.api.predict with a bar on stderr, when it is a terminal: requests
-    simulated of all the levels'."""
-    from capsim.api import predict
+    simulated of all the levels'. The command has checked its --set values against every
+    configuration it runs (an MoE parameter for a dense model beside an MoE one is taken),
+    so each runs without the API's check of its own overrides."""
+    from capsim.calibration.applied import calibrated_predict
+
+    def predict(config, catalog, progress):
+        return calibrated_predict(config, catalog, progress=progress)
 
     shorter = "fewer --requests or levels give an answer sooner"
     if not err_console.is_terminal:

@@ -81,6 +81,17 @@ def _measure(name: str, value: Any) -> float:
     return number
 
 
+def _a_time(name: str, value: Any) -> float:
+    """A per-request time of a result file: a finite number (not a boolean, a text or
+    null); its sign is left to the request record's own checks, which say which request
+    and which of its times."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, not {value!r:.40}")
+    if not (math.isfinite(value) and abs(value) <= MAX_MEASURED):
+        raise ValueError(f"{name} must be a finite number, not {value!r}")
+    return float(value)
+
+
 def _whole(name: str, value: Any) -> int:
     """A measured count or concurrency: a whole number, 0 or more (null reads as 0)."""
     if value is None:
@@ -126,7 +137,7 @@ def check_per_request_lists(d: dict, completed: int) -> None:
         if d.get(name) is not None and not isinstance(d[name], list):
             raise ValueError(f"{name} must be a list, one entry a request, not {d[name]!r:.40}")
     for n in d.get("ttfts") or []:  # true was a TTFT of 1 s
-        _measure("ttfts", n)
+        _a_time("ttfts", n)
     for n in d.get("input_lens") or []:  # true was a prompt of one token
         if not _measure("input_lens", n).is_integer():
             raise ValueError(f"input_lens holds {n!r}, not a whole number of tokens")
@@ -134,7 +145,7 @@ def check_per_request_lists(d: dict, completed: int) -> None:
         if not isinstance(gaps, list):
             raise ValueError(f"itls holds {gaps!r:.40}, not a list of one request's gaps")
         for gap in gaps:
-            _measure("itls", gap)
+            _a_time("itls", gap)
     if outs and not any(outs) and float(d.get("total_output_tokens") or 0) > 0:
         raise ValueError(
             f"every output length is 0, yet total_output_tokens is {d['total_output_tokens']!r}"
