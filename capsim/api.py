@@ -77,7 +77,9 @@ def predict(
     require_catalog(catalog)
     require_callable(progress, "progress")
     config = _merge(PredictConfig, config, fields)
-    return calibrated_predict(config, catalog or load_catalog(), progress=progress)
+    catalog = catalog or load_catalog()
+    _refuse_overrides_nothing_reads(config, catalog)
+    return calibrated_predict(config, catalog, progress=progress)
 
 
 def capacity(
@@ -116,7 +118,9 @@ def capacity(
         },
     )
     config = _merge(PredictConfig, config, {"workload": "closed", **fields})
-    return search_capacity(config, objectives, catalog or load_catalog(), pessimistic=pessimistic)
+    catalog = catalog or load_catalog()
+    _refuse_overrides_nothing_reads(config, catalog)
+    return search_capacity(config, objectives, catalog, pessimistic=pessimistic)
 
 
 def plan(
@@ -185,7 +189,12 @@ def validate(
                 suggestions=problem[1],
             )
     loaded = load_published(None if datasets is None else path_list(datasets, "datasets"))
-    return compare_or_skip(loaded, catalog or load_catalog(), overrides=overrides, advance=advance)
+    catalog = catalog or load_catalog()
+    if overrides:  # a parameter none of the scenarios' models reads, as the CLI refuses it
+        from capsim.engine.override_checks import refuse_overrides_no_scenario_reads
+
+        refuse_overrides_no_scenario_reads(overrides, loaded, catalog, "overrides:")
+    return compare_or_skip(loaded, catalog, overrides=overrides, advance=advance)
 
 
 def probe(
@@ -210,6 +219,32 @@ def probe(
     require(out, (str, os.PathLike), "out", "a path (str or pathlib.Path) for the run file")
     config = _merge(ProbeConfig, config, fields)
     return run_probe(config, Path(out), on_event)
+
+
+def _refuse_overrides_nothing_reads(config: PredictConfig, catalog: Catalog) -> None:
+    """``efficiency_overrides`` that the deployment would not read (an MoE parameter for a
+    dense model, a drafter's cost without ``spec``, a step term its kernels do not use) are
+    a CapsimUserError naming the parameter, as the CLI's ``--set`` refuses them (issue 47):
+    they changed nothing without a word."""
+    from capsim.catalog.resolve import resolve_into
+    from capsim.engine.override_checks import (
+        refuse_overrides_no_config_reads,
+        refuse_overrides_no_model_reads,
+        refuse_overrides_no_step_reads,
+    )
+
+    overrides = config.efficiency_overrides
+    if not overrides:
+        return
+    model = catalog.models.find(config.model)
+    if model is None:  # a Hugging Face id or a config.json path, as the simulation reads it
+        catalog, resolved = resolve_into(catalog, [config.model])
+        model = catalog.model(resolved[0].name)
+        config = config.model_copy(update={"model": model.name})
+    given_as = "efficiency_overrides:"
+    refuse_overrides_no_model_reads(overrides, [model], given_as)
+    refuse_overrides_no_config_reads(overrides, [config], given_as)
+    refuse_overrides_no_step_reads(overrides, [config], catalog, given_as)
 
 
 def _merge(model_type, config, fields: dict, argument: str = "config"):

@@ -280,9 +280,17 @@ def write_text_atomic(path: Path, text: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CapsimUserError(f"cannot create the folder of '{path}': {exc.strerror}") from None
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    import secrets
+
+    # a new file of a name no other has (O_EXCL, the umask's permissions): a file or a
+    # link already there under a fixed temporary name was written through (issue 47,
+    # round 5: a probe's 'run.json.tmp' pointing elsewhere had the summary written into
+    # its target)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        partial.write_text(text, encoding="utf-8")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

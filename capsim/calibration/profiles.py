@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 
 from capsim.calibration.paths import calibration_dir
 from capsim.catalog.loader import Catalog, engine_base, load_yaml_text
@@ -61,7 +61,7 @@ class FittedParameter(BaseModel):
     std: float | None = Field(
         None, ge=0, allow_inf_nan=False, description="Standard error from the Jacobian"
     )
-    identifiable: bool
+    identifiable: StrictBool
     bounds: tuple[FiniteFloat, FiniteFloat]
 
     @model_validator(mode="after")
@@ -73,7 +73,7 @@ class FittedParameter(BaseModel):
             raise ValueError(f"value {self.value:g} lies outside its bounds {list(self.bounds)}")
         return self
 
-    at_bound: bool = Field(
+    at_bound: StrictBool = Field(
         False, description="The fit stopped at a bound (within fit.AT_BOUND of its range)"
     )
 
@@ -95,7 +95,7 @@ class PointResidual(BaseModel):
     gpu: str = ""
     engine: str = ""
     statistic: str = "mean"
-    scored: bool = True
+    scored: StrictBool = True
 
 
 class Profile(BaseModel):

@@ -9,7 +9,7 @@ from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from capsim.catalog.gpu_schema import PLAUSIBLE
 from capsim.catalog.schemas import Source, Strict, catalog_key
@@ -61,7 +61,7 @@ class AdmissionReserve(Strict):
     decay_steps: int = Field(ge=1)
     clip_tokens: int = Field(ge=1, description="CLIP_MAX_NEW_TOKENS: cap on one request's reserve")
     retract_decode_steps: int = Field(ge=0)
-    holds_until_finish: bool = Field(
+    holds_until_finish: StrictBool = Field(
         False,
         description="A refused admission shuts admission until a running request finishes "
         "or is retracted (SGLang's batch_is_full): the ratio's decay alone lets nobody in",
@@ -83,7 +83,7 @@ class SlidingWindowPool(Strict):
     full_tokens_ratio: float = Field(
         gt=0, le=1, description="Window-pool tokens per full-pool token (SGLang's default 0.8)"
     )
-    shared_kv_layers_allocated: bool = Field(
+    shared_kv_layers_allocated: StrictBool = Field(
         description="Whether KV-shared layers (Gemma 3n/4) get buffers in the pools although "
         "they read an earlier layer's cache"
     )
@@ -297,13 +297,13 @@ class EngineGeneration(Strict):
     )
     graph_capture: GraphCapture | None = None
     outside_graphs: OutsideGraphs | None = None
-    mixes_prefill_and_decode: bool | None = None
+    mixes_prefill_and_decode: StrictBool | None = None
     chunked_prefill_above_model_len: int | None = Field(None, ge=1)
-    chunks_mla_prefill: bool | None = None
-    outputs_a_step_late: bool | None = None
-    async_scheduling: bool | None = None
-    custom_allreduce: bool | None = None
-    flash_attention: bool | None = None
+    chunks_mla_prefill: StrictBool | None = None
+    outputs_a_step_late: StrictBool | None = None
+    async_scheduling: StrictBool | None = None
+    custom_allreduce: StrictBool | None = None
+    flash_attention: StrictBool | None = None
     params: dict[str, float] = Field(default_factory=dict)
     class_params: dict[str, dict[str, float | None]] = Field(
         default_factory=dict,
@@ -522,7 +522,7 @@ class Engine(Strict):
         description="Physical batch (tokens): a step of more tokens runs as several passes of "
         "at most this many, each reading the weights again (llama.cpp's n_ubatch); None = one",
     )
-    mixes_prefill_and_decode: bool = Field(
+    mixes_prefill_and_decode: StrictBool = Field(
         True,
         description="Whether a step carries prefill chunks and decodes together (vLLM's and "
         "llama.cpp's chunked prefill); False: prefill batches run apart (SGLang's default)",
@@ -535,7 +535,7 @@ class Engine(Strict):
         "prefill first, under a budget of max(max_model_len, 2048) tokens. None: the "
         "engine's batch defaults and mixes_prefill_and_decode hold at every length",
     )
-    chunks_mla_prefill: bool = Field(
+    chunks_mla_prefill: StrictBool = Field(
         True,
         description="Whether chunked prefill applies to models with multi-head latent "
         "attention (DeepSeek-V2/V3/R1) as to others; False: MLA models are prefilled whole "
@@ -549,13 +549,13 @@ class Engine(Strict):
         "at once (SGLang's router: the decode server's front end overlaps the prefill). "
         "None: the engine has no disaggregation",
     )
-    outputs_a_step_late: bool = Field(
+    outputs_a_step_late: StrictBool = Field(
         False,
         description="Whether a step's tokens reach the client only when the next step "
         "ends (vLLM V0's async output processing, on unless --enforce-eager or speculative "
         "decoding turns it off); False: when the step that made them ends",
     )
-    async_scheduling: bool = Field(
+    async_scheduling: StrictBool = Field(
         description="Whether the engine prepares step n+1 on the CPU while the GPU runs step "
         "n by default (async_host_overlap then applies)"
     )
@@ -565,10 +565,10 @@ class Engine(Strict):
         "--async-scheduling, SGLang's overlap scheduler): an older release named with "
         "--engine ENGINE@VERSION refuses --async-scheduling (None: every release has it)",
     )
-    custom_allreduce: bool = Field(
+    custom_allreduce: StrictBool = Field(
         description="Whether tensor-parallel all-reduces can use peer-to-peer custom kernels"
     )
-    flash_attention: bool = Field(
+    flash_attention: StrictBool = Field(
         True,
         description="Whether attention runs as fused kernels that keep the query-key scores "
         "on chip by default (FlashAttention, FlashInfer, llama.cpp's -fa); False: the scores "
@@ -596,7 +596,7 @@ class Engine(Strict):
         description="A KV pool apart for sliding-window layers (SGLang's hybrid SWA memory); "
         "None: every layer's tokens in one pool",
     )
-    sliding_window_pages: bool = Field(
+    sliding_window_pages: StrictBool = Field(
         False,
         description="Whether a sliding-window layer keeps only its window's pages for a "
         "running sequence (vLLM's hybrid KV cache manager); False: every token's, unless "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from capsim.catalog.schemas import DTYPES, Source, Strict, catalog_key
 
@@ -142,7 +142,7 @@ class GPU(Strict):
         gt=0, le=PLAUSIBLE["memory_gb"], description="Device memory as marketed, GB"
     )
     memory_type: str | None = None
-    unified_memory: bool = Field(
+    unified_memory: StrictBool = Field(
         default=False,
         description="One memory shared by the CPU and the GPU (an APU, Apple silicon, "
         "GB10): weights 'in system RAM' would sit in the same memory",
@@ -195,7 +195,7 @@ class GPU(Strict):
     )
     price: Price | None = None
     cloud_price: CloudPrice | None = None
-    listed: bool = Field(
+    listed: StrictBool = Field(
         default=True, description="Shown in default listings (False: test or host entries)"
     )
     sources: list[Source] = Field(min_length=1)

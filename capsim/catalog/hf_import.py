@@ -152,10 +152,34 @@ POSITIVE_KEYS = frozenset(
 )
 
 
+LISTED_COUNT_KEYS = frozenset({"moe_layer_freq"})
+"""Counting keys a config may give as a list, one entry a layer (MiniMax-M3's
+moe_layer_freq)."""
+
+BOOLEAN_KEYS = frozenset(
+    {
+        "tie_word_embeddings",
+        "attention_bias",
+        "attn_output_gate",
+        "attention_k_eq_v",
+        "use_double_wide_mlp",
+        "enable_moe_block",
+        "multi_query",
+        "new_decoder_architecture",
+        "use_sparse_attention",
+    }
+)
+"""config.json keys capsim reads as true or false: "false" was read as true (a text that is
+not empty), [] and 0 as false, the weights counted with or without their tied embedding
+(issue 47, round 5)."""
+
+
 def check_whole_numbers(data: Any, path: Path, where: str = "") -> None:
-    """Refuse a counting key (WHOLE_NUMBER_KEYS) whose value is not a whole number, and a
-    model's core sizes (POSITIVE_KEYS) that are not positive, anywhere in the config (the
-    text_config of a multimodal one too)."""
+    """Refuse a counting key (WHOLE_NUMBER_KEYS) whose value is not a whole number (a list
+    or an object too, where LISTED_COUNT_KEYS does not take one: [] was read as not given),
+    a model's core sizes (POSITIVE_KEYS) that are not positive and a BOOLEAN_KEYS value that
+    is not true, false or null, anywhere in the config (the text_config of a multimodal one
+    too)."""
     items = (
         data.items()
         if isinstance(data, dict)
@@ -165,6 +189,18 @@ def check_whole_numbers(data: Any, path: Path, where: str = "") -> None:
     )
     for key, value in items:
         at = f"{where}.{key}" if where else str(key)
+        if key in BOOLEAN_KEYS and value is not None and not isinstance(value, bool):
+            raise CapsimUserError(
+                f"'{path}': {at} is {value!r:.40}; it must be true or false",
+                hint="pass the config.json of the model as published, unedited",
+            )
+        listed = isinstance(value, (dict, list)) and key not in LISTED_COUNT_KEYS
+        if key in WHOLE_NUMBER_KEYS and listed:
+            raise CapsimUserError(
+                f"'{path}': {at} is {value!r:.40}; it counts {key.replace('_', ' ')} and "
+                "must be a whole number",
+                hint="pass the config.json of the model as published, unedited",
+            )
         if isinstance(value, (dict, list)):
             check_whole_numbers(value, path, at)
             continue

@@ -270,10 +270,23 @@ def stands_for_a_number(value: Any, allowed: tuple) -> bool:
     )
 
 
-def boolean_for_number(data: Any, schema: Any, where: str = "") -> tuple[str, Any] | None:
+def stands_for_a_boolean(value: Any, allowed: tuple) -> bool:
+    """Whether ``value``, a number or a text, stands where a field of the types ``allowed``
+    takes true or false and not that kind of value: pydantic reads 1 and "yes" as true,
+    "off" and 0.0 as false (issue 47, round 5)."""
+    return (
+        value is not None
+        and not isinstance(value, bool)
+        and type(value) not in allowed
+        and bool in allowed
+    )
+
+
+def boolean_for_number(data: Any, schema: Any, where: str = "") -> tuple[str, Any, str] | None:
     """The first field of ``data`` where a YAML true or false, or a quoted text, stands for
-    a number ``schema`` takes, as (its dotted path, the value), or None: pydantic reads true
-    as 1 and "24" as 24 (issue 47: 'num_layers: true' ran as one layer)."""
+    a number ``schema`` takes, or a number or a text for true or false, as (its dotted path,
+    the value, what the field takes), or None: pydantic reads true as 1 and "24" as 24
+    (issue 47: 'num_layers: true' ran as one layer), and 1 or "yes" as true."""
     fields = getattr(schema, "model_fields", None)
     if not isinstance(data, dict) or fields is None:
         return None
@@ -287,7 +300,7 @@ def boolean_for_number(data: Any, schema: Any, where: str = "") -> tuple[str, An
     return None
 
 
-def _boolean_in(value: Any, annotation, path: str) -> tuple[str, Any] | None:
+def _boolean_in(value: Any, annotation, path: str) -> tuple[str, Any, str] | None:
     """boolean_for_number for one field's ``value`` of type ``annotation``, at ``path``:
     the value itself, a nested entry of its own schema, and the items of a list or the
     values of a mapping (an engine's batch_defaults rows, its generations, its params and
@@ -299,7 +312,9 @@ def _boolean_in(value: Any, annotation, path: str) -> tuple[str, Any] | None:
     if stands_for_a_number(value, allowed):
         # a quoted number in an overlay, or a boolean, passed as a number without a
         # word (issue 47's fuzzing)
-        return path, value
+        return path, value, "a number"
+    if stands_for_a_boolean(value, allowed):
+        return path, value, "true or false"
     for kind in allowed:
         if isinstance(kind, type) and hasattr(kind, "model_fields"):  # an entry of its own
             found = boolean_for_number(value, kind, path + ".")
@@ -327,7 +342,13 @@ def load_entry(path: Path, schema: type[T]) -> T:
     data = read_yaml(path)
     found = boolean_for_number(data, schema)
     if found:
-        flipped, value = found
+        flipped, value, takes = found
+        if takes == "true or false":
+            shown = f"the text {value[:40]!r}" if isinstance(value, str) else f"{value!r:.40}"
+            raise CatalogError(
+                f"{path}: {flipped}: true or false, not {shown}",
+                hint="write true or false, without quotes",
+            )
         if isinstance(value, str):
             raise CatalogError(
                 f"{path}: {flipped}: a number, not the text {value[:40]!r}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from capsim.catalog.schemas import Source, Strict, catalog_key
 
@@ -57,7 +57,7 @@ class MoESpec(Strict):
         le=MAX_LAYERS,
         description="Leading layers with a dense FFN (first_k_dense_replace)",
     )
-    expert_bias: bool = Field(default=False, description="Experts carry biases (gpt-oss)")
+    expert_bias: StrictBool = Field(default=False, description="Experts carry biases (gpt-oss)")
     latent_size: int | None = Field(
         default=None,
         ge=1,
@@ -86,7 +86,7 @@ class FullAttentionShape(Strict):
         ge=1, le=MAX_DIM, description="Head dimension of the full-attention layers"
     )
     num_kv_heads: int = Field(ge=1, le=MAX_DIM, description="KV heads of the full-attention layers")
-    k_eq_v: bool = Field(
+    k_eq_v: StrictBool = Field(
         default=False,
         description="Values are the keys (attention_k_eq_v): no v_proj on these layers",
     )
@@ -180,7 +180,9 @@ class PublishedParams(Strict):
             "input embedding table (OpenAI gpt-oss), or both embedding tables (GLM)",
         )
     )
-    includes_mtp: bool = Field(default=False, description="Whether the total includes MTP layers")
+    includes_mtp: StrictBool = Field(
+        default=False, description="Whether the total includes MTP layers"
+    )
     total_label_unit_b: float | None = Field(
         default=None,
         gt=0,
@@ -192,7 +194,7 @@ class PublishedParams(Strict):
         gt=0,
         description="The same for an active count stated only as a label ('A17B': 1)",
     )
-    includes_vision: bool = Field(
+    includes_vision: StrictBool = Field(
         default=False,
         description="Whether the total (and the active count) includes the vision/audio "
         "encoders (vision.params_b); Gemma's cards count them",
@@ -220,9 +222,9 @@ class Model(Strict):
     num_kv_heads: int = Field(ge=1, le=MAX_DIM, description="num_key_value_heads")
     head_dim: int = Field(ge=1, le=MAX_DIM)
     vocab_size: int = Field(ge=1, le=MAX_DIM)
-    tie_word_embeddings: bool = False
-    attention_bias: bool = Field(default=False, description="q/k/v projections carry biases")
-    attn_output_gate: bool = Field(
+    tie_word_embeddings: StrictBool = False
+    attention_bias: StrictBool = Field(default=False, description="q/k/v projections carry biases")
+    attn_output_gate: StrictBool = Field(
         default=False, description="q_proj also produces an output gate (doubles its width)"
     )
     layer_pattern: list[LayerType] = Field(
@@ -246,7 +248,7 @@ class Model(Strict):
         description="The last N layers reuse an earlier layer's KV cache and have no k/v "
         "projections of their own (Gemma 3n/4 num_kv_shared_layers)",
     )
-    double_wide_mlp: bool = Field(
+    double_wide_mlp: StrictBool = Field(
         default=False,
         description="The KV-shared layers' dense MLPs are twice intermediate_size wide "
         "(Gemma 4 use_double_wide_mlp)",
@@ -257,7 +259,7 @@ class Model(Strict):
     mamba: MambaSpec | None = None
     sparse_attention: SparseAttentionSpec | None = None
     moe: MoESpec | None = None
-    mlp_gated: bool = Field(
+    mlp_gated: StrictBool = Field(
         default=True,
         description="FFNs have a gate projection (SwiGLU/GeGLU: 3 matrices); False for "
         "2-matrix FFNs (e.g. Nemotron-H's squared ReLU)",
@@ -272,7 +274,9 @@ class Model(Strict):
     )
     vision: VisionSpec | None = None
     checkpoints: list[Checkpoint] = Field(default_factory=list)
-    listed: bool = Field(default=True, description="Shown in default listings (False: test models)")
+    listed: StrictBool = Field(
+        default=True, description="Shown in default listings (False: test models)"
+    )
     mtp_layers: int = Field(
         default=0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction layers"
     )
@@ -391,7 +395,7 @@ class QuantFormat(Strict):
     compute_dtype: Literal["bf16", "fp16", "fp8", "int8", "fp4"] = Field(
         description="Tensor-core type the GEMM runs in when the GPU supports it natively"
     )
-    weight_only: bool = Field(
+    weight_only: StrictBool = Field(
         description="Activations stay 16-bit; weights are dequantised in the kernel"
     )
     quantized_tensors: list[Literal["attention", "linear_attention", "mlp", "experts"]] = Field(

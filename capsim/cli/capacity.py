@@ -53,6 +53,7 @@ from capsim.cli.common import (
     fitted_table,
     flash_attention_choice,
     fmt_sig,
+    hicache_fields,
     objectives_from_flags,
     predict_config,
     print_json,
@@ -94,8 +95,8 @@ def capacity_cmd(
     cpu_offload_gb: CpuOffloadOption = 0.0,
     kv_offloading_size: KvOffloadingOption = 0.0,
     enable_hierarchical_cache: HierarchicalCacheOption = False,
-    hicache_ratio: HicacheRatioOption = 2.0,
-    hicache_size: HicacheSizeOption = 0.0,
+    hicache_ratio: HicacheRatioOption = None,
+    hicache_size: HicacheSizeOption = None,
     prefill_replicas: PrefillReplicasOption = 0,
     prefill_tp: PrefillTpOption = None,
     kv_transfer_bandwidth: KvTransferBandwidthOption = None,
@@ -152,9 +153,7 @@ def capacity_cmd(
             host_link_gbs=host_link_bandwidth,
             cpu_offload_gb=cpu_offload_gb,
             kv_offloading_gb=kv_offloading_size,
-            hierarchical_cache=enable_hierarchical_cache,
-            hicache_ratio=hicache_ratio,
-            hicache_size_gb=hicache_size,
+            **hicache_fields(enable_hierarchical_cache, hicache_ratio, hicache_size),
             prefill_replicas=prefill_replicas,
             prefill_tp=prefill_tp,
             kv_transfer_gbs=kv_transfer_bandwidth,
@@ -168,6 +167,7 @@ def capacity_cmd(
         "configurations answered",
         "the answers above cover those",
         bar_text="searching the concurrency" if len(configs) > 1 else None,
+        shorter="fewer --gpu or --model values give an answer sooner",
     )
     with exit_after_interrupt(stopped):
         show_answers(answers, objectives, pessimistic, json_out)

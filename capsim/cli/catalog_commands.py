@@ -396,6 +396,7 @@ def models_import_hf(
         from capsim.files import refuse_missing_folder
 
         refuse_missing_folder(out.parent, "--out", out)
+    refuse_a_name_lookups_confuse(model.name, built_in, out / "models", target)
     # a name the built-in catalog already answers to: the new file replaces that model
     # wherever --db names this directory, which the user should hear of
     shadowed = built_in.models.find(model.name)
@@ -423,6 +424,36 @@ def models_import_hf(
             "to keep both",
             highlight=False,
             soft_wrap=True,
+        )
+
+
+def refuse_a_name_lookups_confuse(name: str, cat, folder: Path, target: Path) -> None:
+    """An imported model's --name that is another entry's but for case and separators (the
+    built-in 'llama-3.1-8b' for 'LLAMA_3.1_8B' or its alias 'llama3.1-8b'), or another file
+    of the folder written into: the catalog refuses a folder that holds it (lookups could
+    not tell the two apart), so the import wrote a file that made every command with that
+    --db exit 2 (issue 47, round 5). Refused before anything is written."""
+    from capsim.errors import CapsimUserError, normalise_name
+
+    key = normalise_name(name)
+    twin = next((n for n in cat.models.entries if n != name and normalise_name(n) == key), None)
+    if twin is not None:
+        raise CapsimUserError(
+            f"--name '{name}' is the model '{twin}' but for case and separators: lookups "
+            "could not tell them apart, and the catalog would refuse the file",
+            hint=f"--name {twin} to replace that model where --db names the folder, or a "
+            "name of its own",
+        )
+    try:
+        others = [p for p in folder.glob("*.y*ml") if p != target and p.suffix in (".yaml", ".yml")]
+    except OSError:
+        return
+    clash = next((p for p in others if normalise_name(p.stem) == key), None)
+    if clash is not None:
+        raise CapsimUserError(
+            f"--name '{name}' is the model of '{clash}' but for case and separators: the "
+            "catalog would refuse a folder holding both",
+            hint=f"--name {clash.stem} --force to replace it, or a name of its own",
         )
 
 

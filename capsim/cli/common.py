@@ -477,7 +477,7 @@ HierarchicalCacheOption = Annotated[
     ),
 ]
 HicacheRatioOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--hicache-ratio",
         min=0.001,
@@ -486,7 +486,7 @@ HicacheRatioOption = Annotated[
     ),
 ]
 HicacheSizeOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--hicache-size",
         min=0,
@@ -495,6 +495,27 @@ HicacheSizeOption = Annotated[
         "[default: 0, the ratio]",
     ),
 ]
+
+
+def hicache_fields(enabled: bool, ratio: float | None, size: float | None) -> dict[str, Any]:
+    """The PredictConfig fields of --enable-hierarchical-cache, --hicache-ratio and
+    --hicache-size (None: not given, SGLang's defaults). A size given without the cache is
+    refused at any value: the configuration's own check could not tell SGLang's default
+    ratio of 2 typed from 2 by default, and took '--hicache-ratio 2' without the cache, or
+    with vLLM, without a word (issue 47, round 5)."""
+    if not enabled and (ratio is not None or size is not None):
+        raise CapsimUserError(
+            "--hicache-ratio and --hicache-size size SGLang's hierarchical cache, and "
+            "--enable-hierarchical-cache is not given",
+            hint="add --enable-hierarchical-cache",
+        )
+    return {
+        "hierarchical_cache": enabled,
+        "hicache_ratio": 2.0 if ratio is None else ratio,
+        "hicache_size_gb": 0.0 if size is None else size,
+    }
+
+
 CpuOffloadOption = Annotated[
     float,
     typer.Option(
@@ -811,182 +832,6 @@ def catalog(db: list[Path] | None) -> Catalog:
     return cat
 
 
-MOE_ONLY_PARAMS = frozenset(
-    {
-        "moe_routing_skew",
-        "l2_reuse_strength",
-        "moe_bandwidth_efficiency",
-        "moe_compute_efficiency",
-        "moe_compute_efficiency_8bit",
-        "moe_gemm_half_width",
-        "moe_gemm_half_rows",
-        "moe_dequant_compute_efficiency",
-        "moe_dequant_bandwidth_efficiency",
-        "moe_layer_overhead_us",
-        "moe_expert_overhead_us",
-        "moe_replaced_ffn_floor_us",
-    }
-)
-"""``--set`` parameters that only routed experts read: a dense model ignores them."""
-
-MLA_ONLY_PARAMS = frozenset(
-    {"mla_layer_overhead_us", "mla_layer_floor_share", "layer_overhead_eager_mla_us"}
-)
-"""``--set`` parameters that only multi-head-latent-attention layers read."""
-
-
-def refuse_overrides_no_model_reads(overrides: dict[str, float], models) -> None:
-    """A ``--set`` of an MoE or MLA parameter where none of the models has routed experts
-    or latent attention changed nothing and said nothing: refused, naming the parameter
-    (``models``: catalog Model objects)."""
-    for names, has, what in (
-        (MOE_ONLY_PARAMS, lambda m: m.moe is not None, "routed experts (an MoE model)"),
-        (MLA_ONLY_PARAMS, lambda m: m.mla is not None, "multi-head latent attention"),
-    ):
-        given = sorted(set(overrides) & names)
-        if given and not any(has(m) for m in models):
-            listed = ", ".join(m.name for m in models)
-            raise CapsimUserError(
-                f"--set {given[0]} applies to models with {what}, and {listed} has none: "
-                "it would change nothing",
-                hint="leave it out, or pick a model it applies to",
-            )
-
-
-OVERRIDE_GROUPS_NEED = {
-    "communication": (
-        lambda c: c.tp > 1 or c.pp > 1 or c.expert_parallel or c.dp_attention > 1,
-        "GPUs that talk to each other (--tp or --pp above 1, or expert parallelism)",
-    ),
-    "disaggregation": (lambda c: c.prefill_replicas > 0, "--prefill-replicas"),
-    "power": (lambda c: c.power_limit_w is not None, "--power-limit"),
-    "speculation": (lambda c: c.spec is not None, "--spec"),
-}
-"""Parameter groups (EfficiencyParams.groups) that a configuration reads only with some
-flag, and the flag, for refuse_overrides_no_config_reads."""
-
-
-def refuse_overrides_no_config_reads(overrides: dict[str, float], configs) -> None:
-    """A ``--set`` of a communication, disaggregation, power or speculation parameter that
-    none of ``configs`` (PredictConfigs) reads changed nothing and said nothing (an
-    all-reduce term at TP 1, a drafter's cost without --spec): refused, naming the flag
-    that would make it count."""
-    from capsim.physics.efficiency import EfficiencyParams
-
-    groups = EfficiencyParams().groups
-    for group, (reads, flag) in OVERRIDE_GROUPS_NEED.items():
-        given = sorted(set(overrides) & set(groups.get(group, [])))
-        if given and not any(reads(c) for c in configs):
-            raise CapsimUserError(
-                f"--set {given[0]} is read only with {flag}, which this command does not "
-                "have: it would change nothing",
-                hint="leave it out, or add the flag it belongs to",
-            )
-
-
-STEP_GROUPS = ("bandwidth", "compute", "overhead", "moe")
-"""Parameter groups that act through the step time alone: refuse_overrides_no_step_reads
-checks them by computing steps."""
-
-
-def probe_steps(max_len: int) -> list[tuple[list[int], list[float]]]:
-    """Steps that exercise every regime of the step model (decodes at batch 1 to 512 on
-    short and long contexts, prefill chunks of 16 to 8,192 tokens with and without earlier
-    context, a mixed step), as (new tokens, context) per sequence; contexts within
-    ``max_len`` tokens."""
-    steps: list[tuple[list[int], list[float]]] = []
-    for batch in (1, 8, 64, 512):
-        for ctx in (128, 4096, 32768):
-            steps.append(([1] * batch, [float(min(ctx, max_len - 1))] * batch))
-    for chunk in (16, 512, 8192):
-        for ctx in (0, 8192):
-            if chunk + ctx <= max_len:
-                steps.append(([chunk], [float(ctx)]))
-    steps.append(([1] * 32 + [512], [float(min(2048, max_len - 1))] * 32 + [0.0]))
-    return steps
-
-
-def moved_value(params, name: str) -> float:
-    """A value of parameter ``name`` other than the one in ``params``, inside the field's
-    bounds: half or twice it (a missing or zero value becomes the middle of its range)."""
-    field = type(params).model_fields[name]
-    low = next((m.ge for m in field.metadata if getattr(m, "ge", None) is not None), None)
-    high = next((m.le for m in field.metadata if getattr(m, "le", None) is not None), None)
-    value = getattr(params, name)
-    if not value:
-        lo = 0.0 if low is None else float(low)
-        hi = lo + 100.0 if high is None else float(high)
-        return (lo + hi) / 2 or 1.0
-    for candidate in (value * 0.5, value * 2.0, value * 0.9, value * 1.1):
-        inside = (low is None or candidate >= low) and (high is None or candidate <= high)
-        if inside and candidate != value:
-            return candidate
-    return value
-
-
-def refuse_overrides_no_step_reads(overrides: dict[str, float], configs, cat) -> None:
-    """A ``--set`` of a step-time parameter that none of ``configs`` reads (an eager launch
-    cost without --enforce-eager, a linear-attention term on a model without it, the int8
-    GEMM share for a format that never uses it) changed nothing and said nothing (issue 47):
-    refused, after checking it numerically, moving the parameter and computing steps of
-    every regime (probe_steps) for each configuration; a configuration that cannot be
-    built is left to the command to report."""
-    import numpy as np
-
-    from capsim.engine.setup import build_setup
-    from capsim.physics.efficiency import EfficiencyParams
-
-    groups = EfficiencyParams().groups
-    names = sorted(n for g in STEP_GROUPS for n in groups.get(g, []) if n in overrides)
-    if not names:
-        return
-    read: set[str] = set()
-    for config in configs:
-        base_config = config.model_copy(update={"efficiency_overrides": {}})
-        try:
-            setup = build_setup(base_config, cat)
-        except Exception:  # the command itself reports a bad configuration
-            return
-        params = setup.step_model.params
-        steps = probe_steps(setup.max_model_len)
-        base = [setup.step_model.step_time(np.array(n), np.array(c)) for n, c in steps]
-        for name in names:
-            if name in read:
-                continue
-            current, own = getattr(params, name), moved_value(params, name)
-            # the value given, and one of its own: a term that counts only beyond some
-            # threshold (a launch cost above the GPU's time) counts at the value given
-            for moved in dict.fromkeys((overrides[name], own)):
-                if moved is None or moved == current:
-                    continue
-                try:
-                    other = build_setup(
-                        base_config, cat, params=params.with_overrides({name: moved})
-                    )
-                except Exception:  # the command reports it
-                    read.add(name)
-                    break
-                times = [other.step_model.step_time(np.array(n), np.array(c)) for n, c in steps]
-                if any(
-                    not np.isclose(a, b, rtol=1e-12, atol=0)
-                    for a, b in zip(base, times, strict=True)
-                ):
-                    read.add(name)
-                    break
-            else:
-                if own == current:
-                    read.add(name)  # nothing to move it to: not judged
-        if read >= set(names):
-            return
-    unread = [n for n in names if n not in read]
-    raise CapsimUserError(
-        f"--set {unread[0]} changes no step of this configuration (its kernels or its "
-        "engine do not use it): it would change nothing",
-        hint="leave it out, or add the flag, model or format it belongs to "
-        "(capsim explain shows the terms a configuration uses)",
-    )
-
-
 def resolve_models(cat: Catalog, names: list[str]) -> tuple[Catalog, list[ResolvedModel]]:
     """Resolve ``--model`` values (see capsim.catalog.resolve.resolve_into)."""
     from capsim.catalog.resolve import resolve_into
@@ -1039,9 +884,13 @@ def save_figure(fig, path: Path) -> Path:
     written = plot_path_written(path, fig.canvas.get_supported_filetypes())
     # drawn beside it and renamed over it: a link there (--force) is replaced, not written
     # through into the file it points to, and a reader never sees half a plot
-    drawing = written.with_name(f".{written.name}.{os.getpid()}.part")
+    import secrets
+
+    drawing = written.with_name(f".{written.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
     try:
-        fig.savefig(drawing, dpi=110, format=written.suffix.removeprefix(".").lower() or "png")
+        # a new file (O_EXCL): a link already at the drawing's name is never written through
+        with os.fdopen(os.open(drawing, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+            fig.savefig(f, dpi=110, format=written.suffix.removeprefix(".").lower() or "png")
         os.replace(drawing, written)
     except OSError as exc:
         drawing.unlink(missing_ok=True)
@@ -1236,6 +1085,7 @@ def finished_before_ctrl_c(
     covers: str,
     plot_path: Path | None = None,
     bar_text: str | None = None,
+    shorter: str | None = None,
 ) -> tuple[list[T], str | None]:
     """Run ``work`` (an iterator that yields each of ``total`` finished items) until it ends
     or Ctrl-C stops it, with a bar counting the items when ``bar_text`` is given. Returns
@@ -1243,9 +1093,11 @@ def finished_before_ctrl_c(
     ("3 of 183 configurations simulated; the plan covers those"; ``what`` is "configurations
     simulated", ``covers`` "the plan covers those"). Ctrl-C before the first item says so
     and exits 130 here; otherwise the caller prints what finished inside
-    ``exit_after_interrupt``."""
+    ``exit_after_interrupt``. With ``shorter`` (how to make the run shorter), a run that
+    will take long says so once on stderr (LongRunNote), in a pipe too, where no bar shows."""
     done: list[T] = []
     stopped = None
+    note = LongRunNote(what, shorter) if shorter else None
     bar = progress_bar() if bar_text else contextlib.nullcontext()
     with stop_on_ctrl_c() as ctrl_c, bar:
         task = bar.add_task(bar_text, total=total) if bar_text else None
@@ -1254,6 +1106,8 @@ def finished_before_ctrl_c(
                 done.append(item)
                 if task is not None:
                     bar.advance(task)
+                if note is not None:
+                    note(len(done), total)
         except BaseException as exc:
             if not ctrl_c.stopped(exc):
                 raise

@@ -50,13 +50,15 @@ from capsim.cli.common import (
     parse_overrides,
     print_json,
     refuse_links_without_tp,
-    refuse_overrides_no_model_reads,
     resolve_models,
     spec_config,
     vllm_ep_group,
     vllm_ep_ranks,
 )
 from capsim.engine.limits import MAX_GPUS
+from capsim.engine.override_checks import (
+    refuse_overrides_no_model_reads,
+)
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:

@@ -392,6 +392,8 @@ def plan_cmd(
         "the plan covers those",
         plot_path,
         bar_text="simulating configurations",
+        shorter="fewer values in --gpus, --counts, --nodes, --max-num-seqs or --power-limits "
+        "give an answer sooner",
     )
     with exit_after_interrupt(stopped):
         items = ranked(judge(pairs, req, cat), pruned, rank).configurations

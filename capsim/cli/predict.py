@@ -63,6 +63,7 @@ from capsim.cli.common import (
     exit_after_interrupt,
     finished_before_ctrl_c,
     flash_attention_choice,
+    hicache_fields,
     objectives_from_flags,
     parse_overrides,
     predict_config,
@@ -70,14 +71,16 @@ from capsim.cli.common import (
     refuse_force_without_output,
     refuse_inapplicable_flags,
     refuse_links_without_tp,
-    refuse_overrides_no_config_reads,
-    refuse_overrides_no_model_reads,
-    refuse_overrides_no_step_reads,
     resolve_models,
     spec_config,
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
 from capsim.engine.limits import MAX_CONCURRENCY
+from capsim.engine.override_checks import (
+    refuse_overrides_no_config_reads,
+    refuse_overrides_no_model_reads,
+    refuse_overrides_no_step_reads,
+)
 from capsim.errors import CapsimUserError, plain_float
 
 if TYPE_CHECKING:
@@ -188,8 +191,13 @@ def refuse_repeats(values, flag: str, key=None, shown=str) -> None:
 
 def predict_with_progress(config, cat) -> PredictResult:
     """capsim.api.predict with a bar on stderr, when it is a terminal: requests
-    simulated of all the levels'."""
-    from capsim.api import predict
+    simulated of all the levels'. The command has checked its --set values against every
+    configuration it runs (an MoE parameter for a dense model beside an MoE one is taken),
+    so each runs without the API's check of its own overrides."""
+    from capsim.calibration.applied import calibrated_predict
+
+    def predict(config, catalog, progress):
+        return calibrated_predict(config, catalog, progress=progress)
 
     shorter = "fewer --requests or levels give an answer sooner"
     if not err_console.is_terminal:
@@ -302,8 +310,8 @@ def predict_cmd(
     cpu_offload_gb: CpuOffloadOption = 0.0,
     kv_offloading_size: KvOffloadingOption = 0.0,
     enable_hierarchical_cache: HierarchicalCacheOption = False,
-    hicache_ratio: HicacheRatioOption = 2.0,
-    hicache_size: HicacheSizeOption = 0.0,
+    hicache_ratio: HicacheRatioOption = None,
+    hicache_size: HicacheSizeOption = None,
     prefill_replicas: PrefillReplicasOption = 0,
     prefill_tp: PrefillTpOption = None,
     kv_transfer_bandwidth: KvTransferBandwidthOption = None,
@@ -465,9 +473,7 @@ def predict_cmd(
             host_link_gbs=host_link_bandwidth,
             cpu_offload_gb=cpu_offload_gb,
             kv_offloading_gb=kv_offloading_size,
-            hierarchical_cache=enable_hierarchical_cache,
-            hicache_ratio=hicache_ratio,
-            hicache_size_gb=hicache_size,
+            **hicache_fields(enable_hierarchical_cache, hicache_ratio, hicache_size),
             prefill_replicas=prefill_replicas,
             prefill_tp=prefill_tp,
             kv_transfer_gbs=kv_transfer_bandwidth,

@@ -300,15 +300,9 @@ def validate_cmd(
             )
     loaded = load_published(datasets, accept_failures)
     if overrides:  # a parameter none of the models reads would change nothing, as in predict
-        from capsim.cli.common import refuse_overrides_no_model_reads
+        from capsim.engine.override_checks import refuse_overrides_no_scenario_reads
 
-        models = []
-        for name in sorted({sc.model for ds in loaded for sc in ds.scenarios}):
-            try:
-                models.append(cat.model(name))
-            except CapsimUserError:  # a scenario validate skips, reading no parameter
-                continue
-        refuse_overrides_no_model_reads(overrides, models)
+        refuse_overrides_no_scenario_reads(overrides, loaded, cat)
     stopped = None  # after Ctrl-C: what the output covers
     try:
         if calibrated:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from capsim.engine.lengths import number_text, parse_length
 from capsim.engine.limits import MAX_CONCURRENCY, MAX_GPUS, MAX_TP
@@ -61,7 +61,7 @@ class PredictConfig(BaseModel):
     turns: int = 4
     think_time: str = "0"
     tool_tokens: str = "256"
-    orchestrator: bool = False
+    orchestrator: StrictBool = False
     arrival: Literal["poisson", "gamma"] = "poisson"
     gamma_cv: float = 2.0  # the CLI's --gamma-cv default: gamma arrivals are chosen for bursts
     trace: str | None = None
@@ -77,26 +77,31 @@ class PredictConfig(BaseModel):
         description="Share of GPU memory the engine may use (None: its own)",
     )
     spec: SpecConfig | None = None
-    prefix_caching: bool = True
-    power_limit_w: float | None = None
-    enforce_eager: bool = False
+    prefix_caching: StrictBool = True
+    power_limit_w: float | None = Field(
+        None,
+        gt=0,  # 0, -1 and NaN were a pydantic ValidationError from inside the simulation
+        allow_inf_nan=False,
+        description="Board power cap, W (above the GPU's TDP: runs at TDP, with a note)",
+    )
+    enforce_eager: StrictBool = False
     attention_backend: str | None = Field(
         None,
         description="--attention-backend (SGLang's and vLLM's names); None: the engine's "
         "choice for the model",
     )
-    flash_attention: bool | None = Field(
+    flash_attention: StrictBool | None = Field(
         None,
         description="llama.cpp's --flash-attn on (True) or off (False); None: the engine's "
         "default for its release (off before b6327, auto since, which is on for the GPUs "
         "capsim models)",
     )
-    async_scheduling: bool | None = Field(
+    async_scheduling: StrictBool | None = Field(
         None,
         description="False = --no-async-scheduling (host work runs between steps); None: "
         "the engine's default",
     )
-    custom_allreduce: bool | None = Field(
+    custom_allreduce: StrictBool | None = Field(
         None,
         description="False = --disable-custom-all-reduce (NCCL for every all-reduce); None: "
         "the engine's default",
@@ -105,7 +110,7 @@ class PredictConfig(BaseModel):
     ubatch_tokens: int | None = Field(
         None, ge=1, description="Physical batch, tokens (llama.cpp's -ub; None: the engine's)"
     )
-    expert_parallel: bool = Field(
+    expert_parallel: StrictBool = Field(
         False,
         description="Routed experts split whole over the TP group (vLLM's "
         "--enable-expert-parallel; SGLang's --ep-size equal to --tp)",
@@ -156,7 +161,7 @@ class PredictConfig(BaseModel):
         description="GiB of system RAM a replica keeps prefix-cache blocks in besides the "
         "GPU's cache (vLLM's --kv-offloading-size, summed over its TP ranks); 0: none",
     )
-    hierarchical_cache: bool = Field(
+    hierarchical_cache: StrictBool = Field(
         False,
         description="SGLang's --enable-hierarchical-cache (HiCache): a host KV pool "
         "--hicache-ratio times the GPU's (or --hicache-size GB a GPU) that keeps the prefix "
@@ -196,12 +201,12 @@ class PredictConfig(BaseModel):
         "starting ratio (0.7 x this, at most 1; 0 reserves nothing for running requests). "
         "None: SGLang's default, 1",
     )
-    mixed_chunk: bool = Field(
+    mixed_chunk: StrictBool = Field(
         False,
         description="SGLang's --enable-mixed-chunk: its prefill chunks share a step with "
         "the decodes (as vLLM's always do) instead of running in batches of their own",
     )
-    offline: bool = Field(
+    offline: StrictBool = Field(
         False,
         description="Requests go straight to the engine (llama-bench, vllm bench "
         "throughput/latency, an in-process LLM.generate): no API server, tokenizer or "
@@ -213,8 +218,8 @@ class PredictConfig(BaseModel):
     router_latency_s: float = Field(0.0, ge=0, le=60.0, allow_inf_nan=False)
     router_capacity_rps: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False)
     seed: int = Field(0, ge=0, description="Random seed (a non-negative integer)")
-    fast_forward: bool = True
-    skip_periods: bool = Field(
+    fast_forward: StrictBool = True
+    skip_periods: StrictBool = Field(
         True,
         description="Lay down whole periods of a closed loop's repeating steady state as "
         "copies instead of simulating them again (engine/periodic.py; same figures)",

@@ -310,6 +310,72 @@ class MemoryFit:
         return d
 
 
+def _whole_or_none(value) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def check_fit_options(**options) -> None:
+    """memory_fit's keyword arguments of the right kind, or a CapsimUserError naming the
+    argument (issue 47, round 5: the Python API's memory_fit(max_num_seqs="x") was a
+    TypeError, reserve=None an AttributeError, from inside the fit). A few isinstance
+    tests: the planner calls memory_fit for every configuration."""
+    from capsim.arguments import require
+
+    o = options
+    wrong = [
+        name
+        for name, fine in (
+            ("kv_dtype", isinstance(o["kv_dtype"], str)),
+            (
+                "gpu_memory_utilization",
+                isinstance(o["gpu_memory_utilization"], int | float)
+                and not isinstance(o["gpu_memory_utilization"], bool),
+            ),
+            ("max_model_len", _whole_or_none(o["max_model_len"])),
+            ("max_num_seqs", _whole_or_none(o["max_num_seqs"])),
+            ("max_num_batched_tokens", _whole_or_none(o["max_num_batched_tokens"])),
+            ("state_slots_per_sequence", _whole_or_none(o["state_slots_per_sequence"])),
+            ("cpu_moe_layers", _whole_or_none(o["cpu_moe_layers"])),
+            ("enforce_eager", isinstance(o["enforce_eager"], bool)),
+            ("sliding_window_pages", isinstance(o["sliding_window_pages"], bool)),
+            ("dense_in_ranks", isinstance(o["dense_in_ranks"], bool)),
+            ("state_layout", isinstance(o["state_layout"], str)),
+            ("reserve", isinstance(o["reserve"], RuntimeReserve)),
+            (
+                "default_limits",
+                o["default_limits"] is None
+                or (
+                    isinstance(o["default_limits"], tuple)
+                    and len(o["default_limits"]) == 2
+                    and all(_whole_or_none(v) and v is not None for v in o["default_limits"])
+                ),
+            ),
+            (
+                "sliding_window_pool",
+                o["sliding_window_pool"] is None
+                or isinstance(o["sliding_window_pool"], SlidingWindowPool),
+            ),
+            ("drafter", o["drafter"] is None or isinstance(o["drafter"], Drafter)),
+        )
+        if not fine
+    ]
+    if wrong:
+        name = wrong[0]
+        takes = {
+            "kv_dtype": "a KV cache dtype name (auto, fp8, ...)",
+            "gpu_memory_utilization": "a number in (0, 1]",
+            "enforce_eager": "True or False",
+            "sliding_window_pages": "True or False",
+            "dense_in_ranks": "True or False",
+            "state_layout": "'shared' or 'split'",
+            "reserve": "a RuntimeReserve",
+            "default_limits": "None or (max_num_batched_tokens, max_num_seqs), whole numbers",
+            "sliding_window_pool": "None or an engine's SlidingWindowPool",
+            "drafter": "None or a Drafter (physics.drafter_memory.drafter_for)",
+        }.get(name, "a whole number, or None")
+        require(o[name], (), name, takes)  # raises, with the value described
+
+
 def memory_fit(
     gpu: GPU,
     model: Model,
@@ -388,6 +454,23 @@ def memory_fit(
     """
     if not (isinstance(gpu, GPU) and isinstance(model, Model) and isinstance(fmt, QuantFormat)):
         require_entries(gpu, model, fmt)  # the Python API's: a name where an entry is taken
+    check_fit_options(
+        kv_dtype=kv_dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enforce_eager=enforce_eager,
+        reserve=reserve,
+        default_limits=default_limits,
+        state_layout=state_layout,
+        state_slots_per_sequence=state_slots_per_sequence,
+        cpu_moe_layers=cpu_moe_layers,
+        sliding_window_pool=sliding_window_pool,
+        sliding_window_pages=sliding_window_pages,
+        drafter=drafter,
+        dense_in_ranks=dense_in_ranks,
+    )
     for name, count in (("tp", tp), ("pp", pp), ("dp_attention", dp_attention)):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             # the Python API's arguments: a 0 divided by zero further down
@@ -456,6 +539,15 @@ def memory_fit(
         if not breakdown.moe_layers or not breakdown.routed_experts:
             raise CapsimUserError(
                 f"{model.name} has no routed experts to keep in system RAM (--n-cpu-moe)"
+            )
+        if cpu_moe_layers > breakdown.moe_layers:  # taken, as llama.cpp takes it
+            from capsim.notices import notice
+
+            notice(
+                f"--n-cpu-moe {cpu_moe_layers:,} is more than {model.name}'s "
+                f"{breakdown.moe_layers} MoE layers: the routed experts of all of them are "
+                f"kept in system RAM (llama.cpp's --cpu-moe; up to "
+                f"{breakdown.moe_layers - 1} keeps some on the GPU)"
             )
         share = min(cpu_moe_layers, breakdown.moe_layers) / breakdown.moe_layers
         routed = breakdown.routed_experts * _format_bits(fmt, "experts") / 8 / tp

@@ -25,7 +25,7 @@ from typing import Any
 from capsim.calibration.applied import calibrated_predict
 from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
-from capsim.engine.config import PredictConfig
+from capsim.engine.config import MAX_REQUESTS, PredictConfig
 from capsim.engine.lengths import parse_length
 from capsim.engine.pool import cores_for, worker_pool
 from capsim.engine.router import RouterPolicy
@@ -94,6 +94,17 @@ class PlanRequest:
         ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise CapsimUserError(f"{flag} {value:g}: must be a positive number")
+        from pydantic import ValidationError
+
+        try:  # the objectives' own bounds (1e308 tok/s was a ValidationError from the search)
+            Objectives(min_agent_tok_s=self.min_agent_tok_s, max_ttft_p90_s=self.max_ttft_p90_s)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            flag = "--" + str(first["loc"][0]).replace("_", "-")
+            raise CapsimUserError(
+                f"{flag} {first['input']:g}: {first['msg'][:1].lower()}{first['msg'][1:]}",
+                hint=f"see --help for {flag}",
+            ) from None
         # the Python API's tuples, checked as the CLI's lists are (a 0 was a pydantic
         # error from deep in the search, naming a field of PredictConfig)
         for flag, values, most in (
@@ -125,9 +136,11 @@ class PlanRequest:
         if not (isinstance(self.spec_acceptance, int | float) and 0 <= self.spec_acceptance <= 1):
             raise CapsimUserError(f"spec_acceptance {self.spec_acceptance!r}: a rate from 0 to 1")
         if self.requests is not None and not (
-            isinstance(self.requests, int) and self.requests >= 1
+            isinstance(self.requests, int) and 1 <= self.requests <= MAX_REQUESTS
         ):
-            raise CapsimUserError(f"requests {self.requests!r}: a whole number of 1 or more")
+            raise CapsimUserError(
+                f"requests {self.requests!r}: a whole number from 1 to {MAX_REQUESTS:,}"
+            )
 
 
 @dataclass
@@ -268,11 +281,33 @@ def plan_formats(model, gpu) -> list[str]:
     return formats
 
 
-def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate], int]:
-    """Every configuration in the space, and how many were pruned for memory."""
+MAX_PLAN_CONFIGURATIONS = 100_000
+"""Most configurations one plan enumerates (each GPU x count x TP x format x KV dtype x
+speculation x link x power limit x node count x --max-num-seqs, fitting in memory or not):
+each that fits is a simulation. The default search over every GPU holds 4,768 for
+llama-3.1-8b (about 30 s at 4 agents on two cores) and at most 27,216 for a shipped model
+(qwen3.5-397b-a17b); --nodes 1..1024 as a list held 131,072, whose enumeration alone took
+10 s before a run of hours (issue 47, round 5)."""
+
+
+def refuse_a_search_past_the_limit(seen: int) -> None:
+    """A plan whose configurations pass MAX_PLAN_CONFIGURATIONS is refused as it is
+    enumerated, before any is simulated."""
+    if seen > MAX_PLAN_CONFIGURATIONS:
+        raise CapsimUserError(
+            f"the search holds more than {MAX_PLAN_CONFIGURATIONS:,} configurations (each "
+            f"GPU x count x TP x format x KV dtype x node count x --max-num-seqs x power "
+            f"limit); at most {MAX_PLAN_CONFIGURATIONS:,} are simulated in one plan",
+            hint="fewer values in --gpus, --counts, --nodes, --max-num-seqs or --power-limits",
+        )
+
+
+def search_grids(req: PlanRequest, cat: Catalog) -> list[tuple[Any, Any, int, int, tuple]]:
+    """The space ``req`` allows, as (model, GPU, count, TP, axes) rows: the axes are the
+    formats, KV dtypes, speculation, links, power limits, node counts, --max-num-seqs
+    values and expert-parallel choices each of whose combinations is a configuration."""
     gpus = [cat.gpu(g) for g in req.gpus] if req.gpus else list(cat.gpus)
-    out: list[Candidate] = []
-    pruned = 0
+    rows = []
     for model_name in req.models:
         model = cat.model(model_name)
         for gpu in gpus:
@@ -315,7 +350,7 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                         and moe.num_experts % count == 0
                     ):
                         ep_options.append(True)
-                    for quant, kv, spec, link, watts, nodes, seqs, ep in itertools.product(
+                    axes = (
                         formats,
                         kv_options,
                         specs,
@@ -324,33 +359,45 @@ def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate
                         req.nodes,
                         req.max_num_seqs,
                         ep_options,
-                    ):
-                        ranks = count // tp if ep else 1  # vLLM DP+EP: attention ranks
-                        if ranks > 1 and nodes > 1:
-                            continue  # expert parallelism across nodes is not modelled
-                        fit = memory_fit(
-                            gpu,
-                            model,
-                            cat.quant(quant),
-                            tp=tp * ranks,
-                            kv_dtype=kv,
-                            drafter=drafter_for(cat, spec, quant, model),
-                            dp_attention=ranks,
-                        )
-                        if not fit.fits:
-                            pruned += 1
-                            continue
-                        candidate = Candidate(
-                            gpu.name, count, tp, model.name, quant, kv, spec, link, watts
-                        )
-                        candidate.nodes, candidate.max_num_seqs = nodes, seqs
-                        candidate.expert_parallel = ep
-                        out.append(candidate)
-                        if req.disaggregation and ranks == 1 and _moves_kv(gpu, count):
-                            out += [
-                                dataclasses.replace(candidate, prefill_replicas=p)
-                                for p in prefill_splits(candidate.replicas)
-                            ]
+                    )
+                    rows.append((model, gpu, count, tp, axes))
+    return rows
+
+
+def enumerate_candidates(req: PlanRequest, cat: Catalog) -> tuple[list[Candidate], int]:
+    """Every configuration in the space, and how many were pruned for memory (a space of
+    more than MAX_PLAN_CONFIGURATIONS is a user error, before any is checked)."""
+    rows = search_grids(req, cat)
+    refuse_a_search_past_the_limit(sum(math.prod(map(len, axes)) for *_, axes in rows))
+    out: list[Candidate] = []
+    pruned = 0
+    for model, gpu, count, tp, axes in rows:
+        for quant, kv, spec, link, watts, nodes, seqs, ep in itertools.product(*axes):
+            ranks = count // tp if ep else 1  # vLLM DP+EP: attention ranks
+            if ranks > 1 and nodes > 1:
+                continue  # expert parallelism across nodes is not modelled
+            fit = memory_fit(
+                gpu,
+                model,
+                cat.quant(quant),
+                tp=tp * ranks,
+                kv_dtype=kv,
+                drafter=drafter_for(cat, spec, quant, model),
+                dp_attention=ranks,
+            )
+            if not fit.fits:
+                pruned += 1
+                continue
+            candidate = Candidate(gpu.name, count, tp, model.name, quant, kv, spec, link, watts)
+            candidate.nodes, candidate.max_num_seqs = nodes, seqs
+            candidate.expert_parallel = ep
+            out.append(candidate)
+            if req.disaggregation and ranks == 1 and _moves_kv(gpu, count):
+                out += [
+                    dataclasses.replace(candidate, prefill_replicas=p)
+                    for p in prefill_splits(candidate.replicas)
+                ]
+    refuse_a_search_past_the_limit(len(out) + pruned)  # with the disaggregated splits
     return out, pruned
 
 

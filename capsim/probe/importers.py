@@ -81,6 +81,17 @@ def _measure(name: str, value: Any) -> float:
     return number
 
 
+def _a_time(name: str, value: Any) -> float:
+    """A per-request time of a result file: a finite number (not a boolean, a text or
+    null); its sign is left to the request record's own checks, which say which request
+    and which of its times."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, not {value!r:.40}")
+    if not (math.isfinite(value) and abs(value) <= MAX_MEASURED):
+        raise ValueError(f"{name} must be a finite number, not {value!r}")
+    return float(value)
+
+
 def _whole(name: str, value: Any) -> int:
     """A measured count or concurrency: a whole number, 0 or more (null reads as 0)."""
     if value is None:
@@ -104,7 +115,8 @@ def check_per_request_lists(d: dict, completed: int) -> None:
     """A ValueError when a result's per-request lists contradict its totals: more requests
     carry an error than ``completed`` leaves failed (vllm bench writes '' for a request that
     succeeded), or an output length is not a whole number of 0 or more, or every output
-    length is 0 where tokens were counted."""
+    length is 0 where tokens were counted; or when a TTFT, an inter-token gap or an input
+    length is not a number of 0 or more (a boolean, a text, null: true was a TTFT of 1 s)."""
     errors = d.get("errors") or []
     if errors:
         if not all(e is None or isinstance(e, str) for e in errors):
@@ -121,6 +133,19 @@ def check_per_request_lists(d: dict, completed: int) -> None:
             raise ValueError(f"output_lens holds {n!r}, not a count of tokens")
         if not float(n).is_integer():
             raise ValueError(f"output_lens holds {n!r}, not a whole number of tokens")
+    for name in ("ttfts", "input_lens", "itls"):
+        if d.get(name) is not None and not isinstance(d[name], list):
+            raise ValueError(f"{name} must be a list, one entry a request, not {d[name]!r:.40}")
+    for n in d.get("ttfts") or []:  # true was a TTFT of 1 s
+        _a_time("ttfts", n)
+    for n in d.get("input_lens") or []:  # true was a prompt of one token
+        if not _measure("input_lens", n).is_integer():
+            raise ValueError(f"input_lens holds {n!r}, not a whole number of tokens")
+    for gaps in d.get("itls") or []:
+        if not isinstance(gaps, list):
+            raise ValueError(f"itls holds {gaps!r:.40}, not a list of one request's gaps")
+        for gap in gaps:
+            _a_time("itls", gap)
     if outs and not any(outs) and float(d.get("total_output_tokens") or 0) > 0:
         raise ValueError(
             f"every output length is 0, yet total_output_tokens is {d['total_output_tokens']!r}"

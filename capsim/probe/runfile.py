@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from capsim.engine.limits import MAX_ENGINE_COUNT
 from capsim.errors import CapsimUserError
@@ -76,7 +76,7 @@ class RunHeader(BaseModel):
     runs: int = 1
     input_tokens: int | None = None
     output_tokens: int | str | None = None
-    ignore_eos: bool = True
+    ignore_eos: StrictBool = True
     deployment: Deployment = Field(default_factory=Deployment)
     server: dict[str, Any] = Field(
         default_factory=dict,
@@ -217,7 +217,7 @@ class RunSummary(BaseModel):
 
     header: RunHeader
     levels: list[LevelSummary] = Field(default_factory=list)
-    complete: bool = False
+    complete: StrictBool = False
     stopped: str | None = Field(
         None, max_length=2000, description="Why the run stopped before it finished"
     )
@@ -238,6 +238,8 @@ class RunWriter:
         self.summary_path = out.with_suffix(".json")
         self.log_path = out.with_suffix(".jsonl")
         self.summary_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.is_symlink():  # --force replaces the link, never its target
+            self.log_path.unlink()
         self._log = self.log_path.open("w", encoding="utf-8")
         self.summary = RunSummary(header=header)
         self.event({"type": "header", **header.model_dump(mode="json")})
@@ -261,9 +263,11 @@ class RunWriter:
         self.write_summary()
 
     def write_summary(self) -> None:
-        tmp = self.summary_path.with_suffix(".json.tmp")
-        tmp.write_text(self.summary.model_dump_json(indent=2), encoding="utf-8")
-        os.replace(tmp, self.summary_path)
+        """NAME.json replaced whole, through a temporary file of its own (a file or a link
+        at a fixed NAME.json.tmp was written through and taken)."""
+        from capsim.files import write_text_atomic
+
+        write_text_atomic(self.summary_path, self.summary.model_dump_json(indent=2))
 
     def discard(self) -> None:
         """Close and remove what this writer wrote (an import that failed part-way)."""
@@ -300,9 +304,16 @@ def iter_numbered_events(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
     for number, line in enumerate(iter_input_lines(path, "run log", MAX_LOG_BYTES), start=1):
         try:
-            yield number, loads_json(line)
+            event = loads_json(line)
         except json.JSONDecodeError:
             continue
+        if not isinstance(event, dict):  # was "AttributeError: 'list' object has no ..."
+            raise CapsimUserError(
+                f"'{path}', line {number}: {type(event).__name__} {str(event)[:40]!r} is not "
+                "a JSON object, so not a capsim run log event",
+                hint="capsim probe writes it: one JSON object a line",
+            )
+        yield number, event
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
@@ -328,6 +339,23 @@ def summarize_log(path: Path) -> RunSummary:
         ) from None
 
 
+def level_key(event: dict[str, Any], log: Path, line: int) -> tuple[int, int]:
+    """A level or request event's (concurrency, run), or a user error naming the line (a
+    missing concurrency was "KeyError: 'concurrency'")."""
+    try:
+        concurrency, run = event["concurrency"], event.get("run", 0)
+        if isinstance(concurrency, bool) or isinstance(run, bool):
+            raise TypeError
+        return int(concurrency), int(run)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise CapsimUserError(
+            f"'{log}', line {line}: a {str(event.get('type'))[:20]!r} event needs a whole "
+            "number 'concurrency' (and 'run'), and this one has "
+            + (f"{str(event['concurrency'])[:40]!r}" if "concurrency" in event else "none"),
+            hint="capsim probe writes it; lines of other shapes cannot be summarized",
+        ) from None
+
+
 def rebuild_summary(path: Path) -> RunSummary:
     """Rebuild a run's summary from its JSONL: every level that finished as its ``level``
     event recorded it (what the .json summary holds: the server's counters, and the
@@ -348,10 +376,10 @@ def rebuild_summary(path: Path) -> RunSummary:
         if e.get("type") == "header" and first_header is None:
             first_header = e
         if e.get("type") == "level":
-            finished[(int(e["concurrency"]), int(e.get("run", 0)))] = e
+            finished[level_key(e, log, line)] = e
         if e.get("type") != "request":
             continue
-        key = (int(e["concurrency"]), int(e.get("run", 0)))
+        key = level_key(e, log, line)
         record = {k: v for k, v in e.items() if k not in ("type", "concurrency", "run")}
         rid = (key, record.get("request_id"))
         if rid[1] is not None and rid in seen_ids:

@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from capsim.engine.lengths import length_field, parse_length
 from capsim.engine.limits import MAX_CONCURRENCY, MAX_CONTEXT_TOKENS
@@ -107,8 +107,8 @@ class ProbeConfig(BaseModel):
     )
     seed: int = Field(0, ge=0, description="Draws output lengths as the simulator does")
     runs: int = Field(1, ge=1, le=MAX_PROBE_RUNS)
-    ignore_eos: bool = True
-    warmup: bool = True
+    ignore_eos: StrictBool = True
+    warmup: StrictBool = True
     api_key_env: str | None = "OPENAI_API_KEY"
     timeout_s: float = Field(600.0, gt=0, description="Whole request, seconds")
     connect_timeout_s: float | None = Field(
