@@ -40,7 +40,7 @@ def test_wave_share_by_hand():
 def test_deepseek_gemms_at_tp8_by_hand():
     """DeepSeek-R1 at TP 8: the q/kv down-projection whole on every GPU (1,536 + 512 + 64
     columns), the rest split eight ways."""
-    gemms = {g.name: g for g in dense_gemms(CATALOG.model("deepseek-r1"), 8, 8, 8)}
+    gemms = {g.name: g for g in dense_gemms(CATALOG.model("deepseek-r1"), 8, 8)}
     assert gemms["q/kv down-projection"].columns == 2112
     assert gemms["q/kv down-projection"].weights == 2112 * 7168 * 61
     assert gemms["q up-projection"].columns == 128 * 192 // 8
@@ -48,6 +48,10 @@ def test_deepseek_gemms_at_tp8_by_hand():
     assert gemms["dense FFN gate-up"].weights == 2 * (18432 // 8) * 7168 * 3
     assert gemms["shared expert gate-up"].columns == 2 * 2048 // 8
     assert gemms["shared expert down"].weights == 7168 * 256 * 58
+    # each takes its bits from its weight group (memory.weight_bytes's parts)
+    assert {g.part for g in gemms.values() if g.name.startswith("shared")} == {"experts"}
+    assert {g.part for g in gemms.values() if g.name.startswith("dense")} == {"mlp"}
+    assert gemms["o projection"].part == "attention"
 
 
 def test_one_gemm_extra_time_by_hand():

@@ -382,7 +382,7 @@ def tiles_text(sm, step: StepBreakdown) -> str:
     blocks = [b for _name, b, _sms, _share in report]
     return (
         f"{len(report)} GEMMs of {min(blocks)}-{max(blocks)} thread blocks on "
-        f"{report[0][2]} multiprocessors, {sm.block_fp8_tile_columns:g}-column tiles"
+        f"{report[0][2]} multiprocessors, {sm.params.block_fp8_gemm_tile_columns:g}-column tiles"
     )
 
 

@@ -33,14 +33,16 @@ ROW_TILE = 128
 
 @dataclass(frozen=True)
 class DenseGemm:
-    """One dense linear layer's GEMM on one GPU: its output columns and weights."""
+    """One dense linear layer's GEMM on one GPU: its output columns and weights, and the
+    weight group (memory.weight_bytes's part) its bits come from."""
 
     name: str
     columns: int
     weights: float
+    part: str
 
 
-def dense_gemms(model: Model, tp: int, attention_tp: int, dense_tp: int) -> list[DenseGemm]:
+def dense_gemms(model: Model, attention_tp: int, dense_tp: int) -> list[DenseGemm]:
     """The dense linear layers a decode step runs on one GPU, each once per layer that has
     it (summed over the layers): attention's projections (split over ``attention_tp``;
     MLA's q/kv down-projection whole on every GPU, as vLLM's replicated layer holds it),
@@ -50,9 +52,9 @@ def dense_gemms(model: Model, tp: int, attention_tp: int, dense_tp: int) -> list
     heads = model.num_attention_heads
     gemms: list[DenseGemm] = []
 
-    def add(name: str, columns: int, k: int, layers: int) -> None:
+    def add(name: str, columns: int, k: int, layers: int, part: str = "attention") -> None:
         if columns > 0 and k > 0 and layers > 0:
-            gemms.append(DenseGemm(name, columns, float(columns) * k * layers))
+            gemms.append(DenseGemm(name, columns, float(columns) * k * layers, part))
 
     attention_layers = model.count_layers("full_attention") + model.count_layers(
         "sliding_attention"
@@ -78,14 +80,14 @@ def dense_gemms(model: Model, tp: int, attention_tp: int, dense_tp: int) -> list
     dense_layers = sum(1 for i in range(model.num_layers) if model.ffn_kind(i) == "dense")
     if dense_layers and model.intermediate_size:
         width = model.intermediate_size // dense_tp
-        add("dense FFN gate-up", gate * width, h, dense_layers)
-        add("dense FFN down", h, width, dense_layers)
+        add("dense FFN gate-up", gate * width, h, dense_layers, "mlp")
+        add("dense FFN down", h, width, dense_layers, "mlp")
     moe = model.moe
     moe_layers = sum(1 for i in range(model.num_layers) if model.ffn_kind(i) == "moe")
     if moe is not None and moe.num_shared_experts and moe_layers:
         width = moe.num_shared_experts * moe.shared_width // dense_tp
-        add("shared expert gate-up", gate * width, h, moe_layers)
-        add("shared expert down", h, width, moe_layers)
+        add("shared expert gate-up", gate * width, h, moe_layers, "experts")
+        add("shared expert down", h, width, moe_layers, "experts")
     return gemms
 
 
@@ -111,25 +113,15 @@ class GemmTileTerms:
         from capsim.physics.memory import _format_bits
 
         tile = self.params.block_fp8_gemm_tile_columns
-        self.block_fp8_tile_columns = tile
         self.block_fp8_gemms: list[tuple[DenseGemm, float]] = []
         self._tile_cache: dict[int, float] = {}
         model, dep = self.model, self.deployment
         if not (tile and self.fmt.name == "fp8" and model.fp8_weight_block and self.gpu.sm_count):
             return
         dense_tp = dep.attention_tp if dep.dense_in_ranks else dep.tp
-        bytes_per_weight = {
-            part: _format_bits(self.fmt, part) / 8 for part in ("attention", "mlp", "experts")
-        }
-        for gemm in dense_gemms(model, dep.tp, dep.attention_tp, dense_tp):
-            part = (
-                "experts"
-                if gemm.name.startswith("shared")
-                else "mlp"
-                if gemm.name.startswith("dense")
-                else "attention"
-            )
-            self.block_fp8_gemms.append((gemm, gemm.weights * bytes_per_weight[part]))
+        for gemm in dense_gemms(model, dep.attention_tp, dense_tp):
+            size = gemm.weights * _format_bits(self.fmt, gemm.part) / 8
+            self.block_fp8_gemms.append((gemm, size))
 
     def block_fp8_tile_seconds(self, tokens: float) -> float:
         """Time the block-FP8 dense GEMMs of one pass of ``tokens`` rows take beyond
@@ -142,7 +134,7 @@ class GemmTileTerms:
         if cached is not None:
             return cached
         sms = self.gpu.sm_count
-        tile = self.block_fp8_tile_columns
+        tile = self.params.block_fp8_gemm_tile_columns
         extra_bytes = sum(
             size * (1.0 / wave_share(gemm_blocks(g.columns, tokens, tile), sms) - 1.0)
             for g, size in self.block_fp8_gemms
@@ -157,6 +149,6 @@ class GemmTileTerms:
         sms = self.gpu.sm_count
         rows = []
         for g, _size in self.block_fp8_gemms:
-            blocks = gemm_blocks(g.columns, tokens, self.block_fp8_tile_columns)
+            blocks = gemm_blocks(g.columns, tokens, self.params.block_fp8_gemm_tile_columns)
             rows.append((g.name, blocks, sms, wave_share(blocks, sms)))
         return rows
