@@ -561,7 +561,7 @@ def test_validate_reports_every_published_point():
     assert any(not p["scored"] for p in data["points"] if p["metric"] == "tpot_s")
     assert headline["TPOT"]["points"] >= len(errors)
     assert headline["TPOT"]["median_abs_error_percent"] > 0
-    assert r.stdout.count('"median_signed_error_percent"') >= len(headline)
+    assert r.stdout.count('"median_optimism_percent"') >= len(headline)
     r = invoke("validate", "nowhere.yaml")
     assert r.exit_code == 2 and "does not exist" in r.stderr
 

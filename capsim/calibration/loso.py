@@ -206,7 +206,7 @@ def loso_summaries(in_sample: list[ComparedPoint], left_out: list[ComparedPoint]
                     "count": r["points"],
                     "in_sample_median_abs_error_percent": r["median_abs_error_percent"],
                     "left_out_median_abs_error_percent": o["median_abs_error_percent"],
-                    "left_out_median_signed_error_percent": o["median_signed_error_percent"],
+                    "left_out_median_optimism_percent": o["median_optimism_percent"],
                 }
             )
     return rows
