@@ -68,6 +68,7 @@ from capsim.cli.common import (
     parse_overrides,
     predict_config,
     progress_bar,
+    refuse_flags_of_other_engines,
     refuse_force_without_output,
     refuse_inapplicable_flags,
     refuse_links_without_tp,
@@ -382,7 +383,8 @@ def predict_cmd(
     refuse_force_without_output(force, plot_path)
     objectives = dict(min_agent_tok_s=drawn.min_agent_tok_s, max_ttft_p90_s=drawn.max_ttft_p90_s)
     cat = catalog(db)
-    cat.engine(engine)  # an unknown engine is a user error before anything runs
+    # an unknown engine is a user error before anything runs
+    refuse_flags_of_other_engines(ctx, cat.engine(engine).name)
     if workload not in ("closed", "batch", "agents", "open", "trace"):
         raise CapsimUserError(
             f"unknown workload '{workload}'",

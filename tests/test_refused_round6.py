@@ -1,0 +1,64 @@
+"""The sixth hostile-input round of issue 47: what round 5 left open (another engine's
+flag typed at its default value, a seed past 64 bits) and what a hunt of new hostile values
+across every command found. Each bad input is exit 2 with a line naming the flag, file or
+field, never a traceback; the valid neighbours still run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+from tests.test_refused_leftovers import refused
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+ONE = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
+PREDICT = ["predict", *ONE, "-c", "1", "--requests", "4", "--output-tokens", "16"]
+
+
+@pytest.mark.parametrize(
+    "command, engine, flag, says",
+    [
+        (PREDICT, "vllm", ["--flash-attn", "auto"], "--flash-attn auto is llama.cpp's flag"),
+        (PREDICT, "sglang", ["--n-cpu-moe", "0"], "--n-cpu-moe 0 is llama.cpp's flag"),
+        (PREDICT, "llama.cpp", ["--cpu-offload-gb", "0"], "is vLLM's and SGLang's flag"),
+        (PREDICT, "llama.cpp:vulkan", ["--cpu-offload-gb", "0"], "llama.cpp has none such"),
+        (PREDICT, "sglang", ["--kv-offloading-size", "0"], "--kv-offloading-size 0 is vLLM's"),
+        (PREDICT, "vllm", ["--scheduler-recv-interval", "1"], "is SGLang's flag; vLLM"),
+        (["capacity", *ONE, "--min-agent-tok-s", "30"], "llama.cpp", ["--cpu-offload-gb", "0"], ""),
+        (["fit", *ONE], "vllm", ["--n-cpu-moe", "0"], "--n-cpu-moe 0 is llama.cpp's flag"),
+        (["explain", *ONE], "sglang", ["--flash-attn", "auto"], "SGLang has none such"),
+        (["serve", *ONE], "vllm", ["--n-cpu-moe", "0"], "--n-cpu-moe 0 is llama.cpp's flag"),
+    ],
+)
+def test_another_engines_flag_at_its_default_value_is_refused(command, engine, flag, says):
+    """The deployment's checks refuse another engine's flag by its value: typed at the
+    value that means 'not given' ('--engine llama.cpp --cpu-offload-gb 0', '--flash-attn
+    auto' with vLLM) it passed them and ran without a word."""
+    refused([*command, "--engine", engine, *flag], says, "would change nothing", "leave")
+
+
+@pytest.mark.parametrize(
+    "engine, flag",
+    [
+        ("sglang", ["--scheduler-recv-interval", "1"]),
+        ("vllm", ["--cpu-offload-gb", "0"]),
+        ("vllm", ["--kv-offloading-size", "0"]),
+        ("llama.cpp", ["--n-cpu-moe", "0"]),
+        ("llama.cpp", ["--flash-attn", "auto"]),
+    ],
+)
+def test_an_engines_own_flag_at_its_default_value_is_taken(engine, flag):
+    r = runner.invoke(app, [*PREDICT, "--engine", engine, *flag])
+    assert r.exit_code == 0, r.output
+
+
+def test_another_engines_flag_at_another_value_keeps_its_own_message():
+    """Values the deployment's checks see keep their words: what the engine does instead."""
+    refused(
+        [*PREDICT, "--engine", "llama.cpp", "--gpu-memory-utilization", "0.5"],
+        "--gpu-memory-utilization is not llama.cpp's; llama.cpp sizes its KV cache",
+    )
