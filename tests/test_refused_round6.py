@@ -62,3 +62,42 @@ def test_another_engines_flag_at_another_value_keeps_its_own_message():
         [*PREDICT, "--engine", "llama.cpp", "--gpu-memory-utilization", "0.5"],
         "--gpu-memory-utilization is not llama.cpp's; llama.cpp sizes its KV cache",
     )
+
+
+@pytest.mark.parametrize("seed", [str(2**64), "1" + "0" * 300])
+def test_a_seed_past_64_bits_is_refused_with_its_range(seed):
+    """--seed 10**300 ran and wrote a 301-digit seed back into the results."""
+    refused([*PREDICT, "--seed", seed], "--seed", "18446744073709551615")
+
+
+def test_the_largest_seed_is_taken():
+    r = runner.invoke(app, [*PREDICT, "--seed", str(2**64 - 1), "--json"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_probe_seed_past_64_bits_is_refused_before_any_request():
+    r = runner.invoke(
+        app, ["probe", "--url", "http://127.0.0.1:9", "--model", "m", "--seed", str(2**64)]
+    )
+    assert r.exit_code == 2 and "--seed" in r.output, r.output
+    assert "less than or equal to 18446744073709551615" in r.output
+
+
+def test_python_api_seed_past_64_bits_is_a_user_error():
+    import capsim
+
+    with pytest.raises(capsim.CapsimUserError, match="seed"):
+        capsim.predict(gpu="h100-sxm", model="llama-3.1-8b", concurrency=[1], seed=2**64)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ([*PREDICT, "--seed", "9" * 5000], "5,000 digits, is out of range (at most 1844674407"),
+        (["fit", *ONE, "--max-num-seqs", "-" + "9" * 50], "out of range (1 to 2147483648)"),
+    ],
+)
+def test_a_whole_number_of_thousands_of_digits_is_out_of_range(args, says):
+    """Python reads no more than 4,300 digits: the error said only 'Unable to parse input
+    string as an integer, exceeded maximum size', without the flag's range."""
+    refused(args, says)

@@ -76,7 +76,7 @@ from capsim.cli.common import (
     spec_config,
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
-from capsim.engine.limits import MAX_CONCURRENCY
+from capsim.engine.limits import MAX_CONCURRENCY, MAX_SEED
 from capsim.engine.override_checks import (
     refuse_overrides_no_config_reads,
     refuse_overrides_no_model_reads,
@@ -337,7 +337,12 @@ def predict_cmd(
     router_latency_ms: RouterLatencyOption = 0.0,
     router_capacity_rps: RouterCapacityOption = None,
     seed: Annotated[
-        int, typer.Option("--seed", help="Random seed of the drawn lengths and arrivals")
+        int,
+        typer.Option(
+            "--seed",
+            max=MAX_SEED,
+            help="Random seed of the drawn lengths and arrivals (0 to 2**64 - 1)",
+        ),
     ] = 0,
     profile: ProfileOption = "auto",
     set_values: SetOption = None,

@@ -23,6 +23,7 @@ from capsim.cli.common import (
     user_errors,
 )
 from capsim.cli.predict import parse_levels
+from capsim.engine.limits import MAX_SEED
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -250,7 +251,9 @@ def probe_cmd(
     output_tokens: Annotated[
         str, typer.Option("--output-tokens", help="N or a distribution (uniform:A,B, ...)")
     ] = "512",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the output-length draws", min=0)] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the output-length draws", min=0, max=MAX_SEED)
+    ] = 0,
     runs: Annotated[int, typer.Option("--runs", help="Measurement runs per level")] = 1,
     workload: Annotated[str, typer.Option("--workload", help="closed or batch")] = "closed",
     requests: Annotated[int | None, typer.Option("--requests", help="Requests per level")] = None,
