@@ -101,3 +101,43 @@ def test_a_whole_number_of_thousands_of_digits_is_out_of_range(args, says):
     """Python reads no more than 4,300 digits: the error said only 'Unable to parse input
     string as an integer, exceeded maximum size', without the flag's range."""
     refused(args, says)
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("use_beam_search", [], "use_beam_search must be a boolean"),
+        ("use_beam_search", "x", "use_beam_search must be a boolean"),
+        ("request_id", True, "request_id must be a string"),
+        ("request_id", 5, "request_id must be a string"),
+        ("cache_salt", "", "'cache_salt' must be a non-empty string"),
+        ("cache_salt", [], "'cache_salt' must be a non-empty string"),
+        ("kv_transfer_params", True, "kv_transfer_params must be an object"),
+        ("vllm_xargs", [1], "vllm_xargs must be an object of strings and numbers"),
+        ("vllm_xargs", {"k": None}, "vllm_xargs must be an object of strings and numbers"),
+    ],
+)
+@pytest.mark.parametrize("chat", [False, True])
+def test_serve_types_the_fields_vllm_passes_on(field, value, says, chat):
+    """vLLM's request models type these fields (a 400 for a client's mistake); capsim serve
+    answered 200 to any value of them."""
+    from capsim.serve.extra_fields import check_extra_fields
+    from capsim.serve.requests import ApiError
+
+    with pytest.raises(ApiError) as info:
+        check_extra_fields({field: value}, chat, vocab_size=1000, max_model_len=4096)
+    assert info.value.status == 400 and says in str(info.value)
+
+
+def test_serve_takes_the_fields_vllm_passes_on_well_formed():
+    from capsim.serve.extra_fields import check_extra_fields
+
+    well_formed = {
+        "use_beam_search": False,
+        "request_id": "r-1",
+        "cache_salt": "s",
+        "kv_transfer_params": {"do_remote_decode": True},
+        "vllm_xargs": {"a": "b", "n": 2, "x": 0.5},
+    }
+    for chat in (False, True):
+        check_extra_fields(well_formed, chat, vocab_size=1000, max_model_len=4096)
