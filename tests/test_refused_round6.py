@@ -141,3 +141,26 @@ def test_serve_takes_the_fields_vllm_passes_on_well_formed():
     }
     for chat in (False, True):
         check_extra_fields(well_formed, chat, vocab_size=1000, max_model_len=4096)
+
+
+def test_a_dotted_run_name_keeps_its_dots(tmp_path):
+    """'--out llama-3.1-8b' wrote llama-3.json and llama-3.jsonl (Path's suffix '.1-8b'
+    replaced), and '--out llama-3.2-1b' then found that file in its way."""
+    import json
+
+    from tests.test_importers import VLLM_BENCH
+
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(VLLM_BENCH))
+    for name in ("llama-3.1-8b", "llama-3.2-1b", "run.yaml"):
+        r = runner.invoke(app, ["import", "vllm-bench", str(src), "--out", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+    written = sorted(p.name for p in tmp_path.iterdir() if p.name != "result.json")
+    assert written == [
+        "llama-3.1-8b.json",
+        "llama-3.1-8b.jsonl",
+        "llama-3.2-1b.json",
+        "llama-3.2-1b.jsonl",
+        "run.json",  # a file type (letters) is replaced, as --help says
+        "run.jsonl",
+    ]

@@ -429,7 +429,10 @@ def probe_cmd(
     from capsim.files import refuse_overwrite
 
     refuse_overwrite([path], "--out", True)  # no name, a folder, a device: never
-    refuse_overwrite([path.with_suffix(".json"), path.with_suffix(".jsonl")], "--out", force)
+    from capsim.probe.runfile import run_file_paths
+
+    summary_path, log = run_file_paths(path)
+    refuse_overwrite([summary_path, log], "--out", force)
     if out is not None:  # calibration/runs under the current folder is created
         from capsim.files import refuse_missing_folder
 
@@ -465,7 +468,6 @@ def probe_cmd(
         with progress:
             summary = run_probe(config, path, on_event)
     except KeyboardInterrupt:
-        log = path.with_suffix(".jsonl")
         kept = f"what was measured is in {log}" if log.exists() else "nothing was measured yet"
         err_console.print(f"interrupted: {kept}")
         raise typer.Exit(130) from None
