@@ -57,6 +57,7 @@ from capsim.cli.common import (
     objectives_from_flags,
     predict_config,
     print_json,
+    refuse_flags_of_other_engines,
     resolve_models,
 )
 from capsim.cli.predict import split_list
@@ -68,6 +69,7 @@ def _fmt(value: float, digits: int) -> str:
 
 
 def capacity_cmd(
+    ctx: typer.Context,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name(s), comma-separated")],
     model: Annotated[str, typer.Option("--model", help="Model name(s) or Hugging Face id(s)")],
     min_agent_tok_s: MinAgentTokSOption = None,
@@ -127,7 +129,7 @@ def capacity_cmd(
     if tp < 1 or (gpus is not None and gpus < 1):
         raise CapsimUserError("--tp and --gpus must be at least 1")
     cat, refs = resolve_models(catalog(db), split_list(model, "--model"))
-    cat.engine(engine)
+    refuse_flags_of_other_engines(ctx, cat.engine(engine).name)
     configs = []
     for g, ref in itertools.product(split_list(gpu, "--gpu"), refs):
         config = predict_config(

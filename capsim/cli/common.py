@@ -1331,6 +1331,61 @@ def refuse_inapplicable_flags(ctx, workload: str, arrival: str = "poisson") -> N
         )
 
 
+ENGINE_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "scheduler_recv_interval": ("--scheduler-recv-interval", ("sglang",)),
+    "mixed_chunk": ("--enable-mixed-chunk", ("sglang",)),
+    "schedule_conservativeness": ("--schedule-conservativeness", ("sglang",)),
+    "enable_hierarchical_cache": ("--enable-hierarchical-cache", ("sglang",)),
+    "ubatch_size": ("--ubatch-size", ("llama.cpp",)),
+    "flash_attn": ("--flash-attn", ("llama.cpp",)),
+    "n_cpu_moe": ("--n-cpu-moe", ("llama.cpp",)),
+    "cpu_offload_gb": ("--cpu-offload-gb", ("vllm", "sglang")),
+    "kv_offloading_size": ("--kv-offloading-size", ("vllm",)),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", ("vllm", "sglang")),
+    "async_scheduling": ("--async-scheduling / --no-async-scheduling", ("vllm", "sglang")),
+    "disable_custom_all_reduce": ("--disable-custom-all-reduce", ("vllm", "sglang")),
+    "enable_expert_parallel": ("--enable-expert-parallel", ("vllm", "sglang")),
+}
+"""Flags that one or two engines have (parameter name: flag, the engines that have it)."""
+
+ENGINE_WORDS = {"vllm": "vLLM", "sglang": "SGLang", "llama.cpp": "llama.cpp"}
+
+
+def refuse_flags_of_other_engines(ctx, engine: str) -> None:
+    """A flag of another engine that the user typed is an error whatever its value. The
+    deployment's own checks (engine/flag_checks.py, engine/setup.py) refuse such a flag
+    by its value, saying what ``engine`` does instead; a value that means the same as not
+    giving the flag (its default, '--flash-attn auto', '--n-cpu-moe 0',
+    '--scheduler-recv-interval 1') passed them, and '--engine llama.cpp --cpu-offload-gb 0'
+    ran without a word (issue 47, round 6). ``engine`` is the resolved engine's name."""
+    from capsim.catalog.loader import engine_base
+
+    base = engine_base(engine)
+    if base not in ENGINE_WORDS:  # an overlay's own engine: its flags are its own
+        return
+    for name, (flag, owners) in ENGINE_FLAGS.items():
+        if base in owners or name not in ctx.params:
+            continue
+        source = getattr(ctx.get_parameter_source(name), "name", None)
+        if source not in ("COMMANDLINE", "ENVIRONMENT"):
+            continue
+        typed = value = ctx.params[name]
+        default = next(p.default for p in ctx.command.params if p.name == name)
+        if name == "flash_attn":  # 'auto' is the engine's own choice, as not given
+            value, default = flash_attention_choice(value), None
+        if value != default:
+            continue  # the deployment's check says what the engine does instead
+        flag = flag.split(" /")[0]
+        if not isinstance(typed, bool) and typed is not None:
+            flag += f" {typed:g}" if isinstance(typed, float) else f" {typed}"
+        owner_words = " and ".join(f"{ENGINE_WORDS[o]}'s" for o in owners)
+        raise CapsimUserError(
+            f"{flag} is {owner_words} flag; {ENGINE_WORDS[base]} has none such, and given "
+            "with it the flag would change nothing",
+            hint=f"leave {flag.split()[0]} out with --engine {base}, or use --engine {owners[0]}",
+        )
+
+
 def refuse_force_without_output(force: bool, *outputs) -> None:
     """--force replaces files a command writes: with none of its ``outputs`` (paths or
     None) given, it would do nothing, and is refused as other flags that do not apply."""

@@ -49,6 +49,7 @@ from capsim.cli.common import (
     fmt_sig,
     parse_overrides,
     print_json,
+    refuse_flags_of_other_engines,
     refuse_links_without_tp,
     resolve_models,
     spec_config,
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 
 
 def fit_cmd(
+    ctx: typer.Context,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. rtx3090")],
     model: Annotated[str, typer.Option("--model", help="Model name, e.g. qwen3-coder-30b-a3b")],
     quant: Annotated[
@@ -112,6 +114,7 @@ def fit_cmd(
     from capsim.physics.memory import fit_hint, memory_fit, release_format, require_fit
 
     cat, (ref,) = resolve_models(catalog(db), [model])
+    refuse_flags_of_other_engines(ctx, cat.engine(engine).name)
     g = cat.gpu(gpu)
     m = cat.model(ref.name)
     fmt = cat.quant(quant or ref.quant or m.dtype)
@@ -563,6 +566,7 @@ def step_rows(
 
 
 def explain_cmd(
+    ctx: typer.Context,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
     model: Annotated[str, typer.Option("--model", help="Model name")],
     quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
@@ -641,6 +645,7 @@ def explain_cmd(
     overrides = parse_overrides(set_values)
     g = cat.gpu(gpu)
     eng = cat.engine(engine)
+    refuse_flags_of_other_engines(ctx, eng.name)
     cat, (ref,) = resolve_models(cat, [model])
     m = cat.model(ref.name)
     refuse_overrides_no_model_reads(overrides, [m])

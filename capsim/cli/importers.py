@@ -35,9 +35,10 @@ def _command(kind: str, tool: str):
     ) -> None:
         from capsim.files import refuse_missing_folder, refuse_overwrite, refuse_writing_over_inputs
         from capsim.probe.importers import import_results
+        from capsim.probe.runfile import run_file_paths
 
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
-        written = [target.with_suffix(".json"), target.with_suffix(".jsonl")]
+        written = list(run_file_paths(target))
         # with --force the result file was replaced by the run it was read into
         refuse_writing_over_inputs(written, [result], "--out")
         refuse_overwrite([target], "--out", True)  # a folder, a device, no name: never

@@ -78,6 +78,23 @@ def _whole_numbers_only() -> None:
         if isinstance(value, str) and of_type(self.annotation, int) and not whole.fullmatch(value):
             why = " (an '_' in it)" if "_" in value else ""
             raise BadParameter(f"{value!r} is not a whole number{why}", ctx=ctx, param=param)
+        if isinstance(value, str) and of_type(self.annotation, int) and len(value) > 40:
+            # past any count a flag takes; Python refuses to read 4,300 digits or more,
+            # and said only 'exceeded maximum size' (issue 47, round 6)
+            low, high = getattr(param, "min", None), getattr(param, "max", None)
+            span = (
+                f" ({low} to {high})"
+                if low is not None and high is not None
+                else f" (at most {high})"
+                if high is not None
+                else ""
+            )
+            digits = sum(ch.isdigit() for ch in value)
+            raise BadParameter(
+                f"'{value.strip()[:12]}...', a number of {digits:,} digits, is out of range{span}",
+                ctx=ctx,
+                param=param,
+            )
         numeric = of_type(self.annotation, float) and not of_type(self.annotation, str)
         if isinstance(value, str) and numeric and "_" in value:
             # Python reads '0_9' as 9.0: a typo for 0.9 taken as a number ten times larger

@@ -68,6 +68,7 @@ from capsim.cli.common import (
     parse_overrides,
     predict_config,
     progress_bar,
+    refuse_flags_of_other_engines,
     refuse_force_without_output,
     refuse_inapplicable_flags,
     refuse_links_without_tp,
@@ -75,7 +76,7 @@ from capsim.cli.common import (
     spec_config,
 )
 from capsim.cli.predict_output import plot, print_table, result_dict, write_csv
-from capsim.engine.limits import MAX_CONCURRENCY
+from capsim.engine.limits import MAX_CONCURRENCY, MAX_SEED
 from capsim.engine.override_checks import (
     refuse_overrides_no_config_reads,
     refuse_overrides_no_model_reads,
@@ -336,7 +337,12 @@ def predict_cmd(
     router_latency_ms: RouterLatencyOption = 0.0,
     router_capacity_rps: RouterCapacityOption = None,
     seed: Annotated[
-        int, typer.Option("--seed", help="Random seed of the drawn lengths and arrivals")
+        int,
+        typer.Option(
+            "--seed",
+            max=MAX_SEED,
+            help="Random seed of the drawn lengths and arrivals (0 to 2**64 - 1)",
+        ),
     ] = 0,
     profile: ProfileOption = "auto",
     set_values: SetOption = None,
@@ -382,7 +388,8 @@ def predict_cmd(
     refuse_force_without_output(force, plot_path)
     objectives = dict(min_agent_tok_s=drawn.min_agent_tok_s, max_ttft_p90_s=drawn.max_ttft_p90_s)
     cat = catalog(db)
-    cat.engine(engine)  # an unknown engine is a user error before anything runs
+    # an unknown engine is a user error before anything runs
+    refuse_flags_of_other_engines(ctx, cat.engine(engine).name)
     if workload not in ("closed", "batch", "agents", "open", "trace"):
         raise CapsimUserError(
             f"unknown workload '{workload}'",

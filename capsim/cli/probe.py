@@ -23,6 +23,7 @@ from capsim.cli.common import (
     user_errors,
 )
 from capsim.cli.predict import parse_levels
+from capsim.engine.limits import MAX_SEED
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -250,7 +251,9 @@ def probe_cmd(
     output_tokens: Annotated[
         str, typer.Option("--output-tokens", help="N or a distribution (uniform:A,B, ...)")
     ] = "512",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the output-length draws", min=0)] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the output-length draws", min=0, max=MAX_SEED)
+    ] = 0,
     runs: Annotated[int, typer.Option("--runs", help="Measurement runs per level")] = 1,
     workload: Annotated[str, typer.Option("--workload", help="closed or batch")] = "closed",
     requests: Annotated[int | None, typer.Option("--requests", help="Requests per level")] = None,
@@ -426,7 +429,10 @@ def probe_cmd(
     from capsim.files import refuse_overwrite
 
     refuse_overwrite([path], "--out", True)  # no name, a folder, a device: never
-    refuse_overwrite([path.with_suffix(".json"), path.with_suffix(".jsonl")], "--out", force)
+    from capsim.probe.runfile import run_file_paths
+
+    summary_path, log = run_file_paths(path)
+    refuse_overwrite([summary_path, log], "--out", force)
     if out is not None:  # calibration/runs under the current folder is created
         from capsim.files import refuse_missing_folder
 
@@ -462,7 +468,6 @@ def probe_cmd(
         with progress:
             summary = run_probe(config, path, on_event)
     except KeyboardInterrupt:
-        log = path.with_suffix(".jsonl")
         kept = f"what was measured is in {log}" if log.exists() else "nothing was measured yet"
         err_console.print(f"interrupted: {kept}")
         raise typer.Exit(130) from None

@@ -47,6 +47,7 @@ from capsim.cli.common import (
     hicache_fields,
     predict_config,
     print_notices,
+    refuse_flags_of_other_engines,
     resolve_models,
     spec_config,
 )
@@ -85,6 +86,7 @@ MAX_SPEEDUP = 1000.0
 
 
 def serve_cmd(
+    ctx: typer.Context,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name")],
     model: Annotated[str, typer.Option("--model", help="Model name or Hugging Face id")],
     quant: Annotated[str | None, typer.Option(*QUANT_FLAGS, help="Weight format")] = None,
@@ -166,7 +168,7 @@ def serve_cmd(
         )
     default_max_tokens = max_new_tokens_of(override_generation_config)
     cat, (ref,) = resolve_models(catalog(db), [model])
-    cat.engine(engine)
+    refuse_flags_of_other_engines(ctx, cat.engine(engine).name)
     config = predict_config(
         gpu=gpu,
         model=ref.name,

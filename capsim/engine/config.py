@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from capsim.engine.lengths import number_text, parse_length
-from capsim.engine.limits import MAX_CONCURRENCY, MAX_GPUS, MAX_TP
+from capsim.engine.limits import MAX_CONCURRENCY, MAX_GPUS, MAX_SEED, MAX_TP
 from capsim.engine.router import RouterPolicy
 from capsim.engine.workloads import WorkloadKind
 from capsim.physics.kv_layout import BLOCK_SIZE_TOKENS
@@ -217,7 +217,9 @@ class PredictConfig(BaseModel):
     # most 1e9): a negative latency was a SimPy error, NaN an error of the level's metrics
     router_latency_s: float = Field(0.0, ge=0, le=60.0, allow_inf_nan=False)
     router_capacity_rps: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False)
-    seed: int = Field(0, ge=0, description="Random seed (a non-negative integer)")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Random seed (a whole number from 0 to 2**64 - 1)"
+    )
     fast_forward: StrictBool = True
     skip_periods: StrictBool = Field(
         True,

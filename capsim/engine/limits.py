@@ -18,3 +18,8 @@ served model takes (10M, Llama 4 Scout); a server refuses what its own limit doe
 
 MAX_TP = 72
 """The widest tensor-parallel group: the largest NVLink domain (GB200 NVL72)."""
+
+MAX_SEED = 2**64 - 1
+"""The largest random seed (--seed, in predict and probe): a 64-bit seed as the engines'
+own --seed takes it (torch.manual_seed refuses more); 10**300 was taken and written back
+into the results as a 301-digit number."""

@@ -223,6 +223,17 @@ class RunSummary(BaseModel):
     )
 
 
+def run_file_paths(out: Path) -> tuple[Path, Path]:
+    """The summary (NAME.json) and request log (NAME.jsonl) that ``--out`` names: its
+    suffix is replaced where it is a file type (letters only: '.json', '.jsonl', '.yaml'),
+    and kept as part of the name where it is not: Path('llama-3.1-8b').suffix is '.1-8b',
+    and '--out llama-3.1-8b' wrote llama-3.json, which '--out llama-3.2-1b' then found in
+    its way (issue 47, round 6)."""
+    if out.suffix[1:].isalpha() and out.suffix[1:].isascii():
+        out = out.with_suffix("")
+    return out.with_name(out.name + ".json"), out.with_name(out.name + ".jsonl")
+
+
 class RunWriter:
     """Appends events to NAME.jsonl as they arrive and keeps NAME.json current.
 
@@ -233,10 +244,7 @@ class RunWriter:
 
     def __init__(self, out: Path, header: RunHeader, durable: bool = True):
         self.durable = durable
-        if out.suffix not in (".json", ".jsonl"):
-            out = out.with_suffix(".json")
-        self.summary_path = out.with_suffix(".json")
-        self.log_path = out.with_suffix(".jsonl")
+        self.summary_path, self.log_path = run_file_paths(out)
         self.summary_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_path.is_symlink():  # --force replaces the link, never its target
             self.log_path.unlink()

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from capsim.engine.lengths import length_field, parse_length
-from capsim.engine.limits import MAX_CONCURRENCY, MAX_CONTEXT_TOKENS
+from capsim.engine.limits import MAX_CONCURRENCY, MAX_CONTEXT_TOKENS, MAX_SEED
 from capsim.errors import CapsimUserError
 from capsim.metrics import RequestRecord
 from capsim.probe.client import (
@@ -105,7 +105,9 @@ class ProbeConfig(BaseModel):
     output_tokens: int | str = Field(
         512, description="N, or a distribution as in capsim predict (uniform:A,B, ...)"
     )
-    seed: int = Field(0, ge=0, description="Draws output lengths as the simulator does")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Draws output lengths as the simulator does"
+    )
     runs: int = Field(1, ge=1, le=MAX_PROBE_RUNS)
     ignore_eos: StrictBool = True
     warmup: StrictBool = True

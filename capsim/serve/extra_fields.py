@@ -23,6 +23,7 @@ SHARED_BOOLS = (
     "include_stop_str_in_output",
     "add_special_tokens",
     "return_tokens_as_token_ids",
+    "use_beam_search",
 )
 """Bool fields both request kinds carry."""
 
@@ -59,6 +60,7 @@ def check_extra_fields(body: dict, chat: bool, vocab_size: int, max_model_len: i
         raise bad("bad_words", "bad_words must be a list of strings.")
     _check_response_format(body.get("response_format"))
     _check_guided(body)
+    _check_passthrough(body)
     if chat:
         check_chat_template_fields(body)
         effort = body.get("reasoning_effort")
@@ -76,6 +78,31 @@ def check_extra_fields(body: dict, chat: bool, vocab_size: int, max_model_len: i
             isinstance(documents, list) and all(isinstance(d, dict) for d in documents)
         ):
             raise bad("documents", "documents must be a list of objects.")
+
+
+def _check_passthrough(body: dict) -> None:
+    """The fields vLLM passes on rather than reads, typed as its request models type them
+    (both request kinds): request_id a string, cache_salt a string that is not empty (its
+    check_cache_salt_support), kv_transfer_params an object, vllm_xargs an object of strings
+    and numbers. Any value was served (issue 47, round 6: 'cache_salt': [], 'vllm_xargs':
+    true)."""
+    request_id = body.get("request_id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise bad("request_id", f"request_id must be a string, got {short(request_id)}.")
+    salt = body.get("cache_salt")
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
+    params = body.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        raise bad("kv_transfer_params", "kv_transfer_params must be an object.")
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not (
+        isinstance(xargs, dict)
+        and all(
+            isinstance(v, str | int | float) and not isinstance(v, bool) for v in xargs.values()
+        )
+    ):
+        raise bad("vllm_xargs", "vllm_xargs must be an object of strings and numbers.")
 
 
 def check_chat_template_fields(body: dict) -> None:
