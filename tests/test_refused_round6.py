@@ -113,8 +113,9 @@ def test_a_whole_number_of_thousands_of_digits_is_out_of_range(args, says):
         ("cache_salt", "", "'cache_salt' must be a non-empty string"),
         ("cache_salt", [], "'cache_salt' must be a non-empty string"),
         ("kv_transfer_params", True, "kv_transfer_params must be an object"),
-        ("vllm_xargs", [1], "vllm_xargs must be an object of strings and numbers"),
-        ("vllm_xargs", {"k": None}, "vllm_xargs must be an object of strings and numbers"),
+        ("vllm_xargs", [1], "vllm_xargs must be an object of strings"),
+        ("vllm_xargs", {"k": None}, "vllm_xargs must be an object of strings"),
+        ("vllm_xargs", {"k": [None]}, "vllm_xargs must be an object of strings"),
     ],
 )
 @pytest.mark.parametrize("chat", [False, True])
@@ -141,6 +142,14 @@ def test_serve_takes_the_fields_vllm_passes_on_well_formed():
     }
     for chat in (False, True):
         check_extra_fields(well_formed, chat, vocab_size=1000, max_model_len=4096)
+    # vLLM 0.24.0's chat request types a value as a scalar or a list of them
+    # (dict[str, str | int | float | list[str | int | float]]); its completion request not
+    lists = {"vllm_xargs": {"ids": [1, "a", 0.5]}}
+    check_extra_fields(lists, True, vocab_size=1000, max_model_len=4096)
+    from capsim.serve.requests import ApiError
+
+    with pytest.raises(ApiError, match="object of strings and numbers"):
+        check_extra_fields(lists, False, vocab_size=1000, max_model_len=4096)
 
 
 def test_a_dotted_run_name_keeps_its_dots(tmp_path):

@@ -60,7 +60,7 @@ def check_extra_fields(body: dict, chat: bool, vocab_size: int, max_model_len: i
         raise bad("bad_words", "bad_words must be a list of strings.")
     _check_response_format(body.get("response_format"))
     _check_guided(body)
-    _check_passthrough(body)
+    _check_passthrough(body, chat)
     if chat:
         check_chat_template_fields(body)
         effort = body.get("reasoning_effort")
@@ -80,12 +80,13 @@ def check_extra_fields(body: dict, chat: bool, vocab_size: int, max_model_len: i
             raise bad("documents", "documents must be a list of objects.")
 
 
-def _check_passthrough(body: dict) -> None:
+def _check_passthrough(body: dict, chat: bool) -> None:
     """The fields vLLM passes on rather than reads, typed as its request models type them
-    (both request kinds): request_id a string, cache_salt a string that is not empty (its
-    check_cache_salt_support), kv_transfer_params an object, vllm_xargs an object of strings
-    and numbers. Any value was served (issue 47, round 6: 'cache_salt': [], 'vllm_xargs':
-    true)."""
+    (vLLM 0.24.0's completion/protocol.py and chat_completion/protocol.py): request_id a
+    string, cache_salt a string that is not empty (its check_cache_salt_support),
+    kv_transfer_params an object, vllm_xargs an object of strings and numbers (a chat
+    request's values may also be lists of them). Any value was served (issue 47, round 6:
+    'cache_salt': [], 'vllm_xargs': true)."""
     request_id = body.get("request_id")
     if request_id is not None and not isinstance(request_id, str):
         raise bad("request_id", f"request_id must be a string, got {short(request_id)}.")
@@ -96,13 +97,16 @@ def _check_passthrough(body: dict) -> None:
     if params is not None and not isinstance(params, dict):
         raise bad("kv_transfer_params", "kv_transfer_params must be an object.")
     xargs = body.get("vllm_xargs")
-    if xargs is not None and not (
-        isinstance(xargs, dict)
-        and all(
-            isinstance(v, str | int | float) and not isinstance(v, bool) for v in xargs.values()
-        )
-    ):
-        raise bad("vllm_xargs", "vllm_xargs must be an object of strings and numbers.")
+
+    def scalar(v) -> bool:
+        return isinstance(v, str | int | float) and not isinstance(v, bool)
+
+    def value(v) -> bool:
+        return scalar(v) or (chat and isinstance(v, list) and all(scalar(x) for x in v))
+
+    if xargs is not None and not (isinstance(xargs, dict) and all(map(value, xargs.values()))):
+        kinds = "strings, numbers or lists of them" if chat else "strings and numbers"
+        raise bad("vllm_xargs", f"vllm_xargs must be an object of {kinds}.")
 
 
 def check_chat_template_fields(body: dict) -> None:
