@@ -565,3 +565,5 @@ def test_validates_last_line_is_the_headline_not_a_mean_alone():
         last = r.output.strip().splitlines()[-1]
         assert last.startswith("every point, median absolute error: throughput"), last
         assert last.endswith("%") and "MAPE over 9 points" in last, last
+        # the bias beside the spread, one sign for rates and times (+: predicted faster)
+        assert re.search(r"throughput [0-9.]+% \(\d+, optimism [+-][0-9.]+%\)", last), last

@@ -66,11 +66,13 @@ def metric_text(metric: str, statistic: str = "mean") -> str:
 
 def headline_line(every_point: list[dict], points: list[ComparedPoint]) -> str:
     """validate's last line: the headline (every point's median absolute error by metric
-    family, as the summary's first table and the docs give it), then the mean."""
+    family with its median optimism, as the summary's first table and the docs give it),
+    then the mean."""
     from capsim.calibration.compare import mape
 
     parts = ", ".join(
-        f"{g['group']} {g['median_abs_error_percent']:.1f}% ({g['points']})"
+        f"{g['group']} {g['median_abs_error_percent']:.1f}% "
+        f"({g['points']}, optimism {g['median_optimism_percent']:+.1f}%)"
         for g in sorted(every_point, key=lambda g: HEADLINE_ORDER.get(g["group"], 99))
     )
     return (
