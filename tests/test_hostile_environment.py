@@ -141,6 +141,33 @@ def test_a_relative_profile_folder_is_ignored_with_a_note(tmp_path):
     assert not (tmp_path / "rel").exists()
 
 
+def test_a_cache_folder_that_is_a_file_is_said(tmp_path):
+    """CAPSIM_CACHE_DIR=/dev/null (or a file) ran without a word, the cache unused."""
+    plain = tmp_path / "cache-file"
+    plain.write_text("not a folder")
+    for path in ("/dev/null", str(plain)):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "capsim",
+                "predict",
+                "--gpu",
+                "h100-sxm",
+                "--model",
+                "llama-3.1-8b",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "CAPSIM_CACHE_DIR": path},
+            cwd=tmp_path,
+        )
+        said = " ".join(r.stderr.split())
+        assert r.returncode == 0 and f"CAPSIM_CACHE_DIR='{path}' is not a folder" in said, said
+    assert plain.read_text() == "not a folder"
+
+
 def test_a_catalog_text_with_an_escape_sequence_is_refused(tmp_path):
     text = (ROOT / "hardware_db" / "gpus" / "h100-sxm.yaml").read_text()
     lines = [

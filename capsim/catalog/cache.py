@@ -44,10 +44,17 @@ def folder_from_env(variable: str, instead: str) -> Path | None:
     explicit = os.environ.get(variable, "")
     if not explicit.strip():
         return None
-    if Path(explicit).expanduser().is_absolute():
-        return Path(explicit).expanduser()
     from capsim.notices import notice
 
+    folder = Path(explicit).expanduser()
+    if folder.is_absolute():
+        if folder.exists() and not folder.is_dir():
+            # a file or a device: nothing can be read from it or written to it, which
+            # went unsaid (issue 47, round 6: CAPSIM_CACHE_DIR=/dev/null ran without a word)
+            notice(
+                f"{variable}='{explicit}' is not a folder: nothing is read from it or written to it"
+            )
+        return folder
     notice(
         f"{variable}='{explicit}' is not an absolute path: ignored, {instead} (write e.g. "
         f"$PWD/{explicit} for a folder here)"
