@@ -30,6 +30,7 @@ from capsim.cli.common import (
     save_figure,
 )
 from capsim.cli.predict import refuse_repeats, split_list
+from capsim.engine.limits import MAX_BUDGET_USD, MAX_PLAN_CONFIGURATIONS
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -193,7 +194,13 @@ def plan_cmd(
     output_tokens: OutputTokensOption = "512",
     min_agent_tok_s: MinAgentTokSOption = None,
     max_ttft_p90: MaxTtftP90Option = None,
-    budget: Annotated[float | None, typer.Option("--budget", help="USD")] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            help=f"Most USD a configuration may cost (above 0, at most {MAX_BUDGET_USD:g})",
+        ),
+    ] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Candidate GPUs (default all)")] = None,
     counts: Annotated[str, typer.Option("--counts", help="GPUs per box to try")] = "1,2,4,8",
     nodes: Annotated[
@@ -255,7 +262,15 @@ def plan_cmd(
     cloud_hourly: Annotated[
         float | None, typer.Option("--cloud-hourly", help="USD per GPU-hour instead of buying")
     ] = None,
-    top: Annotated[int, typer.Option("--top", help="Rows to show", min=1)] = 10,
+    top: Annotated[
+        int,
+        typer.Option(
+            "--top",
+            help="Rows to show (at most 100,000, the most configurations a search holds)",
+            min=1,
+            max=MAX_PLAN_CONFIGURATIONS,
+        ),
+    ] = 10,
     rank: Annotated[
         str,
         typer.Option(
