@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from capsim.cli.main import app
 from tests.test_refused_leftovers import refused
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 ONE = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
 PREDICT = ["predict", *ONE, "-c", "1", "--requests", "4", "--output-tokens", "16"]
+HICACHE = [*PREDICT, "--engine", "sglang", "--enable-hierarchical-cache"]
 PLAN = ["plan", "--model", "llama-3.1-8b", "--agents", "1", "--gpus", "h100-sxm"]
 
 
@@ -41,3 +43,48 @@ def test_python_api_plan_budget_has_the_same_ceiling():
     with pytest.raises(capsim.CapsimUserError, match="--budget 1e\\+13: at most 1e\\+12 USD"):
         PlanRequest(models=("llama-3.1-8b",), agents=1, budget_usd=1e13)
     PlanRequest(models=("llama-3.1-8b",), agents=1, budget_usd=1e12)
+
+
+@pytest.mark.parametrize(
+    "command, flag, value, more",
+    [
+        (PREDICT, "--cpu-offload-gb", "1e-320", ["--host-link-bandwidth", "10"]),
+        (PREDICT, "--cpu-offload-gb", "0.0009", []),
+        (PREDICT, "--kv-offloading-size", "5e-324", []),
+        (
+            [*PREDICT, "--engine", "sglang"],
+            "--hicache-size",
+            "1e-320",
+            ["--enable-hierarchical-cache"],
+        ),
+        (["fit", *ONE], "--cpu-offload-gb", "1e-320", []),
+    ],
+)
+def test_a_size_in_ram_of_almost_nothing_is_refused(command, flag, value, more):
+    """--cpu-offload-gb 1e-320 passed 'at least 0' as an offload: it let
+    --host-link-bandwidth through (which applies only to an offload) and printed
+    '+9.99989e-321 GiB weights in RAM'."""
+    refused([*command, flag, value, *more], f"{flag} {value}:", "at least 0.001 GiB")
+
+
+def test_an_error_of_a_config_field_names_the_flag_typed():
+    """--kv-offloading-size's error named '--kv-offloading-gb', a flag no command has."""
+    from typer.main import get_command
+
+    from capsim.cli.common import flag_of
+    from capsim.engine.config import PredictConfig
+
+    commands = get_command(app).commands
+    flags = {o for c in ("predict", "serve") for p in commands[c].params for o in p.opts}
+    for field in PredictConfig.model_fields:
+        if field in ("router_latency_s", "fast_forward", "skip_periods", "kv_capacity_tokens"):
+            continue  # the Python API's, or a flag in another unit (--router-latency-ms)
+        if field == "efficiency_overrides":
+            continue  # --set
+        assert flag_of(field).split()[0] in flags, field
+
+
+@pytest.mark.parametrize("value", ["0", "0.001", "2"])
+def test_a_real_offload_is_taken(value):
+    r = runner.invoke(app, [*PREDICT, "--cpu-offload-gb", value])
+    assert r.exit_code == 0, r.output

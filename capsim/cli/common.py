@@ -695,8 +695,25 @@ UNIT_SUFFIXES = ("_w", "_s", "_ms", "_usd")
 """Unit suffixes of config fields that their flags leave out (power_limit_w: --power-limit)."""
 
 
-FIELD_FLAGS = {"dp_attention": "--dp (with --enable-dp-attention)", "batch_rounds": "--rounds"}
-"""Config fields whose flag is not their name with dashes."""
+FIELD_FLAGS = {
+    "dp_attention": "--dp (with --enable-dp-attention)",
+    "batch_rounds": "--rounds",
+    "rates": "--rate",
+    "flash_attention": "--flash-attn",
+    "custom_allreduce": "--disable-custom-all-reduce",
+    "ubatch_tokens": "--ubatch-size",
+    "expert_parallel": "--enable-expert-parallel",
+    "kv_transfer_gbs": "--kv-transfer-bandwidth",
+    "cpu_moe_layers": "--n-cpu-moe",
+    "kv_offloading_gb": "--kv-offloading-size",
+    "hierarchical_cache": "--enable-hierarchical-cache",
+    "hicache_size_gb": "--hicache-size",
+    "host_memory_bandwidth_gbs": "--host-memory-bandwidth",
+    "host_link_gbs": "--host-link-bandwidth",
+    "mixed_chunk": "--enable-mixed-chunk",
+}
+"""Config fields whose flag is not their name with dashes (an error of
+--kv-offloading-size named '--kv-offloading-gb', a flag no command has)."""
 
 
 def flag_of(field: str) -> str:
@@ -719,7 +736,10 @@ def validation_user_error(exc, help_command: str = "--help") -> CapsimUserError:
     first = exc.errors()[0]
     field = next((str(part) for part in reversed(first["loc"]) if isinstance(part, str)), "")
     flag = flag_of(field) if field else "a value"
-    given, said = first.get("input"), first["msg"].lower()
+    given, said = first.get("input"), first["msg"]
+    # a check of capsim's own says it in its words, units in their case ('GiB', not
+    # 'value error, ... gib'); pydantic's own begin with a capital to drop
+    said = said.removeprefix("Value error, ") if said.startswith("Value error, ") else said.lower()
     if isinstance(given, float) and not math.isfinite(given):
         # a range check reads nan as out of range: say what it is as well
         said = f"not a finite number ({said})"
