@@ -88,3 +88,34 @@ def test_an_error_of_a_config_field_names_the_flag_typed():
 def test_a_real_offload_is_taken(value):
     r = runner.invoke(app, [*PREDICT, "--cpu-offload-gb", value])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "name, says, close",
+    [
+        ("NaN", "reads as a number", "profile-NaN"),
+        ("-inf", "reads as a number", "profile-inf"),
+        ("1e309", "does not begin with a letter", "profile-1e309"),
+        ("true", "reads as a boolean or null", "profile-true"),
+        ("Null", "reads as a boolean or null", "profile-Null"),
+        ("8..1", "does not begin with a letter", "profile-8-1"),
+        ("a..b", "reads as a range", "profile-a-b"),
+        ("AUTO", "is --profile's own word 'auto' but for case", "profile-AUTO"),
+    ],
+)
+def test_calibrate_name_that_reads_as_a_number_a_boolean_or_a_range_is_refused(
+    tmp_path, name, says, close
+):
+    """calibrate --name NaN, 1e309, true and 8..1 were taken: a result's reader (JSON, YAML,
+    a spreadsheet) takes such a name for a number or a boolean. Refused before any dataset
+    is read, with a name that would do."""
+    out = refused(["calibrate", "--name", name, "--out", str(tmp_path)], f"--name '{name}'", says)
+    assert f"did you mean: {close}?" in out and "begins with a letter" in out
+    assert not any(tmp_path.iterdir())
+
+
+def test_calibrate_name_of_letters_digits_and_dots_passes_the_check():
+    from capsim.cli.calibrate import refuse_odd_profile_name
+
+    for name in ("my.profile-1", "consumer-ampere-vllm", "apple-silicon-llama.cpp", "Nano"):
+        refuse_odd_profile_name(name, "--name")
