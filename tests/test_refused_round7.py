@@ -119,3 +119,39 @@ def test_calibrate_name_of_letters_digits_and_dots_passes_the_check():
 
     for name in ("my.profile-1", "consumer-ampere-vllm", "apple-silicon-llama.cpp", "Nano"):
         refuse_odd_profile_name(name, "--name")
+
+
+PROBE = ["probe", "--url", "http://127.0.0.1:9", "--model", "m"]
+
+
+@pytest.mark.parametrize(
+    "flag, value, says",
+    [
+        ("--timeout", "1e308", "--timeout 1e+308: seconds from 0.001 to 10,000,000"),
+        ("--connect-timeout", "1e-320", "--connect-timeout 1e-320: seconds from 0.001"),
+        ("--first-byte-timeout", "1e-320", "--first-byte-timeout 1e-320: seconds from 0.001"),
+        ("--chunk-timeout", "0.0009", "--chunk-timeout 0.0009: seconds from 0.001"),
+        ("--gpus", "65536", "less than or equal to 16384"),
+        ("--tp", "1024", "less than or equal to 72"),
+    ],
+)
+def test_probe_timeouts_and_stated_deployment_have_predicts_ranges(flag, value, says):
+    """A hunt of every probe flag against a closed port: --timeout 1e308 and a
+    --first-byte-timeout of 1e-320 s (every request timed out) were taken, and a stated
+    --gpus 65536 or --tp 1024 that no prediction takes (predict's ceilings are 16,384 GPUs
+    and TP 72), which the run file then carried into validate and calibrate."""
+    r = runner.invoke(app, [*PROBE, flag, value])
+    assert r.exit_code == 2 and says in " ".join(r.output.split()), r.output
+    assert "cannot reach" not in r.output  # refused before any request
+
+
+def test_python_api_probe_timeouts_have_the_same_range():
+    from pydantic import ValidationError
+
+    from capsim.probe.runner import ProbeConfig
+
+    with pytest.raises(ValidationError, match=r"greater than or equal to 0\.001"):
+        ProbeConfig(
+            url="http://127.0.0.1:9", model="m", concurrency=[1], first_byte_timeout_s=1e-320
+        )
+    ProbeConfig(url="http://127.0.0.1:9", model="m", concurrency=[1], timeout_s=0.001)
