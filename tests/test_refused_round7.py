@@ -155,3 +155,20 @@ def test_python_api_probe_timeouts_have_the_same_range():
             url="http://127.0.0.1:9", model="m", concurrency=[1], first_byte_timeout_s=1e-320
         )
     ProbeConfig(url="http://127.0.0.1:9", model="m", concurrency=[1], timeout_s=0.001)
+
+
+@pytest.mark.parametrize(
+    "host, url",
+    [
+        ("0", "http://127.0.0.1:8000"),
+        ("0.0.0.0", "http://127.0.0.1:8000"),
+        ("::0", "http://[::1]:8000"),
+        ("127.0.0.1", "http://127.0.0.1:8000"),
+        ("::1", "http://[::1]:8000"),
+    ],
+)
+def test_serve_shows_a_wildcard_address_by_its_address_not_its_spelling(host, url):
+    """'serve --host 0' (0.0.0.0) said 'serving ... at http://0:8000/v1'."""
+    from capsim.cli.serve import base_url
+
+    assert base_url(host, 8000) == url
