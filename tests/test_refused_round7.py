@@ -172,3 +172,33 @@ def test_serve_shows_a_wildcard_address_by_its_address_not_its_spelling(host, ur
     from capsim.cli.serve import base_url
 
     assert base_url(host, 8000) == url
+
+
+@pytest.mark.parametrize(
+    "written, says",
+    [
+        ("0120", "'0120' is an octal number (80) to YAML 1.1 and 120 to YAML 1.2"),
+        ("1:20", "'1:20' is a base-60 number (80) to YAML 1.1"),
+        ("8_0", "'8_0' is a number with '_' (80)"),
+        ("0b1010000", "'0b1010000' is a binary number (80) to YAML 1.1 only"),
+        ("1_0.5", "'1_0.5' is a number with '_' (10.5)"),
+    ],
+)
+def test_a_number_yaml_11_and_12_read_otherwise_is_refused(tmp_path, written, says):
+    """'memory_gb: 0120' in a --db overlay was read as 80 GB (YAML 1.1's octal; YAML 1.2
+    reads 120), '1:20' as 80 (base 60) and '8_0' as 80, without a word: the file, the line
+    and both readings instead."""
+    from tests.test_refused_leftovers import overlay
+
+    db = overlay(tmp_path, "gpus", "h100-sxm", "memory_gb: 80\n", f"memory_gb: {written}\n")
+    refused(["gpus", "show", "h100-sxm", "--db", str(db)], "h100-sxm.yaml", "line 7", says)
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("80", 80), ("0x50", 80), ("07", 7), ("-0", 0), ("1.0e+3", 1000.0), ("1e3", "1e3")],
+)
+def test_a_number_both_yamls_read_alike_is_taken(text, value):
+    from capsim.catalog.loader import load_yaml_text
+
+    assert load_yaml_text(f"x: {text}") == {"x": value}
