@@ -202,3 +202,20 @@ def test_a_number_both_yamls_read_alike_is_taken(text, value):
     from capsim.catalog.loader import load_yaml_text
 
     assert load_yaml_text(f"x: {text}") == {"x": value}
+
+
+def test_a_cached_file_is_parsed_again_when_the_yaml_reader_changes(tmp_path, monkeypatch):
+    """Profiles and band tables were cached by their own module's version only: a file
+    cached before loader.py's checks changed kept the old reading."""
+    from capsim.catalog import cache
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "cache.py").write_text("")
+    (code / "loader.py").write_text("")
+    monkeypatch.setattr(cache, "__file__", str(code / "cache.py"))
+    data = tmp_path / "x.yaml"
+    data.write_text("x: 1\n")
+    before = cache.files_key([data])
+    (code / "loader.py").write_text("# changed\n")
+    assert cache.files_key([data]) != before
