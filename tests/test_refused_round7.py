@@ -95,10 +95,11 @@ def test_a_real_offload_is_taken(value):
     [
         ("NaN", "reads as a number", "profile-NaN"),
         ("-inf", "reads as a number", "profile-inf"),
-        ("1e309", "does not begin with a letter", "profile-1e309"),
+        ("1e309", "reads as a number", "profile-1e309"),
+        ("-x", "does not begin with a letter", "profile-x"),
         ("true", "reads as a boolean or null", "profile-true"),
         ("Null", "reads as a boolean or null", "profile-Null"),
-        ("8..1", "does not begin with a letter", "profile-8-1"),
+        ("8..1", "reads as a range", "profile-8-1"),
         ("a..b", "reads as a range", "profile-a-b"),
         ("AUTO", "is --profile's own word 'auto' but for case", "profile-AUTO"),
     ],
@@ -219,3 +220,25 @@ def test_a_cached_file_is_parsed_again_when_the_yaml_reader_changes(tmp_path, mo
     before = cache.files_key([data])
     (code / "loader.py").write_text("# changed\n")
     assert cache.files_key([data]) != before
+
+
+@pytest.mark.parametrize(
+    "name, says, close",
+    [
+        ("NaN", "reads as a number", "model-NaN"),
+        ("1e309", "reads as a number", "model-1e309"),
+        ("8", "reads as a number", "model-8"),
+        ("true", "reads as a boolean or null", "model-true"),
+        ("8..1", "reads as a range", "model-8-1"),
+    ],
+)
+def test_models_import_hf_name_that_reads_as_a_value_is_refused(tmp_path, name, says, close):
+    """models import-hf --name NaN, 1e309, true and 8..1 were written, and plan's winner
+    then read 'vllm serve NaN'; the same check as calibrate --name (files.name_read_as_value)."""
+    config = ROOT / "tests" / "data" / "hf_configs" / "gemma-4-31b-it" / "config.json"
+    out = refused(
+        ["models", "import-hf", str(config), "--name", name, "--out", str(tmp_path)],
+        f"--name '{name}' {says}",
+        f"did you mean: {close}?",
+    )
+    assert "Traceback" not in out and not any(tmp_path.iterdir())

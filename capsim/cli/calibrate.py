@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -41,19 +40,14 @@ def identifiable_text(p) -> str:
     return f"no (±{100 * p.std / max(abs(p.value), 1e-12):.0f}%)"
 
 
-NOT_NAMES = frozenset(
-    "true false yes no on off y n null nan inf infinity -inf +inf".split()  # noqa: SIM905
-)
-"""Words a profile name may not be, in any case: words that JSON, YAML or a spreadsheet
-reads as a boolean, a null or a number when the name is written into a result (--json,
---csv) or a profile file."""
-
-
 def refuse_odd_profile_name(name: str, said: str) -> None:
-    """A profile name (``--name``) begins with a letter, holds no '..' and is no word of
-    NOT_NAMES nor 'auto' or 'none' in any case: 'NaN', '1e309', 'true' and '8..1' were
-    taken, names that a result's reader takes for a number or a boolean and capsim's own
-    lists read as a range (issue 47, round 7). file_stem has checked its characters."""
+    """A profile name (``--name``) begins with a letter and reads as no value
+    (files.name_read_as_value), nor as 'auto' or 'none' in any case: 'NaN', '1e309', 'true'
+    and '8..1' were taken, names that a result's reader takes for a number or a boolean and
+    capsim's own lists read as a range (issue 47, round 7). file_stem has checked its
+    characters."""
+    from capsim.files import name_read_as_value, name_suggestion
+
     word = name.lower()
     if word in ("auto", "none") and name != word:
         why = f"is --profile's own word '{word}' but for case"
@@ -61,25 +55,18 @@ def refuse_odd_profile_name(name: str, said: str) -> None:
         why = f"could never be chosen: --profile {word} means " + (
             "no profile" if word == "none" else "the class profile"
         )
-    elif word in NOT_NAMES:
-        why = (
-            "reads as a number"
-            if word.lstrip("+-") in ("nan", "inf", "infinity")
-            else ("reads as a boolean or null")
-        )
     elif not (name[:1].isascii() and name[:1].isalpha()):
-        why = "does not begin with a letter"
-    elif ".." in name:
-        why = "reads as a range (1..8)"
+        why = name_read_as_value(name) or "does not begin with a letter"
     else:
-        return
-    stem = "-".join(part for part in re.split(r"\.\.+", name) if part).lstrip("+-.") or "1"
+        why = name_read_as_value(name)
+        if why is None:
+            return
     raise CapsimUserError(
         f"{said} '{name}' {why}; a profile name begins with a letter (A-Z, a-z), then "
         "letters, digits, '-', '_' or '.', no '..', and is no word such as true, null, nan, "
         "inf, auto or none",
         hint="--profile NAME finds the profile by this name, and results carry it",
-        suggestions=[f"profile-{stem}"],
+        suggestions=[name_suggestion(name, "profile")],
     )
 
 
