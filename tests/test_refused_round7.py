@@ -48,16 +48,16 @@ def test_python_api_plan_budget_has_the_same_ceiling():
 @pytest.mark.parametrize(
     "command, flag, value, more",
     [
-        (PREDICT, "--cpu-offload-gb", "1e-320", ["--host-link-bandwidth", "10"]),
+        (PREDICT, "--cpu-offload-gb", "1e-300", ["--host-link-bandwidth", "10"]),
         (PREDICT, "--cpu-offload-gb", "0.0009", []),
-        (PREDICT, "--kv-offloading-size", "5e-324", []),
+        (PREDICT, "--kv-offloading-size", "0.0005", []),
         (
             [*PREDICT, "--engine", "sglang"],
             "--hicache-size",
-            "1e-320",
+            "1e-300",
             ["--enable-hierarchical-cache"],
         ),
-        (["fit", *ONE], "--cpu-offload-gb", "1e-320", []),
+        (["fit", *ONE], "--cpu-offload-gb", "0.0001", []),
     ],
 )
 def test_a_size_in_ram_of_almost_nothing_is_refused(command, flag, value, more):
@@ -129,8 +129,8 @@ PROBE = ["probe", "--url", "http://127.0.0.1:9", "--model", "m"]
     "flag, value, says",
     [
         ("--timeout", "1e308", "--timeout 1e+308: seconds from 0.001 to 10,000,000"),
-        ("--connect-timeout", "1e-320", "--connect-timeout 1e-320: seconds from 0.001"),
-        ("--first-byte-timeout", "1e-320", "--first-byte-timeout 1e-320: seconds from 0.001"),
+        ("--connect-timeout", "1e-300", "--connect-timeout 1e-300: seconds from 0.001"),
+        ("--first-byte-timeout", "1e-9", "--first-byte-timeout 1e-09: seconds from 0.001"),
         ("--chunk-timeout", "0.0009", "--chunk-timeout 0.0009: seconds from 0.001"),
         ("--gpus", "65536", "less than or equal to 16384"),
         ("--tp", "1024", "less than or equal to 72"),
@@ -242,3 +242,28 @@ def test_models_import_hf_name_that_reads_as_a_value_is_refused(tmp_path, name, 
         f"did you mean: {close}?",
     )
     assert "Traceback" not in out and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "command, flag, value",
+    [
+        (PREDICT, "--cpu-offload-gb", "1e-320"),
+        (PREDICT, "--cpu-offload-gb", "1e-400"),
+        (PREDICT, "--gpu-memory-utilization", "5e-324"),
+        (PREDICT, "--kv-offloading-size", "-1e-320"),
+        (["calibrate"], "--prior-weight", "1e-320"),
+        (PROBE, "--first-byte-timeout", "1e-320"),
+        (["fit", *ONE, "--engine", "llama.cpp"], "--host-memory-bandwidth", "1e-330"),
+    ],
+)
+def test_a_number_too_small_to_read_is_refused_by_every_float_flag(command, flag, value):
+    """One check for every number flag (cli/main.py's coerce): 1e-320 lost its digits
+    ('--prior-weight 1e-320' printed 'weight 9.99989e-321', '--cpu-offload-gb 1e-320' was an
+    offload of that) and 1e-400 was read as 0."""
+    refused([*command, flag, value], f"'{value}' is too small to be read as a number")
+
+
+@pytest.mark.parametrize("value", ["0", "-0", "0.0e-400", "2.3e-308"])
+def test_zero_and_the_smallest_normal_number_are_read(value):
+    r = runner.invoke(app, [*PREDICT, "--router-latency-ms", value])
+    assert r.exit_code == 0, r.output
