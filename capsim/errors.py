@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Iterable
 
 
@@ -77,4 +78,14 @@ def plain_float(text: str) -> float:
         raise ValueError(f"'{stripped}' is not a number (an '_' in it)")
     if not stripped.isascii():
         raise ValueError(f"'{stripped}' is not a number (a character outside 0-9 in it)")
-    return float(stripped)
+    number = float(stripped)
+    mantissa = stripped.lower().split("e")[0]
+    if 0 < abs(number) < sys.float_info.min or (
+        number == 0 and any(ch in "123456789" for ch in mantissa)
+    ):
+        # as every number flag (cli/main.py): 1e-320 loses its digits, 1e-400 reads as 0
+        raise ValueError(
+            f"'{stripped}' is too small to be read as a number (below "
+            f"{sys.float_info.min:.3g}, digits are lost or it reads as 0)"
+        )
+    return number

@@ -267,3 +267,17 @@ def test_a_number_too_small_to_read_is_refused_by_every_float_flag(command, flag
 def test_zero_and_the_smallest_normal_number_are_read(value):
     r = runner.invoke(app, [*PREDICT, "--router-latency-ms", value])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [*PREDICT, "--set", "kv_transfer_latency_ms=1e-320"],
+        ["predict", *ONE, "-c", "1", "--requests", "4", "--output-tokens", "normal:16,1e-320"],
+        ["predict", *ONE, "--requests", "4", "--workload", "open", "--rate", "1e-400"],
+    ],
+)
+def test_a_number_too_small_to_read_is_refused_inside_text_flags(args):
+    """The numbers a text flag holds (--set, a length distribution, --rate) go through one
+    reader (errors.plain_float), which refuses them as the number flags do."""
+    refused(args, "is too small to be read as a number")

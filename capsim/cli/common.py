@@ -671,8 +671,9 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
             )
         try:
             overrides[name] = plain_float(text)
-        except ValueError:
-            raise CapsimUserError(f"--set {name} needs a number, not '{text}'") from None
+        except ValueError as exc:
+            why = f" ({exc})" if "too small" in str(exc) else ""
+            raise CapsimUserError(f"--set {name} needs a number, not '{text}'{why}") from None
         if not math.isfinite(overrides[name]):
             raise CapsimUserError(f"--set {name} needs a finite number, not '{text.strip()}'")
         if abs(overrides[name]) > MAX_SET_VALUE:

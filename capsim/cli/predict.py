@@ -144,8 +144,11 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
 def parse_rates(text: str) -> list[float]:
     try:
         rates = [plain_float(v) for v in text.split(",")]
-    except ValueError:
-        raise CapsimUserError(f"malformed --rate '{text}'", hint="e.g. --rate 0.5,1,2") from None
+    except ValueError as exc:
+        why = f" ({exc})" if "too small" in str(exc) else ""
+        raise CapsimUserError(
+            f"malformed --rate '{text}'{why}", hint="e.g. --rate 0.5,1,2"
+        ) from None
     if not all(0 < r <= MAX_RATE for r in rates):  # NaN fails too
         raise CapsimUserError(
             f"--rate values must be positive, at most {MAX_RATE:,.0f} requests per second, "
