@@ -281,3 +281,27 @@ def test_a_number_too_small_to_read_is_refused_inside_text_flags(args):
     """The numbers a text flag holds (--set, a length distribution, --rate) go through one
     reader (errors.plain_float), which refuses them as the number flags do."""
     refused(args, "is too small to be read as a number")
+
+
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        ('{"repetition_penalty": -1}', "repetition_penalty must be positive, got -1"),
+        ('{"top_p": 0}', "top_p must be in (0, 1], got 0"),
+        ('{"top_k": -5}', "top_k must be -1 (disable), 0 or at least 1, got -5"),
+        ('{"min_p": 2}', "min_p must be in [0, 1], got 2"),
+        ('{"temperature": -0.5}', "temperature must be non-negative"),
+    ],
+)
+def test_serve_generation_config_takes_the_ranges_of_a_request(config, says):
+    """A hunt of every serve flag: --override-generation-config '{"repetition_penalty": -1}'
+    started the server, though vLLM refuses such a request value (its defaults meet the same
+    checks in every request); the request's own checks (serve/requests.py) now apply."""
+    from capsim.cli.serve import max_new_tokens_of
+    from capsim.errors import CapsimUserError
+
+    with pytest.raises(CapsimUserError, match="--override-generation-config") as info:
+        max_new_tokens_of(config)
+    assert says in info.value.message
+    ok = '{"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0, "max_new_tokens": 8}'
+    assert max_new_tokens_of(ok) == 8

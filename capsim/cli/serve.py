@@ -304,6 +304,16 @@ def max_new_tokens_of(text: str | None) -> int | None:
     odd = next((k for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)), None)
     if odd is not None:  # NaN or Infinity, which JSON does not have: no sampler takes it
         raise CapsimUserError(f"{flag}: {odd} must be a finite number, not {value[odd]!r}")
+    from capsim.serve.requests import ApiError, check_sampling
+
+    try:  # the ranges a request's own values meet (vLLM's SamplingParams): the defaults
+        # would meet them in every request ('repetition_penalty': -1 was taken)
+        check_sampling({k: v for k, v in value.items() if k != "max_new_tokens"}, chat=False)
+    except ApiError as exc:
+        raise CapsimUserError(
+            f"{flag}: {exc.message.rstrip('.')}",
+            hint="vLLM uses these as the default sampling parameters of every request",
+        ) from None
     tokens = value.get("max_new_tokens")
     if tokens is None:
         return None
