@@ -305,3 +305,11 @@ def test_serve_generation_config_takes_the_ranges_of_a_request(config, says):
     assert says in info.value.message
     ok = '{"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0, "max_new_tokens": 8}'
     assert max_new_tokens_of(ok) == 8
+
+
+@pytest.mark.parametrize("value", ["0", "-0"])
+def test_validate_prior_weight_at_its_default_without_calibrated_is_refused(value):
+    """--prior-weight 5 without --calibrated was refused, --prior-weight 0 (its default,
+    typed) taken without a word: it applies to fits only, at any value."""
+    dataset = ROOT / "calibration/published/corpus-accelmark-llama31-8b-sharegpt-c8-a100.yaml"
+    refused(["validate", str(dataset), "--prior-weight", value], "--prior-weight applies to fits")
