@@ -313,3 +313,14 @@ def test_validate_prior_weight_at_its_default_without_calibrated_is_refused(valu
     typed) taken without a word: it applies to fits only, at any value."""
     dataset = ROOT / "calibration/published/corpus-accelmark-llama31-8b-sharegpt-c8-a100.yaml"
     refused(["validate", str(dataset), "--prior-weight", value], "--prior-weight applies to fits")
+
+
+@pytest.mark.parametrize("out", [".", "/", ".."])
+@pytest.mark.parametrize("kind", ["vllm-bench", "guidellm", "aiperf"])
+def test_import_out_that_names_no_file_is_refused(tmp_path, out, kind):
+    """'capsim import vllm-bench r.json --out .' (or '/') ended in a ValueError traceback
+    from pathlib ('PosixPath('.') has an empty name'), exit 1; probe said '--out '.' names
+    no file' already."""
+    src = tmp_path / "r.json"
+    src.write_text("{}")
+    refused(["import", kind, str(src), "--out", out], f"--out '{out}' names no file")
