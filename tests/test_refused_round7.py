@@ -324,3 +324,20 @@ def test_import_out_that_names_no_file_is_refused(tmp_path, out, kind):
     src = tmp_path / "r.json"
     src.write_text("{}")
     refused(["import", kind, str(src), "--out", out], f"--out '{out}' names no file")
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            [*PREDICT, "--spec", "ngram:3", "--spec-acceptance", "0_1"],
+            "'0_1' is not a number (an '_' in it)",
+        ),
+        ([*PLAN, "--counts", "1", "--power-limits", "0_1"], "'0_1' is not a number"),
+        ([*PLAN, "--counts", "1", "--power-limits", "1,0.8e-400"], "too small to be read"),
+    ],
+)
+def test_lists_of_numbers_read_their_numbers_as_every_number_flag(args, says):
+    """--spec-acceptance and plan's --power-limits read their numbers with float(): '0_1'
+    was 1.0 (an acceptance of 1, a power limit of 100% of TDP), as number flags refused."""
+    refused(args, says)

@@ -976,12 +976,16 @@ def parse_acceptance(text: str | None) -> float | list[float] | None:
     if text is None:
         return None
     try:
-        values = [float(v) for v in text.split(",")]
+        # plain_float, as every number: float() read '0_1' as 1.0 (issue 47, round 7)
+        values = [plain_float(v) for v in text.split(",")]
         if not all(0.0 <= v <= 1.0 for v in values):  # NaN fails this too
-            raise ValueError
-    except ValueError:
+            raise ValueError("rates from 0 to 1")
+    except ValueError as exc:
+        why = (
+            "rates from 0 to 1" if str(exc) == "rates from 0 to 1" else f"{exc}; rates from 0 to 1"
+        )
         raise CapsimUserError(
-            f"cannot read --spec-acceptance '{text}': rates from 0 to 1",
+            f"cannot read --spec-acceptance '{text}': {why}",
             hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
         ) from None
     return values[0] if len(values) == 1 else values

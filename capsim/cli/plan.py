@@ -31,7 +31,7 @@ from capsim.cli.common import (
 )
 from capsim.cli.predict import refuse_repeats, split_list
 from capsim.engine.limits import MAX_BUDGET_USD, MAX_PLAN_CONFIGURATIONS
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, plain_float
 
 if TYPE_CHECKING:
     from capsim.planner.search import Evaluated, PlanRequest
@@ -311,11 +311,13 @@ def plan_cmd(
     cat = catalog(db)
     gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8", MAX_GPUS_PER_NODE)
     try:
-        power_fractions = tuple(float(v) for v in split_list(power_limits, "--power-limits"))
+        # plain_float: float() read '0_1' as 1.0, no limit (issue 47, round 7)
+        power_fractions = tuple(plain_float(v) for v in split_list(power_limits, "--power-limits"))
         refuse_repeats(power_fractions, "--power-limits", shown=lambda v: f"{v:g}")
-    except ValueError:
+    except ValueError as exc:
+        why = f" ({exc})" if str(exc).startswith("'") else ""  # plain_float's, naming the value
         raise CapsimUserError(
-            f"malformed --power-limits '{power_limits}'", hint="fractions of TDP, e.g. 1,0.8"
+            f"malformed --power-limits '{power_limits}'{why}", hint="fractions of TDP, e.g. 1,0.8"
         ) from None
     if not power_fractions or any(not 0.2 <= f <= 1 for f in power_fractions):
         raise CapsimUserError(
