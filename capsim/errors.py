@@ -69,6 +69,18 @@ def close_matches(name: str, candidates: Iterable[str], limit: int = 3) -> list[
     return found[:limit]
 
 
+def plain_int(text: str) -> int:
+    """``text`` as a whole number written the plain way, as whole-number flags take it:
+    Python's int() also reads '1_0' as 10 and ' 3' as 3 ('--spec ngram:1_0' drafted ten
+    tokens). ValueError says which it is."""
+    stripped = text.strip()
+    if "_" in stripped:
+        raise ValueError(f"'{stripped}' is not a whole number (an '_' in it)")
+    if not re.fullmatch(r"[+-]?[0-9]+", stripped):
+        raise ValueError(f"'{stripped}' is not a whole number")
+    return int(stripped)
+
+
 def plain_float(text: str) -> float:
     """``text`` as a number written the plain way: Python's float() also reads '1_000' as
     1000 and full-width or other scripts' digits ('１０') as 10, which every numeric flag

@@ -341,3 +341,16 @@ def test_lists_of_numbers_read_their_numbers_as_every_number_flag(args, says):
     """--spec-acceptance and plan's --power-limits read their numbers with float(): '0_1'
     was 1.0 (an acceptance of 1, a power limit of 100% of TDP), as number flags refused."""
     refused(args, says)
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("ngram:1_0", "'1_0' is not a whole number (an '_' in it)"),
+        ("ngram:3:topk=0_2", "'0_2' is not a whole number"),
+        ("ngram:3:verify=x", "'x' is not a whole number"),
+    ],
+)
+def test_spec_counts_are_read_as_whole_number_flags_read_them(spec, says):
+    """--spec read its counts with int(): 'ngram:1_0' drafted 10 tokens, 'topk=0_2' was 2."""
+    refused([*PREDICT, "--spec", spec], f"cannot read --spec '{spec}'", says)
