@@ -335,11 +335,15 @@ def test_import_out_that_names_no_file_is_refused(tmp_path, out, kind):
         ),
         ([*PLAN, "--counts", "1", "--power-limits", "0_1"], "'0_1' is not a number"),
         ([*PLAN, "--counts", "1", "--power-limits", "1,0.8e-400"], "too small to be read"),
+        ([*PLAN, "--counts", "0_1"], "malformed --counts '0_1' ('0_1' is not a whole number"),
+        ([*PLAN, "--counts", "1", "--nodes", "1_0"], "malformed --nodes '1_0'"),
+        ([*PLAN, "--counts", "1", "--max-num-seqs", "1_024"], "malformed --max-num-seqs"),
     ],
 )
 def test_lists_of_numbers_read_their_numbers_as_every_number_flag(args, says):
-    """--spec-acceptance and plan's --power-limits read their numbers with float(): '0_1'
-    was 1.0 (an acceptance of 1, a power limit of 100% of TDP), as number flags refused."""
+    """--spec-acceptance and plan's --power-limits read their numbers with float(), plan's
+    --counts, --nodes and --max-num-seqs with int(): '0_1' was 1.0 (an acceptance of 1, a
+    power limit of 100% of TDP, one GPU), '1_0' ten nodes; number flags refused them."""
     refused(args, says)
 
 

@@ -31,7 +31,7 @@ from capsim.cli.common import (
 )
 from capsim.cli.predict import refuse_repeats, split_list
 from capsim.engine.limits import MAX_BUDGET_USD, MAX_PLAN_CONFIGURATIONS
-from capsim.errors import CapsimUserError, plain_float
+from capsim.errors import CapsimUserError, plain_float, plain_int
 
 if TYPE_CHECKING:
     from capsim.planner.search import Evaluated, PlanRequest
@@ -155,10 +155,10 @@ MAX_NODES = 1024
 
 def positive_ints(text: str, flag: str, example: str, most: int | None = None) -> tuple[int, ...]:
     """A comma-separated list of positive integers (at most ``most``), or a clear error."""
-    try:
-        values = tuple(int(v) for v in split_list(text, flag))
-    except ValueError:
-        raise CapsimUserError(f"malformed {flag} '{text}'", hint=example) from None
+    try:  # plain_int: int() read '0_1' as 1 and '1_0' as 10 (issue 47, round 7)
+        values = tuple(plain_int(v) for v in split_list(text, flag))
+    except ValueError as exc:
+        raise CapsimUserError(f"malformed {flag} '{text}' ({exc})", hint=example) from None
     refuse_repeats(values, flag)
     if not values or min(values) < 1:
         raise CapsimUserError(f"{flag} '{text}' needs positive integers", hint=example)
