@@ -335,6 +335,7 @@ def test_import_out_that_names_no_file_is_refused(tmp_path, out, kind):
         ),
         ([*PLAN, "--counts", "1", "--power-limits", "0_1"], "'0_1' is not a number"),
         ([*PLAN, "--counts", "1", "--power-limits", "1,0.8e-400"], "too small to be read"),
+        (["predict", *ONE, "-c", "1", "--gpus", "2", "--tp", "0_2"], "malformed --tp '0_2'"),
         ([*PLAN, "--counts", "0_1"], "malformed --counts '0_1' ('0_1' is not a whole number"),
         ([*PLAN, "--counts", "1", "--nodes", "1_0"], "malformed --nodes '1_0'"),
         ([*PLAN, "--counts", "1", "--max-num-seqs", "1_024"], "malformed --max-num-seqs"),
