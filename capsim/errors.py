@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Iterable
 
 
@@ -68,6 +69,18 @@ def close_matches(name: str, candidates: Iterable[str], limit: int = 3) -> list[
     return found[:limit]
 
 
+def plain_int(text: str) -> int:
+    """``text`` as a whole number written the plain way, as whole-number flags take it:
+    Python's int() also reads '1_0' as 10 and ' 3' as 3 ('--spec ngram:1_0' drafted ten
+    tokens). ValueError says which it is."""
+    stripped = text.strip()
+    if "_" in stripped:
+        raise ValueError(f"'{stripped}' is not a whole number (an '_' in it)")
+    if not re.fullmatch(r"[+-]?[0-9]+", stripped):
+        raise ValueError(f"'{stripped}' is not a whole number")
+    return int(stripped)
+
+
 def plain_float(text: str) -> float:
     """``text`` as a number written the plain way: Python's float() also reads '1_000' as
     1000 and full-width or other scripts' digits ('１０') as 10, which every numeric flag
@@ -77,4 +90,14 @@ def plain_float(text: str) -> float:
         raise ValueError(f"'{stripped}' is not a number (an '_' in it)")
     if not stripped.isascii():
         raise ValueError(f"'{stripped}' is not a number (a character outside 0-9 in it)")
-    return float(stripped)
+    number = float(stripped)
+    mantissa = stripped.lower().split("e")[0]
+    if 0 < abs(number) < sys.float_info.min or (
+        number == 0 and any(ch in "123456789" for ch in mantissa)
+    ):
+        # as every number flag (cli/main.py): 1e-320 loses its digits, 1e-400 reads as 0
+        raise ValueError(
+            f"'{stripped}' is too small to be read as a number (below "
+            f"{sys.float_info.min:.3g}, digits are lost or it reads as 0)"
+        )
+    return number

@@ -48,6 +48,38 @@ def file_stem(name: str, flag: str) -> str:
     return name
 
 
+VALUE_WORDS = frozenset(
+    "true false yes no on off y n null none nan inf infinity".split()  # noqa: SIM905
+)
+"""Words JSON, YAML or a spreadsheet reads as a boolean, a null or a number."""
+
+
+def name_read_as_value(name: str) -> str | None:
+    """Why a name capsim is asked to give (a profile's, an imported model's) would be read
+    as something else where it is written (a --json or --csv result, a YAML file, one of
+    capsim's own lists), or None: a number ('1e309', '8'), a word of VALUE_WORDS in any
+    case ('NaN', 'true'), or a range ('8..1', 'a..b')."""
+    word = name.lower().lstrip("+-")
+    if word in VALUE_WORDS:
+        numeric = word in ("nan", "inf", "infinity")
+        return "reads as a number" if numeric else "reads as a boolean or null"
+    try:
+        float(name.replace("_", "x"))  # Python reads '1_0' as 10; a spreadsheet does not
+    except ValueError:
+        pass
+    else:
+        return "reads as a number"
+    if ".." in name:
+        return "reads as a range (1..8)"
+    return None
+
+
+def name_suggestion(name: str, prefix: str) -> str:
+    """A name near ``name`` that reads as no value: ``prefix``-NAME with its '..' as '-'."""
+    stem = "-".join(part for part in re.split(r"\.\.+", name) if part).lstrip("+-.") or "1"
+    return f"{prefix}-{stem}"
+
+
 def path_exists(path: Path) -> bool:
     """``path.exists()``, False instead of an OSError for a name no file can have (too long,
     a NUL byte, a loop of links): a user's value that names no file is not there."""

@@ -87,11 +87,14 @@ def catalog_key(files: list[Path]) -> str:
 
 def files_key(files: list[Path]) -> str:
     """A cache key of ``files`` (data and the code that parses it, in order): each one's
-    path, size and modification time, this module and capsim's version."""
+    path, size and modification time, this module, the YAML reader (loader.py: a profile
+    or band table cached before the reader refused '0120' kept its 1.1 reading) and
+    capsim's version."""
     from capsim import __version__
 
     parts = [__version__]
-    for path in [Path(__file__).resolve(), *files]:
+    here = Path(__file__).resolve()
+    for path in [here, here.with_name("loader.py"), *files]:
         st = path.stat()
         parts.append(f"{path}\0{st.st_size}\0{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]

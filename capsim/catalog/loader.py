@@ -113,6 +113,32 @@ def load_yaml_text(text: str):
 _STRICT_LOADER = None
 
 
+def yaml11_number_problem(text: str, value) -> str | None:
+    """Why ``text``, which PyYAML (YAML 1.1) read as the number ``value``, is refused: a
+    spelling YAML 1.2 reads otherwise, or as no number ('memory_gb: 0120' was 80 GB, an
+    octal number; '1:20' was 80, base 60; '8_0' was 80). None where it reads alike in both
+    (80, 8.0, 1e3, 0x50, .inf)."""
+    digits = text.strip().lstrip("+-")
+    if ":" in digits:
+        return (
+            f"'{text}' is a base-60 number ({value:g}) to YAML 1.1 and a text to YAML 1.2: "
+            f"write {value:g}, or quote it"
+        )
+    if "_" in digits:
+        return (
+            f"'{text}' is a number with '_' ({value:g}) to YAML 1.1 and a text to YAML 1.2: "
+            f"write {value:g}"
+        )
+    if digits.startswith("0b"):
+        return f"'{text}' is a binary number ({value}) to YAML 1.1 only: write {value}"
+    if len(digits) > 1 and digits[0] == "0" and digits.isdigit() and int(digits, 10) != abs(value):
+        return (
+            f"'{text}' is an octal number ({value}) to YAML 1.1 and {int(text, 10)} to YAML "
+            f"1.2: write {value} or {int(text, 10)}, without the leading 0"
+        )
+    return None
+
+
 def strict_loader():
     """PyYAML's safe loader (libyaml's where built with it) that also refuses a key given
     twice in one mapping (the safe loader keeps the last: a dataset's second 'name:' took
@@ -149,8 +175,22 @@ def strict_loader():
             None, None, "binary data (!!binary) is not a value capsim reads", node.start_mark
         )
 
+    def number(kind):
+        construct = getattr(SafeConstructor, f"construct_yaml_{kind}")
+
+        def checked(loader, node):
+            value = construct(loader, node)
+            problem = yaml11_number_problem(str(node.value), value)
+            if problem is not None:
+                raise ConstructorError(None, None, problem, node.start_mark)
+            return value
+
+        return checked
+
     StrictLoader.add_constructor("tag:yaml.org,2002:map", mapping)
     StrictLoader.add_constructor("tag:yaml.org,2002:binary", binary)
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", number("int"))
+    StrictLoader.add_constructor("tag:yaml.org,2002:float", number("float"))
     _STRICT_LOADER = StrictLoader
     return StrictLoader
 

@@ -40,6 +40,36 @@ def identifiable_text(p) -> str:
     return f"no (±{100 * p.std / max(abs(p.value), 1e-12):.0f}%)"
 
 
+def refuse_odd_profile_name(name: str, said: str) -> None:
+    """A profile name (``--name``) begins with a letter and reads as no value
+    (files.name_read_as_value), nor as 'auto' or 'none' in any case: 'NaN', '1e309', 'true'
+    and '8..1' were taken, names that a result's reader takes for a number or a boolean and
+    capsim's own lists read as a range (issue 47, round 7). file_stem has checked its
+    characters."""
+    from capsim.files import name_read_as_value, name_suggestion
+
+    word = name.lower()
+    if word in ("auto", "none") and name != word:
+        why = f"is --profile's own word '{word}' but for case"
+    elif word in ("auto", "none"):
+        why = f"could never be chosen: --profile {word} means " + (
+            "no profile" if word == "none" else "the class profile"
+        )
+    elif not (name[:1].isascii() and name[:1].isalpha()):
+        why = name_read_as_value(name) or "does not begin with a letter"
+    else:
+        why = name_read_as_value(name)
+        if why is None:
+            return
+    raise CapsimUserError(
+        f"{said} '{name}' {why}; a profile name begins with a letter (A-Z, a-z), then "
+        "letters, digits, '-', '_' or '.', no '..', and is no word such as true, null, nan, "
+        "inf, auto or none",
+        hint="--profile NAME finds the profile by this name, and results carry it",
+        suggestions=[name_suggestion(name, "profile")],
+    )
+
+
 def refuse_profile_names_taken(targets: list[Path], keys: list[str], cat) -> None:
     """A profile file named 'none' or 'auto' (which --profile reads as its two words), or
     after another hardware class and engine ('--name consumer-ampere-vllm' on Blackwell
@@ -99,6 +129,11 @@ def calibrate_cmd(
     from capsim.calibration.profiles import check_log_spread
     from capsim.calibration.published import load_published
 
+    if name is not None:  # before the catalog and the datasets are read
+        from capsim.files import file_stem
+
+        file_stem(name, "--name")
+        refuse_odd_profile_name(name, "--name")
     cat = catalog(db)
     out_given = out is not None
     if out is None:
@@ -136,14 +171,10 @@ def calibrate_cmd(
             "class and engine",
         )
     from capsim.files import (
-        file_stem,
         refuse_missing_folder,
         refuse_overwrite,
         refuse_writing_over_inputs,
     )
-
-    if name is not None:
-        file_stem(name, "--name")
 
     targets = [out if out.suffix == ".yaml" else out / f"{name or key}.yaml" for key in groups]
     refuse_profile_names_taken(targets, list(groups), cat)

@@ -360,6 +360,16 @@ def models_import_hf(
             hint="letters, digits, '.', '_', '+' and '-', starting with a letter or digit "
             "(no comma, '@', '/' or space: commands read those as separators)",
         )
+    from capsim.files import name_read_as_value, name_suggestion
+
+    why = name_read_as_value(name)
+    if why is not None:  # 'vllm serve NaN' was plan's winner; a --csv's model column 'true'
+        raise CapsimUserError(
+            f"--name '{name}' {why}: a catalog name is read back from results (--json, "
+            "--csv) and command lines, where it would be taken for that",
+            hint="no word such as true, null, nan or inf, no number and no '..'",
+            suggestions=[name_suggestion(name, "model")],
+        )
     if hf_id is not None and not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", hf_id):
         # written into the YAML and offered as the checkpoint to serve: it must be an id
         raise CapsimUserError(

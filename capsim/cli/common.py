@@ -671,8 +671,9 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
             )
         try:
             overrides[name] = plain_float(text)
-        except ValueError:
-            raise CapsimUserError(f"--set {name} needs a number, not '{text}'") from None
+        except ValueError as exc:
+            why = f" ({exc})" if "too small" in str(exc) else ""
+            raise CapsimUserError(f"--set {name} needs a number, not '{text}'{why}") from None
         if not math.isfinite(overrides[name]):
             raise CapsimUserError(f"--set {name} needs a finite number, not '{text.strip()}'")
         if abs(overrides[name]) > MAX_SET_VALUE:
@@ -695,8 +696,25 @@ UNIT_SUFFIXES = ("_w", "_s", "_ms", "_usd")
 """Unit suffixes of config fields that their flags leave out (power_limit_w: --power-limit)."""
 
 
-FIELD_FLAGS = {"dp_attention": "--dp (with --enable-dp-attention)", "batch_rounds": "--rounds"}
-"""Config fields whose flag is not their name with dashes."""
+FIELD_FLAGS = {
+    "dp_attention": "--dp (with --enable-dp-attention)",
+    "batch_rounds": "--rounds",
+    "rates": "--rate",
+    "flash_attention": "--flash-attn",
+    "custom_allreduce": "--disable-custom-all-reduce",
+    "ubatch_tokens": "--ubatch-size",
+    "expert_parallel": "--enable-expert-parallel",
+    "kv_transfer_gbs": "--kv-transfer-bandwidth",
+    "cpu_moe_layers": "--n-cpu-moe",
+    "kv_offloading_gb": "--kv-offloading-size",
+    "hierarchical_cache": "--enable-hierarchical-cache",
+    "hicache_size_gb": "--hicache-size",
+    "host_memory_bandwidth_gbs": "--host-memory-bandwidth",
+    "host_link_gbs": "--host-link-bandwidth",
+    "mixed_chunk": "--enable-mixed-chunk",
+}
+"""Config fields whose flag is not their name with dashes (an error of
+--kv-offloading-size named '--kv-offloading-gb', a flag no command has)."""
 
 
 def flag_of(field: str) -> str:
@@ -719,7 +737,10 @@ def validation_user_error(exc, help_command: str = "--help") -> CapsimUserError:
     first = exc.errors()[0]
     field = next((str(part) for part in reversed(first["loc"]) if isinstance(part, str)), "")
     flag = flag_of(field) if field else "a value"
-    given, said = first.get("input"), first["msg"].lower()
+    given, said = first.get("input"), first["msg"]
+    # a check of capsim's own says it in its words, units in their case ('GiB', not
+    # 'value error, ... gib'); pydantic's own begin with a capital to drop
+    said = said.removeprefix("Value error, ") if said.startswith("Value error, ") else said.lower()
     if isinstance(given, float) and not math.isfinite(given):
         # a range check reads nan as out of range: say what it is as well
         said = f"not a finite number ({said})"
@@ -955,12 +976,16 @@ def parse_acceptance(text: str | None) -> float | list[float] | None:
     if text is None:
         return None
     try:
-        values = [float(v) for v in text.split(",")]
+        # plain_float, as every number: float() read '0_1' as 1.0 (issue 47, round 7)
+        values = [plain_float(v) for v in text.split(",")]
         if not all(0.0 <= v <= 1.0 for v in values):  # NaN fails this too
-            raise ValueError
-    except ValueError:
+            raise ValueError("rates from 0 to 1")
+    except ValueError as exc:
+        why = (
+            "rates from 0 to 1" if str(exc) == "rates from 0 to 1" else f"{exc}; rates from 0 to 1"
+        )
         raise CapsimUserError(
-            f"cannot read --spec-acceptance '{text}': rates from 0 to 1",
+            f"cannot read --spec-acceptance '{text}': {why}",
             hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
         ) from None
     return values[0] if len(values) == 1 else values

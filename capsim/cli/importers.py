@@ -38,10 +38,12 @@ def _command(kind: str, tool: str):
         from capsim.probe.runfile import run_file_paths
 
         target = out or Path("calibration/runs") / f"{result.stem}-{kind}.json"
+        # a folder, a device, no name: never ('--out .' and '--out /' have no name to add
+        # .json to, and were a ValueError traceback from pathlib)
+        refuse_overwrite([target], "--out", True)
         written = list(run_file_paths(target))
         # with --force the result file was replaced by the run it was read into
         refuse_writing_over_inputs(written, [result], "--out")
-        refuse_overwrite([target], "--out", True)  # a folder, a device, no name: never
         refuse_overwrite(written, "--out", force)
         if out is not None:  # calibration/runs under the current folder is created
             refuse_missing_folder(target.parent, "--out", target)

@@ -72,6 +72,18 @@ def _whole_numbers_only() -> None:
         except ValueError:
             return True  # not a number at all: the float parsing says so
 
+    def underflows(value: str) -> bool:
+        """``value`` is a number whose digits are not all 0 but that reads as 0 (1e-400)
+        or as a subnormal (1e-320: below sys.float_info.min, digits lost)."""
+        try:
+            number = float(value)
+        except ValueError:
+            return False
+        if number == 0:
+            mantissa = value.strip().lower().split("e")[0]
+            return any(ch in "123456789" for ch in mantissa)
+        return abs(number) < sys.float_info.min
+
     original = AdapterRuntimeParam._coerce_value
 
     def coerce(self, value, param, ctx):
@@ -99,6 +111,17 @@ def _whole_numbers_only() -> None:
         if isinstance(value, str) and numeric and "_" in value:
             # Python reads '0_9' as 9.0: a typo for 0.9 taken as a number ten times larger
             raise BadParameter(f"{value!r} is not a number (an '_' in it)", ctx=ctx, param=param)
+        if isinstance(value, str) and numeric and underflows(value):
+            # 1e-320 is no setting of any flag: '--prior-weight 1e-320' printed 'weight
+            # 9.99989e-321', and 1e-400 was read as 0 (issue 47, round 7)
+            low = getattr(param, "min", None)
+            raise BadParameter(
+                f"{value.strip()!r} is too small to be read as a number (below "
+                f"{sys.float_info.min:.3g}, digits are lost or it reads as 0): "
+                + ("give a larger number" if low is None else f"the flag takes {low:g} or more"),
+                ctx=ctx,
+                param=param,
+            )
         textual = of_type(self.annotation, str) or of_type(self.annotation, Path)
         if isinstance(value, str) and textual and not value.strip():
             # '--quant ""' read as no value, '--out ""' as the current folder: never meant

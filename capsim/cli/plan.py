@@ -30,7 +30,8 @@ from capsim.cli.common import (
     save_figure,
 )
 from capsim.cli.predict import refuse_repeats, split_list
-from capsim.errors import CapsimUserError
+from capsim.engine.limits import MAX_BUDGET_USD, MAX_PLAN_CONFIGURATIONS
+from capsim.errors import CapsimUserError, plain_float, plain_int
 
 if TYPE_CHECKING:
     from capsim.planner.search import Evaluated, PlanRequest
@@ -154,10 +155,10 @@ MAX_NODES = 1024
 
 def positive_ints(text: str, flag: str, example: str, most: int | None = None) -> tuple[int, ...]:
     """A comma-separated list of positive integers (at most ``most``), or a clear error."""
-    try:
-        values = tuple(int(v) for v in split_list(text, flag))
-    except ValueError:
-        raise CapsimUserError(f"malformed {flag} '{text}'", hint=example) from None
+    try:  # plain_int: int() read '0_1' as 1 and '1_0' as 10 (issue 47, round 7)
+        values = tuple(plain_int(v) for v in split_list(text, flag))
+    except ValueError as exc:
+        raise CapsimUserError(f"malformed {flag} '{text}' ({exc})", hint=example) from None
     refuse_repeats(values, flag)
     if not values or min(values) < 1:
         raise CapsimUserError(f"{flag} '{text}' needs positive integers", hint=example)
@@ -193,7 +194,13 @@ def plan_cmd(
     output_tokens: OutputTokensOption = "512",
     min_agent_tok_s: MinAgentTokSOption = None,
     max_ttft_p90: MaxTtftP90Option = None,
-    budget: Annotated[float | None, typer.Option("--budget", help="USD")] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            help=f"Most USD a configuration may cost (above 0, at most {MAX_BUDGET_USD:g})",
+        ),
+    ] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Candidate GPUs (default all)")] = None,
     counts: Annotated[str, typer.Option("--counts", help="GPUs per box to try")] = "1,2,4,8",
     nodes: Annotated[
@@ -255,7 +262,15 @@ def plan_cmd(
     cloud_hourly: Annotated[
         float | None, typer.Option("--cloud-hourly", help="USD per GPU-hour instead of buying")
     ] = None,
-    top: Annotated[int, typer.Option("--top", help="Rows to show", min=1)] = 10,
+    top: Annotated[
+        int,
+        typer.Option(
+            "--top",
+            help="Rows to show (at most 100,000, the most configurations a search holds)",
+            min=1,
+            max=MAX_PLAN_CONFIGURATIONS,
+        ),
+    ] = 10,
     rank: Annotated[
         str,
         typer.Option(
@@ -296,11 +311,13 @@ def plan_cmd(
     cat = catalog(db)
     gpu_counts = positive_ints(counts, "--counts", "e.g. 1,2,4,8", MAX_GPUS_PER_NODE)
     try:
-        power_fractions = tuple(float(v) for v in split_list(power_limits, "--power-limits"))
+        # plain_float: float() read '0_1' as 1.0, no limit (issue 47, round 7)
+        power_fractions = tuple(plain_float(v) for v in split_list(power_limits, "--power-limits"))
         refuse_repeats(power_fractions, "--power-limits", shown=lambda v: f"{v:g}")
-    except ValueError:
+    except ValueError as exc:
+        why = f" ({exc})" if str(exc).startswith("'") else ""  # plain_float's, naming the value
         raise CapsimUserError(
-            f"malformed --power-limits '{power_limits}'", hint="fractions of TDP, e.g. 1,0.8"
+            f"malformed --power-limits '{power_limits}'{why}", hint="fractions of TDP, e.g. 1,0.8"
         ) from None
     if not power_fractions or any(not 0.2 <= f <= 1 for f in power_fractions):
         raise CapsimUserError(

@@ -82,7 +82,7 @@ from capsim.engine.override_checks import (
     refuse_overrides_no_model_reads,
     refuse_overrides_no_step_reads,
 )
-from capsim.errors import CapsimUserError, plain_float
+from capsim.errors import CapsimUserError, plain_float, plain_int
 
 if TYPE_CHECKING:
     from capsim.engine.simulate import PredictResult
@@ -144,8 +144,11 @@ def parse_levels(text: str, what: str = "--concurrency") -> list[int]:
 def parse_rates(text: str) -> list[float]:
     try:
         rates = [plain_float(v) for v in text.split(",")]
-    except ValueError:
-        raise CapsimUserError(f"malformed --rate '{text}'", hint="e.g. --rate 0.5,1,2") from None
+    except ValueError as exc:
+        why = f" ({exc})" if "too small" in str(exc) else ""
+        raise CapsimUserError(
+            f"malformed --rate '{text}'{why}", hint="e.g. --rate 0.5,1,2"
+        ) from None
     if not all(0 < r <= MAX_RATE for r in rates):  # NaN fails too
         raise CapsimUserError(
             f"--rate values must be positive, at most {MAX_RATE:,.0f} requests per second, "
@@ -410,10 +413,10 @@ def predict_cmd(
     dp_attention = attention_ranks(enable_dp_attention, dp)
     if dp_attention > 1:
         dp = None  # --dp counts attention ranks on the TP group's GPUs, not replicas
-    try:
-        tps = [int(v) for v in split_list(tp, "--tp")]
-    except ValueError:
-        raise CapsimUserError(f"malformed --tp '{tp}'", hint="e.g. --tp 1,2") from None
+    try:  # plain_int: int() read '0_2' as 2 (issue 47, round 7)
+        tps = [plain_int(v) for v in split_list(tp, "--tp")]
+    except ValueError as exc:
+        raise CapsimUserError(f"malformed --tp '{tp}' ({exc})", hint="e.g. --tp 1,2") from None
     refuse_repeats(tps, "--tp")
     refuse_links_without_tp(tps, interconnect, disable_custom_all_reduce, engine)
     cat, models = resolve_models(cat, split_list(model, "--model"))

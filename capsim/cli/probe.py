@@ -23,7 +23,7 @@ from capsim.cli.common import (
     user_errors,
 )
 from capsim.cli.predict import parse_levels
-from capsim.engine.limits import MAX_SEED
+from capsim.engine.limits import MAX_GPUS, MAX_SEED, MAX_TIMEOUT_S, MAX_TP, MIN_TIMEOUT_S
 from capsim.errors import CapsimUserError
 
 if TYPE_CHECKING:
@@ -305,10 +305,10 @@ def probe_cmd(
     ] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Stated hardware")] = None,
     gpus: Annotated[
-        int | None, typer.Option("--gpus", min=1, max=100_000, help="Stated GPUs in total")
+        int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help="Stated GPUs in total")
     ] = None,
     tp: Annotated[
-        int | None, typer.Option("--tp", min=1, max=1024, help="Stated tensor-parallel size")
+        int | None, typer.Option("--tp", min=1, max=MAX_TP, help="Stated tensor-parallel size")
     ] = None,
     quant: Annotated[str | None, typer.Option("--quant", help="Stated weight format")] = None,
     kv_dtype: Annotated[
@@ -397,6 +397,12 @@ def probe_cmd(
     ):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise CapsimUserError(f"{flag} needs a positive number of seconds, not {value:g}")
+        if value is not None and not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S:
+            # 1e-320 s timed every request out, 1e308 s was taken
+            raise CapsimUserError(
+                f"{flag} {value!r}: seconds from {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:,}",
+                hint="leave it out for the default",
+            )
     config = probe_config(
         url=url,
         model=model,

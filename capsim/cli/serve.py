@@ -304,6 +304,16 @@ def max_new_tokens_of(text: str | None) -> int | None:
     odd = next((k for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)), None)
     if odd is not None:  # NaN or Infinity, which JSON does not have: no sampler takes it
         raise CapsimUserError(f"{flag}: {odd} must be a finite number, not {value[odd]!r}")
+    from capsim.serve.requests import ApiError, check_sampling
+
+    try:  # the ranges a request's own values meet (vLLM's SamplingParams): the defaults
+        # would meet them in every request ('repetition_penalty': -1 was taken)
+        check_sampling({k: v for k, v in value.items() if k != "max_new_tokens"}, chat=False)
+    except ApiError as exc:
+        raise CapsimUserError(
+            f"{flag}: {exc.message.rstrip('.')}",
+            hint="vLLM uses these as the default sampling parameters of every request",
+        ) from None
     tokens = value.get("max_new_tokens")
     if tokens is None:
         return None
@@ -346,8 +356,19 @@ def check_listen(host: str, port: int) -> None:
 
 def base_url(host: str, port: int) -> str:
     """The URL a client on this machine reaches the server at: a wildcard address as the
-    loopback one, an IPv6 address in brackets ('http://[::1]:8000')."""
-    local = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    loopback one, an IPv6 address in brackets ('http://[::1]:8000'). A wildcard is known by
+    its address, not its spelling: '--host 0' (0.0.0.0) was shown as 'http://0:8000'."""
+    import ipaddress
+    import socket
+
+    local = host
+    try:
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+        wildcard = ipaddress.ip_address(address.split("%")[0])
+    except (OSError, UnicodeError, ValueError):
+        wildcard = None
+    if host == "" or (wildcard is not None and wildcard.is_unspecified):
+        local = "::1" if wildcard is not None and wildcard.version == 6 else "127.0.0.1"
     if ":" in local and not local.startswith("["):
         local = f"[{local}]"
     return f"http://{local}:{port}"

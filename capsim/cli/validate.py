@@ -194,6 +194,7 @@ def summarize_errors(rows: list[dict]) -> list[dict]:
 
 
 def validate_cmd(
+    ctx: typer.Context,
     datasets: Annotated[
         list[Path] | None,
         typer.Argument(help="Dataset YAML files or folders (default: calibration/published)"),
@@ -291,7 +292,8 @@ def validate_cmd(
             hint="to fit with a parameter held at a value of your own, set it in a catalog "
             "overlay (--db DIR with efficiency/CLASS.yaml) and leave it out of --fit",
         )
-    if prior_weight and not calibrated:
+    typed = getattr(ctx.get_parameter_source("prior_weight"), "name", None) == "COMMANDLINE"
+    if (prior_weight or typed) and not calibrated:  # '--prior-weight 0' too: it is no fit's
         raise CapsimUserError("--prior-weight applies to fits: add --calibrated")
     if fit is not None and not calibrated:  # it was ignored, its value unchecked
         raise CapsimUserError("--fit applies to fits: add --calibrated")

@@ -18,6 +18,10 @@ MAX_REQUESTS = 10_000_000
 """The most requests one level may simulate: about a minute on this 2-core host (capsim
 predict -c 64 --requests 200000 took 1.6 s, 2026-11-29), far past any converged figure;
 more is refused up front rather than left to run for hours."""
+
+MIN_HOST_SIZE_GB = 0.001
+"""The least size in system RAM --cpu-offload-gb, --kv-offloading-size and --hicache-size
+take above 0 (about a MiB, the least a weight tensor or a KV block moves)."""
 MAX_BATCH_ROUNDS = 10_000
 """The most rounds of the batch workload per level."""
 
@@ -251,6 +255,19 @@ class PredictConfig(BaseModel):
             if problem is not None:
                 text, close = problem
                 raise ValueError(text + (f" (did you mean: {', '.join(close)}?)" if close else ""))
+        return value
+
+    @field_validator("cpu_offload_gb", "kv_offloading_gb", "hicache_size_gb")
+    @classmethod
+    def _none_or_a_real_size(cls, value: float) -> float:
+        """A size in system RAM is 0 (none) or at least MIN_HOST_SIZE_GB: 1e-320 passed
+        'ge=0' as an offload, let --host-link-bandwidth through and printed '+9.99989e-321
+        GiB weights in RAM' (issue 47, round 7)."""
+        if 0 < value < MIN_HOST_SIZE_GB:
+            raise ValueError(
+                f"0 (none) or at least {MIN_HOST_SIZE_GB:g} GiB (a MiB); a smaller size "
+                "offloads nothing"
+            )
         return value
 
     @field_validator("input_tokens", "output_tokens", "think_time", "tool_tokens", mode="before")

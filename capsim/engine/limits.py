@@ -23,3 +23,17 @@ MAX_SEED = 2**64 - 1
 """The largest random seed (--seed, in predict and probe): a 64-bit seed as the engines'
 own --seed takes it (torch.manual_seed refuses more); 10**300 was taken and written back
 into the results as a 301-digit number."""
+
+MAX_PLAN_CONFIGURATIONS = 100_000
+"""The most configurations one plan searches (GPU x count x TP x format x ... x node
+count); --top shows at most as many rows (2**64 rows was taken)."""
+
+MAX_BUDGET_USD = 1e12
+"""The largest --budget a plan takes, USD (a trillion): above what the dearest searchable
+deployment could cost for years; 1e30 was taken as a budget."""
+
+MIN_TIMEOUT_S = 0.001
+MAX_TIMEOUT_S = 10_000_000
+"""The range of probe's timeouts (--timeout, --connect-timeout, --first-byte-timeout,
+--chunk-timeout), seconds: a millisecond, and about four months (10,000,000 tokens at 1
+tok/s would take longer); 1e-320 s timed every request out and 1e308 s was taken."""

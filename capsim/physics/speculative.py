@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capsim.errors import CapsimUserError
+from capsim.errors import CapsimUserError, plain_int
 
 SpecMethod = Literal["mtp", "eagle", "draft", "ngram"]
 
@@ -220,11 +220,11 @@ def parse_spec(
         if parts[0] == "draft":
             if len(parts) < 3:
                 raise ValueError
-            method, draft, k, extra = "draft", parts[1], int(parts[2]), parts[3:]
+            method, draft, k, extra = "draft", parts[1], plain_int(parts[2]), parts[3:]
         else:
             if len(parts) < 2:
                 raise ValueError
-            method, draft, k, extra = parts[0], None, int(parts[1]), parts[2:]
+            method, draft, k, extra = parts[0], None, plain_int(parts[1]), parts[2:]
         values: dict = {"method": method, "num_tokens": k, "draft_model": draft}
         for option in extra:
             key, sep, value = option.partition("=")
@@ -232,7 +232,7 @@ def parse_spec(
                 raise ValueError(f"unknown option '{option}' (topk=N or verify=N)")
             if SPEC_OPTIONS[key] in values:  # the last one took over without a word
                 raise ValueError(f"option '{key}' given twice")
-            values[SPEC_OPTIONS[key]] = int(value)
+            values[SPEC_OPTIONS[key]] = plain_int(value)  # int() read '1_0' as 10
         if acceptance is not None:
             values["acceptance"] = tuple(acceptance) if isinstance(acceptance, list) else acceptance
         return SpecConfig(**values)

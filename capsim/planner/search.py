@@ -27,6 +27,7 @@ from capsim.catalog.loader import Catalog, process_catalog
 from capsim.engine.bands import pessimistic_factors
 from capsim.engine.config import MAX_REQUESTS, PredictConfig
 from capsim.engine.lengths import parse_length
+from capsim.engine.limits import MAX_PLAN_CONFIGURATIONS
 from capsim.engine.pool import cores_for, worker_pool
 from capsim.engine.router import RouterPolicy
 from capsim.engine.setup import MAX_EP_GROUP_IN_A_SERVER
@@ -77,7 +78,7 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         from capsim.arguments import check_field_types
-        from capsim.engine.limits import MAX_CONCURRENCY
+        from capsim.engine.limits import MAX_BUDGET_USD, MAX_CONCURRENCY
 
         check_field_types(self)  # the Python API's: models="x" was read as 'x' and nothing
         if not 1 <= self.agents <= MAX_CONCURRENCY:
@@ -94,6 +95,12 @@ class PlanRequest:
         ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise CapsimUserError(f"{flag} {value:g}: must be a positive number")
+        if self.budget_usd is not None and self.budget_usd > MAX_BUDGET_USD:
+            raise CapsimUserError(
+                f"--budget {self.budget_usd:g}: at most {MAX_BUDGET_USD:g} USD",
+                hint="a budget past what any searched deployment costs limits nothing; "
+                "leave --budget out to rank without one",
+            )
         from pydantic import ValidationError
 
         try:  # the objectives' own bounds (1e308 tok/s was a ValidationError from the search)
@@ -281,7 +288,6 @@ def plan_formats(model, gpu) -> list[str]:
     return formats
 
 
-MAX_PLAN_CONFIGURATIONS = 100_000
 """Most configurations one plan enumerates (each GPU x count x TP x format x KV dtype x
 speculation x link x power limit x node count x --max-num-seqs, fitting in memory or not):
 each that fits is a simulation. The default search over every GPU holds 4,768 for

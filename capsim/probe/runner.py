@@ -26,7 +26,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from capsim.engine.lengths import length_field, parse_length
-from capsim.engine.limits import MAX_CONCURRENCY, MAX_CONTEXT_TOKENS, MAX_SEED
+from capsim.engine.limits import (
+    MAX_CONCURRENCY,
+    MAX_CONTEXT_TOKENS,
+    MAX_SEED,
+    MAX_TIMEOUT_S,
+    MIN_TIMEOUT_S,
+)
 from capsim.errors import CapsimUserError
 from capsim.metrics import RequestRecord
 from capsim.probe.client import (
@@ -112,16 +118,25 @@ class ProbeConfig(BaseModel):
     ignore_eos: StrictBool = True
     warmup: StrictBool = True
     api_key_env: str | None = "OPENAI_API_KEY"
-    timeout_s: float = Field(600.0, gt=0, description="Whole request, seconds")
+    timeout_s: float = Field(
+        600.0, ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S, description="Whole request, seconds"
+    )
     connect_timeout_s: float | None = Field(
-        None, gt=0, description="Opening a connection, seconds (default 10, at most timeout_s)"
+        None,
+        ge=MIN_TIMEOUT_S,
+        le=MAX_TIMEOUT_S,
+        description="Opening a connection, seconds (default 10, at most timeout_s)",
     )
     first_byte_timeout_s: float | None = Field(
-        None, gt=0, description="Send to first event, seconds (default 300, at most timeout_s)"
+        None,
+        ge=MIN_TIMEOUT_S,
+        le=MAX_TIMEOUT_S,
+        description="Send to first event, seconds (default 300, at most timeout_s)",
     )
     chunk_timeout_s: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_TIMEOUT_S,
+        le=MAX_TIMEOUT_S,
         description="Longest gap between events, seconds (default 60, at most timeout_s)",
     )
     metrics_interval_s: float = Field(1.0, gt=0)
