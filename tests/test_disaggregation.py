@@ -69,7 +69,9 @@ def test_the_link_is_nvlink_inside_one_server_then_the_servers_nic_or_pcie():
     # a two-card NVLink bridge is no switch between instances: PCIe
     pcie = CAT.gpu("rtx3090").interconnect("pcie").bandwidth_gb_s_per_direction
     assert kv_transfer_link(CAT.gpu("rtx3090"), 2) == KVLink(pcie, "PCIe")
-    assert kv_transfer_link(h100, 16, 25.0) == KVLink(25.0, "25 GB/s as given")
+    assert kv_transfer_link(h100, 16, 25.0) == KVLink(
+        25.0, "the link given by --kv-transfer-bandwidth"
+    )
 
 
 def test_nvlink_and_network_transfers_take_their_own_efficiency():

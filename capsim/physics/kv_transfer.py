@@ -55,7 +55,9 @@ def kv_transfer_link(gpu: GPU, total_gpus: int, requested_gb_s: float | None = N
     switched servers, the server's RDMA NIC (SERVER_NIC_GB_S_PER_GPU); else its PCIe link
     (GPUs on PCIe alone, in one host or with a NIC no faster than their slot)."""
     if requested_gb_s is not None:
-        return KVLink(requested_gb_s, f"{requested_gb_s:g} GB/s as given")
+        # named by what it is: explain says "over {name} at {gb_s} GB/s", which read
+        # "over 5 GB/s as given at 5 GB/s"
+        return KVLink(requested_gb_s, "the link given by --kv-transfer-bandwidth")
     switch = [
         link
         for link in gpu.interconnects
