@@ -81,23 +81,42 @@ def plain_int(text: str) -> int:
     return int(stripped)
 
 
+class TooSmallToRead(ValueError):
+    """A number whose digits are not all 0 that a float holds as 0 or as a subnormal
+    (``reads_below_normal``): what plain_float raises for it, so that a flag's message can
+    add this reason to its own without reading the exception's text."""
+
+
+def reads_below_normal(text: str, number: float) -> bool:
+    """Whether ``text``, read as ``number``, is a number too small to read: 1e-400 reads as
+    0 though its digits are not all 0, and 1e-320 as a subnormal below
+    sys.float_info.min, its digits lost. Every number flag (cli/main.py) and every number
+    inside a text flag (plain_float) refuse it (issue 47, round 7)."""
+    if number == 0:
+        mantissa = text.strip().lower().split("e")[0]
+        return any(ch in "123456789" for ch in mantissa)
+    return abs(number) < sys.float_info.min
+
+
+def too_small_message(text: str) -> str:
+    """Why ``text`` (reads_below_normal) is refused."""
+    return (
+        f"'{text.strip()}' is too small to be read as a number (below "
+        f"{sys.float_info.min:.3g}, digits are lost or it reads as 0)"
+    )
+
+
 def plain_float(text: str) -> float:
     """``text`` as a number written the plain way: Python's float() also reads '1_000' as
     1000 and full-width or other scripts' digits ('１０') as 10, which every numeric flag
-    refuses (a typo '0_9' for 0.9 ran ten times larger). ValueError says which it is."""
+    refuses (a typo '0_9' for 0.9 ran ten times larger). ValueError says which it is
+    (TooSmallToRead for a number too small to read)."""
     stripped = text.strip()
     if "_" in stripped:
         raise ValueError(f"'{stripped}' is not a number (an '_' in it)")
     if not stripped.isascii():
         raise ValueError(f"'{stripped}' is not a number (a character outside 0-9 in it)")
     number = float(stripped)
-    mantissa = stripped.lower().split("e")[0]
-    if 0 < abs(number) < sys.float_info.min or (
-        number == 0 and any(ch in "123456789" for ch in mantissa)
-    ):
-        # as every number flag (cli/main.py): 1e-320 loses its digits, 1e-400 reads as 0
-        raise ValueError(
-            f"'{stripped}' is too small to be read as a number (below "
-            f"{sys.float_info.min:.3g}, digits are lost or it reads as 0)"
-        )
+    if reads_below_normal(stripped, number):
+        raise TooSmallToRead(too_small_message(stripped))
     return number

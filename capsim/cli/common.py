@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 from capsim.catalog import ENV_VAR
 from capsim.engine.limits import MAX_ENGINE_COUNT, MAX_TP
-from capsim.errors import CapsimUserError, plain_float
+from capsim.errors import CapsimUserError, TooSmallToRead, plain_float
 
 if TYPE_CHECKING:
     from capsim.catalog.loader import Catalog
@@ -672,7 +672,7 @@ def parse_overrides(values: list[str] | None) -> dict[str, float]:
         try:
             overrides[name] = plain_float(text)
         except ValueError as exc:
-            why = f" ({exc})" if "too small" in str(exc) else ""
+            why = f" ({exc})" if isinstance(exc, TooSmallToRead) else ""
             raise CapsimUserError(f"--set {name} needs a number, not '{text}'{why}") from None
         if not math.isfinite(overrides[name]):
             raise CapsimUserError(f"--set {name} needs a finite number, not '{text.strip()}'")
@@ -975,19 +975,20 @@ def parse_acceptance(text: str | None) -> float | list[float] | None:
     """'0.7' or '0.8,0.6' (one rate per drafted position)."""
     if text is None:
         return None
+
+    def refused(why: str) -> CapsimUserError:
+        return CapsimUserError(
+            f"cannot read --spec-acceptance '{text}': {why}",
+            hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
+        )
+
     try:
         # plain_float, as every number: float() read '0_1' as 1.0 (issue 47, round 7)
         values = [plain_float(v) for v in text.split(",")]
-        if not all(0.0 <= v <= 1.0 for v in values):  # NaN fails this too
-            raise ValueError("rates from 0 to 1")
     except ValueError as exc:
-        why = (
-            "rates from 0 to 1" if str(exc) == "rates from 0 to 1" else f"{exc}; rates from 0 to 1"
-        )
-        raise CapsimUserError(
-            f"cannot read --spec-acceptance '{text}': {why}",
-            hint="give a rate such as 0.7, or one per position such as 0.8,0.6",
-        ) from None
+        raise refused(f"{exc}; rates from 0 to 1") from None
+    if not all(0.0 <= v <= 1.0 for v in values):  # NaN fails this too
+        raise refused("rates from 0 to 1")
     return values[0] if len(values) == 1 else values
 
 

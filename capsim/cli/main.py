@@ -45,6 +45,8 @@ def _whole_numbers_only() -> None:
     from pathlib import Path
     from typing import Union, get_args, get_origin
 
+    from capsim.errors import reads_below_normal, too_small_message
+
     try:
         from typer._click.exceptions import BadParameter
         from typer._coercion import AdapterRuntimeParam
@@ -73,16 +75,10 @@ def _whole_numbers_only() -> None:
             return True  # not a number at all: the float parsing says so
 
     def underflows(value: str) -> bool:
-        """``value`` is a number whose digits are not all 0 but that reads as 0 (1e-400)
-        or as a subnormal (1e-320: below sys.float_info.min, digits lost)."""
         try:
-            number = float(value)
+            return reads_below_normal(value, float(value))
         except ValueError:
             return False
-        if number == 0:
-            mantissa = value.strip().lower().split("e")[0]
-            return any(ch in "123456789" for ch in mantissa)
-        return abs(number) < sys.float_info.min
 
     original = AdapterRuntimeParam._coerce_value
 
@@ -116,8 +112,7 @@ def _whole_numbers_only() -> None:
             # 9.99989e-321', and 1e-400 was read as 0 (issue 47, round 7)
             low = getattr(param, "min", None)
             raise BadParameter(
-                f"{value.strip()!r} is too small to be read as a number (below "
-                f"{sys.float_info.min:.3g}, digits are lost or it reads as 0): "
+                f"{too_small_message(value)}: "
                 + ("give a larger number" if low is None else f"the flag takes {low:g} or more"),
                 ctx=ctx,
                 param=param,

@@ -82,7 +82,7 @@ from capsim.engine.override_checks import (
     refuse_overrides_no_model_reads,
     refuse_overrides_no_step_reads,
 )
-from capsim.errors import CapsimUserError, plain_float, plain_int
+from capsim.errors import CapsimUserError, TooSmallToRead, plain_float, plain_int
 
 if TYPE_CHECKING:
     from capsim.engine.simulate import PredictResult
@@ -145,7 +145,7 @@ def parse_rates(text: str) -> list[float]:
     try:
         rates = [plain_float(v) for v in text.split(",")]
     except ValueError as exc:
-        why = f" ({exc})" if "too small" in str(exc) else ""
+        why = f" ({exc})" if isinstance(exc, TooSmallToRead) else ""
         raise CapsimUserError(
             f"malformed --rate '{text}'{why}", hint="e.g. --rate 0.5,1,2"
         ) from None
