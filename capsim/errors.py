@@ -81,7 +81,13 @@ def plain_int(text: str) -> int:
     return int(stripped)
 
 
-class TooSmallToRead(ValueError):
+class NotPlainNumber(ValueError):
+    """What plain_float raises for text it refuses with a reason of its own (an '_', a
+    digit of another script, a number too small to read), the message naming the value:
+    a caller adds it to its own message, where float()'s bare ValueError it does not."""
+
+
+class TooSmallToRead(NotPlainNumber):
     """A number whose digits are not all 0 that a float holds as 0 or as a subnormal
     (``reads_below_normal``): what plain_float raises for it, so that a flag's message can
     add this reason to its own without reading the exception's text."""
@@ -109,13 +115,13 @@ def too_small_message(text: str) -> str:
 def plain_float(text: str) -> float:
     """``text`` as a number written the plain way: Python's float() also reads '1_000' as
     1000 and full-width or other scripts' digits ('１０') as 10, which every numeric flag
-    refuses (a typo '0_9' for 0.9 ran ten times larger). ValueError says which it is
-    (TooSmallToRead for a number too small to read)."""
+    refuses (a typo '0_9' for 0.9 ran ten times larger). NotPlainNumber says which it is
+    (TooSmallToRead for a number too small to read); float()'s ValueError for the rest."""
     stripped = text.strip()
     if "_" in stripped:
-        raise ValueError(f"'{stripped}' is not a number (an '_' in it)")
+        raise NotPlainNumber(f"'{stripped}' is not a number (an '_' in it)")
     if not stripped.isascii():
-        raise ValueError(f"'{stripped}' is not a number (a character outside 0-9 in it)")
+        raise NotPlainNumber(f"'{stripped}' is not a number (a character outside 0-9 in it)")
     number = float(stripped)
     if reads_below_normal(stripped, number):
         raise TooSmallToRead(too_small_message(stripped))

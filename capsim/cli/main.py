@@ -131,6 +131,9 @@ def _whole_numbers_only() -> None:
                 why = slash_on_a_file(text, param, ctx)
                 if why:
                     raise BadParameter(why, ctx=ctx, param=param)
+            why = output_name_without_a_stem(text, param, ctx) if isinstance(text, str) else None
+            if why:
+                raise BadParameter(why, ctx=ctx, param=param)
         for text in texts if of_type(self.annotation, str) else ():
             # text flags that hold numbers ('--input-tokens ٣', '--spec ngram:٣') read
             # them as Python does, any script's digits; whole-number flags refuse them
@@ -185,6 +188,40 @@ def slash_on_a_file(text: str, param, ctx) -> str | None:
             else f"'{text}' ends in '/', naming a folder: this option writes "
             "a file; give a file name"
         )
+    return None
+
+
+OUTPUT_SUFFIXES = frozenset({"png", "pdf", "svg", "jpg", "jpeg", "json", "jsonl", "yaml", "csv"})
+"""File types capsim's outputs are written as: a name that is only one of them ('.png') is
+a suffix without a file name."""
+
+
+def output_name_without_a_stem(text: str, param, ctx) -> str | None:
+    """Why a file output's name is refused, or None: '-' (standard output in many tools,
+    a file named '-' here: '--out -' wrote '-.json'), a name ending in '.' ('--out x.'
+    wrote 'x..json') and a suffix alone ('--plot .png' wrote '.png.png'; issue 47's
+    seventh audit)."""
+    names = set(getattr(param, "opts", ()) or ())
+    command = getattr(getattr(ctx, "command", None), "name", None)
+    if not names & FILE_OUTPUT_FLAGS or command in FOLDER_OUTPUT_COMMANDS:
+        return None
+    flag = sorted(names & FILE_OUTPUT_FLAGS)[0]
+    name = text.rstrip("/").rsplit("/", 1)[-1]
+    example = {"--plot": "plot.png", "--write-bands": "bands.yaml"}.get(
+        flag, "profile.yaml" if command == "calibrate" else "run.json"
+    )
+    if name == "-":
+        return (
+            f"'-' is not standard output here: {flag} names a file to write (e.g. "
+            f"{flag} {example})"
+        )
+    if name.endswith(".") and name.strip("."):
+        return (
+            f"'{text}' ends in '.', a suffix with no file type: give the name with one "
+            f"(e.g. {flag} {text.rstrip('.')}{example[example.rfind('.') :]})"
+        )
+    if name.startswith(".") and name[1:].lower() in OUTPUT_SUFFIXES:
+        return f"'{text}' is a file type without a name: give one, e.g. {flag} {example}"
     return None
 
 

@@ -31,7 +31,7 @@ from capsim.cli.common import (
 )
 from capsim.cli.predict import refuse_repeats, split_list
 from capsim.engine.limits import MAX_BUDGET_USD, MAX_PLAN_CONFIGURATIONS
-from capsim.errors import CapsimUserError, plain_float, plain_int
+from capsim.errors import CapsimUserError, NotPlainNumber, plain_float, plain_int
 
 if TYPE_CHECKING:
     from capsim.planner.search import Evaluated, PlanRequest
@@ -315,7 +315,7 @@ def plan_cmd(
         power_fractions = tuple(plain_float(v) for v in split_list(power_limits, "--power-limits"))
         refuse_repeats(power_fractions, "--power-limits", shown=lambda v: f"{v:g}")
     except ValueError as exc:
-        why = f" ({exc})" if str(exc).startswith("'") else ""  # plain_float's, naming the value
+        why = f" ({exc})" if isinstance(exc, NotPlainNumber) else ""  # it names the value
         raise CapsimUserError(
             f"malformed --power-limits '{power_limits}'{why}", hint="fractions of TDP, e.g. 1,0.8"
         ) from None
