@@ -84,7 +84,7 @@ def test_import_hf_out_is_a_folder_and_keeps_its_names(tmp_path):
     from capsim.cli.main import output_name_without_a_stem
 
     class Param:
-        opts = ["--out"]
+        opts = ("--out",)
 
     class Command:
         name = "import-hf"
@@ -127,4 +127,3 @@ def test_not_plain_number_is_what_plain_float_raises_for_its_own_reasons():
         plain_float("x")
     assert not isinstance(caught.value, NotPlainNumber)
     assert plain_float(" 0.8 ") == 0.8
-

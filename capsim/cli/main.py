@@ -212,8 +212,7 @@ def output_name_without_a_stem(text: str, param, ctx) -> str | None:
     )
     if name == "-":
         return (
-            f"'-' is not standard output here: {flag} names a file to write (e.g. "
-            f"{flag} {example})"
+            f"'-' is not standard output here: {flag} names a file to write (e.g. {flag} {example})"
         )
     if name.endswith(".") and name.strip("."):
         return (
