@@ -31,6 +31,11 @@ GATED_ATTENTION = {"qwen3_next"}
 state (public Qwen3-Next implementations, e.g. the MLX ports, build q_proj as
 num_attention_heads x head_dim x 2)."""
 ALWAYS_SLIDING = {"mistral", "mixtral"}
+SLIDING_BELOW_CONTEXT = {"phi3"}
+"""Architectures whose every layer is windowed by config.json's sliding_window where it is
+shorter than max_position_embeddings: Phi-3-mini/medium-4k set 2047 of 4096, which vLLM
+applies to every layer (its model-level window); Phi-3.5-mini sets 262144, beyond its
+131072 positions, so no layer of its is windowed."""
 
 UNGATED_FFN = {
     "gpt2",
@@ -351,6 +356,9 @@ def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> lis
     if interval and cfg.get("linear_num_value_heads"):
         return ["linear_attention"] * (int(interval) - 1) + ["full_attention"]
     if model_type in ALWAYS_SLIDING and cfg.get("sliding_window"):
+        return ["sliding_attention"]
+    window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+    if model_type in SLIDING_BELOW_CONTEXT and window and context and int(window) < int(context):
         return ["sliding_attention"]
     return ["full_attention"]
 
