@@ -79,7 +79,10 @@ def test_the_releases_that_carry_the_floor(release, floor_us):
 
 def test_vllm_0_7_keeps_its_v0_host_loop_beside_the_floor():
     eng = CAT.engine("vllm@0.7.3")
-    assert eng.generation == "V0 engine + first DeepSeek-V3/R1 MLA kernels"
+    assert eng.generation == (
+        "V0 engine + first DeepSeek-V3/R1 MLA kernels + gpu_memory_utilization 0.9 + GGUF "
+        "checkpoints loadable"
+    )
     assert eng.params["step_overhead_us"] == 4000.0
     assert eng.graph_capture == "vllm-v0"
 

@@ -39,7 +39,30 @@ def test_a_newer_release_is_predicted_as_the_newest_read_with_a_note(cat):
 def test_an_older_release_than_described_is_named(cat):
     (note,) = notes_for(cat, "vllm@0.5.4")
     assert "older than 0.6.0" in note and "oldest generation" in note
-    assert cat.engine("vllm@0.5.4").generation == "V0 engine"
+    assert cat.engine("vllm@0.5.4").generation == (
+        "V0 engine + gpu_memory_utilization 0.9 + GGUF checkpoints loadable"
+    )
+
+
+@pytest.mark.parametrize(
+    "release, utilization, gguf",
+    [
+        ("vllm", 0.92, False),
+        ("vllm@0.24.0", 0.92, False),
+        ("vllm@0.23.0", 0.92, True),
+        ("vllm@0.20.0", 0.92, True),
+        ("vllm@0.19.1", 0.9, True),
+        ("vllm@0.7.3", 0.9, True),
+    ],
+)
+def test_vllm_releases_default_memory_share_and_gguf(cat, release, utilization, gguf):
+    """--gpu-memory-utilization defaults to 0.92 from 0.20.0 (0.9 before); the 0.24.0 wheel
+    has no GGUF loader, which 0.23.0 had: the releases read (hardware_db/engines/vllm.yaml's
+    generations "<0.20" and "<0.24")."""
+    eng = cat.engine(release)
+    assert eng.memory_utilization == utilization
+    assert eng.loads("gguf-q4_k_m") is gguf
+    assert eng.loads("awq-int4")
 
 
 @pytest.mark.parametrize(

@@ -210,7 +210,7 @@ def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(server):
         ({"model": "nope", "prompt": "x"}, 404, "does not exist"),
         ({"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "at least 1"),
         ({"model": MODEL, "prompt": "x", "max_tokens": "ten"}, 400, "integer"),
-        ({"model": MODEL, "prompt": list(range(50_000)), "max_tokens": 4}, 400, "context length"),
+        ({"model": MODEL, "prompt": list(range(80_000)), "max_tokens": 4}, 400, "context length"),
         ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n = 1"),
         ({"model": MODEL}, 400, "prompt must be"),
         # issue 47's battery: types vLLM's request models refuse, not 200 or 404

@@ -304,6 +304,14 @@ class EngineGeneration(Strict):
     async_scheduling: StrictBool | None = None
     custom_allreduce: StrictBool | None = None
     flash_attention: StrictBool | None = None
+    memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="The default share of GPU memory in these releases"
+    )
+    weight_formats: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The weight formats these releases load (replaces the engine's list)",
+    )
     params: dict[str, float] = Field(default_factory=dict)
     class_params: dict[str, dict[str, float | None]] = Field(
         default_factory=dict,
@@ -373,6 +381,8 @@ GENERATION_FIELDS = (
     "async_scheduling",
     "custom_allreduce",
     "flash_attention",
+    "memory_utilization",
+    "weight_formats",
 )
 """The Engine fields a generation may replace (params and class_params lay over)."""
 

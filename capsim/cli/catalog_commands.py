@@ -602,6 +602,8 @@ def generation_changes(gen) -> str:
         if field == "batch_defaults":
             rows = ", ".join(f"{r.max_num_batched_tokens}/{r.max_num_seqs}" for r in value)
             parts.append(f"batch_defaults {rows}")
+        elif isinstance(value, list):  # weight_formats: the names, not a Python list
+            parts.append(f"{field} {' '.join(value)}")
         else:
             parts.append(f"{field} {value}")
     parts += [f"{k} {v:g}" for k, v in gen.params.items()]

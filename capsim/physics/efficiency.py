@@ -417,7 +417,8 @@ class EfficiencyParams(BaseModel):
         512,
         ge=0,
         description="Ceiling on vLLM's largest CUDA-graph capture size on this platform "
-        "(tokens; 512, 1,024 on datacenter Blackwell, 0 without CUDA graphs). The engine's "
+        "(tokens; 512, as vLLM 0.24 on every GPU, 1,024 on datacenter Blackwell from 0.28; 0 "
+        "without CUDA graphs). The engine's "
         "max_num_seqs lowers it; steps above the largest captured size run eager "
         "(see physics/cuda_graphs.py)",
     )
