@@ -649,7 +649,7 @@ def test_predict_cli_table_csv_plot_and_comparison(tmp_path):
         (["--max-model-len", "200000"], "max_model_len 200000 needs"),
         (["--workload", "batch", "--requests", "7", "--concurrency", "2"], "multiple"),
         (["--workload", "swarm"], "unknown workload"),
-        (["--input-tokens", "50000"], "do not fit max_model_len"),
+        (["--input-tokens", "60000"], "do not fit max_model_len"),  # 52,480 tokens of KV
         (["--output-tokens", "normal:abc"], "cannot read --output-tokens"),
         (["--workload", "open"], "--rate"),
         (["--gpus", "3", "--tp", "2"], "multiple of --tp"),
