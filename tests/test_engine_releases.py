@@ -90,3 +90,27 @@ def test_bounds_must_be_release_numbers():
         EngineReleases(newest="main", rationale="test")
     with pytest.raises(ValidationError, match="not a release number"):
         EngineReleases(oldest="latest", newest="0.24.0", rationale="test")
+
+
+def test_a_format_the_newest_vllm_no_longer_loads_names_who_does(cat):
+    """vLLM 0.24 has no GGUF loader: predict refuses a GGUF checkpoint and names the engines
+    that load it and the older vLLM releases that did; an older release takes it."""
+    from typer.testing import CliRunner
+
+    from capsim.cli.main import app
+
+    line = ["predict", "--gpu", "rtx3090", "--model", "qwen3-8b", "--quant", "gguf-q4_k_m"]
+    r = CliRunner().invoke(app, [*line, "-c", "1", "--requests", "2"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    flat = " ".join(r.output.split())
+    assert "vllm does not load gguf-q4_k_m checkpoints" in flat
+    assert "--engine llama.cpp or sglang (or --engine vllm@VERSION of a release <0.24)" in flat
+    older = CliRunner().invoke(
+        app, [*line, "--engine", "vllm@0.23.0", "-c", "1", "--requests", "2"]
+    )
+    assert older.exit_code == 0, older.output
+    r = CliRunner().invoke(app, [*line[:-1], "awq-int4", "--engine", "llama.cpp", "-c", "1"])
+    assert r.exit_code == 2 and "or --engine sglang or vllm for awq-int4" in " ".join(
+        r.output.split()
+    )
+    assert "VERSION" not in r.output  # no llama.cpp build loaded AWQ

@@ -211,7 +211,7 @@ def fit_cmd(
     formats = loadable_formats(cat, eng)
     if not (quant or ref.quant):  # the release format as the engine loads it (GGUF)
         fmt = release_format(formats, m.dtype) or fmt
-    refuse_unloadable(eng, fmt)
+    refuse_unloadable(eng, fmt, cat.engines)
     loadable = list(formats.values())
     fit_options = engine_fit_options(eng, g, expert_parallel=enable_expert_parallel, **options)
     result = memory_fit(g, m, fmt, tp=tp, **fit_options)

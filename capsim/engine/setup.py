@@ -91,16 +91,29 @@ def loadable_formats(cat: Catalog, engine: Engine | None) -> dict[str, QuantForm
     return {k: v for k, v in formats.items() if engine.loads(k)}
 
 
-def refuse_unloadable(engine: Engine | None, fmt: QuantFormat) -> None:
+def refuse_unloadable(
+    engine: Engine | None, fmt: QuantFormat, engines: list[Engine] | tuple = ()
+) -> None:
     """A CapsimUserError (exit 2) when ``engine`` does not load checkpoints in ``fmt``
-    (llama.cpp and an AWQ checkpoint)."""
-    if engine is not None and not engine.loads(fmt.name):
-        raise CapsimUserError(
-            f"{engine.name} does not load {fmt.name} checkpoints (it loads "
-            f"{', '.join(engine.weight_formats or [])})",
-            hint=f"pick a format it loads with --quant (capsim quants), or another --engine "
-            f"for {fmt.name}",
-        )
+    (llama.cpp and an AWQ checkpoint), naming those of ``engines`` (the catalog's) that
+    do, and the engine's own older releases that did (vLLM and GGUF before 0.24)."""
+    if engine is None or engine.loads(fmt.name):
+        return
+    takers = [e.name for e in engines if e.name != engine.name and e.loads(fmt.name)]
+    where = f"--engine {' or '.join(takers)}" if takers else "another --engine"
+    older = [  # the newest release: its older ones that loaded the format
+        gen.versions
+        for gen in (engine.generations if engine.version is None else ())
+        if gen.weight_formats
+        and engine.model_copy(update={"weight_formats": gen.weight_formats}).loads(fmt.name)
+    ]
+    if older:
+        where += f" (or --engine {engine.name}@VERSION of a release {' or '.join(older)})"
+    raise CapsimUserError(
+        f"{engine.name} does not load {fmt.name} checkpoints (it loads "
+        f"{', '.join(engine.weight_formats or [])})",
+        hint=f"pick a format it loads with --quant (capsim quants), or {where} for {fmt.name}",
+    )
 
 
 def resolve_format(
@@ -124,7 +137,7 @@ def resolve_format(
         fmt, reason = auto_format(gpu, model, formats, tp, order, **fit_options)
     else:
         fmt, reason = cat.quant(quant), "as requested"
-        refuse_unloadable(engine, fmt)
+        refuse_unloadable(engine, fmt, cat.engines)
     return fmt, reason, memory_fit(gpu, model, fmt, tp=tp, **fit_options)
 
 
