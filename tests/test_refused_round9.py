@@ -1,0 +1,82 @@
+"""Issue 47, round 9: engine references that name no engine ('@0.24', ':vulkan') or a
+release of thousands of digits, vLLM's --data-parallel-size with --enable-expert-parallel
+refused for a head count only a tensor-parallel group must divide, ... Each is exit 2 with
+a message naming the flag and what to write; the valid neighbours still run."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from capsim.cli.main import app
+from tests.test_refused_leftovers import refused
+
+runner = CliRunner()
+PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1"]
+PREDICT += ["--requests", "2", "--output-tokens", "8"]
+
+
+@pytest.mark.parametrize(
+    "engine, says",
+    [
+        ("@0.24", "engine '@0.24' names no engine before '@'"),
+        (" @0.24", "names no engine before '@'"),
+        (":vulkan", "engine ':vulkan' names no engine before ':'"),
+        (":vulkan@b6918", "names no engine before ':'"),
+        ("@", "engine '@' names no engine before '@'"),
+    ],
+)
+def test_an_engine_reference_without_an_engine_says_so(engine, says):
+    """'--engine @0.24' said "unknown engine ''": the name it found empty, not the part
+    missing."""
+    flat = refused([*PREDICT, "--engine", engine], says, "write ENGINE", "capsim engines")
+    assert "unknown engine ''" not in flat
+
+
+def test_a_release_of_thousands_of_digits_is_not_a_release_number():
+    """'vllm@999...9' (5,000 digits) answered Python's own words, "Exceeds the limit (4300
+    digits) for integer string conversion ... use sys.set_int_max_str_digits()"."""
+    flat = refused([*PREDICT, "--engine", "vllm@" + "9" * 5000], "is not a release number")
+    assert "set_int_max_str_digits" not in flat and "4300" not in flat
+
+
+def test_parse_engine_version_takes_long_releases_it_can_read():
+    from capsim.catalog.engine_schema import parse_engine_version
+
+    assert parse_engine_version("0." + "9" * 5000) is None
+    assert parse_engine_version("9" * 4000) is not None  # within int()'s limit
+    assert str(parse_engine_version("0.24.0.post1")) == "0.24.0.post1"
+    assert str(parse_engine_version("b6918 (2f68ce7cf)")) == "6918"
+
+
+@pytest.mark.parametrize("engine", ["vllm@0.23.0", "vllm@v0.24.0", "llama.cpp:vulkan@b6918"])
+def test_the_neighbours_of_those_references_run(engine):
+    r = runner.invoke(app, [*PREDICT, "--engine", engine])
+    assert r.exit_code == 0, r.output
+
+
+MOE = ["--model", "qwen1.5-moe-a2.7b", "--enable-expert-parallel"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["predict", "--gpu", "h100-sxm", "-c", "4", "--requests", "8", "--output-tokens", "8"],
+        ["fit", "--gpu", "h100-sxm"],
+        ["explain", "--gpu", "h100-sxm"],
+    ],
+)
+def test_vllm_data_parallel_experts_split_no_attention_heads(command):
+    """vLLM's '--dp 3 --enable-expert-parallel' runs each rank's attention whole on its
+    GPU (TP 1); the 16 heads of Qwen1.5-MoE need not divide by 3. It was refused as
+    'tensor parallel size 3 does not divide ... 16 attention heads', a size nobody typed."""
+    r = runner.invoke(app, [*command, *MOE, "--dp", "3"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_tensor_parallel_split_of_the_heads_is_still_refused():
+    base = ["predict", "--gpu", "h100-sxm", "-c", "1", "--requests", "2", "--output-tokens", "8"]
+    refused([*base, *MOE, "--tp", "3"], "tensor parallel size 3 does not divide", "16 attention")
+    refused([*base, *MOE, "--dp", "2", "--tp", "3"], "tensor parallel size 3 does not divide")
+    flat = refused([*base, *MOE, "--dp", "7"], "expert parallelism over 7 GPUs", "--dp")
+    assert "1, 2, 4" in flat
