@@ -80,3 +80,34 @@ def test_a_tensor_parallel_split_of_the_heads_is_still_refused():
     refused([*base, *MOE, "--dp", "2", "--tp", "3"], "tensor parallel size 3 does not divide")
     flat = refused([*base, *MOE, "--dp", "7"], "expert parallelism over 7 GPUs", "--dp")
     assert "1, 2, 4" in flat
+
+
+PROBE = ["probe", "--url", "http://127.0.0.1:9", "--model", "m"]
+
+
+@pytest.mark.parametrize(
+    "command, flag, name, bare",
+    [
+        (PREDICT, "--plot", "x.png ", "x.png"),
+        (PREDICT, "--plot", " x.png", "x.png"),
+        (PREDICT, "--plot", "out/x.png\u00a0", "out/x.png"),
+        (PROBE, "--out", "run.json ", "run.json"),
+        (["calibrate"], "--out", " p.yaml", "p.yaml"),
+        (["validate"], "--write-bands", "b.yaml ", "b.yaml"),
+    ],
+)
+def test_a_file_name_beginning_or_ending_with_a_space_is_refused(
+    command, flag, name, bare, tmp_path, monkeypatch
+):
+    """'--plot "x.png "' wrote 'x.png .png' (the suffix '.png ' read as no type) and
+    ' x.png' a file listed as x.png: a space a quote kept."""
+    monkeypatch.chdir(tmp_path)
+    refused([*command, flag, name], "begins or ends with a space", f"(e.g. {flag} {bare})")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_space_inside_a_file_name_is_kept(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, [*PREDICT, "--plot", "my plot.png"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "my plot.png").is_file()
