@@ -5,6 +5,9 @@ a message naming the flag and what to write; the valid neighbours still run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -111,3 +114,68 @@ def test_a_space_inside_a_file_name_is_kept(tmp_path, monkeypatch):
     r = runner.invoke(app, [*PREDICT, "--plot", "my plot.png"])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "my plot.png").is_file()
+
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "hf_configs_catalog"
+
+
+def edited_config(tmp_path: Path, folder: str, **changes) -> Path:
+    """The stored config.json of ``folder`` with ``changes`` (None: the key removed)."""
+    config = json.loads((CONFIGS / folder / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+OLMOE = "allenai--OLMoE-1B-7B-0924-Instruct"
+QWEN_MOE = "Qwen--Qwen1.5-MoE-A2.7B-Chat"
+DEEPSEEK = "deepseek-ai--DeepSeek-V2-Lite-Chat"
+
+
+@pytest.mark.parametrize(
+    "folder, changes, says",
+    [
+        # a dense model of 0.58 B parameters
+        (OLMOE, {"num_experts": None}, "lacks 'num_experts'"),
+        (QWEN_MOE, {"num_experts": None}, "lacks 'num_experts'"),
+        # routed top-1
+        (OLMOE, {"num_experts_per_tok": None}, "lacks 'num_experts_per_tok'"),
+        (DEEPSEEK, {"num_experts_per_tok": None}, "lacks 'num_experts_per_tok'"),
+        (OLMOE, {"num_experts_per_tok": 0}, "num_experts_per_tok is 0 with 64 routed experts"),
+        # the dense MLP's width taken for each expert's (116 B parameters)
+        (DEEPSEEK, {"moe_intermediate_size": 0}, "moe_intermediate_size is 0 with 64"),
+        (QWEN_MOE, {"moe_intermediate_size": None}, "lacks 'moe_intermediate_size'"),
+        (OLMOE, {"intermediate_size": 0}, "intermediate_size is 0 with 64 routed experts"),
+    ],
+)
+def test_an_moe_config_missing_or_zeroing_its_expert_fields_is_refused(
+    folder, changes, says, tmp_path
+):
+    """These imported, with a guess no engine makes: a missing or zero field of the experts
+    read as no experts, one routed a token, or the dense width."""
+    config = edited_config(tmp_path, folder, **changes)
+    out = str(tmp_path / "db")
+    refused(["models", "import-hf", str(config), "--name", "m", "--out", out], says)
+    assert not (tmp_path / "db").exists()
+
+
+@pytest.mark.parametrize(
+    "folder, changes",
+    [
+        (OLMOE, {}),
+        (QWEN_MOE, {}),
+        (DEEPSEEK, {}),
+        (DEEPSEEK, {"n_routed_experts": None}),  # dense in transformers' DeepseekV2 too
+    ],
+)
+def test_the_published_moe_configs_still_import(folder, changes, tmp_path):
+    config = edited_config(tmp_path, folder, **changes)
+    r = runner.invoke(
+        app, ["models", "import-hf", str(config), "--name", "m", "--out", str(tmp_path / "db")]
+    )
+    assert r.exit_code == 0, r.output
