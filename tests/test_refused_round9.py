@@ -179,3 +179,32 @@ def test_the_published_moe_configs_still_import(folder, changes, tmp_path):
         app, ["models", "import-hf", str(config), "--name", "m", "--out", str(tmp_path / "db")]
     )
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("window", [-1, -4096])
+def test_a_negative_sliding_window_says_nothing_was_written(window, tmp_path):
+    """The hint said 'edit the written YAML by hand' of a file never written."""
+    config = edited_config(tmp_path, "microsoft--Phi-3-mini-4k-instruct", sliding_window=window)
+    out = str(tmp_path / "db")
+    flat = refused(
+        ["models", "import-hf", str(config), "--name", "m", "--out", out],
+        "sliding_window: Input should be greater than or equal to 1",
+        "nothing was written",
+    )
+    assert "edit the written" not in flat
+    assert not (tmp_path / "db").exists()
+
+
+@pytest.mark.parametrize("window", [None, 0, 2047, 4096, 100000])
+def test_phi3_windows_that_vllm_reads_import(window, tmp_path):
+    """null and 0 are no window, 2047 Phi-3's own, 4096 and beyond no shorter than the
+    context, so no window either."""
+    config = edited_config(tmp_path, "microsoft--Phi-3-mini-4k-instruct", sliding_window=window)
+    if window is None:
+        data = json.loads(config.read_text())
+        data["sliding_window"] = None
+        config.write_text(json.dumps(data))
+    r = runner.invoke(
+        app, ["models", "import-hf", str(config), "--name", "m", "--out", str(tmp_path / "db")]
+    )
+    assert r.exit_code == 0, r.output

@@ -793,7 +793,8 @@ def model_from_hf_config(
     except ValidationError as exc:
         raise CapsimUserError(
             format_validation_error(Path(source or "config.json"), exc),
-            hint="the config may use keys capsim does not map yet; edit the written YAML by hand",
+            hint="nothing was written; the config may use keys capsim does not map yet: "
+            "write the model's YAML by hand in a --db folder",
         ) from None
 
 
