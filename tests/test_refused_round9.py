@@ -1,7 +1,9 @@
 """Issue 47, round 9: engine references that name no engine ('@0.24', ':vulkan') or a
-release of thousands of digits, vLLM's --data-parallel-size with --enable-expert-parallel
-refused for a head count only a tensor-parallel group must divide, ... Each is exit 2 with
-a message naming the flag and what to write; the valid neighbours still run."""
+release of thousands of digits; vLLM's --data-parallel-size with --enable-expert-parallel
+refused for a head count only a tensor-parallel group must divide; file outputs named with
+a space at either end; MoE config.json files missing or zeroing their expert fields, which
+imported as dense, top-1 or dense-width models; the import's hint of a YAML never written.
+Each is exit 2 with a message naming the flag, file or field; the valid neighbours run."""
 
 from __future__ import annotations
 
