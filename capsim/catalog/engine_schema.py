@@ -428,7 +428,7 @@ def parse_engine_version(text: str) -> Version | None:
         return Version(build.group(1))
     try:
         version = Version(text)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number past int()'s 4,300 digits
         return None
     return version if version.epoch == 0 else None
 

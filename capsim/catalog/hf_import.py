@@ -363,8 +363,28 @@ def _layer_pattern(cfg: dict[str, Any], model_type: str, num_layers: int) -> lis
     return ["full_attention"]
 
 
-def _moe(cfg: dict[str, Any]) -> dict[str, Any] | None:
+ROUTED_ONLY = {
+    "olmoe": "num_experts",
+    "qwen2_moe": "num_experts",
+    "qwen3_moe": "num_experts",
+    "mixtral": "num_local_experts",
+}
+"""Architectures whose every checkpoint routes experts, with the key that counts them:
+transformers fills a missing count with its default (OLMoE's 64, Mixtral's 8), never a
+dense model (a DeepSeek-V2 config without n_routed_experts is one, so it is not here)."""
+
+OWN_EXPERT_WIDTH = {"qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
+"""Architectures whose intermediate_size is the dense MLP's width, the experts' being
+moe_intermediate_size (Qwen1.5-MoE: 5632 and 1408): without it, not the dense width."""
+
+ROUTED_PER_TOKEN = ("num_experts_per_tok", "experts_per_token", "top_k_experts")
+
+
+def _moe(cfg: dict[str, Any], model_type: str = "") -> dict[str, Any] | None:
     experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
+    if model_type in ROUTED_ONLY and cfg.get(ROUTED_ONLY[model_type]) is None and not experts:
+        # an OLMoE config without num_experts became a dense model of 0.58 B parameters
+        raise KeyError(ROUTED_ONLY[model_type])
     routed = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
     if (
         not experts
@@ -374,18 +394,25 @@ def _moe(cfg: dict[str, Any]) -> dict[str, Any] | None:
         raise ValueError(f"0 experts, yet {routed} routed a token")
     if not experts or cfg.get("enable_moe_block") is False:
         return None
-    top_k = (
-        cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or cfg.get("top_k_experts")
+    # the first key a config sets: 0 was passed over for the next one, or for 1 routed a
+    # token ('num_experts_per_tok: 0' and a config without it imported as top-1 routing)
+    routed_key = next((k for k in ROUTED_PER_TOKEN if cfg.get(k) is not None), None)
+    if routed_key is None:
+        raise KeyError("num_experts_per_tok")
+    if model_type in OWN_EXPERT_WIDTH and cfg.get("moe_intermediate_size") is None:
+        raise KeyError("moe_intermediate_size")
+    width_key = next(
+        k
+        for k in ("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
+        if cfg.get(k) is not None or k == "intermediate_size"
     )
-    width = (
-        cfg.get("moe_intermediate_size")
-        or cfg.get("expert_intermediate_size")
-        or cfg.get("intermediate_size")
-    )
+    for key in (routed_key, width_key):
+        if cfg.get(key) is not None and not int(cfg[key]) >= 1:
+            raise ValueError(f"{key} is {cfg[key]!r} with {experts} routed experts, not 1 or more")
     moe: dict[str, Any] = {
         "num_experts": int(experts),
-        "experts_per_token": int(top_k or 1),
-        "moe_intermediate_size": int(width),
+        "experts_per_token": int(cfg[routed_key]),
+        "moe_intermediate_size": int(cfg[width_key]),
     }
     shared = cfg.get("n_shared_experts")
     shared_width = (
@@ -710,7 +737,7 @@ def _entry_of_config(
             ),
         }
     entry.update(_gemma_attention(cfg, entry))
-    moe = _moe(cfg)
+    moe = _moe(cfg, model_type)
     if moe:
         entry["moe"] = moe
         if cfg.get("dense_intermediate_size") and moe.get("first_dense_layers"):
@@ -766,7 +793,8 @@ def model_from_hf_config(
     except ValidationError as exc:
         raise CapsimUserError(
             format_validation_error(Path(source or "config.json"), exc),
-            hint="the config may use keys capsim does not map yet; edit the written YAML by hand",
+            hint="nothing was written; the config may use keys capsim does not map yet: "
+            "write the model's YAML by hand in a --db folder",
         ) from None
 
 

@@ -557,6 +557,12 @@ class Catalog:
         'llama.cpp:vulkan@b6918' both."""
         require_name(name, "engine")
         base, at, version = name.partition("@")
+        if (at or ":" in base) and not engine_base(name):  # '@0.24', ':vulkan'
+            raise CapsimUserError(
+                f"engine '{name}' names no engine before '{name.strip()[:1]}'",
+                hint=f"write ENGINE{name.strip()} (e.g. vllm@0.24.0, llama.cpp:vulkan); "
+                "'capsim engines' lists them",
+            )
         engine = self.engines.get(engine_base(name))
         if at:
             if not version.strip():

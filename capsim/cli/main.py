@@ -200,7 +200,7 @@ def output_name_without_a_stem(text: str, param, ctx) -> str | None:
     """Why a file output's name is refused, or None: '-' (standard output in many tools,
     a file named '-' here: '--out -' wrote '-.json'), a name ending in '.' ('--out x.'
     wrote 'x..json') and a suffix alone ('--plot .png' wrote '.png.png'; issue 47's
-    seventh audit)."""
+    seventh audit), a name beginning or ending with a space (the eighth)."""
     names = set(getattr(param, "opts", ()) or ())
     command = getattr(getattr(ctx, "command", None), "name", None)
     if not names & FILE_OUTPUT_FLAGS or command in FOLDER_OUTPUT_COMMANDS:
@@ -213,6 +213,13 @@ def output_name_without_a_stem(text: str, param, ctx) -> str | None:
     if name == "-":
         return (
             f"'-' is not standard output here: {flag} names a file to write (e.g. {flag} {example})"
+        )
+    if name != name.strip():
+        # '--plot "x.png "' wrote 'x.png .png' (the suffix '.png ' not a type), and
+        # ' x.png' a name that lists as x.png: a space a quote kept, never meant
+        return (
+            f"'{text}' begins or ends with a space, which the file's name would keep: "
+            f"give it without (e.g. {flag} {text.strip()})"
         )
     if name.endswith(".") and name.strip("."):
         return (

@@ -28,7 +28,7 @@ from capsim.physics.memory import (
     AUTO_FORMAT_ORDER,
     MemoryFit,
     auto_format,
-    check_tensor_parallel,
+    check_attention_split,
     fit_hint,
     memory_fit,
     require_fit,
@@ -129,7 +129,7 @@ def resolve_format(
     format if it fits, else the first that does), why, and its memory fit
     (``fit_options`` as memory_fit's)."""
     if quant in (None, "auto"):
-        check_tensor_parallel(model, tp)
+        check_attention_split(model, tp, fit_options.get("dp_attention", 1))
         order = AUTO_FORMAT_ORDER
         if engine is not None and engine.auto_formats is not None:
             order = tuple(engine.auto_formats)

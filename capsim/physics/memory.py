@@ -124,6 +124,18 @@ def check_dp_attention(model: Model, tp: int, dp_attention: int) -> None:
     check_tensor_parallel(model, tp // dp_attention)
 
 
+def check_attention_split(model: Model, tp: int, dp_attention: int = 1) -> None:
+    """Reject a split of the attention heads the engine would reject: over the whole TP
+    group, or with data-parallel attention (SGLang's, and vLLM's --data-parallel-size with
+    --enable-expert-parallel, simulated as it) over each rank's tp // dp_attention GPUs,
+    whatever the group's size (vLLM's --dp 3 --enable-expert-parallel runs a 16-head model's
+    attention whole on each of 3 GPUs)."""
+    if dp_attention == 1:
+        check_tensor_parallel(model, tp)
+    else:
+        check_dp_attention(model, tp, dp_attention)
+
+
 def check_expert_parallel(model: Model, deployment) -> None:
     """Reject expert parallelism where vLLM and SGLang would, or where capsim does not
     model it: a model without routed experts, an expert count the TP group does not
@@ -140,7 +152,8 @@ def check_expert_parallel(model: Model, deployment) -> None:
         raise CapsimUserError(
             f"expert parallelism over {tp} GPUs does not divide {model.name}'s "
             f"{model.moe.num_experts} routed experts",
-            hint="pick a --tp that divides the expert count: "
+            hint="pick a group (--tp, times --dp with vLLM's --enable-expert-parallel) "
+            "that divides the expert count: "
             + ", ".join(str(d) for d in (1, 2, 4, 8, 16) if model.moe.num_experts % d == 0),
         )
     if deployment.cpu_moe_layers:
@@ -430,8 +443,7 @@ def memory_fit(
     max_num_seqs = default_seqs * dp_attention if max_num_seqs is None else max_num_seqs
     if max_num_seqs < 1:
         raise CapsimUserError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
-    check_tensor_parallel(model, tp)
-    check_dp_attention(model, tp, dp_attention)
+    check_attention_split(model, tp, dp_attention)
     check_pipeline(model, pp)
     attention_tp = tp // dp_attention
     limit = model.max_position_embeddings

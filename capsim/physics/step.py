@@ -76,9 +76,9 @@ from capsim.physics.gemm_tiles import GemmTileTerms
 from capsim.physics.host_terms import HostTerms
 from capsim.physics.kv_layout import kv_layout, per_rank_share
 from capsim.physics.memory import (
+    check_attention_split,
     check_dp_attention,
     check_expert_parallel,
-    check_tensor_parallel,
 )
 from capsim.physics.offload_terms import OffloadTerms
 from capsim.physics.pipeline import PipelineTerms
@@ -141,7 +141,7 @@ class StepModel(
         self.deployment = dep = deployment or Deployment()
         self.params = p = params or EfficiencyParams()
         tp = dep.tp
-        check_tensor_parallel(model, tp)
+        check_attention_split(model, tp, dep.dp_attention)
         if dep.spec is not None and dep.spec.method == "mtp" and not model.mtp_layers:
             raise CapsimUserError(
                 f"{model.name} has no MTP layers, so --spec mtp cannot be used",
