@@ -370,6 +370,16 @@ def holds_a_release(spec: SpecifierSet) -> bool:
     return any(spec.contains(v, prereleases=True) for v in candidates)
 
 
+def formats_hold(patterns: list[str] | None, weight_format: str) -> bool:
+    """Whether a list of weight formats (shell patterns over format names, an engine's or a
+    generation's ``weight_formats``; None: every format) holds ``weight_format``."""
+    import fnmatch
+
+    if patterns is None:
+        return True
+    return any(fnmatch.fnmatchcase(weight_format, p) for p in patterns)
+
+
 GENERATION_FIELDS = (
     "batch_defaults",
     "graph_capture",
@@ -652,11 +662,7 @@ class Engine(Strict):
 
     def loads(self, weight_format: str) -> bool:
         """Whether the engine loads checkpoints in ``weight_format`` (a format name)."""
-        import fnmatch
-
-        if self.weight_formats is None:
-            return True
-        return any(fnmatch.fnmatchcase(weight_format, p) for p in self.weight_formats)
+        return formats_hold(self.weight_formats, weight_format)
 
     def chunks_prefill(self, max_model_len: int, mla: bool = False) -> bool:
         """Whether this engine chunks prompts by default at ``max_model_len`` (tokens) for a

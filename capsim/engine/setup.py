@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capsim.catalog.engine_schema import Engine
+from capsim.catalog.engine_schema import Engine, formats_hold
 from capsim.catalog.gpu_schema import GPU
 from capsim.catalog.loader import Catalog, load_catalog
 from capsim.catalog.model_schema import Model, QuantFormat
@@ -104,8 +104,7 @@ def refuse_unloadable(
     older = [  # the newest release: its older ones that loaded the format
         gen.versions
         for gen in (engine.generations if engine.version is None else ())
-        if gen.weight_formats
-        and engine.model_copy(update={"weight_formats": gen.weight_formats}).loads(fmt.name)
+        if gen.weight_formats and formats_hold(gen.weight_formats, fmt.name)
     ]
     if older:
         where += f" (or --engine {engine.name}@VERSION of a release {' or '.join(older)})"
