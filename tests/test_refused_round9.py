@@ -15,10 +15,9 @@ from typer.testing import CliRunner
 
 from capsim.cli.main import app
 from tests.test_refused_leftovers import refused
+from tests.test_refused_round8 import PREDICT, PROBE
 
 runner = CliRunner()
-PREDICT = ["predict", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "-c", "1"]
-PREDICT += ["--requests", "2", "--output-tokens", "8"]
 
 
 @pytest.mark.parametrize(
@@ -85,9 +84,6 @@ def test_a_tensor_parallel_split_of_the_heads_is_still_refused():
     refused([*base, *MOE, "--dp", "2", "--tp", "3"], "tensor parallel size 3 does not divide")
     flat = refused([*base, *MOE, "--dp", "7"], "expert parallelism over 7 GPUs", "--dp")
     assert "1, 2, 4" in flat
-
-
-PROBE = ["probe", "--url", "http://127.0.0.1:9", "--model", "m"]
 
 
 @pytest.mark.parametrize(
